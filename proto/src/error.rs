@@ -1,0 +1,178 @@
+//! Stable refusal words (spec/REFERENCE.md sections 3, 6 and 7) and their transport mapping.
+//!
+//! One word names one meaning. Tests assert codes, never message text.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+macro_rules! error_codes {
+    ($($variant:ident => ($word:literal, $http:literal, $grpc:ident)),* $(,)?) => {
+        /// A stable error code: the spec's word, its HTTP status and its gRPC code.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum ErrorCode {
+            $(
+                #[doc = concat!("`", $word, "` (HTTP ", stringify!($http), ")")]
+                $variant,
+            )*
+        }
+
+        impl ErrorCode {
+            /// Every code, in declaration order.
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant),*];
+
+            /// The spec's word, e.g. `stale_claim`.
+            pub fn as_str(self) -> &'static str {
+                match self { $(ErrorCode::$variant => $word),* }
+            }
+
+            /// The HTTP status the origin's door answers with.
+            pub fn http_status(self) -> u16 {
+                match self { $(ErrorCode::$variant => $http),* }
+            }
+
+            /// The gRPC status code used on the gRPC doors.
+            pub fn grpc_code(self) -> tonic::Code {
+                match self { $(ErrorCode::$variant => tonic::Code::$grpc),* }
+            }
+
+            /// Parses a word back into its code.
+            pub fn from_word(word: &str) -> Option<ErrorCode> {
+                match word { $($word => Some(ErrorCode::$variant),)* _ => None }
+            }
+        }
+    };
+}
+
+error_codes! {
+    ParameterMissing => ("parameter_missing", 400, InvalidArgument),
+    ParameterInvalid => ("parameter_invalid", 400, InvalidArgument),
+    Unauthorized => ("unauthorized", 401, Unauthenticated),
+    NotAgent => ("not_agent", 403, PermissionDenied),
+    NotAuthorized => ("not_authorized", 403, PermissionDenied),
+    NotFound => ("not_found", 404, NotFound),
+    ContentTooLarge => ("content_too_large", 413, InvalidArgument),
+    ValidationFailed => ("validation_failed", 422, InvalidArgument),
+    PromptDocumentInvalid => ("prompt_document_invalid", 422, InvalidArgument),
+    PromptDocumentTooLarge => ("prompt_document_too_large", 422, InvalidArgument),
+    PromptDocumentMacroUnknown => ("prompt_document_macro_unknown", 422, InvalidArgument),
+    RateLimited => ("rate_limited", 429, ResourceExhausted),
+    // Announcement (6.3).
+    InvalidAnnouncement => ("invalid_announcement", 422, InvalidArgument),
+    ReservedNamespace => ("reserved_namespace", 422, InvalidArgument),
+    // Claim (6.6).
+    NotAddressedHere => ("not_addressed_here", 409, FailedPrecondition),
+    NotClaimableKind => ("not_claimable_kind", 409, FailedPrecondition),
+    TaskNotClaimable => ("task_not_claimable", 409, FailedPrecondition),
+    AlreadyClaimed => ("already_claimed", 409, FailedPrecondition),
+    NotEligible => ("not_eligible", 409, FailedPrecondition),
+    // Read claim, extend (6.7, 6.8).
+    NotClaimant => ("not_claimant", 409, FailedPrecondition),
+    NotExtendable => ("not_extendable", 409, FailedPrecondition),
+    ExtensionTooLong => ("extension_too_long", 409, FailedPrecondition),
+    InvalidTimeoutMs => ("invalid_timeout_ms", 422, InvalidArgument),
+    // Commit (6.9).
+    StaleClaim => ("stale_claim", 409, FailedPrecondition),
+    TaskNotRunning => ("task_not_running", 409, FailedPrecondition),
+    InvalidOutcome => ("invalid_outcome", 422, InvalidArgument),
+    ResultTooLarge => ("result_too_large", 422, InvalidArgument),
+    InvalidResultType => ("invalid_result_type", 422, InvalidArgument),
+    InvalidTitle => ("invalid_title", 422, InvalidArgument),
+    InvalidMetadata => ("invalid_metadata", 422, InvalidArgument),
+    MetadataTooLarge => ("metadata_too_large", 422, InvalidArgument),
+    InvalidContent => ("invalid_content", 422, InvalidArgument),
+    UnsupportedContentKind => ("unsupported_content_kind", 422, InvalidArgument),
+    TooManyContentBlocks => ("too_many_content_blocks", 422, InvalidArgument),
+    ResultUnstorable => ("result_unstorable", 422, InvalidArgument),
+    // Progress (6.12).
+    FrameTooLarge => ("frame_too_large", 422, InvalidArgument),
+    InvalidFrame => ("invalid_frame", 422, InvalidArgument),
+    // Stream protocol.
+    ProtocolViolation => ("protocol_violation", 400, InvalidArgument),
+    // Runs (7).
+    RunNotStoppable => ("run_not_stoppable", 409, FailedPrecondition),
+    // Tool assembly (4).
+    RunnerNotDeclared => ("runner_not_declared", 422, InvalidArgument),
+    RunnerNotEligible => ("runner_not_eligible", 422, InvalidArgument),
+    ToolNotServed => ("tool_not_served", 422, InvalidArgument),
+    ToolNotDeclared => ("tool_not_declared", 422, InvalidArgument),
+    // Server side.
+    Unavailable => ("unavailable", 503, Unavailable),
+    Internal => ("internal", 500, Internal),
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A refusal: a stable code plus a message that tells the user what to do.
+///
+/// Serialized as the HTTP error body `{"code": "...", "message": "..."}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct Refusal {
+    /// The spec's word.
+    pub code: String,
+    /// Human-readable guidance; never asserted by tests.
+    pub message: String,
+}
+
+impl Refusal {
+    /// A refusal with `code` and `message`.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Refusal { code: code.as_str().to_owned(), message: message.into() }
+    }
+
+    /// The typed code, when the word is known to this build.
+    pub fn error_code(&self) -> Option<ErrorCode> {
+        ErrorCode::from_word(&self.code)
+    }
+
+    /// The gRPC status for this refusal: the mapped code, with the word in the message's head and
+    /// in the `nexus-error-code` metadata entry.
+    pub fn to_status(&self) -> tonic::Status {
+        let grpc = self.error_code().map_or(tonic::Code::Unknown, ErrorCode::grpc_code);
+        let mut status = tonic::Status::new(grpc, format!("{}: {}", self.code, self.message));
+        if let Ok(value) = self.code.parse() {
+            status.metadata_mut().insert("nexus-error-code", value);
+        }
+        status
+    }
+
+    /// Reads a refusal back from a gRPC status made by [`Refusal::to_status`].
+    pub fn from_status(status: &tonic::Status) -> Refusal {
+        let code = status
+            .metadata()
+            .get("nexus-error-code")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .unwrap_or_else(|| format!("grpc_{:?}", status.code()).to_lowercase());
+        Refusal { code, message: status.message().to_owned() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_round_trip_and_are_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for code in ErrorCode::ALL {
+            assert!(seen.insert(code.as_str()), "duplicate word {}", code.as_str());
+            assert_eq!(ErrorCode::from_word(code.as_str()), Some(*code));
+        }
+        assert_eq!(ErrorCode::StaleClaim.http_status(), 409);
+        assert_eq!(ErrorCode::Unauthorized.grpc_code(), tonic::Code::Unauthenticated);
+    }
+
+    #[test]
+    fn refusal_survives_a_grpc_status() {
+        let refusal = Refusal::new(ErrorCode::StaleClaim, "claim again");
+        let back = Refusal::from_status(&refusal.to_status());
+        assert_eq!(back.error_code(), Some(ErrorCode::StaleClaim));
+    }
+}
