@@ -1,1 +1,222 @@
-//! placeholder
+//! nexus: hosts Agent profiles and runs their executions over a fabric of runners.
+//!
+//! Owns: the declaration grammar and tool assembly ([`declaration`]), the actors ([`root`],
+//! [`profile`], [`executor`], [`connection`], [`execution`]), the durable store ([`store`]), model
+//! providers ([`model`]), and the gRPC and HTTP/JSON doors ([`grpc`], [`http`]) served on one
+//! port. Does not own: tools that run on workers (that is `runner-agent`).
+//!
+//! Main entry points: [`serve`] runs a server until a shutdown future resolves; [`start`] returns
+//! a [`RunningServer`] handle (tests and `nexus quickstart` use it); [`admin`] mints credentials.
+
+pub mod admin;
+pub mod announcement;
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod connection;
+pub mod declaration;
+pub mod execution;
+pub mod executor;
+pub mod grpc;
+pub mod http;
+pub mod model;
+pub mod profile;
+pub mod quickstart;
+pub mod root;
+pub mod store;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::Routes;
+
+use nexus_proto::FILE_DESCRIPTOR_SET;
+use nexus_proto::agent::v1::agent_service_server::AgentServiceServer;
+use nexus_proto::runner::v1::runner_service_server::RunnerServiceServer;
+
+use crate::api::Api;
+use crate::config::ServerConfig;
+use crate::model::ModelRegistry;
+use crate::root::{EventBus, Fabric, RootActor, RootArgs, RootHandle};
+use crate::store::Store;
+
+/// Why the server could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The store could not be opened or migrated.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    /// The provider table is invalid.
+    #[error(transparent)]
+    Models(#[from] model::ConfigError),
+    /// An actor could not be spawned.
+    #[error("actor start-up failed: {0}")]
+    Actor(String),
+    /// The transport failed.
+    #[error("transport: {0}")]
+    Transport(String),
+    /// The listener has no local address.
+    #[error("listener: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A server running in this process.
+#[derive(Debug)]
+pub struct RunningServer {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// The shared API (the same one the doors use).
+    pub api: Arc<Api>,
+    shutdown: Option<oneshot::Sender<()>>,
+    transport: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl RunningServer {
+    /// The base URL, e.g. `http://127.0.0.1:7740`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting, drains the transport, then stops every actor.
+    ///
+    /// # Errors
+    /// [`ServeError::Transport`] when the transport ended with an error.
+    pub async fn shutdown(mut self) -> Result<(), ServeError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let transport = tokio::time::timeout(Duration::from_secs(10), &mut self.transport).await;
+        self.api.root.stop();
+        match transport {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(ServeError::Transport(e.to_string())),
+            Ok(Err(e)) => Err(ServeError::Transport(e.to_string())),
+            Err(_) => {
+                self.transport.abort();
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Opens the store, starts the actors, recovers live work and serves gRPC and HTTP on
+/// `listener` until [`RunningServer::shutdown`].
+///
+/// # Errors
+/// [`ServeError`] when the store, the provider table or the actors fail to start.
+pub async fn start(listener: TcpListener, config: ServerConfig) -> Result<RunningServer, ServeError> {
+    start_with_models(listener, config, None).await
+}
+
+/// [`start`] with a prepared model registry (the quickstart installs its script this way).
+///
+/// # Errors
+/// As [`start`].
+pub async fn start_with_models(
+    listener: TcpListener,
+    config: ServerConfig,
+    models: Option<ModelRegistry>,
+) -> Result<RunningServer, ServeError> {
+    let store = Store::open(&config.data_dir).await?;
+    let models = match models {
+        Some(models) => models,
+        None => ModelRegistry::new(config.providers.clone(), |name| std::env::var(name).ok())?,
+    };
+    let fabric = Arc::new(Fabric { store, config, models, events: EventBus::default() });
+    let (root_ref, _) = ractor::Actor::spawn(None, RootActor, RootArgs { fabric: fabric.clone() })
+        .await
+        .map_err(|e| ServeError::Actor(e.to_string()))?;
+    let root = RootHandle::new(root_ref);
+    recover(&fabric, &root).await?;
+    let api = Arc::new(Api { fabric: fabric.clone(), root });
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<RunnerServiceServer<grpc::RunnerGrpc>>().await;
+    health_reporter.set_serving::<AgentServiceServer<grpc::AgentGrpc>>().await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ServeError::Transport(e.to_string()))?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| ServeError::Transport(e.to_string()))?;
+    let max_frame = fabric.config.runner.max_frame_bytes;
+    let routes = Routes::from(http::router(api.clone()))
+        .add_service(
+            RunnerServiceServer::new(grpc::RunnerGrpc::new(api.clone()))
+                .max_decoding_message_size(max_frame)
+                .max_encoding_message_size(max_frame),
+        )
+        .add_service(
+            AgentServiceServer::new(grpc::AgentGrpc::new(api.clone()))
+                .max_decoding_message_size(max_frame)
+                .max_encoding_message_size(max_frame),
+        )
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha);
+
+    let addr = listener.local_addr()?;
+    // serve_with_incoming ignores the builder's TCP_NODELAY: set it on every accepted socket.
+    let incoming = TcpListenerStream::new(listener).map(|socket| {
+        if let Ok(socket) = &socket {
+            let _ = socket.set_nodelay(true);
+        }
+        socket
+    });
+    let runner = &fabric.config.runner;
+    let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
+        .accept_http1(true)
+        .http2_keepalive_interval(Some(Duration::from_millis(runner.http2_keepalive_interval_ms)))
+        .http2_keepalive_timeout(Some(Duration::from_millis(runner.http2_keepalive_timeout_ms)))
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(incoming, async {
+            let _ = shutdown_rx.await;
+        });
+    let transport = tokio::spawn(server);
+    tracing::info!(%addr, "nexus serving gRPC and HTTP");
+    Ok(RunningServer { addr, api, shutdown: Some(shutdown_tx), transport })
+}
+
+/// Serves until `shutdown` resolves, then stops in order: stop accepting, drain, stop actors.
+///
+/// # Errors
+/// As [`start`] and [`RunningServer::shutdown`].
+pub async fn serve(listener: TcpListener, config: ServerConfig, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+    let server = start(listener, config).await?;
+    shutdown.await;
+    tracing::info!("shutting down");
+    server.shutdown().await
+}
+
+/// Brings back live work after a restart: each runner inbox with open tasks (their park clocks
+/// resume), and each execution that had not ended.
+async fn recover(fabric: &Fabric, root: &RootHandle) -> Result<(), ServeError> {
+    for runner in fabric.store.executors_with_open_tasks().await? {
+        if let Err(refusal) = root.executor(runner).await {
+            tracing::error!(runner_id = %runner, code = %refusal.code, "could not recover a runner inbox");
+        }
+    }
+    let executions = fabric.store.live_executions().await?;
+    if !executions.is_empty() {
+        tracing::info!(count = executions.len(), "recovering live executions");
+    }
+    for execution in executions {
+        if let Err(refusal) = root.execution(execution).await {
+            tracing::error!(execution_id = %execution, code = %refusal.code, "could not recover an execution");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,80 @@
+//! `nexus admin`: mint member and runner credentials directly in the store.
+//!
+//! Each command prints one JSON object. The token appears only in that output; the store keeps
+//! its SHA-256 digest.
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use nexus_proto::{ErrorCode, Refusal};
+
+use crate::auth::{Plane, mint};
+use crate::store::{MemberRow, Store, StoreError};
+
+static HANDLE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[a-z0-9][a-z0-9_-]{1,31}$").expect("static regex"));
+
+/// The kind of member to create.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberKind {
+    /// An Agent: has a profile that answers inputs.
+    Agent,
+    /// A Human.
+    Human,
+}
+
+impl MemberKind {
+    /// `agent` or `human`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemberKind::Agent => "agent",
+            MemberKind::Human => "human",
+        }
+    }
+}
+
+fn store_refusal(e: StoreError) -> Refusal {
+    match e {
+        StoreError::Conflict(message) => Refusal::new(ErrorCode::ValidationFailed, message),
+        other => Refusal::new(ErrorCode::Internal, other.to_string()),
+    }
+}
+
+/// Creates a member with a member-plane bearer token.
+///
+/// Returns `{"public_id", "kind", "handle", "token"}`.
+///
+/// # Errors
+/// 422 `validation_failed` when the handle does not match `[a-z0-9][a-z0-9_-]{1,31}` or is taken.
+pub async fn create_member(store: &Store, kind: MemberKind, handle: &str) -> Result<Value, Refusal> {
+    if !HANDLE.is_match(handle) {
+        return Err(Refusal::new(ErrorCode::ValidationFailed, "handle: must match [a-z0-9][a-z0-9_-]{1,31}"));
+    }
+    let member = MemberRow {
+        public_id: Uuid::new_v4(),
+        kind: kind.as_str().to_owned(),
+        handle: handle.to_owned(),
+        display_name: handle.to_owned(),
+    };
+    let (token, credential) = mint(Plane::Member, member.public_id);
+    store.create_member(&member, &credential).await.map_err(store_refusal)?;
+    Ok(json!({"public_id": member.public_id, "kind": member.kind, "handle": member.handle, "token": token}))
+}
+
+/// Creates a runner executor with an executor-transport token.
+///
+/// Returns `{"runner_executor_public_id", "name", "token"}`.
+///
+/// # Errors
+/// 422 `validation_failed` for an empty or over-long name (1 to 100 characters).
+pub async fn create_runner(store: &Store, name: &str) -> Result<Value, Refusal> {
+    if name.trim().is_empty() || name.chars().count() > 100 {
+        return Err(Refusal::new(ErrorCode::ValidationFailed, "name: must be 1 to 100 characters"));
+    }
+    let public_id = Uuid::new_v4();
+    let (token, credential) = mint(Plane::ExecutorTransport, public_id);
+    store.create_executor(public_id, name, &credential).await.map_err(store_refusal)?;
+    Ok(json!({"runner_executor_public_id": public_id, "name": name, "token": token}))
+}

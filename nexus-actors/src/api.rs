@@ -1,0 +1,359 @@
+//! The application layer behind both edges: the HTTP/JSON doors and the gRPC `AgentService`
+//! call the same functions here, so a door's semantics cannot drift between transports.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use nexus_proto::{ErrorCode, Refusal};
+
+use crate::auth::{Plane, authenticate};
+use crate::declaration::validate_configuration;
+use crate::execution::{ExecutionMsg, run_status_is_quiescent};
+use crate::profile::{ProfileMsg, profile_json};
+use crate::root::{Fabric, RootHandle};
+use crate::store::{EventRow, InputRow, MemberRow};
+
+/// The prefix of event cursors (REFERENCE.md 7, "Events").
+pub const CURSOR_PREFIX: &str = "cvei_";
+/// Events read from the store per page while streaming.
+const EVENT_PAGE: i64 = 200;
+/// How long a follower waits for a wake-up before it rereads the store anyway.
+const FOLLOW_POLL: Duration = Duration::from_secs(5);
+
+/// The shared API: the fabric and the handle to Root.
+#[derive(Debug)]
+pub struct Api {
+    /// Shared context.
+    pub fabric: Arc<Fabric>,
+    /// Root.
+    pub root: RootHandle,
+}
+
+/// An authenticated member-plane caller.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    /// The member behind the credential.
+    pub member: MemberRow,
+}
+
+/// `CreateInput`'s fields, already decoded.
+#[derive(Clone, Debug, Default)]
+pub struct CreateInput {
+    /// Continue this conversation; `None` starts a new one.
+    pub conversation_public_id: Option<Uuid>,
+    /// The user's text (required, non-empty).
+    pub text: String,
+    /// Inline `execution_declaration` (SPEC-000), or `None` for the standing profile.
+    pub execution_declaration: Option<Value>,
+    /// The selected Runner among the candidates.
+    pub runner_executor_public_id: Option<Uuid>,
+    /// `tool_names` subset (a JSON array of strings).
+    pub tool_names: Option<Value>,
+}
+
+/// The ids an admission created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Admitted {
+    /// The conversation.
+    pub conversation_public_id: Uuid,
+    /// The input.
+    pub input_public_id: Uuid,
+    /// The execution that materializes it.
+    pub execution_public_id: Uuid,
+}
+
+/// One event as the doors show it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    /// Resumable cursor (`cvei_<seq>`).
+    pub cursor: String,
+    /// The item type.
+    pub event_type: String,
+    /// The item's data.
+    pub data: Value,
+    /// Unix milliseconds.
+    pub at: i64,
+}
+
+fn internal(e: impl std::fmt::Display) -> Refusal {
+    Refusal::new(ErrorCode::Internal, format!("the store failed: {e}"))
+}
+
+fn unavailable() -> Refusal {
+    Refusal::new(ErrorCode::Unavailable, "the server is shutting down; retry shortly")
+}
+
+/// Parses an event cursor; empty means the beginning.
+///
+/// # Errors
+/// 400 `parameter_invalid` for anything but `cvei_<n>`.
+pub fn parse_cursor(cursor: &str) -> Result<i64, Refusal> {
+    if cursor.is_empty() {
+        return Ok(0);
+    }
+    cursor
+        .strip_prefix(CURSOR_PREFIX)
+        .and_then(|n| n.parse::<i64>().ok())
+        .filter(|n| *n >= 0)
+        .ok_or_else(|| Refusal::new(ErrorCode::ParameterInvalid, "after must be a cursor from an earlier event (cvei_<n>)"))
+}
+
+impl Api {
+    /// Authenticates a member-plane bearer.
+    ///
+    /// # Errors
+    /// 401 `unauthorized` for an unknown token or a transport-plane token.
+    pub async fn member(&self, token: &str) -> Result<Caller, Refusal> {
+        let (subject, _) = authenticate(&self.fabric.store, token, Plane::Member).await?;
+        let member = self
+            .fabric
+            .store
+            .member(subject)
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| Refusal::new(ErrorCode::Unauthorized, "the member behind this credential no longer exists"))?;
+        Ok(Caller { member })
+    }
+
+    /// `GET /agent_api/v1/profile`.
+    ///
+    /// # Errors
+    /// `internal` on a store failure.
+    pub async fn profile(&self, caller: &Caller) -> Result<Value, Refusal> {
+        let profile = self.fabric.store.profile(caller.member.public_id).await.map_err(internal)?;
+        Ok(profile_json(&caller.member, profile.as_ref()))
+    }
+
+    /// `PUT /agent_api/v1/profile/configuration`, serialized on the Agent's ProfileActor.
+    ///
+    /// # Errors
+    /// 403 `not_agent` for a Human; the grammar's refusals (see [`crate::declaration`]).
+    pub async fn declare(&self, caller: &Caller, body: Value) -> Result<Value, Refusal> {
+        if caller.member.kind != "agent" {
+            return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has a profile to declare"));
+        }
+        let profile = self.root.profile(caller.member.public_id).await?;
+        ractor::call!(profile, ProfileMsg::Declare, body).map_err(|_| unavailable())?
+    }
+
+    /// Admits one input and starts its execution.
+    ///
+    /// # Errors
+    /// 403 `not_agent`; 400 `parameter_missing` (empty text) or `parameter_invalid` (a scalar
+    /// `tool_names`); 404 `not_found` (unknown conversation); 422 `validation_failed` (an invalid
+    /// inline declaration, no declaration at all, or no model to run).
+    pub async fn create_input(&self, caller: &Caller, input: CreateInput) -> Result<Admitted, Refusal> {
+        if caller.member.kind != "agent" {
+            return Err(Refusal::new(ErrorCode::NotAgent, "inputs are answered by an Agent's profile; use an Agent credential"));
+        }
+        if input.text.trim().is_empty() {
+            return Err(Refusal::new(ErrorCode::ParameterMissing, "text is required"));
+        }
+        if let Some(names) = &input.tool_names
+            && !names.as_array().is_some_and(|a| a.iter().all(Value::is_string))
+        {
+            return Err(Refusal::new(ErrorCode::ParameterInvalid, "tool_names must be an array of names"));
+        }
+        let store = &self.fabric.store;
+        let models = &self.fabric.models;
+        let check = |reference: &str| models.resolve(reference).map(|_| ()).map_err(|e| (e.word().to_owned(), e.to_string()));
+        let configuration = match &input.execution_declaration {
+            Some(inline) => {
+                let object = inline.as_object().ok_or_else(|| {
+                    Refusal::new(ErrorCode::ValidationFailed, "execution_declaration: must be an object")
+                })?;
+                validate_configuration(object, &check)?
+            }
+            None => store
+                .profile(caller.member.public_id)
+                .await
+                .map_err(internal)?
+                .and_then(|p| p.configuration)
+                .ok_or_else(|| {
+                    Refusal::new(
+                        ErrorCode::ValidationFailed,
+                        "configuration: the profile has not declared one; PUT /agent_api/v1/profile/configuration first",
+                    )
+                })?,
+        };
+        if configuration["default_model"].is_null() {
+            return Err(Refusal::new(ErrorCode::ValidationFailed, "default_model: the declaration names no model to run"));
+        }
+        let (conversation, new_conversation) = match input.conversation_public_id {
+            Some(id) => {
+                if !store.conversation_owned_by(id, caller.member.public_id).await.map_err(internal)? {
+                    return Err(Refusal::new(ErrorCode::NotFound, format!("no conversation {id}")));
+                }
+                (id, false)
+            }
+            None => (Uuid::new_v4(), true),
+        };
+        let row = InputRow {
+            public_id: Uuid::new_v4(),
+            conversation_public_id: conversation,
+            member_public_id: caller.member.public_id,
+            text: input.text,
+            execution_declaration: input.execution_declaration,
+            runner_executor_public_id: input.runner_executor_public_id,
+            tool_names: input.tool_names,
+        };
+        let execution = Uuid::new_v4();
+        store.admit_input(&row, new_conversation, execution).await.map_err(internal)?;
+        tracing::info!(execution_id = %execution, member = %caller.member.public_id, "input admitted");
+        // The actor materializes and runs as soon as it starts.
+        self.root.execution(execution).await?;
+        Ok(Admitted { conversation_public_id: conversation, input_public_id: row.public_id, execution_public_id: execution })
+    }
+
+    /// Reads one execution with its tasks.
+    ///
+    /// # Errors
+    /// 404 `not_found` for an unknown execution or one the caller does not own.
+    pub async fn execution(&self, caller: &Caller, id: Uuid) -> Result<Value, Refusal> {
+        let store = &self.fabric.store;
+        let row = store
+            .execution(id)
+            .await
+            .map_err(internal)?
+            .filter(|row| row.member_public_id == caller.member.public_id)
+            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))?;
+        let tasks = store.tasks_of(id).await.map_err(internal)?;
+        Ok(json!({
+            "execution_public_id": row.public_id,
+            "conversation_public_id": row.conversation_public_id,
+            "input_public_id": row.input_public_id,
+            "status": row.status,
+            "attention_reason": row.attention_reason,
+            "round": row.round,
+            "final_text": row.final_text,
+            "error_key": row.error_key,
+            "declaration_digest": row.declaration.as_ref().map(|d| d["digest"].clone()),
+            "default_runner_executor_public_id": row.declaration.as_ref().map(|d| d["default_runner_executor_public_id"].clone()),
+            "event_cursor": format!("{CURSOR_PREFIX}{}", row.event_seq),
+            "created_at": row.created_at,
+            "updated_at": row.updated_at,
+            "tasks": tasks.iter().map(|t| json!({
+                "task_key": t.task_key,
+                "tool_name": t.callable_name,
+                "served_name": t.tool_name,
+                "status": t.status,
+                "claimed": t.claimed,
+                "runner_executor_public_id": t.target_executor_public_id,
+                "timeout_ms": t.timeout_ms,
+                "deadline_at": t.deadline_at,
+                "error_key": t.error_key,
+                "result": t.result,
+            })).collect::<Vec<_>>(),
+        }))
+    }
+
+    /// Stops an execution.
+    ///
+    /// # Errors
+    /// 404 `not_found`; `unavailable` during shutdown.
+    pub async fn stop(&self, caller: &Caller, id: Uuid) -> Result<Value, Refusal> {
+        self.execution(caller, id).await?;
+        let actor = self.root.execution(id).await?;
+        ractor::call!(actor, ExecutionMsg::Stop).map_err(|_| unavailable())??;
+        self.execution(caller, id).await
+    }
+
+    /// The durable events after `after` (a cursor, or empty for the beginning). With `follow`, the
+    /// stream waits for new events and ends once the execution is quiescent (completed, canceled
+    /// or needs_attention) and every event has been sent.
+    ///
+    /// # Errors
+    /// 404 `not_found`; 400 `parameter_invalid` for a bad cursor.
+    pub async fn events(
+        &self,
+        caller: &Caller,
+        id: Uuid,
+        after: &str,
+        follow: bool,
+    ) -> Result<impl Stream<Item = Result<Event, Refusal>> + Send + 'static, Refusal> {
+        let cursor = parse_cursor(after)?;
+        self.execution(caller, id).await?;
+        let wake = follow.then(|| self.fabric.events.subscribe(id));
+        let follower = Follower { fabric: self.fabric.clone(), id, cursor, follow, wake, buffer: VecDeque::new(), done: false };
+        Ok(futures::stream::unfold(follower, Follower::next))
+    }
+}
+
+struct Follower {
+    fabric: Arc<Fabric>,
+    id: Uuid,
+    cursor: i64,
+    follow: bool,
+    wake: Option<tokio::sync::watch::Receiver<i64>>,
+    buffer: VecDeque<EventRow>,
+    done: bool,
+}
+
+impl Follower {
+    async fn next(mut self) -> Option<(Result<Event, Refusal>, Follower)> {
+        loop {
+            if let Some(row) = self.buffer.pop_front() {
+                let event = Event { cursor: format!("{CURSOR_PREFIX}{}", row.seq), event_type: row.event_type, data: row.data, at: row.at };
+                return Some((Ok(event), self));
+            }
+            if self.done {
+                return None;
+            }
+            let store = &self.fabric.store;
+            match store.events_after(self.id, self.cursor, EVENT_PAGE).await {
+                Ok(rows) if !rows.is_empty() => {
+                    self.cursor = rows.last().map_or(self.cursor, |r| r.seq);
+                    self.buffer.extend(rows);
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.done = true;
+                    return Some((Err(internal(e)), self));
+                }
+            }
+            if !self.follow {
+                self.done = true;
+                continue;
+            }
+            match store.execution(self.id).await {
+                Ok(Some(row)) if run_status_is_quiescent(&row.status) && row.event_seq <= self.cursor => {
+                    self.done = true;
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.done = true;
+                    return Some((Err(internal(e)), self));
+                }
+            }
+            match &mut self.wake {
+                Some(wake) => {
+                    if let Ok(Err(_)) = tokio::time::timeout(FOLLOW_POLL, wake.changed()).await {
+                        // The feed closed (the execution went quiet or its actor stopped): poll.
+                        self.wake = None;
+                    }
+                }
+                None => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors() {
+        assert_eq!(parse_cursor("").ok(), Some(0));
+        assert_eq!(parse_cursor("cvei_42").ok(), Some(42));
+        assert_eq!(parse_cursor("42").map_err(|r| r.code).err().as_deref(), Some("parameter_invalid"));
+        assert_eq!(parse_cursor("cvei_-1").map_err(|r| r.code).err().as_deref(), Some("parameter_invalid"));
+    }
+}

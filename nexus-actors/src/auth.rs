@@ -1,0 +1,134 @@
+//! Bearer credentials and their two planes (spec/REFERENCE.md 6.1, "Planes").
+//!
+//! A member-plane credential opens the profile and execution doors; an executor-transport
+//! credential opens only the runner stream. Each plane's doors refuse the other's credential with
+//! 401 `unauthorized`. Tokens are shown once at minting and stored only as SHA-256 digests.
+
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use nexus_proto::{ErrorCode, Refusal};
+
+use crate::store::Store;
+
+/// The plane a credential belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plane {
+    /// Members (agents and humans): the profile, input and execution doors.
+    Member,
+    /// Executors (runners): the runner stream only.
+    ExecutorTransport,
+}
+
+impl Plane {
+    /// The stored word: `member` or `executor_transport`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Plane::Member => "member",
+            Plane::ExecutorTransport => "executor_transport",
+        }
+    }
+
+    /// Parses the stored word.
+    pub fn from_word(word: &str) -> Option<Plane> {
+        match word {
+            "member" => Some(Plane::Member),
+            "executor_transport" => Some(Plane::ExecutorTransport),
+            _ => None,
+        }
+    }
+
+    fn prefix(self) -> &'static str {
+        match self {
+            Plane::Member => "sk-nexus-api-v1-",
+            Plane::ExecutorTransport => "sk-nexus-runner-v1-",
+        }
+    }
+}
+
+/// A credential ready to store: its digest, plane and subject. The token itself is never stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credential {
+    /// SHA-256 hex of the token.
+    pub digest: String,
+    /// The plane it opens.
+    pub plane: Plane,
+    /// The member or executor it authenticates.
+    pub subject: Uuid,
+}
+
+/// SHA-256 hex of a token (credentials and claim tokens alike).
+pub fn digest(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A fresh random token with 256 bits of entropy, as lowercase hex.
+pub fn random_token() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    hex::encode(bytes)
+}
+
+/// Mints a token for `subject` on `plane`. Returns the token (show it once) and its credential.
+pub fn mint(plane: Plane, subject: Uuid) -> (String, Credential) {
+    let token = format!("{}{}", plane.prefix(), random_token());
+    let credential = Credential { digest: digest(&token), plane, subject };
+    (token, credential)
+}
+
+/// Authenticates a bearer token on `plane`: returns the subject and the credential's epoch.
+///
+/// # Errors
+/// `unauthorized` when the token is unknown, expired, or belongs to the other plane.
+pub async fn authenticate(store: &Store, token: &str, plane: Plane) -> Result<(Uuid, i64), Refusal> {
+    let found = store
+        .credential(&digest(token.trim()))
+        .await
+        .map_err(|e| Refusal::new(ErrorCode::Internal, format!("credential lookup failed: {e}")))?;
+    match found {
+        Some((found_plane, subject, epoch)) if found_plane == plane => Ok((subject, epoch)),
+        Some(_) => Err(Refusal::new(
+            ErrorCode::Unauthorized,
+            format!("this door needs a {} credential; the token presented belongs to the other plane", plane.as_str()),
+        )),
+        None => Err(Refusal::new(ErrorCode::Unauthorized, "unknown or expired credential; mint one with `nexus admin`")),
+    }
+}
+
+/// Extracts the token from an `Authorization: Bearer <token>` header value.
+///
+/// # Errors
+/// `unauthorized` when the header is missing or not a bearer.
+pub fn bearer(header: Option<&str>) -> Result<&str, Refusal> {
+    header
+        .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| Refusal::new(ErrorCode::Unauthorized, "send `Authorization: Bearer <token>`"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minted_tokens_differ_by_plane_and_hash_stably() {
+        let subject = Uuid::new_v4();
+        let (member_token, member) = mint(Plane::Member, subject);
+        let (runner_token, runner) = mint(Plane::ExecutorTransport, subject);
+        assert!(member_token.starts_with("sk-nexus-api-v1-"));
+        assert!(runner_token.starts_with("sk-nexus-runner-v1-"));
+        assert_eq!(member.digest, digest(&member_token));
+        assert_ne!(member.digest, runner.digest);
+        assert_eq!(member.digest.len(), 64);
+        assert!(!member.digest.contains(&member_token));
+    }
+
+    #[test]
+    fn bearer_header_parsing() {
+        assert_eq!(bearer(Some("Bearer abc")).ok(), Some("abc"));
+        assert_eq!(bearer(Some("Basic abc")).map_err(|r| r.code).err().as_deref(), Some("unauthorized"));
+        assert!(bearer(None).is_err());
+    }
+}

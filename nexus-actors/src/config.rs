@@ -1,0 +1,145 @@
+//! Server configuration, loaded and validated once: defaults, then the TOML file, then flags.
+//!
+//! Every field documents its unit and default. The file's sections map one to one onto
+//! [`ServerConfig`]; unknown keys are refused.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::ProviderTable;
+
+/// The whole server configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Where the embedded SQLite store lives. Default: `./nexus-data`.
+    pub data_dir: PathBuf,
+    /// Runner stream timing.
+    pub runner: RunnerStreamConfig,
+    /// Execution timing.
+    pub execution: ExecutionConfig,
+    /// The model provider table (see README, "Model providers").
+    pub providers: ProviderTable,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            data_dir: PathBuf::from("nexus-data"),
+            runner: RunnerStreamConfig::default(),
+            execution: ExecutionConfig::default(),
+            providers: ProviderTable::default(),
+        }
+    }
+}
+
+/// Timing of the runner stream.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunnerStreamConfig {
+    /// Interval of application Ping frames, in milliseconds. Default 15000.
+    pub ping_interval_ms: u64,
+    /// A stream with no inbound frame for this long is closed as dead, in milliseconds.
+    /// Default 45000 (three missed pings).
+    pub liveness_timeout_ms: u64,
+    /// HTTP/2 keepalive interval on the server side, in milliseconds. Default 20000.
+    pub http2_keepalive_interval_ms: u64,
+    /// HTTP/2 keepalive ack timeout, in milliseconds. Default 10000.
+    pub http2_keepalive_timeout_ms: u64,
+    /// Largest frame accepted or sent, in bytes. Default 8 MiB.
+    pub max_frame_bytes: usize,
+}
+
+impl Default for RunnerStreamConfig {
+    fn default() -> Self {
+        RunnerStreamConfig {
+            ping_interval_ms: 15_000,
+            liveness_timeout_ms: 45_000,
+            http2_keepalive_interval_ms: 20_000,
+            http2_keepalive_timeout_ms: 10_000,
+            max_frame_bytes: 8 * 1024 * 1024,
+        }
+    }
+}
+
+impl RunnerStreamConfig {
+    /// The ping interval as a duration.
+    pub fn ping_interval(&self) -> Duration {
+        Duration::from_millis(self.ping_interval_ms.max(1))
+    }
+
+    /// The liveness bound as a duration.
+    pub fn liveness_timeout(&self) -> Duration {
+        Duration::from_millis(self.liveness_timeout_ms.max(1))
+    }
+}
+
+/// Timing of executions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExecutionConfig {
+    /// Attempts of one model call on retryable failures (transport, 429, 5xx). Default 3.
+    pub model_attempts: usize,
+    /// First retry delay of a model call, in milliseconds; doubles with full jitter. Default 500.
+    pub model_retry_min_delay_ms: u64,
+    /// Cap of the model retry delay, in milliseconds. Default 10000.
+    pub model_retry_max_delay_ms: u64,
+    /// Park of a runner task whose tool announced no `timeout_ms`, in milliseconds.
+    /// Default 600000 (the kernel default of 10 minutes).
+    pub default_task_timeout_ms: u64,
+}
+
+impl Default for ExecutionConfig {
+    fn default() -> Self {
+        ExecutionConfig {
+            model_attempts: 3,
+            model_retry_min_delay_ms: 500,
+            model_retry_max_delay_ms: 10_000,
+            default_task_timeout_ms: crate::declaration::DEFAULT_TIMEOUT_MS,
+        }
+    }
+}
+
+/// A configuration that failed to load.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The path tried.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid configuration.
+    #[error("invalid config file {path}: {source}")]
+    Parse {
+        /// The path tried.
+        path: PathBuf,
+        /// The TOML error, with its line.
+        source: toml::de::Error,
+    },
+}
+
+impl ServerConfig {
+    /// Loads the defaults overlaid by a TOML file, when one is given.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the file is unreadable or invalid (unknown keys included).
+    pub fn load(path: Option<&Path>) -> Result<ServerConfig, ConfigError> {
+        let Some(path) = path else { return Ok(ServerConfig::default()) };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        Self::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })
+    }
+
+    /// Parses a TOML document over the defaults.
+    ///
+    /// # Errors
+    /// The TOML error, naming the line and the key.
+    pub fn from_toml(text: &str) -> Result<ServerConfig, toml::de::Error> {
+        toml::from_str(text)
+    }
+}

@@ -1,0 +1,678 @@
+//! The ExecutorActor: one per runner identity, the owner of the inbox rows addressed to it.
+//!
+//! It holds the open tasks, their claim tokens (as digests) and deadlines (the "park clock"),
+//! the credential-epoch fence, and the one live stream (a [`ConnectionActor`]). It carries the
+//! origin's executor doors (spec/REFERENCE.md 6.3 to 6.12): announce, claim, claim status, extend,
+//! commit and progress. Every state change is durable before it is answered. Settlements are
+//! reported to the execution as messages.
+//!
+//! [`ConnectionActor`]: crate::connection::ConnectionActor
+
+pub mod commit;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use nexus_kernel_tools::EffectProfile;
+use nexus_proto::runner::v1::{
+    Announced, ClaimGranted, ClaimState, Committed, Extended, NexusFrame, ProgressAccepted, Refusal as RefusalFrame,
+    Welcome, WorkAvailable, WorkCanceled, nexus_frame::Frame,
+};
+use nexus_proto::{ErrorCode, RUNNER_PROTOCOL_VERSION, Refusal};
+
+use crate::auth::digest;
+use crate::connection::ConnectionMsg;
+use crate::execution::ExecutionMsg;
+use crate::root::{Fabric, RootHandle};
+use crate::store::{ExecutorRow, TaskRow, now_ms};
+
+use self::commit::CommitRefusal;
+
+/// The most an extension may grant, in milliseconds (one hour).
+pub const EXTENSION_CAP_MS: i64 = 3_600_000;
+/// Progress frames closer than this per task are dropped silently, in milliseconds.
+pub const PROGRESS_INTERVAL_MS: i64 = 250;
+/// The largest progress frame, in bytes.
+pub const PROGRESS_FRAME_BOUND: usize = 65_536;
+
+/// Frames to one runner stream. A full or closed channel drops the stream: the runner reconnects
+/// and the level-triggered inbox is offered again in full.
+pub type Outbound = mpsc::Sender<Result<NexusFrame, tonic::Status>>;
+
+/// A request read from the stream, after Hello.
+#[derive(Debug)]
+pub enum RunnerRequest {
+    /// Whole-replacement announcement (JSON body).
+    Announce(String),
+    /// Claim one task.
+    Claim {
+        /// The execution (`run_public_id`).
+        run: Uuid,
+        /// The task key.
+        task_key: String,
+    },
+    /// Read whether a claim is active; never renews.
+    ClaimStatus {
+        /// The execution.
+        run: Uuid,
+        /// The task key.
+        task_key: String,
+        /// The claim token.
+        claim_token: String,
+    },
+    /// Move the deadline.
+    Extend {
+        /// The execution.
+        run: Uuid,
+        /// The task key.
+        task_key: String,
+        /// The claim token.
+        claim_token: String,
+        /// New park from now, in milliseconds.
+        timeout_ms: i64,
+    },
+    /// Write-once result.
+    Commit {
+        /// The execution.
+        run: Uuid,
+        /// The task key.
+        task_key: String,
+        /// The claim token.
+        claim_token: String,
+        /// `{content?, structured_content?, is_error?, outcome?, ...}`.
+        body_json: String,
+    },
+    /// Ephemeral progress.
+    Progress {
+        /// The execution.
+        run: Uuid,
+        /// The task key.
+        task_key: String,
+        /// The claim token.
+        claim_token: String,
+        /// The frame, a JSON object.
+        frame_json: String,
+    },
+}
+
+/// The ExecutorActor's messages.
+pub enum ExecutorMsg {
+    /// A stream passed Hello: fence any older stream, welcome this one, offer the inbox again.
+    Attach {
+        /// The connection's id.
+        conn_id: u64,
+        /// The Hello's request id, echoed on Welcome.
+        hello_request_id: u64,
+        /// The connection actor, stopped when fenced.
+        connection: ActorRef<ConnectionMsg>,
+        /// Frames to the runner.
+        outbound: Outbound,
+        /// The epoch of the credential that said Hello.
+        credential_epoch: i64,
+        /// `Ok` once Welcome is queued; `unauthorized` when fenced by the epoch or revoked.
+        reply: RpcReplyPort<Result<(), Refusal>>,
+    },
+    /// A stream ended.
+    Detach {
+        /// The connection's id.
+        conn_id: u64,
+    },
+    /// A request from the stream `conn_id`.
+    Request {
+        /// The connection's id; requests from a fenced stream are dropped.
+        conn_id: u64,
+        /// Echoed on the answer.
+        request_id: u64,
+        /// The request.
+        request: RunnerRequest,
+    },
+    /// A task addressed here was written to the store: hold it and push `work_available`.
+    Offer {
+        /// The execution.
+        run: Uuid,
+        /// The task key.
+        task_key: String,
+    },
+    /// Cancel a task: it settles `canceled` and the claimant gets `work_canceled`.
+    Cancel {
+        /// The execution.
+        run: Uuid,
+        /// The task key.
+        task_key: String,
+    },
+    /// A deadline timer fired.
+    Expire {
+        /// The execution.
+        run: Uuid,
+        /// The task key.
+        task_key: String,
+        /// The deadline the timer was set for; a moved deadline makes it stale.
+        deadline_at: i64,
+    },
+}
+
+/// Arguments: which runner.
+pub struct ExecutorArgs {
+    /// Shared context.
+    pub fabric: Arc<Fabric>,
+    /// Root, to find executions.
+    pub root: RootHandle,
+    /// The runner's UUID.
+    pub public_id: Uuid,
+}
+
+struct Connection {
+    id: u64,
+    actor: ActorRef<ConnectionMsg>,
+    outbound: Outbound,
+}
+
+type TaskId = (Uuid, String);
+
+/// The ExecutorActor's state.
+pub struct ExecutorState {
+    fabric: Arc<Fabric>,
+    root: RootHandle,
+    row: ExecutorRow,
+    connection: Option<Connection>,
+    open: HashMap<TaskId, TaskRow>,
+    timers: HashMap<TaskId, JoinHandle<()>>,
+    progress_at: HashMap<TaskId, i64>,
+}
+
+/// The ExecutorActor.
+pub struct ExecutorActor;
+
+fn internal(e: impl std::fmt::Display) -> Refusal {
+    Refusal::new(ErrorCode::Internal, format!("the inbox store failed: {e}"))
+}
+
+fn refusal_frame(request_id: u64, refusal: &Refusal) -> NexusFrame {
+    let http_status = refusal.error_code().map_or(500, ErrorCode::http_status);
+    NexusFrame {
+        request_id,
+        frame: Some(Frame::Refusal(RefusalFrame {
+            code: refusal.code.clone(),
+            message: refusal.message.clone(),
+            http_status: u32::from(http_status),
+        })),
+    }
+}
+
+/// The inbox row as the runner sees it on claim (REFERENCE.md 6.5, "Row fields").
+pub fn task_json(task: &TaskRow) -> Value {
+    json!({
+        "kind": task.kind,
+        "run_public_id": task.run_public_id,
+        "task_key": task.task_key,
+        "tool_name": task.tool_name,
+        "tool_input": task.tool_input,
+        "tool_call_id": task.tool_call_id,
+        "started_at": task.started_at,
+        "deadline_at": task.deadline_at,
+        "timeout_ms": task.timeout_ms,
+        "claimed": task.claimed,
+        "addressed_to": {"role": "runner", "executor_public_id": task.target_executor_public_id},
+        "effect_profile": task.effect_profile,
+        "tool_alias": if task.callable_name == task.tool_name { Value::Null } else { json!(task.callable_name) },
+    })
+}
+
+/// The expiry rule (REFERENCE.md 6.10): never claimed, or claimed and replayable, is `timed_out`
+/// (`tool_timeout`); claimed and not replayable is `uncertain` (`tool_uncertain`).
+pub fn expiry_outcome(task: &TaskRow) -> (&'static str, &'static str) {
+    if !task.claimed || EffectProfile::json_replayable(task.effect_profile.as_ref()) {
+        ("timed_out", "tool_timeout")
+    } else {
+        ("uncertain", "tool_uncertain")
+    }
+}
+
+impl Actor for ExecutorActor {
+    type Msg = ExecutorMsg;
+    type State = ExecutorState;
+    type Arguments = ExecutorArgs;
+
+    async fn pre_start(&self, myself: ActorRef<ExecutorMsg>, args: ExecutorArgs) -> Result<ExecutorState, ActorProcessingErr> {
+        let row = args
+            .fabric
+            .store
+            .executor(args.public_id)
+            .await?
+            .ok_or_else(|| format!("no executor {}", args.public_id))?;
+        let mut state = ExecutorState {
+            fabric: args.fabric,
+            root: args.root,
+            row,
+            connection: None,
+            open: HashMap::new(),
+            timers: HashMap::new(),
+            progress_at: HashMap::new(),
+        };
+        // The park clock resumes: every open task gets its timer back.
+        for task in state.fabric.store.open_tasks_for(args.public_id).await? {
+            let id = (task.run_public_id, task.task_key.clone());
+            schedule_expiry(&myself, &mut state, &id, task.deadline_at);
+            state.open.insert(id, task);
+        }
+        tracing::debug!(runner_id = %args.public_id, open = state.open.len(), "executor loaded");
+        Ok(state)
+    }
+
+    async fn post_stop(&self, _myself: ActorRef<ExecutorMsg>, state: &mut ExecutorState) -> Result<(), ActorProcessingErr> {
+        for timer in state.timers.values() {
+            timer.abort();
+        }
+        Ok(())
+    }
+
+    async fn handle(&self, myself: ActorRef<ExecutorMsg>, msg: ExecutorMsg, state: &mut ExecutorState) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ExecutorMsg::Attach { conn_id, hello_request_id, connection, outbound, credential_epoch, reply } => {
+                let result = attach(state, conn_id, hello_request_id, connection, outbound, credential_epoch).await;
+                let _ = reply.send(result);
+            }
+            ExecutorMsg::Detach { conn_id } => {
+                if state.connection.as_ref().is_some_and(|c| c.id == conn_id) {
+                    state.connection = None;
+                    tracing::info!(runner_id = %state.row.public_id, "runner stream closed");
+                    if let Err(e) = state.fabric.store.touch_executor(state.row.public_id, false).await {
+                        tracing::warn!(error = %e, "could not record last_seen_at");
+                    }
+                }
+            }
+            ExecutorMsg::Request { conn_id, request_id, request } => {
+                if state.connection.as_ref().is_none_or(|c| c.id != conn_id) {
+                    tracing::debug!(runner_id = %state.row.public_id, "dropping a request from a fenced stream");
+                    return Ok(());
+                }
+                let answer = match request {
+                    RunnerRequest::Announce(body) => announce(state, &body).await,
+                    RunnerRequest::Claim { run, task_key } => claim(&myself, state, run, task_key).await,
+                    RunnerRequest::ClaimStatus { run, task_key, claim_token } => {
+                        claim_status(state, run, &task_key, &claim_token).await
+                    }
+                    RunnerRequest::Extend { run, task_key, claim_token, timeout_ms } => {
+                        extend(&myself, state, run, task_key, &claim_token, timeout_ms).await
+                    }
+                    RunnerRequest::Commit { run, task_key, claim_token, body_json } => {
+                        commit(state, run, task_key, &claim_token, &body_json).await
+                    }
+                    RunnerRequest::Progress { run, task_key, claim_token, frame_json } => {
+                        progress(state, run, task_key, &claim_token, &frame_json)
+                    }
+                };
+                let frame = match answer {
+                    Ok(frame) => NexusFrame { request_id, frame: Some(frame) },
+                    Err(refusal) => refusal_frame(request_id, &refusal),
+                };
+                push(state, frame);
+            }
+            ExecutorMsg::Offer { run, task_key } => {
+                let id = (run, task_key);
+                if !state.open.contains_key(&id) {
+                    match state.fabric.store.task(run, &id.1).await? {
+                        Some(task) if !task.is_settled() => {
+                            schedule_expiry(&myself, state, &id, task.deadline_at);
+                            state.open.insert(id.clone(), task);
+                        }
+                        _ => return Ok(()),
+                    }
+                }
+                if let Some(task) = state.open.get(&id) {
+                    let frame = work_available(task);
+                    push(state, frame);
+                }
+            }
+            ExecutorMsg::Cancel { run, task_key } => {
+                let id = (run, task_key);
+                if let Some(task) = state.open.get(&id) {
+                    let claimed = task.claimed;
+                    settle(state, &id, "canceled", None, Some("task_canceled")).await?;
+                    if claimed {
+                        push(
+                            state,
+                            NexusFrame {
+                                request_id: 0,
+                                frame: Some(Frame::WorkCanceled(WorkCanceled { run_public_id: run.to_string(), task_key: id.1 })),
+                            },
+                        );
+                    }
+                }
+            }
+            ExecutorMsg::Expire { run, task_key, deadline_at } => {
+                let id = (run, task_key);
+                let Some(task) = state.open.get(&id) else { return Ok(()) };
+                if task.deadline_at != deadline_at {
+                    return Ok(());
+                }
+                let (status, error_key) = expiry_outcome(task);
+                tracing::info!(runner_id = %state.row.public_id, run_id = %run, task_key = %id.1, status, "task expired");
+                settle(state, &id, status, None, Some(error_key)).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn work_available(task: &TaskRow) -> NexusFrame {
+    NexusFrame {
+        request_id: 0,
+        frame: Some(Frame::WorkAvailable(WorkAvailable {
+            kind: task.kind.clone(),
+            run_public_id: task.run_public_id.to_string(),
+            task_key: task.task_key.clone(),
+            tool_name: task.tool_name.clone(),
+        })),
+    }
+}
+
+fn push(state: &mut ExecutorState, frame: NexusFrame) {
+    let Some(connection) = &state.connection else { return };
+    if let Err(e) = connection.outbound.try_send(Ok(frame)) {
+        tracing::warn!(runner_id = %state.row.public_id, error = %e, "runner stream cannot take frames; dropping it");
+        connection.actor.stop(Some("outbound full or closed".into()));
+        state.connection = None;
+    }
+}
+
+fn schedule_expiry(myself: &ActorRef<ExecutorMsg>, state: &mut ExecutorState, id: &TaskId, deadline_at: i64) {
+    let wait = Duration::from_millis(u64::try_from(deadline_at - now_ms()).unwrap_or(0));
+    let actor = myself.clone();
+    let (run, task_key) = id.clone();
+    let timer = tokio::spawn(async move {
+        tokio::time::sleep(wait).await;
+        let _ = actor.cast(ExecutorMsg::Expire { run, task_key, deadline_at });
+    });
+    if let Some(old) = state.timers.insert(id.clone(), timer) {
+        old.abort();
+    }
+}
+
+async fn attach(
+    state: &mut ExecutorState,
+    conn_id: u64,
+    hello_request_id: u64,
+    connection: ActorRef<ConnectionMsg>,
+    outbound: Outbound,
+    credential_epoch: i64,
+) -> Result<(), Refusal> {
+    if let Some(row) = state.fabric.store.executor(state.row.public_id).await.map_err(internal)? {
+        state.row = row;
+    }
+    if state.row.status != "active" {
+        return Err(Refusal::new(ErrorCode::Unauthorized, "this runner is revoked; pair it again"));
+    }
+    if credential_epoch != state.row.credential_epoch {
+        return Err(Refusal::new(ErrorCode::Unauthorized, "this credential was fenced by a newer pairing"));
+    }
+    if let Some(old) = state.connection.take() {
+        tracing::info!(runner_id = %state.row.public_id, "a new stream fences the old one");
+        old.actor.stop(Some("fenced by a newer stream".into()));
+    }
+    state.fabric.store.touch_executor(state.row.public_id, true).await.map_err(internal)?;
+    state.connection = Some(Connection { id: conn_id, actor: connection, outbound });
+    push(
+        state,
+        NexusFrame {
+            request_id: hello_request_id,
+            frame: Some(Frame::Welcome(Welcome {
+                executor_public_id: state.row.public_id.to_string(),
+                credential_epoch: u64::try_from(state.row.credential_epoch).unwrap_or(0),
+                protocol_version: RUNNER_PROTOCOL_VERSION,
+                ping_interval_ms: state.fabric.config.runner.ping_interval_ms,
+            })),
+        },
+    );
+    tracing::info!(runner_id = %state.row.public_id, open = state.open.len(), "runner stream attached");
+    // The inbox is level-triggered: everything still claimable is offered again in full.
+    let mut offers: Vec<&TaskRow> = state.open.values().filter(|t| !t.claimed && t.status == "dispatched").collect();
+    offers.sort_by(|a, b| (a.started_at, &a.task_key).cmp(&(b.started_at, &b.task_key)));
+    let frames: Vec<NexusFrame> = offers.into_iter().map(work_available).collect();
+    for frame in frames {
+        push(state, frame);
+    }
+    Ok(())
+}
+
+async fn announce(state: &mut ExecutorState, body_json: &str) -> Result<Frame, Refusal> {
+    let body: Value = serde_json::from_str(body_json)
+        .map_err(|e| Refusal::new(ErrorCode::ParameterMissing, format!("the announcement is not JSON: {e}")))?;
+    let canonical = crate::announcement::validate(&body)?;
+    state.fabric.store.set_announcement(state.row.public_id, &canonical).await.map_err(internal)?;
+    state.row.announcement = canonical;
+    state.row.announced_at = Some(now_ms());
+    tracing::info!(runner_id = %state.row.public_id, tools = state.row.announcement["tools"].as_array().map_or(0, Vec::len), "announcement stored");
+    Ok(Frame::Announced(Announced { executor_json: executor_json(&state.row, state.connection.is_some()).to_string() }))
+}
+
+/// An executor's description as discovery shows it (REFERENCE.md 6.2): presence is display only.
+pub fn executor_json(row: &ExecutorRow, online: bool) -> Value {
+    let presence = if online {
+        "online"
+    } else if row.connected_at.is_none() {
+        "not_yet_seen"
+    } else {
+        "offline"
+    };
+    json!({
+        "public_id": row.public_id,
+        "kind": row.kind,
+        "display_name": row.display_name,
+        "status": row.status,
+        "assignment_scope": row.assignment_scope,
+        "credential_epoch": row.credential_epoch,
+        "served_tools": row.announcement["tools"],
+        "environment": row.announcement["environment"],
+        "served_documents": row.announcement["documents"],
+        "presence": presence,
+        "last_seen_at": row.last_seen_at,
+        "connected_at": row.connected_at,
+    })
+}
+
+/// Finds a task: open here, or settled (or addressed elsewhere) in the store.
+async fn find(state: &ExecutorState, run: Uuid, task_key: &str) -> Result<TaskRow, Refusal> {
+    if let Some(task) = state.open.get(&(run, task_key.to_owned())) {
+        return Ok(task.clone());
+    }
+    let task = state
+        .fabric
+        .store
+        .task(run, task_key)
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no task {task_key} in run {run}")))?;
+    if task.target_executor_public_id != Some(state.row.public_id) {
+        return Err(Refusal::new(ErrorCode::NotAddressedHere, "this task is addressed to another executor"));
+    }
+    Ok(task)
+}
+
+fn token_matches(task: &TaskRow, token: &str) -> bool {
+    task.claim_token_digest.as_deref().is_some_and(|d| d == digest(token))
+}
+
+async fn claim(myself: &ActorRef<ExecutorMsg>, state: &mut ExecutorState, run: Uuid, task_key: String) -> Result<Frame, Refusal> {
+    let task = find(state, run, &task_key).await?;
+    if task.kind != "tool_call" {
+        return Err(Refusal::new(ErrorCode::NotClaimableKind, "asks and approvals are never claimable"));
+    }
+    if task.claimed {
+        return Err(Refusal::new(ErrorCode::AlreadyClaimed, "this task was claimed once; a claim is never re-granted"));
+    }
+    if task.status != "dispatched" || task.is_settled() {
+        return Err(Refusal::new(ErrorCode::TaskNotClaimable, format!("the task is {}, not a dispatched park", task.status)));
+    }
+    if state.row.status != "active" {
+        return Err(Refusal::new(ErrorCode::NotEligible, "this runner is no longer eligible"));
+    }
+    let token = crate::auth::random_token();
+    let now = now_ms();
+    let mut granted = task;
+    granted.claimed = true;
+    granted.claim_token_digest = Some(digest(&token));
+    // Claiming restarts the park clock: the holder gets a full deadline.
+    granted.deadline_at = now + granted.timeout_ms;
+    state.fabric.store.update_task(&granted).await.map_err(internal)?;
+    let id = (run, task_key);
+    schedule_expiry(myself, state, &id, granted.deadline_at);
+    tracing::info!(runner_id = %state.row.public_id, run_id = %run, task_key = %id.1, "task claimed");
+    let frame = Frame::ClaimGranted(ClaimGranted {
+        task_json: task_json(&granted).to_string(),
+        claim_token: token,
+        deadline_at_ms: granted.deadline_at,
+    });
+    state.open.insert(id, granted);
+    Ok(frame)
+}
+
+async fn claim_status(state: &ExecutorState, run: Uuid, task_key: &str, token: &str) -> Result<Frame, Refusal> {
+    let task = find(state, run, task_key).await?;
+    if !token_matches(&task, token) {
+        return Err(Refusal::new(ErrorCode::NotClaimant, "this token does not hold the claim"));
+    }
+    let active = !task.is_settled() && now_ms() < task.deadline_at;
+    Ok(Frame::ClaimState(ClaimState { active }))
+}
+
+async fn extend(
+    myself: &ActorRef<ExecutorMsg>,
+    state: &mut ExecutorState,
+    run: Uuid,
+    task_key: String,
+    token: &str,
+    timeout_ms: i64,
+) -> Result<Frame, Refusal> {
+    let task = find(state, run, &task_key).await?;
+    if !token_matches(&task, token) {
+        return Err(Refusal::new(ErrorCode::NotClaimant, "this token does not hold the claim"));
+    }
+    if timeout_ms <= 0 {
+        return Err(Refusal::new(ErrorCode::InvalidTimeoutMs, "timeout_ms must be a positive integer of milliseconds"));
+    }
+    let now = now_ms();
+    if task.is_settled() || now >= task.deadline_at {
+        return Err(Refusal::new(ErrorCode::NotExtendable, "the claim is not a live park (settled or past its deadline)"));
+    }
+    let announced = state.row.announcement["tools"]
+        .as_array()
+        .and_then(|tools| tools.iter().find(|t| t["name"] == task.tool_name.as_str()))
+        .and_then(|t| t["timeout_ms"].as_i64());
+    let cap = announced.map_or(EXTENSION_CAP_MS, |a| a.min(EXTENSION_CAP_MS));
+    if timeout_ms > cap {
+        return Err(Refusal::new(ErrorCode::ExtensionTooLong, format!("at most {cap} ms may be granted")));
+    }
+    let mut extended = task;
+    extended.deadline_at = now + timeout_ms;
+    state.fabric.store.update_task(&extended).await.map_err(internal)?;
+    let id = (run, task_key);
+    schedule_expiry(myself, state, &id, extended.deadline_at);
+    let deadline_at = extended.deadline_at;
+    state.open.insert(id.clone(), extended);
+    notify(state, run, ExecutionMsg::DeadlineExtended { task_key: id.1, deadline_at, timeout_ms }).await;
+    Ok(Frame::Extended(Extended { deadline_at_ms: deadline_at }))
+}
+
+async fn commit(state: &mut ExecutorState, run: Uuid, task_key: String, token: &str, body_json: &str) -> Result<Frame, Refusal> {
+    let task = find(state, run, &task_key).await?;
+    if task.is_settled() {
+        // Write-once: the same token after settle is an idle success.
+        if token_matches(&task, token) {
+            return Ok(Frame::Committed(Committed { idle: true, status: task.status }));
+        }
+        return Err(Refusal::new(ErrorCode::StaleClaim, "this token does not hold the claim; the task has settled"));
+    }
+    if !task.claimed {
+        return Err(Refusal::new(ErrorCode::TaskNotRunning, "claim the task before committing"));
+    }
+    if !token_matches(&task, token) {
+        return Err(Refusal::new(ErrorCode::StaleClaim, "this token was rotated or never held the claim"));
+    }
+    let id = (run, task_key);
+    if now_ms() >= task.deadline_at {
+        // The deadline wins: the content is discarded and the task settles by the expiry rule.
+        let (status, error_key) = expiry_outcome(&task);
+        settle(state, &id, status, None, Some(error_key)).await.map_err(internal)?;
+        return Ok(Frame::Committed(Committed { idle: false, status: status.to_owned() }));
+    }
+    match commit::validate(body_json) {
+        Ok(body) => {
+            let (status, error_key) = if body.failed { ("failed", Some("tool_failed")) } else { ("completed", None) };
+            settle(state, &id, status, Some(body.stored), error_key).await.map_err(internal)?;
+            Ok(Frame::Committed(Committed { idle: false, status: status.to_owned() }))
+        }
+        Err(CommitRefusal::Standing(refusal)) => Err(refusal),
+        Err(CommitRefusal::Closes(refusal)) => {
+            settle(state, &id, "failed", None, Some("result_unstorable")).await.map_err(internal)?;
+            Err(refusal)
+        }
+    }
+}
+
+fn progress(state: &mut ExecutorState, run: Uuid, task_key: String, token: &str, frame_json: &str) -> Result<Frame, Refusal> {
+    let id = (run, task_key);
+    let Some(task) = state.open.get(&id) else {
+        return Err(Refusal::new(ErrorCode::NotClaimant, "no live claim on this task"));
+    };
+    if !token_matches(task, token) {
+        return Err(Refusal::new(ErrorCode::NotClaimant, "this token does not hold the claim"));
+    }
+    if frame_json.len() > PROGRESS_FRAME_BOUND {
+        return Err(Refusal::new(ErrorCode::FrameTooLarge, "progress frames are at most 65536 bytes"));
+    }
+    if !serde_json::from_str::<Value>(frame_json).is_ok_and(|v| v.is_object()) {
+        return Err(Refusal::new(ErrorCode::InvalidFrame, "a progress frame is a JSON object"));
+    }
+    // Accepted always; frames closer than 250 ms per key are dropped silently and nothing is
+    // stored.
+    let now = now_ms();
+    let last = state.progress_at.get(&id).copied().unwrap_or(i64::MIN);
+    if now - last >= PROGRESS_INTERVAL_MS {
+        state.progress_at.insert(id.clone(), now);
+        tracing::debug!(run_id = %run, task_key = %id.1, "progress");
+    }
+    Ok(Frame::ProgressAccepted(ProgressAccepted {}))
+}
+
+/// Settles an open task: durable first, then the execution hears of it.
+async fn settle(
+    state: &mut ExecutorState,
+    id: &TaskId,
+    status: &str,
+    result: Option<Value>,
+    error_key: Option<&str>,
+) -> Result<(), crate::store::StoreError> {
+    let Some(mut task) = state.open.get(id).cloned() else { return Ok(()) };
+    task.status = status.to_owned();
+    task.result = result;
+    task.error_key = error_key.map(str::to_owned);
+    task.settled_at = Some(now_ms());
+    state.fabric.store.update_task(&task).await?;
+    state.open.remove(id);
+    state.progress_at.remove(id);
+    if let Some(timer) = state.timers.remove(id) {
+        timer.abort();
+    }
+    tracing::info!(runner_id = %state.row.public_id, run_id = %id.0, task_key = %id.1, status, "task settled");
+    notify(state, id.0, ExecutionMsg::TaskSettled(Box::new(task))).await;
+    Ok(())
+}
+
+async fn notify(state: &ExecutorState, run: Uuid, msg: ExecutionMsg) {
+    match state.root.execution(run).await {
+        Ok(execution) => {
+            if execution.cast(msg).is_err() {
+                tracing::warn!(run_id = %run, "execution stopped before hearing of its task; it rereads the store");
+            }
+        }
+        Err(refusal) => tracing::warn!(run_id = %run, code = %refusal.code, "cannot reach the execution"),
+    }
+}

@@ -1,0 +1,186 @@
+//! The gRPC edge: `nexus.runner.v1.RunnerService` and `nexus.agent.v1.AgentService`.
+//!
+//! Generated types are converted to domain calls here and go no further. Refusals travel as
+//! gRPC statuses whose `nexus-error-code` metadata carries the spec's word.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use nexus_proto::agent::v1::agent_service_server::AgentService;
+use nexus_proto::agent::v1::{
+    CreateInputReply, CreateInputRequest, DeclareProfileRequest, Execution, ExecutionEvent, GetExecutionRequest,
+    GetProfileRequest, ProfileReply, StopExecutionRequest, StreamEventsRequest,
+};
+use nexus_proto::runner::v1::runner_service_server::RunnerService;
+use nexus_proto::runner::v1::{NexusFrame, RunnerFrame};
+use nexus_proto::{ErrorCode, Refusal};
+
+use crate::api::{Api, Caller, CreateInput};
+use crate::auth::bearer;
+use crate::connection::{ConnectionActor, ConnectionArgs};
+
+/// Frames buffered towards one runner before the stream is dropped as too slow.
+pub const OUTBOUND_BUFFER: usize = 1024;
+
+/// `RunnerService`: one [`ConnectionActor`] per stream.
+#[derive(Clone, Debug)]
+pub struct RunnerGrpc {
+    api: Arc<Api>,
+}
+
+impl RunnerGrpc {
+    /// The service over the shared API.
+    pub fn new(api: Arc<Api>) -> Self {
+        RunnerGrpc { api }
+    }
+}
+
+type FrameStream = Pin<Box<dyn Stream<Item = Result<NexusFrame, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl RunnerService for RunnerGrpc {
+    type ConnectStream = FrameStream;
+
+    async fn connect(&self, request: Request<Streaming<RunnerFrame>>) -> Result<Response<Self::ConnectStream>, Status> {
+        let (outbound, receiver) = mpsc::channel(OUTBOUND_BUFFER);
+        let args = ConnectionArgs {
+            fabric: self.api.fabric.clone(),
+            root: self.api.root.clone(),
+            inbound: request.into_inner(),
+            outbound,
+        };
+        ractor::Actor::spawn_linked(None, ConnectionActor, args, self.api.root.cell())
+            .await
+            .map_err(|e| Status::unavailable(format!("cannot open the stream: {e}")))?;
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+}
+
+/// `AgentService`: the client API over the same [`Api`] as the HTTP doors.
+#[derive(Clone, Debug)]
+pub struct AgentGrpc {
+    api: Arc<Api>,
+}
+
+impl AgentGrpc {
+    /// The service over the shared API.
+    pub fn new(api: Arc<Api>) -> Self {
+        AgentGrpc { api }
+    }
+
+    async fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        let header = request.metadata().get("authorization").and_then(|v| v.to_str().ok());
+        let token = bearer(header).map_err(|r| r.to_status())?;
+        self.api.member(token).await.map_err(|r| r.to_status())
+    }
+}
+
+fn json_arg(text: &str, field: &str) -> Result<Option<serde_json::Value>, Status> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_str(text)
+        .map(Some)
+        .map_err(|e| Refusal::new(ErrorCode::ParameterMissing, format!("{field} is not JSON: {e}")).to_status())
+}
+
+fn uuid_arg(text: &str, field: &str) -> Result<Option<uuid::Uuid>, Status> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    uuid::Uuid::parse_str(text.trim())
+        .map(Some)
+        .map_err(|_| Refusal::new(ErrorCode::ParameterInvalid, format!("{field} must be a UUID")).to_status())
+}
+
+fn required_uuid(text: &str, field: &str) -> Result<uuid::Uuid, Status> {
+    uuid_arg(text, field)?
+        .ok_or_else(|| Refusal::new(ErrorCode::ParameterMissing, format!("{field} is required")).to_status())
+}
+
+fn execution_message(value: &serde_json::Value) -> Execution {
+    let text = |key: &str| value[key].as_str().unwrap_or_default().to_owned();
+    Execution {
+        execution_public_id: text("execution_public_id"),
+        conversation_public_id: text("conversation_public_id"),
+        status: text("status"),
+        final_text: text("final_text"),
+        error_key: text("error_key"),
+        execution_json: value.to_string(),
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<ExecutionEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentService for AgentGrpc {
+    type StreamEventsStream = EventStream;
+
+    async fn declare_profile(&self, request: Request<DeclareProfileRequest>) -> Result<Response<ProfileReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = json_arg(&request.get_ref().body_json, "body_json")?
+            .ok_or_else(|| Refusal::new(ErrorCode::ParameterMissing, "body_json is required").to_status())?;
+        let profile = self.api.declare(&caller, body).await.map_err(|r| r.to_status())?;
+        Ok(Response::new(ProfileReply { profile_json: profile.to_string() }))
+    }
+
+    async fn get_profile(&self, request: Request<GetProfileRequest>) -> Result<Response<ProfileReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let profile = self.api.profile(&caller).await.map_err(|r| r.to_status())?;
+        Ok(Response::new(ProfileReply { profile_json: profile.to_string() }))
+    }
+
+    async fn create_input(&self, request: Request<CreateInputRequest>) -> Result<Response<CreateInputReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        let input = CreateInput {
+            conversation_public_id: uuid_arg(&body.conversation_public_id, "conversation_public_id")?,
+            text: body.text.clone(),
+            execution_declaration: json_arg(&body.execution_declaration_json, "execution_declaration_json")?,
+            runner_executor_public_id: uuid_arg(&body.runner_executor_public_id, "runner_executor_public_id")?,
+            tool_names: json_arg(&body.tool_names_json, "tool_names_json")?,
+        };
+        let admitted = self.api.create_input(&caller, input).await.map_err(|r| r.to_status())?;
+        Ok(Response::new(CreateInputReply {
+            conversation_public_id: admitted.conversation_public_id.to_string(),
+            input_public_id: admitted.input_public_id.to_string(),
+            execution_public_id: admitted.execution_public_id.to_string(),
+        }))
+    }
+
+    async fn get_execution(&self, request: Request<GetExecutionRequest>) -> Result<Response<Execution>, Status> {
+        let caller = self.caller(&request).await?;
+        let id = required_uuid(&request.get_ref().execution_public_id, "execution_public_id")?;
+        let execution = self.api.execution(&caller, id).await.map_err(|r| r.to_status())?;
+        Ok(Response::new(execution_message(&execution)))
+    }
+
+    async fn stream_events(&self, request: Request<StreamEventsRequest>) -> Result<Response<Self::StreamEventsStream>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        let id = required_uuid(&body.execution_public_id, "execution_public_id")?;
+        let events = self.api.events(&caller, id, &body.after, body.follow).await.map_err(|r| r.to_status())?;
+        let stream = futures::StreamExt::map(events, |item| {
+            item.map(|event| ExecutionEvent {
+                cursor: event.cursor,
+                r#type: event.event_type,
+                data_json: event.data.to_string(),
+                at_ms: event.at,
+            })
+            .map_err(|r| r.to_status())
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn stop_execution(&self, request: Request<StopExecutionRequest>) -> Result<Response<Execution>, Status> {
+        let caller = self.caller(&request).await?;
+        let id = required_uuid(&request.get_ref().execution_public_id, "execution_public_id")?;
+        let execution = self.api.stop(&caller, id).await.map_err(|r| r.to_status())?;
+        Ok(Response::new(execution_message(&execution)))
+    }
+}

@@ -1,0 +1,99 @@
+//! The HTTP/JSON doors of the spec, on the same port as gRPC.
+//!
+//! Errors are JSON `{"code", "message"}` with the spec's status (spec/REFERENCE.md 3, "Status
+//! codes"). Bodies are read as bytes and parsed here so that every failure has a spec word.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use serde_json::{Value, json};
+
+use nexus_proto::{ErrorCode, Refusal};
+
+use crate::api::{Api, Caller};
+use crate::auth::bearer;
+
+/// The largest request body, in bytes; larger bodies get 413 `content_too_large`.
+pub const BODY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// A refusal as an HTTP response.
+#[derive(Debug)]
+pub struct HttpRefusal(pub Refusal);
+
+impl From<Refusal> for HttpRefusal {
+    fn from(refusal: Refusal) -> Self {
+        HttpRefusal(refusal)
+    }
+}
+
+impl IntoResponse for HttpRefusal {
+    fn into_response(self) -> Response {
+        let status = self
+            .0
+            .error_code()
+            .and_then(|c| StatusCode::from_u16(c.http_status()).ok())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, axum::Json(json!({"code": self.0.code, "message": self.0.message}))).into_response()
+    }
+}
+
+type HttpResult = Result<axum::Json<Value>, HttpRefusal>;
+
+/// The doors: `GET /agent_api/v1/profile`, `PUT /agent_api/v1/profile/configuration` and
+/// `GET /agent_api/v1/models`.
+pub fn router(api: Arc<Api>) -> Router {
+    Router::new()
+        .route("/agent_api/v1/profile", get(get_profile))
+        .route("/agent_api/v1/profile/configuration", put(put_configuration))
+        .route("/agent_api/v1/models", get(get_models))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(api)
+}
+
+async fn caller(api: &Api, headers: &HeaderMap) -> Result<Caller, HttpRefusal> {
+    let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    Ok(api.member(bearer(header)?).await?)
+}
+
+fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, HttpRefusal> {
+    let bytes = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Refusal::new(ErrorCode::ContentTooLarge, format!("the body is over {BODY_LIMIT} bytes"))
+        } else {
+            Refusal::new(ErrorCode::ParameterMissing, format!("the body could not be read: {rejection}"))
+        }
+    })?;
+    Ok(serde_json::from_slice(&bytes)
+        .map_err(|e| Refusal::new(ErrorCode::ParameterMissing, format!("the body is not JSON: {e}")))?)
+}
+
+async fn get_profile(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    Ok(axum::Json(api.profile(&caller).await?))
+}
+
+async fn put_configuration(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    let body = json_body(body)?;
+    Ok(axum::Json(api.declare(&caller, body).await?))
+}
+
+async fn get_models(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {
+    caller(&api, &headers).await?;
+    Ok(axum::Json(json!({"models": api.fabric.models.list()})))
+}
+
+async fn not_found() -> HttpRefusal {
+    HttpRefusal(Refusal::new(ErrorCode::NotFound, "no such door"))
+}

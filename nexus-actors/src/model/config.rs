@@ -1,0 +1,296 @@
+//! The provider table: which `provider/model` references exist and how to reach them.
+//!
+//! # TOML shape
+//!
+//! [`ProviderTable`] is `serde(transparent)` over a map from provider name to
+//! [`ProviderConfig`], so inside the nexus config file it is one `[providers.<name>]` table per
+//! provider:
+//!
+//! ```toml
+//! [providers.scripted]
+//! kind = "scripted"
+//!
+//! [providers.scripted.models.default]            # scripted/default, no script
+//! [providers.scripted.models.quickstart]         # scripted/quickstart
+//! script = "deploy/quickstart/script.json"
+//!
+//! [providers.openrouter]
+//! kind = "openai_compatible"
+//! base_url = "https://openrouter.ai/api/v1"
+//! api_key_env = "OPENROUTER_API_KEY"
+//! allow_any_model = true                          # openrouter/z-ai/glm-5.3 and any other name
+//! request_timeout_ms = 120000
+//!
+//! [providers.local]
+//! kind = "openai_compatible"
+//! base_url = "http://127.0.0.1:11434/v1"          # Ollama; no api_key_env: no Authorization header
+//! models = { "qwen3:8b" = {}, "llama3.1:8b" = { hidden = true } }
+//! ```
+//!
+//! A table that is present replaces the built-in one ([`ProviderTable::default`]) whole; nothing
+//! merges implicitly. A config struct should mark its `providers` field `#[serde(default)]` so
+//! an omitted table means the built-in one, and may call [`ProviderTable::with_builtin`] to add
+//! the built-in providers under the names the file does not define.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Name of the built-in deterministic provider.
+pub const SCRIPTED_PROVIDER: &str = "scripted";
+/// Name of the built-in OpenRouter provider.
+pub const OPENROUTER_PROVIDER: &str = "openrouter";
+/// Default for [`ProviderConfig::request_timeout_ms`]: 120 000 ms (two minutes).
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 120_000;
+
+/// The provider table from the nexus config: provider name -> provider.
+///
+/// Serialized transparently as the map itself (see the module docs for the TOML shape).
+/// Provider names are non-empty and contain no `/` and no whitespace; [`super::ModelRegistry::new`]
+/// refuses other names.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(transparent)]
+pub struct ProviderTable {
+    /// Provider name -> configuration. The name is the part of a reference before the first `/`.
+    pub providers: BTreeMap<String, ProviderConfig>,
+}
+
+impl Default for ProviderTable {
+    /// The built-in table:
+    /// - `scripted`: kind `scripted`, one model `default` with no script (answers
+    ///   `scripted/default has no script; input was: <input>`);
+    /// - `openrouter`: kind `openai_compatible`, base URL `https://openrouter.ai/api/v1`, key from
+    ///   `OPENROUTER_API_KEY`, any model name allowed.
+    fn default() -> Self {
+        let scripted = ProviderConfig {
+            models: BTreeMap::from([("default".to_owned(), ModelConfig::default())]),
+            ..ProviderConfig::new(ProviderKind::Scripted)
+        };
+        let openrouter = ProviderConfig {
+            base_url: Some("https://openrouter.ai/api/v1".to_owned()),
+            api_key_env: Some("OPENROUTER_API_KEY".to_owned()),
+            allow_any_model: true,
+            ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
+        };
+        Self {
+            providers: BTreeMap::from([
+                (SCRIPTED_PROVIDER.to_owned(), scripted),
+                (OPENROUTER_PROVIDER.to_owned(), openrouter),
+            ]),
+        }
+    }
+}
+
+impl ProviderTable {
+    /// Adds each built-in provider whose name this table does not define; a provider the table
+    /// defines is kept exactly as written.
+    #[must_use]
+    pub fn with_builtin(mut self) -> Self {
+        for (name, config) in Self::default().providers {
+            self.providers.entry(name).or_insert(config);
+        }
+        self
+    }
+}
+
+/// How nexus talks to a provider.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub enum ProviderKind {
+    /// `scripted`: the deterministic in-process provider (see [`super::scripted`]); no I/O.
+    #[serde(rename = "scripted")]
+    Scripted,
+    /// `openai_compatible`: `POST {base_url}/chat/completions` (OpenRouter, vLLM, llama.cpp
+    /// server, Ollama, OpenAI).
+    #[serde(rename = "openai_compatible")]
+    OpenAiCompatible,
+}
+
+/// One provider of the table (`[providers.<name>]`).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// `kind`: `scripted` or `openai_compatible`. Required.
+    pub kind: ProviderKind,
+    /// `enabled`: a disabled provider resolves to `provider_disabled`. Default `true`.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// `base_url`: the API root, e.g. `https://openrouter.ai/api/v1` (a trailing `/` is ignored;
+    /// requests go to `{base_url}/chat/completions`). Required for `openai_compatible`, refused
+    /// for `scripted`. Default none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// `api_key_env`: the name of the environment variable holding the API key, sent as
+    /// `Authorization: Bearer <key>`. When set and the variable is unset or empty, every model of
+    /// the provider resolves to `missing_credential`. When absent no `Authorization` header is
+    /// sent (local servers). Refused for `scripted`. Default none. The key itself is never
+    /// written in config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// `models`: model name (the part after the first `/`, may itself contain `/`) -> options.
+    /// Default empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub models: BTreeMap<String, ModelConfig>,
+    /// `allow_any_model`: when `true`, a model name absent from `models` resolves (as visible);
+    /// when `false` it is `unknown_model`. Default `false`.
+    #[serde(default)]
+    pub allow_any_model: bool,
+    /// `request_timeout_ms`: the whole-request timeout of one provider call, in milliseconds
+    /// (connect, send and reading the full answer). Must be > 0. Default 120 000 (two minutes).
+    /// Unused by `scripted`.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+impl ProviderConfig {
+    /// A provider of `kind` with every other field at its default.
+    #[must_use]
+    pub fn new(kind: ProviderKind) -> Self {
+        Self {
+            kind,
+            enabled: true,
+            base_url: None,
+            api_key_env: None,
+            models: BTreeMap::new(),
+            allow_any_model: false,
+            request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
+        }
+    }
+}
+
+/// Options of one model (`[providers.<name>.models.<model>]`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// `hidden`: a hidden model is listed with `visible: false` and resolves to `model_hidden`.
+    /// Default `false`.
+    #[serde(default)]
+    pub hidden: bool,
+    /// `script`: `scripted` providers only; path of a JSON script file (format in
+    /// [`super::scripted`]), read once when the registry is built. A relative path is relative to
+    /// the working directory of the nexus process. Default none (the model answers
+    /// `<provider>/<model> has no script; input was: <input>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<PathBuf>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_request_timeout_ms() -> u64 {
+    DEFAULT_REQUEST_TIMEOUT_MS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stands for the nexus config file: the table sits under `providers`.
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct ConfigFile {
+        #[serde(default)]
+        providers: ProviderTable,
+    }
+
+    #[test]
+    fn module_doc_example_parses_with_defaults_filled_in() {
+        let text = r#"
+[providers.scripted]
+kind = "scripted"
+
+[providers.scripted.models.default]
+[providers.scripted.models.quickstart]
+script = "deploy/quickstart/script.json"
+
+[providers.openrouter]
+kind = "openai_compatible"
+base_url = "https://openrouter.ai/api/v1"
+api_key_env = "OPENROUTER_API_KEY"
+allow_any_model = true
+request_timeout_ms = 120000
+
+[providers.local]
+kind = "openai_compatible"
+base_url = "http://127.0.0.1:11434/v1"
+models = { "qwen3:8b" = {}, "llama3.1:8b" = { hidden = true } }
+"#;
+        let file: ConfigFile = toml::from_str(text).expect("example parses");
+        let table = file.providers;
+        assert_eq!(table.providers.len(), 3);
+
+        let scripted = &table.providers["scripted"];
+        assert_eq!(scripted.kind, ProviderKind::Scripted);
+        assert!(scripted.enabled);
+        assert_eq!(scripted.models["default"], ModelConfig::default());
+        assert_eq!(
+            scripted.models["quickstart"].script,
+            Some(PathBuf::from("deploy/quickstart/script.json"))
+        );
+
+        // The openrouter entry written out equals the built-in one.
+        assert_eq!(
+            table.providers["openrouter"],
+            ProviderTable::default().providers["openrouter"]
+        );
+
+        let local = &table.providers["local"];
+        assert_eq!(local.kind, ProviderKind::OpenAiCompatible);
+        assert_eq!(local.api_key_env, None);
+        assert!(!local.allow_any_model);
+        assert_eq!(local.request_timeout_ms, DEFAULT_REQUEST_TIMEOUT_MS);
+        assert!(local.models["llama3.1:8b"].hidden);
+        assert!(!local.models["qwen3:8b"].hidden);
+    }
+
+    #[test]
+    fn omitted_table_is_the_builtin_one_and_round_trips() {
+        let file: ConfigFile = toml::from_str("").expect("empty config parses");
+        assert_eq!(file.providers, ProviderTable::default());
+        let builtin = ProviderTable::default();
+        assert_eq!(
+            builtin.providers.keys().collect::<Vec<_>>(),
+            vec!["openrouter", "scripted"]
+        );
+        let written = toml::to_string(&builtin).expect("serializes");
+        let reread: ProviderTable = toml::from_str(&written).expect("reparses");
+        assert_eq!(reread, builtin);
+    }
+
+    #[test]
+    fn unknown_fields_and_kinds_are_refused() {
+        let unknown_field = "[providers.x]\nkind = \"scripted\"\napi_key = \"sk-1\"\n";
+        assert!(toml::from_str::<ConfigFile>(unknown_field).is_err());
+        let unknown_model_field =
+            "[providers.x]\nkind = \"scripted\"\n[providers.x.models.m]\nvisible = true\n";
+        assert!(toml::from_str::<ConfigFile>(unknown_model_field).is_err());
+        let unknown_kind = "[providers.x]\nkind = \"anthropic_v0\"\n";
+        assert!(toml::from_str::<ConfigFile>(unknown_kind).is_err());
+        let missing_kind = "[providers.x]\nenabled = true\n";
+        assert!(toml::from_str::<ConfigFile>(missing_kind).is_err());
+    }
+
+    #[test]
+    fn with_builtin_keeps_written_providers_and_adds_the_rest() {
+        let mut written = ProviderTable {
+            providers: BTreeMap::new(),
+        };
+        written.providers.insert(
+            "openrouter".to_owned(),
+            ProviderConfig {
+                enabled: false,
+                ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
+            },
+        );
+        let merged = written.with_builtin();
+        assert_eq!(merged.providers.len(), 2);
+        assert!(!merged.providers["openrouter"].enabled);
+        assert_eq!(merged.providers["openrouter"].base_url, None);
+        assert_eq!(
+            merged.providers["scripted"],
+            ProviderTable::default().providers["scripted"]
+        );
+    }
+}

@@ -1,0 +1,246 @@
+//! The Root actor: the supervisor of every other actor and the registry that finds them.
+//!
+//! Root owns the maps from public ids to live actors. It spawns an actor on first use (the actor
+//! loads its state from the store in `pre_start`), and forgets it when it stops. A child's
+//! failure is logged and never stops Root: one runner's drop never stops the registry. Root never
+//! calls another actor, so any actor may call Root from a handler without risking a deadlock;
+//! in return, no actor calls Root from its `pre_start`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use nexus_proto::{ErrorCode, Refusal};
+
+use crate::config::ServerConfig;
+use crate::execution::{ExecutionActor, ExecutionArgs, ExecutionMsg};
+use crate::executor::{ExecutorActor, ExecutorArgs, ExecutorMsg};
+use crate::model::ModelRegistry;
+use crate::profile::{ProfileActor, ProfileArgs, ProfileMsg};
+use crate::store::Store;
+
+/// What every actor shares: the store, the configuration, the model registry, the event bus and
+/// the handle to Root.
+#[derive(Debug)]
+pub struct Fabric {
+    /// The durable store.
+    pub store: Store,
+    /// The validated configuration.
+    pub config: ServerConfig,
+    /// Resolved model providers.
+    pub models: ModelRegistry,
+    /// Wake-ups for event followers.
+    pub events: EventBus,
+}
+
+/// Per-execution wake-ups: the last durable event sequence. Followers read the store; this only
+/// tells them when to look.
+#[derive(Debug, Default)]
+pub struct EventBus {
+    feeds: Mutex<HashMap<Uuid, watch::Sender<i64>>>,
+}
+
+impl EventBus {
+    /// A receiver of the execution's last sequence number.
+    pub fn subscribe(&self, execution: Uuid) -> watch::Receiver<i64> {
+        let mut feeds = self.feeds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        feeds.entry(execution).or_insert_with(|| watch::channel(0).0).subscribe()
+    }
+
+    /// Announces that events up to `seq` are durable.
+    pub fn publish(&self, execution: Uuid, seq: i64) {
+        let feeds = self.feeds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(feed) = feeds.get(&execution) {
+            feed.send_replace(seq);
+        }
+    }
+
+    /// Closes the feed of an execution that has ended; followers see the close and finish.
+    pub fn close(&self, execution: Uuid) {
+        let mut feeds = self.feeds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        feeds.remove(&execution);
+    }
+}
+
+/// Root's messages.
+pub enum RootMsg {
+    /// Finds or spawns the ExecutorActor of a runner.
+    Executor(Uuid, RpcReplyPort<Result<ActorRef<ExecutorMsg>, Refusal>>),
+    /// Finds or spawns the ExecutionActor of an execution.
+    Execution(Uuid, RpcReplyPort<Result<ActorRef<ExecutionMsg>, Refusal>>),
+    /// Finds or spawns the ProfileActor of an Agent member.
+    Profile(Uuid, RpcReplyPort<Result<ActorRef<ProfileMsg>, Refusal>>),
+}
+
+/// Root's arguments.
+pub struct RootArgs {
+    /// The shared context.
+    pub fabric: Arc<Fabric>,
+}
+
+/// Root's state: the live actors by public id.
+pub struct RootState {
+    fabric: Arc<Fabric>,
+    executors: HashMap<Uuid, ActorRef<ExecutorMsg>>,
+    executions: HashMap<Uuid, ActorRef<ExecutionMsg>>,
+    profiles: HashMap<Uuid, ActorRef<ProfileMsg>>,
+}
+
+/// The Root actor.
+pub struct RootActor;
+
+/// A typed handle on Root.
+#[derive(Clone, Debug)]
+pub struct RootHandle {
+    actor: ActorRef<RootMsg>,
+}
+
+fn gone(what: &str) -> Refusal {
+    Refusal::new(ErrorCode::Unavailable, format!("the {what} is shutting down; retry shortly"))
+}
+
+impl RootHandle {
+    /// Wraps Root's actor ref.
+    pub fn new(actor: ActorRef<RootMsg>) -> Self {
+        RootHandle { actor }
+    }
+
+    /// The cell to link children to.
+    pub fn cell(&self) -> ActorCell {
+        self.actor.get_cell()
+    }
+
+    /// The ExecutorActor of `runner`.
+    ///
+    /// # Errors
+    /// `unavailable` during shutdown; `internal` when its state cannot be loaded.
+    pub async fn executor(&self, runner: Uuid) -> Result<ActorRef<ExecutorMsg>, Refusal> {
+        ractor::call!(self.actor, RootMsg::Executor, runner).map_err(|_| gone("server"))?
+    }
+
+    /// The ExecutionActor of `execution`.
+    ///
+    /// # Errors
+    /// `unavailable` during shutdown; `not_found` for an unknown execution.
+    pub async fn execution(&self, execution: Uuid) -> Result<ActorRef<ExecutionMsg>, Refusal> {
+        ractor::call!(self.actor, RootMsg::Execution, execution).map_err(|_| gone("server"))?
+    }
+
+    /// The ProfileActor of `member`.
+    ///
+    /// # Errors
+    /// `unavailable` during shutdown.
+    pub async fn profile(&self, member: Uuid) -> Result<ActorRef<ProfileMsg>, Refusal> {
+        ractor::call!(self.actor, RootMsg::Profile, member).map_err(|_| gone("server"))?
+    }
+
+    /// Stops Root and, through supervision, every actor.
+    pub fn stop(&self) {
+        self.actor.stop(Some("shutdown".into()));
+    }
+}
+
+fn spawn_failed(what: &str, id: Uuid, error: impl std::fmt::Display) -> Refusal {
+    tracing::error!(%id, error = %error, "{what} actor failed to start");
+    Refusal::new(ErrorCode::Internal, format!("the {what} {id} could not be loaded: {error}"))
+}
+
+impl Actor for RootActor {
+    type Msg = RootMsg;
+    type State = RootState;
+    type Arguments = RootArgs;
+
+    async fn pre_start(&self, _myself: ActorRef<Self::Msg>, args: RootArgs) -> Result<RootState, ActorProcessingErr> {
+        Ok(RootState { fabric: args.fabric, executors: HashMap::new(), executions: HashMap::new(), profiles: HashMap::new() })
+    }
+
+    async fn handle(&self, myself: ActorRef<Self::Msg>, msg: RootMsg, state: &mut RootState) -> Result<(), ActorProcessingErr> {
+        let root = RootHandle::new(myself.clone());
+        match msg {
+            RootMsg::Executor(id, reply) => {
+                if let Some(found) = state.executors.get(&id) {
+                    let _ = reply.send(Ok(found.clone()));
+                    return Ok(());
+                }
+                let args = ExecutorArgs { fabric: state.fabric.clone(), root, public_id: id };
+                let result = Actor::spawn_linked(None, ExecutorActor, args, myself.get_cell())
+                    .await
+                    .map(|(actor, _)| actor)
+                    .map_err(|e| spawn_failed("executor", id, e));
+                if let Ok(actor) = &result {
+                    state.executors.insert(id, actor.clone());
+                }
+                let _ = reply.send(result);
+            }
+            RootMsg::Execution(id, reply) => {
+                if let Some(found) = state.executions.get(&id) {
+                    let _ = reply.send(Ok(found.clone()));
+                    return Ok(());
+                }
+                match state.fabric.store.execution(id).await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => {
+                        let _ = reply.send(Err(Refusal::new(ErrorCode::NotFound, format!("no execution {id}"))));
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(spawn_failed("execution", id, e)));
+                        return Ok(());
+                    }
+                }
+                let args = ExecutionArgs { fabric: state.fabric.clone(), root, public_id: id };
+                let result = Actor::spawn_linked(None, ExecutionActor, args, myself.get_cell())
+                    .await
+                    .map(|(actor, _)| actor)
+                    .map_err(|e| spawn_failed("execution", id, e));
+                if let Ok(actor) = &result {
+                    state.executions.insert(id, actor.clone());
+                }
+                let _ = reply.send(result);
+            }
+            RootMsg::Profile(id, reply) => {
+                if let Some(found) = state.profiles.get(&id) {
+                    let _ = reply.send(Ok(found.clone()));
+                    return Ok(());
+                }
+                let args = ProfileArgs { fabric: state.fabric.clone(), member: id };
+                let result = Actor::spawn_linked(None, ProfileActor, args, myself.get_cell())
+                    .await
+                    .map(|(actor, _)| actor)
+                    .map_err(|e| spawn_failed("profile", id, e));
+                if let Ok(actor) = &result {
+                    state.profiles.insert(id, actor.clone());
+                }
+                let _ = reply.send(result);
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut RootState,
+    ) -> Result<(), ActorProcessingErr> {
+        // A child's exit is never Root's exit: forget it, and the next lookup respawns it from
+        // the store.
+        let (cell, failure) = match &event {
+            SupervisionEvent::ActorTerminated(cell, _, _) => (Some(cell.get_id()), None),
+            SupervisionEvent::ActorFailed(cell, error) => (Some(cell.get_id()), Some(error.to_string())),
+            _ => (None, None),
+        };
+        if let Some(id) = cell {
+            if let Some(failure) = failure {
+                tracing::error!(actor = %id, error = %failure, "actor failed; it restarts from the store on next use");
+            }
+            state.executors.retain(|_, a| a.get_id() != id);
+            state.executions.retain(|_, a| a.get_id() != id);
+            state.profiles.retain(|_, a| a.get_id() != id);
+        }
+        Ok(())
+    }
+}

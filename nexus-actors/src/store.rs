@@ -1,0 +1,839 @@
+//! The durable store: embedded SQLite through sqlx, with embedded migrations.
+//!
+//! Everything that must survive a restart is written here before it is acknowledged (DESIGN.md,
+//! "Durability"). The schema in `migrations/` is portable SQL so that PostgreSQL can serve the
+//! same interface. Times are Unix milliseconds.
+
+use std::path::Path;
+use std::str::FromStr;
+
+use serde_json::Value;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Row, SqlitePool};
+use uuid::Uuid;
+
+use crate::auth::{Credential, Plane};
+
+/// The task columns, as a literal so that queries stay static strings.
+macro_rules! task_select {
+    () => {
+        "SELECT run_public_id, task_key, kind, round, callable_name, tool_name, tool_input, \
+    tool_call_id, target_executor_public_id, effect_profile, timeout_ms, status, claimed, claim_token_digest, \
+    started_at, deadline_at, result, error_key, settled_at FROM tasks"
+    };
+}
+
+/// A store failure. Every variant is an internal error to callers: bad input is refused before
+/// it reaches the store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database refused or failed a statement.
+    #[error("store: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A migration failed at start-up.
+    #[error("store migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A stored JSON column did not parse.
+    #[error("store: corrupt json: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A uniqueness rule was broken (e.g. a handle already taken).
+    #[error("{0}")]
+    Conflict(String),
+}
+
+/// Result alias for store calls.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The current time in Unix milliseconds.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A member row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberRow {
+    /// The member's UUID.
+    pub public_id: Uuid,
+    /// `agent` or `human`.
+    pub kind: String,
+    /// Unique handle.
+    pub handle: String,
+    /// Display name.
+    pub display_name: String,
+}
+
+/// An executor (runner) row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExecutorRow {
+    /// The executor's UUID (`runner_executor_public_id`).
+    pub public_id: Uuid,
+    /// `runner`.
+    pub kind: String,
+    /// Display name.
+    pub display_name: String,
+    /// `active | revoked`.
+    pub status: String,
+    /// `account_wide | user_private`.
+    pub assignment_scope: String,
+    /// Bumped on re-pairing; fences old streams and tokens.
+    pub credential_epoch: i64,
+    /// The canonical announcement `{tools, environment, documents}`.
+    pub announcement: Value,
+    /// When the last announcement was stored, if ever.
+    pub announced_at: Option<i64>,
+    /// When the current or last stream said Hello.
+    pub connected_at: Option<i64>,
+    /// When a frame last arrived.
+    pub last_seen_at: Option<i64>,
+}
+
+/// The stored profile of an Agent member.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct ProfileRow {
+    /// The canonical configuration, `None` until declared.
+    pub configuration: Option<Value>,
+    /// `{content, role}` or `None`.
+    pub system_prompt: Option<Value>,
+    /// Advances on every successful rewrite of the slot.
+    pub system_prompt_version: i64,
+    /// `{content, role}` or `None`.
+    pub summarizer: Option<Value>,
+    /// Advances on every successful rewrite of the slot.
+    pub summarizer_version: i64,
+    /// When the profile was last declared.
+    pub declared_at: Option<i64>,
+}
+
+/// An input row (admitted intent).
+#[derive(Clone, Debug, PartialEq)]
+pub struct InputRow {
+    /// The input's UUID.
+    pub public_id: Uuid,
+    /// Its conversation.
+    pub conversation_public_id: Uuid,
+    /// The member whose profile answers.
+    pub member_public_id: Uuid,
+    /// The user's text.
+    pub text: String,
+    /// The authored inline `execution_declaration`, if any.
+    pub execution_declaration: Option<Value>,
+    /// The selected Runner, if named.
+    pub runner_executor_public_id: Option<Uuid>,
+    /// The `tool_names` subset, if given.
+    pub tool_names: Option<Value>,
+}
+
+/// An execution row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExecutionRow {
+    /// The execution's UUID (`run_public_id`).
+    pub public_id: Uuid,
+    /// Its conversation.
+    pub conversation_public_id: Uuid,
+    /// The input it materializes.
+    pub input_public_id: Uuid,
+    /// The answering member.
+    pub member_public_id: Uuid,
+    /// Run status (REFERENCE.md 7).
+    pub status: String,
+    /// Attention reason when `needs_attention`.
+    pub attention_reason: Option<String>,
+    /// The frozen declaration, `None` until materialized.
+    pub declaration: Option<Value>,
+    /// Chat transcript (JSON array).
+    pub transcript: Value,
+    /// The last round started.
+    pub round: i64,
+    /// The final answer.
+    pub final_text: Option<String>,
+    /// The failure key, when it ended on one.
+    pub error_key: Option<String>,
+    /// The last event sequence number written.
+    pub event_seq: i64,
+    /// Creation time.
+    pub created_at: i64,
+    /// Last update.
+    pub updated_at: i64,
+}
+
+/// A task: one inbox row (REFERENCE.md 6.5).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskRow {
+    /// The execution it belongs to.
+    pub run_public_id: Uuid,
+    /// `r{round}t{i}`.
+    pub task_key: String,
+    /// `tool_call`.
+    pub kind: String,
+    /// The round that fanned it out.
+    pub round: i64,
+    /// The callable the model called (may be a qualified collision name).
+    pub callable_name: String,
+    /// The served name the runner runs.
+    pub tool_name: String,
+    /// The JSON object input.
+    pub tool_input: Value,
+    /// The provider's call id.
+    pub tool_call_id: String,
+    /// The frozen target Runner; `None` for kernel-held tasks.
+    pub target_executor_public_id: Option<Uuid>,
+    /// The served tool's effect profile at freezing.
+    pub effect_profile: Option<Value>,
+    /// The original budget in milliseconds; never moves.
+    pub timeout_ms: i64,
+    /// Task status (REFERENCE.md 7).
+    pub status: String,
+    /// Whether anyone ever claimed it.
+    pub claimed: bool,
+    /// SHA-256 hex of the current claim token.
+    pub claim_token_digest: Option<String>,
+    /// When it was dispatched.
+    pub started_at: i64,
+    /// The park deadline.
+    pub deadline_at: i64,
+    /// The committed result body.
+    pub result: Option<Value>,
+    /// The error key of a failed, timed-out or uncertain settle.
+    pub error_key: Option<String>,
+    /// When it settled.
+    pub settled_at: Option<i64>,
+}
+
+impl TaskRow {
+    /// Whether the task reached a terminal status.
+    pub fn is_settled(&self) -> bool {
+        crate::execution::task_status_is_settled(&self.status)
+    }
+}
+
+/// One durable event.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventRow {
+    /// Sequence within the execution, from 1.
+    pub seq: i64,
+    /// The item type.
+    pub event_type: String,
+    /// The item's JSON data.
+    pub data: Value,
+    /// Unix milliseconds.
+    pub at: i64,
+}
+
+/// The store handle. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+fn json_opt(text: Option<String>) -> StoreResult<Option<Value>> {
+    text.map(|t| serde_json::from_str(&t)).transpose().map_err(StoreError::from)
+}
+
+fn uuid_of(text: &str) -> StoreResult<Uuid> {
+    Uuid::parse_str(text).map_err(|e| StoreError::Conflict(format!("corrupt uuid {text}: {e}")))
+}
+
+fn uuid_opt(text: Option<String>) -> StoreResult<Option<Uuid>> {
+    text.as_deref().map(uuid_of).transpose()
+}
+
+impl Store {
+    /// Opens (creating if needed) `DIR/nexus.db` and runs the embedded migrations.
+    ///
+    /// The database runs in WAL mode with `synchronous=FULL`, so a write that returned is on disk.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the file cannot be opened or a migration fails.
+    pub async fn open(data_dir: &Path) -> StoreResult<Store> {
+        std::fs::create_dir_all(data_dir).map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
+        let path = data_dir.join("nexus.db");
+        let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(std::time::Duration::from_secs(10))
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
+        sqlx::migrate!("./migrations").run(&pool).await?;
+        Ok(Store { pool })
+    }
+
+    // ---- members and credentials -------------------------------------------------------------
+
+    /// Creates a member and its first member-plane credential (stored as a digest).
+    ///
+    /// # Errors
+    /// [`StoreError::Conflict`] when the handle is taken.
+    pub async fn create_member(&self, member: &MemberRow, credential: &Credential) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        let taken = sqlx::query("SELECT 1 FROM members WHERE handle = ?")
+            .bind(&member.handle)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if taken.is_some() {
+            return Err(StoreError::Conflict(format!("the handle {} is taken", member.handle)));
+        }
+        let now = now_ms();
+        sqlx::query("INSERT INTO members (public_id, kind, handle, display_name, created_at) VALUES (?, ?, ?, ?, ?)")
+            .bind(member.public_id.to_string())
+            .bind(&member.kind)
+            .bind(&member.handle)
+            .bind(&member.display_name)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        insert_credential(&mut tx, credential, 0).await?;
+        if member.kind == "agent" {
+            sqlx::query("INSERT INTO profiles (member_public_id, system_prompt_version, summarizer_version) VALUES (?, 0, 0)")
+                .bind(member.public_id.to_string())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Creates a runner executor and its transport credential.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn create_executor(
+        &self,
+        public_id: Uuid,
+        display_name: &str,
+        credential: &Credential,
+    ) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        let empty = serde_json::json!({"tools": [], "environment": {}, "documents": []});
+        sqlx::query(
+            "INSERT INTO executors (public_id, kind, display_name, status, assignment_scope, credential_epoch, announcement, created_at) \
+             VALUES (?, 'runner', ?, 'active', 'account_wide', 0, ?, ?)",
+        )
+        .bind(public_id.to_string())
+        .bind(display_name)
+        .bind(empty.to_string())
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await?;
+        insert_credential(&mut tx, credential, 0).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Finds the subject of a credential digest on a plane, with the credential's epoch.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure; an unknown digest is `Ok(None)`.
+    pub async fn credential(&self, digest: &str) -> StoreResult<Option<(Plane, Uuid, i64)>> {
+        let row = sqlx::query(
+            "SELECT plane, subject_public_id, credential_epoch FROM credentials WHERE digest = ? \
+             AND (expires_at IS NULL OR expires_at > ?)",
+        )
+        .bind(digest)
+        .bind(now_ms())
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let plane: String = row.try_get("plane")?;
+        let Some(plane) = Plane::from_word(&plane) else { return Ok(None) };
+        Ok(Some((plane, uuid_of(&row.try_get::<String, _>("subject_public_id")?)?, row.try_get("credential_epoch")?)))
+    }
+
+    /// Reads a member.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn member(&self, public_id: Uuid) -> StoreResult<Option<MemberRow>> {
+        let row = sqlx::query("SELECT public_id, kind, handle, display_name FROM members WHERE public_id = ?")
+            .bind(public_id.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|row| {
+            Ok(MemberRow {
+                public_id,
+                kind: row.try_get("kind")?,
+                handle: row.try_get("handle")?,
+                display_name: row.try_get("display_name")?,
+            })
+        })
+        .transpose()
+    }
+
+    // ---- profiles ------------------------------------------------------------------------------
+
+    /// Reads an Agent's profile; `None` for a member without one (a Human).
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn profile(&self, member: Uuid) -> StoreResult<Option<ProfileRow>> {
+        let row = sqlx::query(
+            "SELECT configuration, system_prompt, system_prompt_version, summarizer, summarizer_version, declared_at \
+             FROM profiles WHERE member_public_id = ?",
+        )
+        .bind(member.to_string())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| {
+            Ok(ProfileRow {
+                configuration: json_opt(row.try_get("configuration")?)?,
+                system_prompt: json_opt(row.try_get("system_prompt")?)?,
+                system_prompt_version: row.try_get("system_prompt_version")?,
+                summarizer: json_opt(row.try_get("summarizer")?)?,
+                summarizer_version: row.try_get("summarizer_version")?,
+                declared_at: row.try_get("declared_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Replaces the whole declaration and both prompt documents in one statement; both document
+    /// versions advance.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn declare_profile(
+        &self,
+        member: Uuid,
+        configuration: &Value,
+        system_prompt: Option<&Value>,
+        summarizer: Option<&Value>,
+    ) -> StoreResult<ProfileRow> {
+        sqlx::query(
+            "UPDATE profiles SET configuration = ?, system_prompt = ?, summarizer = ?, \
+             system_prompt_version = system_prompt_version + 1, summarizer_version = summarizer_version + 1, \
+             declared_at = ? WHERE member_public_id = ?",
+        )
+        .bind(configuration.to_string())
+        .bind(system_prompt.map(Value::to_string))
+        .bind(summarizer.map(Value::to_string))
+        .bind(now_ms())
+        .bind(member.to_string())
+        .execute(&self.pool)
+        .await?;
+        self.profile(member).await?.ok_or_else(|| StoreError::Conflict("profile vanished".into()))
+    }
+
+    // ---- executors -----------------------------------------------------------------------------
+
+    /// Reads an executor.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn executor(&self, public_id: Uuid) -> StoreResult<Option<ExecutorRow>> {
+        let row = sqlx::query(
+            "SELECT kind, display_name, status, assignment_scope, credential_epoch, announcement, announced_at, \
+             connected_at, last_seen_at FROM executors WHERE public_id = ?",
+        )
+        .bind(public_id.to_string())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| {
+            Ok(ExecutorRow {
+                public_id,
+                kind: row.try_get("kind")?,
+                display_name: row.try_get("display_name")?,
+                status: row.try_get("status")?,
+                assignment_scope: row.try_get("assignment_scope")?,
+                credential_epoch: row.try_get("credential_epoch")?,
+                announcement: serde_json::from_str(&row.try_get::<String, _>("announcement")?)?,
+                announced_at: row.try_get("announced_at")?,
+                connected_at: row.try_get("connected_at")?,
+                last_seen_at: row.try_get("last_seen_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Stores a whole-replacement announcement.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn set_announcement(&self, public_id: Uuid, announcement: &Value) -> StoreResult<()> {
+        sqlx::query("UPDATE executors SET announcement = ?, announced_at = ? WHERE public_id = ?")
+            .bind(announcement.to_string())
+            .bind(now_ms())
+            .bind(public_id.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Records a stream's Hello (`connected_at`) and presence (`last_seen_at`).
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn touch_executor(&self, public_id: Uuid, connected: bool) -> StoreResult<()> {
+        let now = now_ms();
+        let connected_at = connected.then_some(now);
+        sqlx::query("UPDATE executors SET connected_at = COALESCE(?, connected_at), last_seen_at = ? WHERE public_id = ?")
+            .bind(connected_at)
+            .bind(now)
+            .bind(public_id.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    // ---- conversations, inputs, executions -----------------------------------------------------
+
+    /// Admits an input: creates the conversation when new, the input and its pending execution,
+    /// in one transaction.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn admit_input(
+        &self,
+        input: &InputRow,
+        new_conversation: bool,
+        execution_public_id: Uuid,
+    ) -> StoreResult<()> {
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        if new_conversation {
+            sqlx::query("INSERT INTO conversations (public_id, member_public_id, created_at) VALUES (?, ?, ?)")
+                .bind(input.conversation_public_id.to_string())
+                .bind(input.member_public_id.to_string())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query(
+            "INSERT INTO inputs (public_id, conversation_public_id, member_public_id, text, execution_declaration, \
+             runner_executor_public_id, tool_names, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(input.public_id.to_string())
+        .bind(input.conversation_public_id.to_string())
+        .bind(input.member_public_id.to_string())
+        .bind(&input.text)
+        .bind(input.execution_declaration.as_ref().map(Value::to_string))
+        .bind(input.runner_executor_public_id.map(|u| u.to_string()))
+        .bind(input.tool_names.as_ref().map(Value::to_string))
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO executions (public_id, conversation_public_id, input_public_id, member_public_id, status, \
+             transcript, round, event_seq, created_at, updated_at) VALUES (?, ?, ?, ?, 'pending', '[]', 0, 0, ?, ?)",
+        )
+        .bind(execution_public_id.to_string())
+        .bind(input.conversation_public_id.to_string())
+        .bind(input.public_id.to_string())
+        .bind(input.member_public_id.to_string())
+        .bind(now)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Whether a conversation exists and belongs to the member.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn conversation_owned_by(&self, conversation: Uuid, member: Uuid) -> StoreResult<bool> {
+        let row = sqlx::query("SELECT 1 FROM conversations WHERE public_id = ? AND member_public_id = ?")
+            .bind(conversation.to_string())
+            .bind(member.to_string())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    /// Reads an input.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn input(&self, public_id: Uuid) -> StoreResult<Option<InputRow>> {
+        let row = sqlx::query(
+            "SELECT conversation_public_id, member_public_id, text, execution_declaration, runner_executor_public_id, \
+             tool_names FROM inputs WHERE public_id = ?",
+        )
+        .bind(public_id.to_string())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| {
+            Ok(InputRow {
+                public_id,
+                conversation_public_id: uuid_of(&row.try_get::<String, _>("conversation_public_id")?)?,
+                member_public_id: uuid_of(&row.try_get::<String, _>("member_public_id")?)?,
+                text: row.try_get("text")?,
+                execution_declaration: json_opt(row.try_get("execution_declaration")?)?,
+                runner_executor_public_id: uuid_opt(row.try_get("runner_executor_public_id")?)?,
+                tool_names: json_opt(row.try_get("tool_names")?)?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Reads an execution.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn execution(&self, public_id: Uuid) -> StoreResult<Option<ExecutionRow>> {
+        let row = sqlx::query(
+            "SELECT conversation_public_id, input_public_id, member_public_id, status, attention_reason, declaration, \
+             transcript, round, final_text, error_key, event_seq, created_at, updated_at FROM executions WHERE public_id = ?",
+        )
+        .bind(public_id.to_string())
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| {
+            Ok(ExecutionRow {
+                public_id,
+                conversation_public_id: uuid_of(&row.try_get::<String, _>("conversation_public_id")?)?,
+                input_public_id: uuid_of(&row.try_get::<String, _>("input_public_id")?)?,
+                member_public_id: uuid_of(&row.try_get::<String, _>("member_public_id")?)?,
+                status: row.try_get("status")?,
+                attention_reason: row.try_get("attention_reason")?,
+                declaration: json_opt(row.try_get("declaration")?)?,
+                transcript: serde_json::from_str(&row.try_get::<String, _>("transcript")?)?,
+                round: row.try_get("round")?,
+                final_text: row.try_get("final_text")?,
+                error_key: row.try_get("error_key")?,
+                event_seq: row.try_get("event_seq")?,
+                created_at: row.try_get("created_at")?,
+                updated_at: row.try_get("updated_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Executions that have not reached a terminal status, for recovery at start-up.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn live_executions(&self) -> StoreResult<Vec<Uuid>> {
+        let rows = sqlx::query("SELECT public_id FROM executions WHERE status IN ('pending', 'running', 'canceling')")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|r| uuid_of(&r.try_get::<String, _>("public_id")?)).collect()
+    }
+
+    /// Writes an execution's mutable columns, new tasks and new events in one transaction.
+    ///
+    /// This is the only write path of an execution: a round's expansion (its tasks, the
+    /// transcript and the events that narrate it) is atomic.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure; nothing is written then.
+    pub async fn save_execution(
+        &self,
+        execution: &ExecutionRow,
+        new_tasks: &[TaskRow],
+        new_events: &[EventRow],
+    ) -> StoreResult<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "UPDATE executions SET status = ?, attention_reason = ?, declaration = ?, transcript = ?, round = ?, \
+             final_text = ?, error_key = ?, event_seq = ?, updated_at = ? WHERE public_id = ?",
+        )
+        .bind(&execution.status)
+        .bind(&execution.attention_reason)
+        .bind(execution.declaration.as_ref().map(Value::to_string))
+        .bind(execution.transcript.to_string())
+        .bind(execution.round)
+        .bind(&execution.final_text)
+        .bind(&execution.error_key)
+        .bind(execution.event_seq)
+        .bind(now_ms())
+        .bind(execution.public_id.to_string())
+        .execute(&mut *tx)
+        .await?;
+        for task in new_tasks {
+            insert_task(&mut tx, task).await?;
+        }
+        for event in new_events {
+            sqlx::query("INSERT INTO events (execution_public_id, seq, type, data, at) VALUES (?, ?, ?, ?, ?)")
+                .bind(execution.public_id.to_string())
+                .bind(event.seq)
+                .bind(&event.event_type)
+                .bind(event.data.to_string())
+                .bind(event.at)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Events after `after_seq`, oldest first, at most `limit`.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn events_after(&self, execution: Uuid, after_seq: i64, limit: i64) -> StoreResult<Vec<EventRow>> {
+        let rows = sqlx::query(
+            "SELECT seq, type, data, at FROM events WHERE execution_public_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+        )
+        .bind(execution.to_string())
+        .bind(after_seq)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(EventRow {
+                    seq: row.try_get("seq")?,
+                    event_type: row.try_get("type")?,
+                    data: serde_json::from_str(&row.try_get::<String, _>("data")?)?,
+                    at: row.try_get("at")?,
+                })
+            })
+            .collect()
+    }
+
+    // ---- tasks ---------------------------------------------------------------------------------
+
+    /// Reads one task.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn task(&self, run: Uuid, task_key: &str) -> StoreResult<Option<TaskRow>> {
+        let row = sqlx::query(concat!(task_select!(), " WHERE run_public_id = ? AND task_key = ?"))
+            .bind(run.to_string())
+            .bind(task_key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(task_of).transpose()
+    }
+
+    /// Every task of an execution, by round then key.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn tasks_of(&self, run: Uuid) -> StoreResult<Vec<TaskRow>> {
+        let rows = sqlx::query(concat!(task_select!(), " WHERE run_public_id = ? ORDER BY round, task_key"))
+            .bind(run.to_string())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(task_of).collect()
+    }
+
+    /// Every open (not settled) task addressed to an executor, oldest first.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn open_tasks_for(&self, executor: Uuid) -> StoreResult<Vec<TaskRow>> {
+        let rows = sqlx::query(concat!(
+            task_select!(),
+            " WHERE target_executor_public_id = ? AND status IN ('dispatched', 'running') ORDER BY started_at, task_key"
+        ))
+        .bind(executor.to_string())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(task_of).collect()
+    }
+
+    /// Executors that have open tasks, for recovery at start-up.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn executors_with_open_tasks(&self) -> StoreResult<Vec<Uuid>> {
+        let rows = sqlx::query(
+            "SELECT DISTINCT target_executor_public_id AS id FROM tasks \
+             WHERE status IN ('dispatched', 'running') AND target_executor_public_id IS NOT NULL",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| uuid_of(&r.try_get::<String, _>("id")?)).collect()
+    }
+
+    /// Writes a task's mutable columns (claim, deadline, status, result).
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn update_task(&self, task: &TaskRow) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE tasks SET status = ?, claimed = ?, claim_token_digest = ?, deadline_at = ?, result = ?, \
+             error_key = ?, settled_at = ? WHERE run_public_id = ? AND task_key = ?",
+        )
+        .bind(&task.status)
+        .bind(i64::from(task.claimed))
+        .bind(&task.claim_token_digest)
+        .bind(task.deadline_at)
+        .bind(task.result.as_ref().map(Value::to_string))
+        .bind(&task.error_key)
+        .bind(task.settled_at)
+        .bind(task.run_public_id.to_string())
+        .bind(&task.task_key)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+
+fn task_of(row: &sqlx::sqlite::SqliteRow) -> StoreResult<TaskRow> {
+    Ok(TaskRow {
+        run_public_id: uuid_of(&row.try_get::<String, _>("run_public_id")?)?,
+        task_key: row.try_get("task_key")?,
+        kind: row.try_get("kind")?,
+        round: row.try_get("round")?,
+        callable_name: row.try_get("callable_name")?,
+        tool_name: row.try_get("tool_name")?,
+        tool_input: serde_json::from_str(&row.try_get::<String, _>("tool_input")?)?,
+        tool_call_id: row.try_get("tool_call_id")?,
+        target_executor_public_id: uuid_opt(row.try_get("target_executor_public_id")?)?,
+        effect_profile: json_opt(row.try_get("effect_profile")?)?,
+        timeout_ms: row.try_get("timeout_ms")?,
+        status: row.try_get("status")?,
+        claimed: row.try_get::<i64, _>("claimed")? != 0,
+        claim_token_digest: row.try_get("claim_token_digest")?,
+        started_at: row.try_get("started_at")?,
+        deadline_at: row.try_get("deadline_at")?,
+        result: json_opt(row.try_get("result")?)?,
+        error_key: row.try_get("error_key")?,
+        settled_at: row.try_get("settled_at")?,
+    })
+}
+
+async fn insert_task(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, task: &TaskRow) -> StoreResult<()> {
+    sqlx::query(
+        "INSERT INTO tasks (run_public_id, task_key, kind, round, callable_name, tool_name, tool_input, tool_call_id, \
+         target_executor_public_id, effect_profile, timeout_ms, status, claimed, claim_token_digest, started_at, \
+         deadline_at, result, error_key, settled_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(task.run_public_id.to_string())
+    .bind(&task.task_key)
+    .bind(&task.kind)
+    .bind(task.round)
+    .bind(&task.callable_name)
+    .bind(&task.tool_name)
+    .bind(task.tool_input.to_string())
+    .bind(&task.tool_call_id)
+    .bind(task.target_executor_public_id.map(|u| u.to_string()))
+    .bind(task.effect_profile.as_ref().map(Value::to_string))
+    .bind(task.timeout_ms)
+    .bind(&task.status)
+    .bind(i64::from(task.claimed))
+    .bind(&task.claim_token_digest)
+    .bind(task.started_at)
+    .bind(task.deadline_at)
+    .bind(task.result.as_ref().map(Value::to_string))
+    .bind(&task.error_key)
+    .bind(task.settled_at)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn insert_credential(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    credential: &Credential,
+    epoch: i64,
+) -> StoreResult<()> {
+    sqlx::query(
+        "INSERT INTO credentials (digest, plane, subject_public_id, credential_epoch, created_at) VALUES (?, ?, ?, ?, ?)",
+    )
+    .bind(&credential.digest)
+    .bind(credential.plane.as_str())
+    .bind(credential.subject.to_string())
+    .bind(epoch)
+    .bind(now_ms())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
