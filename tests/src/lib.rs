@@ -1,1 +1,14 @@
-//! placeholder
+//! The nexus test harness: a real server and real or scripted runners on 127.0.0.1:0.
+//!
+//! Owns: [`TestServer`] (nexus in-process with a temporary data dir and scripted models),
+//! [`RawRunner`] (a scripted fake runner that speaks the stream frame by frame), [`TcpProxy`]
+//! (cuts streams on demand), and helpers to find and start the `runner-agent` binary. Production
+//! code lives elsewhere; nothing here is used by the server.
+
+pub mod proxy;
+pub mod raw_runner;
+pub mod server;
+
+pub use proxy::TcpProxy;
+pub use raw_runner::{RawRunner, Reply};
+pub use server::{Minted, TestServer, runner_agent_binary, wait_until};

@@ -37,9 +37,9 @@
 //!   the field's value (a string as is, anything else as JSON text). Otherwise the content is read
 //!   as text sections, as in the runner's bash result
 //!   `exit_code: N\nstdout:\n<stdout>\nstderr:\n<stderr>`: a line `FIELD: value` gives `value`;
-//!   a line `FIELD:` alone starts a block that runs until the next line consisting only of a
-//!   section name and a colon (`stderr:`), or the end. So a stdout line that is exactly
-//!   `word:` would end the stdout block early.
+//!   a line `FIELD:` alone starts a block that runs until the next section header (a line
+//!   consisting only of a section name and a colon, `stderr:`, or of `name: (empty)`), or the
+//!   end. So a stdout line that is exactly `word:` would end the stdout block early.
 //!
 //! A `{{…}}` that is none of these is refused when the script is parsed; `{{` without a closing
 //! `}}` is literal text. A missing tool result or field is `provider_error` at answer time.
@@ -353,9 +353,12 @@ fn tool_field(content: &str, field: &str) -> Option<String> {
     Some(block[..end].join("\n"))
 }
 
-/// `name:` alone on its line, `name` being `[A-Za-z_][A-Za-z0-9_]*`.
+/// A section header: `name:` alone on its line, or `name: (empty)` (how the runner's bash result
+/// shows an empty stream), `name` being `[A-Za-z_][A-Za-z0-9_]*`.
 fn is_bare_header(line: &str) -> bool {
-    let Some(name) = line.trim_end().strip_suffix(':') else {
+    let line = line.trim_end();
+    let line = line.strip_suffix(" (empty)").unwrap_or(line);
+    let Some(name) = line.strip_suffix(':') else {
         return false;
     };
     let mut chars = name.chars();
@@ -528,6 +531,17 @@ mod tests {
         assert_eq!(answer.finish_reason, "stop");
         assert!(answer.tool_calls.is_empty());
         assert_eq!(answer.usage, None);
+    }
+
+    #[test]
+    fn bash_sections_end_at_the_next_header_even_when_empty() {
+        let content = "exit_code: 0\nstdout:\nslept\nline two\nstderr: (empty)\n";
+        assert_eq!(tool_field(content, "stdout").as_deref(), Some("slept\nline two"));
+        assert_eq!(tool_field(content, "stderr").as_deref(), Some("(empty)"));
+        assert_eq!(tool_field(content, "exit_code").as_deref(), Some("0"));
+        let both = "exit_code: 1\nstdout: (empty)\nstderr:\nboom\n";
+        assert_eq!(tool_field(both, "stdout").as_deref(), Some("(empty)"));
+        assert_eq!(tool_field(both, "stderr").as_deref(), Some("boom\n"));
     }
 
     #[test]

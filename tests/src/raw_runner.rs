@@ -1,0 +1,213 @@
+//! A scripted fake runner: speaks `nexus.runner.v1` frame by frame so tests can hold a claim,
+//! commit twice, use a wrong token or never answer.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Endpoint;
+use uuid::Uuid;
+
+use nexus_proto::runner::v1::runner_service_client::RunnerServiceClient;
+use nexus_proto::runner::v1::{
+    Announce, Claim, ClaimStatus, Commit, Extend, Hello, Pong, RunnerFrame, WorkAvailable, nexus_frame, runner_frame,
+};
+
+/// The answer to one request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Reply {
+    /// A result frame.
+    Frame(nexus_frame::Frame),
+    /// A refusal with the spec's word.
+    Refused {
+        /// The word.
+        code: String,
+        /// The HTTP status the origin would answer.
+        http_status: u32,
+    },
+    /// The stream ended before an answer.
+    Lost,
+}
+
+impl Reply {
+    /// The refusal word, or `None` for a result.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Reply::Refused { code, .. } => Some(code),
+            Reply::Lost => Some("lost"),
+            Reply::Frame(_) => None,
+        }
+    }
+
+    /// `(claim_token, task_json)` of a granted claim.
+    pub fn granted(&self) -> Option<(String, Value)> {
+        match self {
+            Reply::Frame(nexus_frame::Frame::ClaimGranted(g)) => {
+                Some((g.claim_token.clone(), serde_json::from_str(&g.task_json).expect("task json")))
+            }
+            _ => None,
+        }
+    }
+
+    /// `(idle, status)` of a commit.
+    pub fn committed(&self) -> Option<(bool, String)> {
+        match self {
+            Reply::Frame(nexus_frame::Frame::Committed(c)) => Some((c.idle, c.status.clone())),
+            _ => None,
+        }
+    }
+}
+
+type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Reply>>>>;
+
+/// One fake runner stream.
+#[derive(Debug)]
+pub struct RawRunner {
+    outbound: mpsc::Sender<RunnerFrame>,
+    waiters: Waiters,
+    next_id: AtomicU64,
+    pushes: mpsc::UnboundedReceiver<nexus_frame::Frame>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RawRunner {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl RawRunner {
+    /// Opens a stream and says Hello. Returns the runner, and the Hello's reply (Welcome or a
+    /// refusal).
+    pub async fn connect(url: &str, runner: Uuid, credential: &str) -> (RawRunner, Reply) {
+        let channel = Endpoint::from_shared(url.to_owned()).expect("url").connect().await.expect("connect");
+        let mut client = RunnerServiceClient::new(channel);
+        let (outbound, receiver) = mpsc::channel(64);
+        let waiters: Waiters = Arc::default();
+        let (push_tx, pushes) = mpsc::unbounded_channel();
+        let hello = RunnerFrame {
+            request_id: 1,
+            frame: Some(runner_frame::Frame::Hello(Hello {
+                executor_public_id: runner.to_string(),
+                credential: credential.to_owned(),
+                protocol_version: nexus_proto::RUNNER_PROTOCOL_VERSION,
+            })),
+        };
+        let (hello_tx, hello_rx) = oneshot::channel();
+        waiters.lock().expect("waiters").insert(1, hello_tx);
+        outbound.send(hello).await.expect("queue hello");
+        let response = client.connect(ReceiverStream::new(receiver)).await;
+        let reader_waiters = waiters.clone();
+        let pong = outbound.clone();
+        let reader = tokio::spawn(async move {
+            let Ok(response) = response else {
+                fail_all(&reader_waiters);
+                return;
+            };
+            let mut inbound = response.into_inner();
+            while let Ok(Some(frame)) = inbound.message().await {
+                let Some(body) = frame.frame else { continue };
+                if frame.request_id == 0 {
+                    if let nexus_frame::Frame::Ping(ping) = &body {
+                        let _ = pong
+                            .send(RunnerFrame { request_id: 0, frame: Some(runner_frame::Frame::Pong(Pong { nonce: ping.nonce })) })
+                            .await;
+                        continue;
+                    }
+                    let _ = push_tx.send(body);
+                    continue;
+                }
+                let reply = match body {
+                    nexus_frame::Frame::Refusal(r) => Reply::Refused { code: r.code, http_status: r.http_status },
+                    other => Reply::Frame(other),
+                };
+                if let Some(waiter) = reader_waiters.lock().expect("waiters").remove(&frame.request_id) {
+                    let _ = waiter.send(reply);
+                }
+            }
+            fail_all(&reader_waiters);
+        });
+        let hello_reply = tokio::time::timeout(Duration::from_secs(10), hello_rx).await.ok().and_then(Result::ok).unwrap_or(Reply::Lost);
+        let runner = RawRunner { outbound, waiters, next_id: AtomicU64::new(2), pushes, reader };
+        (runner, hello_reply)
+    }
+
+    /// Sends one request and waits (10 s at most) for its answer.
+    pub async fn request(&self, frame: runner_frame::Frame) -> Reply {
+        let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.waiters.lock().expect("waiters").insert(request_id, tx);
+        if self.outbound.send(RunnerFrame { request_id, frame: Some(frame) }).await.is_err() {
+            return Reply::Lost;
+        }
+        tokio::time::timeout(Duration::from_secs(10), rx).await.ok().and_then(Result::ok).unwrap_or(Reply::Lost)
+    }
+
+    /// Announces `body` (whole replacement).
+    pub async fn announce(&self, body: &Value) -> Reply {
+        self.request(runner_frame::Frame::Announce(Announce { body_json: body.to_string() })).await
+    }
+
+    /// Claims a task.
+    pub async fn claim(&self, run: &str, task_key: &str) -> Reply {
+        self.request(runner_frame::Frame::Claim(Claim { run_public_id: run.to_owned(), task_key: task_key.to_owned() })).await
+    }
+
+    /// Commits a result body.
+    pub async fn commit(&self, run: &str, task_key: &str, token: &str, body: &Value) -> Reply {
+        self.request(runner_frame::Frame::Commit(Commit {
+            run_public_id: run.to_owned(),
+            task_key: task_key.to_owned(),
+            claim_token: token.to_owned(),
+            body_json: body.to_string(),
+        }))
+        .await
+    }
+
+    /// Extends a claim.
+    pub async fn extend(&self, run: &str, task_key: &str, token: &str, timeout_ms: i64) -> Reply {
+        self.request(runner_frame::Frame::Extend(Extend {
+            run_public_id: run.to_owned(),
+            task_key: task_key.to_owned(),
+            claim_token: token.to_owned(),
+            timeout_ms,
+        }))
+        .await
+    }
+
+    /// Reads a claim's state.
+    pub async fn claim_status(&self, run: &str, task_key: &str, token: &str) -> Reply {
+        self.request(runner_frame::Frame::ClaimStatus(ClaimStatus {
+            run_public_id: run.to_owned(),
+            task_key: task_key.to_owned(),
+            claim_token: token.to_owned(),
+        }))
+        .await
+    }
+
+    /// The next `work_available` push, within `limit`.
+    pub async fn next_work(&mut self, limit: Duration) -> Option<WorkAvailable> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let frame = tokio::time::timeout_at(deadline, self.pushes.recv()).await.ok()??;
+            if let nexus_frame::Frame::WorkAvailable(work) = frame {
+                return Some(work);
+            }
+        }
+    }
+
+    /// The next push of any kind, within `limit`.
+    pub async fn next_push(&mut self, limit: Duration) -> Option<nexus_frame::Frame> {
+        tokio::time::timeout(limit, self.pushes.recv()).await.ok()?
+    }
+}
+
+fn fail_all(waiters: &Waiters) {
+    for (_, waiter) in waiters.lock().expect("waiters").drain() {
+        let _ = waiter.send(Reply::Lost);
+    }
+}

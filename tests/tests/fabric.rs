@@ -1,0 +1,346 @@
+//! Integration tests of the runner fabric: a real server on 127.0.0.1:0 and scripted runners that
+//! speak the stream frame by frame (spec/REFERENCE.md 6.3 to 6.10).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use nexus_actors::api::CreateInput;
+use nexus_proto::runner::v1::nexus_frame;
+use nexus_tests::{Minted, RawRunner, Reply, TcpProxy, TestServer, wait_until};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn effect(kind: &str, idempotency: &str) -> Value {
+    json!({"kind": kind, "destructive": kind == "write", "effect_scope": "closed", "idempotency": idempotency, "reconciliation": "none"})
+}
+
+fn probe_tool(effect_profile: Value, timeout_ms: u64) -> Value {
+    json!({"name": "probe", "description": "Probe the machine.", "input_schema": {"type": "object"},
+           "effect_profile": effect_profile, "timeout_ms": timeout_ms})
+}
+
+fn probe_script() -> Value {
+    json!({"rounds": [
+        {"tool_calls": [{"id": "c1", "name": "probe", "arguments": {"depth": 1}}]},
+        {"final": "probe said {{tool:c1}}"}
+    ]})
+}
+
+struct Setup {
+    server: TestServer,
+    agent: Minted,
+    runner: Minted,
+    raw: RawRunner,
+}
+
+/// A server, an Agent whose profile imports runner A's tools, and runner A connected and
+/// announced.
+async fn setup(tool: Value) -> Setup {
+    let server = TestServer::start(&[("probe", probe_script())]).await;
+    let agent = server.agent("agent").await;
+    let runner = server.runner("runner-a").await;
+    let (raw, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
+    assert!(matches!(hello, Reply::Frame(nexus_frame::Frame::Welcome(_))), "{hello:?}");
+    let announced = raw.announce(&json!({"tools": [tool]})).await;
+    assert!(matches!(announced, Reply::Frame(nexus_frame::Frame::Announced(_))), "{announced:?}");
+    declare(&server, &agent, runner.id, "scripted/probe").await;
+    Setup { server, agent, runner, raw }
+}
+
+async fn declare(server: &TestServer, agent: &Minted, runner: Uuid, model: &str) {
+    let caller = server.caller(agent).await;
+    let body = json!({"configuration": {"runner_executor_public_ids": [runner], "approval_mode": "bypass", "default_model": model}});
+    server.server.api.declare(&caller, body).await.expect("declared");
+}
+
+async fn admit(server: &TestServer, agent: &Minted, text: &str) -> Uuid {
+    let caller = server.caller(agent).await;
+    let input = CreateInput { text: text.to_owned(), ..CreateInput::default() };
+    server.server.api.create_input(&caller, input).await.expect("admitted").execution_public_id
+}
+
+async fn execution(server: &TestServer, agent: &Minted, id: Uuid) -> Value {
+    let caller = server.caller(agent).await;
+    server.server.api.execution(&caller, id).await.expect("execution")
+}
+
+async fn wait_status(server: &TestServer, agent: &Minted, id: Uuid, status: &str) -> Value {
+    wait_until(&format!("execution {status}"), WAIT, || async {
+        let row = execution(server, agent, id).await;
+        (row["status"] == status).then_some(row)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn runner_b_cannot_claim_runner_a_task() {
+    let mut s = setup(probe_tool(effect("read_only", "intrinsic"), 60_000)).await;
+    let runner_b = s.server.runner("runner-b").await;
+    let (raw_b, hello) = RawRunner::connect(&s.server.url(), runner_b.id, &runner_b.token).await;
+    assert!(hello.code().is_none(), "{hello:?}");
+    assert!(raw_b.announce(&json!({"tools": [probe_tool(effect("read_only", "intrinsic"), 60_000)]})).await.code().is_none());
+
+    let run = admit(&s.server, &s.agent, "probe it").await;
+    let work = s.raw.next_work(WAIT).await.expect("work for A");
+    assert_eq!(work.run_public_id, run.to_string());
+    assert_eq!(work.tool_name, "probe");
+
+    // B announces the same tool, and still can never claim work accepted for A.
+    let refused = raw_b.claim(&work.run_public_id, &work.task_key).await;
+    assert_eq!(refused.code(), Some("not_addressed_here"));
+    assert!(matches!(refused, Reply::Refused { http_status: 409, .. }));
+    // B cannot commit it either, with any token.
+    let commit = raw_b.commit(&work.run_public_id, &work.task_key, "forged", &json!({"content": "x"})).await;
+    assert_eq!(commit.code(), Some("not_addressed_here"));
+
+    let (token, task) = s.raw.claim(&work.run_public_id, &work.task_key).await.granted().expect("A claims");
+    assert_eq!(task["tool_input"], json!({"depth": 1}));
+    assert_eq!(task["addressed_to"]["executor_public_id"], json!(s.runner.id));
+    let done = s.raw.commit(&work.run_public_id, &work.task_key, &token, &json!({"content": "all good"})).await;
+    assert_eq!(done.committed(), Some((false, "completed".to_owned())));
+    let row = wait_status(&s.server, &s.agent, run, "completed").await;
+    assert_eq!(row["final_text"], "probe said all good");
+}
+
+#[tokio::test]
+async fn repeat_commit_is_idle_and_wrong_token_is_stale_claim() {
+    let mut s = setup(probe_tool(effect("read_only", "intrinsic"), 60_000)).await;
+    let run = admit(&s.server, &s.agent, "probe it").await;
+    let work = s.raw.next_work(WAIT).await.expect("work");
+    let (token, _) = s.raw.claim(&work.run_public_id, &work.task_key).await.granted().expect("claim");
+
+    let wrong = s.raw.commit(&work.run_public_id, &work.task_key, "not-the-token", &json!({"content": "x"})).await;
+    assert_eq!(wrong.code(), Some("stale_claim"));
+    let first = s.raw.commit(&work.run_public_id, &work.task_key, &token, &json!({"content": "first"})).await;
+    assert_eq!(first.committed(), Some((false, "completed".to_owned())));
+    let repeat = s.raw.commit(&work.run_public_id, &work.task_key, &token, &json!({"content": "second"})).await;
+    assert_eq!(repeat.committed(), Some((true, "completed".to_owned())), "a repeat is an idle success");
+    let wrong_after = s.raw.commit(&work.run_public_id, &work.task_key, "not-the-token", &json!({"content": "x"})).await;
+    assert_eq!(wrong_after.code(), Some("stale_claim"));
+
+    let row = wait_status(&s.server, &s.agent, run, "completed").await;
+    assert_eq!(row["tasks"][0]["result"]["content"], "first", "write-once keeps the first result");
+    assert_eq!(row["final_text"], "probe said first");
+}
+
+#[tokio::test]
+async fn a_claim_is_never_granted_twice() {
+    let mut s = setup(probe_tool(effect("read_only", "intrinsic"), 60_000)).await;
+    let _run = admit(&s.server, &s.agent, "probe it").await;
+    let work = s.raw.next_work(WAIT).await.expect("work");
+    // Two claims race on the same stream, and a third comes from a second stream of the same
+    // runner after the first is fenced: exactly one is granted.
+    let (a, b) = tokio::join!(s.raw.claim(&work.run_public_id, &work.task_key), s.raw.claim(&work.run_public_id, &work.task_key));
+    let granted = [&a, &b].iter().filter(|r| r.granted().is_some()).count();
+    assert_eq!(granted, 1, "{a:?} {b:?}");
+    let loser = if a.granted().is_some() { &b } else { &a };
+    assert_eq!(loser.code(), Some("already_claimed"));
+
+    let (again, hello) = RawRunner::connect(&s.server.url(), s.runner.id, &s.runner.token).await;
+    assert!(hello.code().is_none());
+    assert_eq!(again.claim(&work.run_public_id, &work.task_key).await.code(), Some("already_claimed"));
+}
+
+#[tokio::test]
+async fn expiry_is_timed_out_when_replayable_and_uncertain_otherwise() {
+    // Claimed and replayable: timed_out.
+    let mut s = setup(probe_tool(effect("read_only", "intrinsic"), 300)).await;
+    let run = admit(&s.server, &s.agent, "probe it").await;
+    let work = s.raw.next_work(WAIT).await.expect("work");
+    let (token, _) = s.raw.claim(&work.run_public_id, &work.task_key).await.granted().expect("claim");
+    let row = wait_status(&s.server, &s.agent, run, "completed").await;
+    assert_eq!(row["tasks"][0]["status"], "timed_out");
+    assert_eq!(row["tasks"][0]["error_key"], "tool_timeout");
+    // The deadline wins: a commit after it changes nothing.
+    let late = s.raw.commit(&work.run_public_id, &work.task_key, &token, &json!({"content": "late"})).await;
+    assert_eq!(late.committed(), Some((true, "timed_out".to_owned())));
+
+    // Claimed and not replayable: uncertain.
+    let mut w = setup(probe_tool(effect("write", "none"), 300)).await;
+    let run = admit(&w.server, &w.agent, "probe it").await;
+    let work = w.raw.next_work(WAIT).await.expect("work");
+    w.raw.claim(&work.run_public_id, &work.task_key).await.granted().expect("claim");
+    let row = wait_status(&w.server, &w.agent, run, "completed").await;
+    assert_eq!(row["tasks"][0]["status"], "uncertain");
+    assert_eq!(row["tasks"][0]["error_key"], "tool_uncertain");
+    assert!(row["final_text"].as_str().unwrap_or_default().contains("tool_uncertain"));
+
+    // Never claimed, even when not replayable: timed_out.
+    let mut n = setup(probe_tool(effect("write", "none"), 300)).await;
+    let run = admit(&n.server, &n.agent, "probe it").await;
+    n.raw.next_work(WAIT).await.expect("work");
+    let row = wait_status(&n.server, &n.agent, run, "completed").await;
+    assert_eq!(row["tasks"][0]["status"], "timed_out");
+    assert_eq!(row["tasks"][0]["claimed"], false);
+}
+
+#[tokio::test]
+async fn claiming_restarts_the_park_clock_and_extend_is_capped() {
+    let mut s = setup(probe_tool(effect("read_only", "intrinsic"), 5_000)).await;
+    let _run = admit(&s.server, &s.agent, "probe it").await;
+    let work = s.raw.next_work(WAIT).await.expect("work");
+    let before = nexus_actors::store::now_ms();
+    let granted = s.raw.claim(&work.run_public_id, &work.task_key).await;
+    let Reply::Frame(nexus_frame::Frame::ClaimGranted(claim)) = &granted else { panic!("{granted:?}") };
+    assert!(claim.deadline_at_ms >= before + 5_000, "the holder gets a full deadline");
+    let token = claim.claim_token.clone();
+
+    assert_eq!(s.raw.extend(&work.run_public_id, &work.task_key, &token, 0).await.code(), Some("invalid_timeout_ms"));
+    assert_eq!(s.raw.extend(&work.run_public_id, &work.task_key, &token, 5_001).await.code(), Some("extension_too_long"));
+    assert_eq!(s.raw.extend(&work.run_public_id, &work.task_key, "other", 1_000).await.code(), Some("not_claimant"));
+    let extended = s.raw.extend(&work.run_public_id, &work.task_key, &token, 4_000).await;
+    assert!(matches!(extended, Reply::Frame(nexus_frame::Frame::Extended(_))), "{extended:?}");
+    let status = s.raw.claim_status(&work.run_public_id, &work.task_key, &token).await;
+    assert_eq!(status, Reply::Frame(nexus_frame::Frame::ClaimState(nexus_proto::runner::v1::ClaimState { active: true })));
+    assert_eq!(s.raw.claim_status(&work.run_public_id, &work.task_key, "other").await.code(), Some("not_claimant"));
+}
+
+#[tokio::test]
+async fn announcement_refusal_words() {
+    let server = TestServer::start(&[]).await;
+    let runner = server.runner("runner").await;
+    let (raw, _) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
+    let good = effect("read_only", "intrinsic");
+    let mut extra_key = good.clone();
+    extra_key["world"] = json!("closed");
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("missing tools", json!({}), "parameter_missing"),
+        ("wire name in a reserved namespace", json!({"tools": [{"name": "delegate_task", "effect_profile": good}]}), "reserved_namespace"),
+        ("canonical name in a reserved namespace", json!({"tools": [{"name": "nexus.runners.list", "effect_profile": good}]}), "reserved_namespace"),
+        ("bad name", json!({"tools": [{"name": "no spaces", "effect_profile": good}]}), "invalid_announcement"),
+        ("name too long", json!({"tools": [{"name": "x".repeat(65), "effect_profile": good}]}), "invalid_announcement"),
+        ("repeated name", json!({"tools": [{"name": "a", "effect_profile": good}, {"name": "a", "effect_profile": good}]}), "invalid_announcement"),
+        ("missing effect profile", json!({"tools": [{"name": "a"}]}), "invalid_announcement"),
+        ("sixth effect key", json!({"tools": [{"name": "a", "effect_profile": extra_key}]}), "invalid_announcement"),
+        ("schema not an object schema", json!({"tools": [{"name": "a", "effect_profile": good, "input_schema": {"type": "string"}}]}), "invalid_announcement"),
+        ("environment over its bound", json!({"tools": [], "environment": {"x": "y".repeat(70_000)}}), "validation_failed"),
+    ];
+    for (case, body, word) in cases {
+        assert_eq!(raw.announce(&body).await.code(), Some(word), "{case}");
+    }
+    // A refusal changes nothing; a valid announcement replaces the list whole.
+    assert!(server.store().executor(runner.id).await.expect("row").expect("runner").announced_at.is_none());
+    assert!(raw.announce(&json!({"tools": [{"name": "b", "effect_profile": good}, {"name": "a", "effect_profile": good}]})).await.code().is_none());
+    assert!(raw.announce(&json!({"tools": [{"name": "c", "effect_profile": good}]})).await.code().is_none());
+    let row = server.store().executor(runner.id).await.expect("row").expect("runner");
+    assert_eq!(row.announcement["tools"], json!([{"name": "c", "effect_profile": good}]));
+}
+
+#[tokio::test]
+async fn cross_plane_credentials_get_401() {
+    let server = TestServer::start(&[]).await;
+    let agent = server.agent("agent").await;
+    let runner = server.runner("runner").await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/agent_api/v1/profile", server.url());
+
+    let ok = http.get(&url).bearer_auth(&agent.token).send().await.expect("get");
+    assert_eq!(ok.status(), 200);
+    let body: Value = ok.json().await.expect("json");
+    assert_eq!(body["member"]["public_id"], json!(agent.id));
+    assert_eq!(body["configuration"]["tool_definitions"], json!([]));
+
+    // A transport credential on a member door.
+    let refused = http.get(&url).bearer_auth(&runner.token).send().await.expect("get");
+    assert_eq!(refused.status(), 401);
+    let body: Value = refused.json().await.expect("json");
+    assert_eq!(body["code"], "unauthorized");
+    let put = http
+        .put(format!("{}/agent_api/v1/profile/configuration", server.url()))
+        .bearer_auth(&runner.token)
+        .json(&json!({"configuration": {}}))
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(put.status(), 401);
+
+    // A member credential on the runner stream.
+    let (_raw, hello) = RawRunner::connect(&server.url(), runner.id, &agent.token).await;
+    assert_eq!(hello.code(), Some("unauthorized"));
+    assert!(matches!(hello, Reply::Refused { http_status: 401, .. }));
+    // Another runner's transport credential.
+    let other = server.runner("other").await;
+    let (_raw, hello) = RawRunner::connect(&server.url(), runner.id, &other.token).await;
+    assert_eq!(hello.code(), Some("unauthorized"));
+
+    // The gRPC client API refuses a transport credential too.
+    let channel = tonic::transport::Endpoint::from_shared(server.url()).expect("url").connect().await.expect("connect");
+    let mut client = nexus_proto::agent::v1::agent_service_client::AgentServiceClient::new(channel);
+    let mut request = tonic::Request::new(nexus_proto::agent::v1::GetProfileRequest {});
+    request.metadata_mut().insert("authorization", format!("Bearer {}", runner.token).parse().expect("header"));
+    let status = client.get_profile(request).await.expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    assert_eq!(nexus_proto::Refusal::from_status(&status).code, "unauthorized");
+}
+
+#[tokio::test]
+async fn reconnect_offers_the_inbox_again_and_fences_the_old_stream() {
+    let mut s = setup(probe_tool(effect("read_only", "intrinsic"), 60_000)).await;
+    let run = admit(&s.server, &s.agent, "probe it").await;
+    let first = s.raw.next_work(WAIT).await.expect("work");
+    // A second Hello for the same runner fences the first stream and is offered the inbox again.
+    let (mut second, hello) = RawRunner::connect(&s.server.url(), s.runner.id, &s.runner.token).await;
+    assert!(hello.code().is_none());
+    let again = second.next_work(WAIT).await.expect("offered again");
+    assert_eq!((again.run_public_id.as_str(), again.task_key.as_str()), (first.run_public_id.as_str(), first.task_key.as_str()));
+    assert_eq!(s.raw.claim(&first.run_public_id, &first.task_key).await.code(), Some("lost"), "the fenced stream is closed");
+    let (token, _) = second.claim(&again.run_public_id, &again.task_key).await.granted().expect("claim");
+    second.commit(&again.run_public_id, &again.task_key, &token, &json!({"content": "ok"})).await.committed().expect("commit");
+    let row = wait_status(&s.server, &s.agent, run, "completed").await;
+    assert_eq!(row["tasks"][0]["result"]["content"], "ok");
+}
+
+#[tokio::test]
+async fn a_cut_stream_still_records_the_result_exactly_once() {
+    let server = TestServer::start(&[("sleepy", json!({"rounds": [
+        {"tool_calls": [{"id": "s", "name": "bash", "arguments": {"command": "sleep 1; echo slept"}}]},
+        {"final": "bash said {{tool:s.stdout}}"}
+    ]}))])
+    .await;
+    let agent = server.agent("agent").await;
+    let runner = server.runner("runner").await;
+    let proxy = TcpProxy::start(server.server.addr).await;
+    let workdir = tempfile::tempdir().expect("workdir");
+    let state_dir = tempfile::tempdir().expect("state");
+    let mut config = nexus_runner_agent::AgentConfig::new(
+        proxy.url(),
+        runner.id,
+        nexus_runner_agent::Credential::new(runner.token.clone()),
+        workdir.path().to_owned(),
+    );
+    config.state_dir = state_dir.path().to_owned();
+    config.reconnect_min_delay = Duration::from_millis(50);
+    config.reconnect_max_delay = Duration::from_millis(200);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let agent_task = tokio::spawn(nexus_runner_agent::run(config, async {
+        let _ = stop_rx.await;
+    }));
+    wait_until("announcement", WAIT, || async {
+        server.store().executor(runner.id).await.ok().flatten().and_then(|r| r.announced_at)
+    })
+    .await;
+    declare(&server, &agent, runner.id, "scripted/sleepy").await;
+    let run = admit(&server, &agent, "sleep").await;
+    // Cut the stream while the tool runs (after the claim, before the commit).
+    wait_until("the claim", WAIT, || async {
+        server.store().task(run, "r1t0").await.ok().flatten().filter(|t| t.claimed).map(|_| ())
+    })
+    .await;
+    assert!(proxy.cut() >= 1, "a live stream was cut");
+    let row = wait_status(&server, &agent, run, "completed").await;
+    assert_eq!(row["final_text"], "bash said slept");
+    assert_eq!(row["tasks"][0]["status"], "completed");
+    // Exactly one settlement was recorded for the task.
+    let caller = server.caller(&agent).await;
+    let events: Vec<_> = futures::StreamExt::collect::<Vec<_>>(server.server.api.events(&caller, run, "", false).await.expect("events")).await;
+    let settled = events
+        .iter()
+        .filter_map(|e| e.as_ref().ok())
+        .filter(|e| e.event_type == "task_status" && e.data["task_key"] == "r1t0" && e.data["status"] == "completed")
+        .count();
+    assert_eq!(settled, 1);
+    let _ = stop_tx.send(());
+    agent_task.await.expect("agent joins").expect("agent stops cleanly");
+}
