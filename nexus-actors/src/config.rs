@@ -143,3 +143,26 @@ impl ServerConfig {
         toml::from_str(text)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_config_parses_and_overrides_the_defaults() {
+        let config = ServerConfig::from_toml(include_str!("../../deploy/examples/nexus.toml")).expect("example parses");
+        assert_eq!(config.runner, RunnerStreamConfig::default());
+        assert_eq!(config.execution, ExecutionConfig::default());
+        assert_eq!(config.data_dir, PathBuf::from("nexus-data"));
+        let names: Vec<&str> = config.providers.providers.keys().map(String::as_str).collect();
+        assert_eq!(names, ["local", "openrouter", "scripted"]);
+        assert!(!config.providers.providers["local"].enabled);
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let error = ServerConfig::from_toml("[runner]\nping_every = 5\n").expect_err("refused");
+        assert!(error.to_string().contains("ping_every"), "{error}");
+        assert_eq!(ServerConfig::from_toml("").expect("empty is the defaults"), ServerConfig::default());
+    }
+}
