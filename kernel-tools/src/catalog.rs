@@ -31,9 +31,7 @@ impl Effect {
     /// The constant's profile.
     pub fn profile(self) -> EffectProfile {
         match self {
-            Effect::ReadOnlyClosed => {
-                EffectProfile::new("read_only", false, "closed", "intrinsic", "none")
-            }
+            Effect::ReadOnlyClosed => EffectProfile::new("read_only", false, "closed", "intrinsic", "none"),
             Effect::GraphWrite => EffectProfile::new("write", false, "closed", "intrinsic", "lookup"),
             Effect::MemoryWrite => EffectProfile::new("write", true, "closed", "intrinsic", "lookup"),
             Effect::MemoryEdit => EffectProfile::new("write", true, "closed", "none", "lookup"),
@@ -81,9 +79,10 @@ pub fn lookup(name: &str) -> Option<&'static KernelTool> {
 /// namespace, or the wire name of a tool under it.
 pub fn reserved_namespace_of(name: &str) -> Option<&'static str> {
     let canonical = lookup(name).map_or(name, |t| t.canonical_name);
-    RESERVED_NAMESPACES.iter().copied().find(|ns| {
-        canonical.strip_prefix(ns).is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
-    })
+    RESERVED_NAMESPACES
+        .iter()
+        .copied()
+        .find(|ns| canonical.strip_prefix(ns).is_some_and(|rest| rest.is_empty() || rest.starts_with('.')))
 }
 
 #[cfg(test)]

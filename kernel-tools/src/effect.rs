@@ -23,8 +23,7 @@ pub struct EffectProfile {
 }
 
 /// The keys of an effect profile, in canonical order.
-pub const EFFECT_PROFILE_KEYS: [&str; 5] =
-    ["kind", "destructive", "effect_scope", "idempotency", "reconciliation"];
+pub const EFFECT_PROFILE_KEYS: [&str; 5] = ["kind", "destructive", "effect_scope", "idempotency", "reconciliation"];
 
 const KINDS: [&str; 3] = ["pure", "read_only", "write"];
 const SCOPES: [&str; 2] = ["closed", "open"];
@@ -47,13 +46,7 @@ fn fault(field: &str, reason: impl Into<String>) -> EffectProfileError {
 
 impl EffectProfile {
     /// Builds a profile from literal words; used for the catalog constants.
-    pub fn new(
-        kind: &str,
-        destructive: bool,
-        effect_scope: &str,
-        idempotency: &str,
-        reconciliation: &str,
-    ) -> Self {
+    pub fn new(kind: &str, destructive: bool, effect_scope: &str, idempotency: &str, reconciliation: &str) -> Self {
         EffectProfile {
             kind: kind.to_owned(),
             destructive,

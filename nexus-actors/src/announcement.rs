@@ -150,7 +150,10 @@ fn validate_documents(documents: Option<&Value>, tool_names: &HashSet<String>) -
         };
         let name = document.get("name").and_then(Value::as_str).unwrap_or_default();
         if name.len() > 64 || !DOCUMENT_NAME.is_match(name) {
-            return Err(defect(&format!("{path}.name"), "must match ^[a-z0-9](?:-?[a-z0-9])*$ with at most 64 characters"));
+            return Err(defect(
+                &format!("{path}.name"),
+                "must match ^[a-z0-9](?:-?[a-z0-9])*$ with at most 64 characters",
+            ));
         }
         if !names.insert(name.to_owned()) {
             return Err(defect(&format!("{path}.name"), "is announced twice"));
@@ -202,31 +205,52 @@ mod tests {
     #[test]
     fn refusal_words() {
         assert_eq!(code(json!({})), "parameter_missing");
-        assert_eq!(code(json!({"tools": [{"name": "delegate_task", "effect_profile": profile()}]})), "reserved_namespace");
-        assert_eq!(code(json!({"tools": [{"name": "nexus.graph.wait", "effect_profile": profile()}]})), "reserved_namespace");
-        assert_eq!(code(json!({"tools": [{"name": "has space", "effect_profile": profile()}]})), "invalid_announcement");
-        assert_eq!(code(json!({"tools": [{"name": "a"}]})), "invalid_announcement");
         assert_eq!(
-            code(json!({"tools": [{"name": "a", "effect_profile": profile()}, {"name": "a", "effect_profile": profile()}]})),
+            code(json!({"tools": [{"name": "delegate_task", "effect_profile": profile()}]})),
+            "reserved_namespace"
+        );
+        assert_eq!(
+            code(json!({"tools": [{"name": "nexus.graph.wait", "effect_profile": profile()}]})),
+            "reserved_namespace"
+        );
+        assert_eq!(
+            code(json!({"tools": [{"name": "has space", "effect_profile": profile()}]})),
             "invalid_announcement"
         );
-        assert_eq!(code(json!({"tools": [{"name": "a", "effect_profile": profile(), "timeout_ms": 0}]})), "invalid_announcement");
+        assert_eq!(code(json!({"tools": [{"name": "a"}]})), "invalid_announcement");
+        assert_eq!(
+            code(
+                json!({"tools": [{"name": "a", "effect_profile": profile()}, {"name": "a", "effect_profile": profile()}]})
+            ),
+            "invalid_announcement"
+        );
+        assert_eq!(
+            code(json!({"tools": [{"name": "a", "effect_profile": profile(), "timeout_ms": 0}]})),
+            "invalid_announcement"
+        );
         assert_eq!(
             code(json!({"tools": [], "environment": {"blob": "x".repeat(ENVIRONMENT_BOUND)}})),
             "validation_failed"
         );
-        assert_eq!(code(json!({"tools": [], "documents": [{"name": "guide", "description": "d"}]})), "invalid_announcement");
+        assert_eq!(
+            code(json!({"tools": [], "documents": [{"name": "guide", "description": "d"}]})),
+            "invalid_announcement"
+        );
     }
 
     #[test]
     fn defects_name_the_field_path() {
         let mut bad = profile();
         bad["kind"] = json!("teleport");
-        let refusal = validate(&json!({"tools": [{"name": "ok", "effect_profile": profile()}, {"name": "b", "effect_profile": bad}]}))
-            .expect_err("refused");
+        let refusal = validate(
+            &json!({"tools": [{"name": "ok", "effect_profile": profile()}, {"name": "b", "effect_profile": bad}]}),
+        )
+        .expect_err("refused");
         assert!(refusal.message.starts_with("tools[1].effect_profile.kind"), "{}", refusal.message);
-        let refusal = validate(&json!({"tools": [{"name": "b", "effect_profile": profile(), "input_schema": {"type": "array"}}]}))
-            .expect_err("refused");
+        let refusal = validate(
+            &json!({"tools": [{"name": "b", "effect_profile": profile(), "input_schema": {"type": "array"}}]}),
+        )
+        .expect_err("refused");
         assert!(refusal.message.starts_with("tools[0].input_schema"), "{}", refusal.message);
     }
 

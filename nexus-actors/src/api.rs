@@ -96,11 +96,9 @@ pub fn parse_cursor(cursor: &str) -> Result<i64, Refusal> {
     if cursor.is_empty() {
         return Ok(0);
     }
-    cursor
-        .strip_prefix(CURSOR_PREFIX)
-        .and_then(|n| n.parse::<i64>().ok())
-        .filter(|n| *n >= 0)
-        .ok_or_else(|| Refusal::new(ErrorCode::ParameterInvalid, "after must be a cursor from an earlier event (cvei_<n>)"))
+    cursor.strip_prefix(CURSOR_PREFIX).and_then(|n| n.parse::<i64>().ok()).filter(|n| *n >= 0).ok_or_else(|| {
+        Refusal::new(ErrorCode::ParameterInvalid, "after must be a cursor from an earlier event (cvei_<n>)")
+    })
 }
 
 impl Api {
@@ -110,13 +108,9 @@ impl Api {
     /// 401 `unauthorized` for an unknown token or a transport-plane token.
     pub async fn member(&self, token: &str) -> Result<Caller, Refusal> {
         let (subject, _) = authenticate(&self.fabric.store, token, Plane::Member).await?;
-        let member = self
-            .fabric
-            .store
-            .member(subject)
-            .await
-            .map_err(internal)?
-            .ok_or_else(|| Refusal::new(ErrorCode::Unauthorized, "the member behind this credential no longer exists"))?;
+        let member = self.fabric.store.member(subject).await.map_err(internal)?.ok_or_else(|| {
+            Refusal::new(ErrorCode::Unauthorized, "the member behind this credential no longer exists")
+        })?;
         Ok(Caller { member })
     }
 
@@ -149,7 +143,10 @@ impl Api {
     /// inline declaration, no declaration at all, or no model to run).
     pub async fn create_input(&self, caller: &Caller, input: CreateInput) -> Result<Admitted, Refusal> {
         if caller.member.kind != "agent" {
-            return Err(Refusal::new(ErrorCode::NotAgent, "inputs are answered by an Agent's profile; use an Agent credential"));
+            return Err(Refusal::new(
+                ErrorCode::NotAgent,
+                "inputs are answered by an Agent's profile; use an Agent credential",
+            ));
         }
         if input.text.trim().is_empty() {
             return Err(Refusal::new(ErrorCode::ParameterMissing, "text is required"));
@@ -161,7 +158,8 @@ impl Api {
         }
         let store = &self.fabric.store;
         let models = &self.fabric.models;
-        let check = |reference: &str| models.resolve(reference).map(|_| ()).map_err(|e| (e.word().to_owned(), e.to_string()));
+        let check =
+            |reference: &str| models.resolve(reference).map(|_| ()).map_err(|e| (e.word().to_owned(), e.to_string()));
         let configuration = match &input.execution_declaration {
             Some(inline) => {
                 let object = inline.as_object().ok_or_else(|| {
@@ -182,7 +180,10 @@ impl Api {
                 })?,
         };
         if configuration["default_model"].is_null() {
-            return Err(Refusal::new(ErrorCode::ValidationFailed, "default_model: the declaration names no model to run"));
+            return Err(Refusal::new(
+                ErrorCode::ValidationFailed,
+                "default_model: the declaration names no model to run",
+            ));
         }
         let (conversation, new_conversation) = match input.conversation_public_id {
             Some(id) => {
@@ -207,7 +208,11 @@ impl Api {
         tracing::info!(execution_id = %execution, member = %caller.member.public_id, "input admitted");
         // The actor materializes and runs as soon as it starts.
         self.root.execution(execution).await?;
-        Ok(Admitted { conversation_public_id: conversation, input_public_id: row.public_id, execution_public_id: execution })
+        Ok(Admitted {
+            conversation_public_id: conversation,
+            input_public_id: row.public_id,
+            execution_public_id: execution,
+        })
     }
 
     /// Reads one execution with its tasks.
@@ -279,7 +284,8 @@ impl Api {
         let cursor = parse_cursor(after)?;
         self.execution(caller, id).await?;
         let wake = follow.then(|| self.fabric.events.subscribe(id));
-        let follower = Follower { fabric: self.fabric.clone(), id, cursor, follow, wake, buffer: VecDeque::new(), done: false };
+        let follower =
+            Follower { fabric: self.fabric.clone(), id, cursor, follow, wake, buffer: VecDeque::new(), done: false };
         Ok(futures::stream::unfold(follower, Follower::next))
     }
 }
@@ -298,7 +304,12 @@ impl Follower {
     async fn next(mut self) -> Option<(Result<Event, Refusal>, Follower)> {
         loop {
             if let Some(row) = self.buffer.pop_front() {
-                let event = Event { cursor: format!("{CURSOR_PREFIX}{}", row.seq), event_type: row.event_type, data: row.data, at: row.at };
+                let event = Event {
+                    cursor: format!("{CURSOR_PREFIX}{}", row.seq),
+                    event_type: row.event_type,
+                    data: row.data,
+                    at: row.at,
+                };
                 return Some((Ok(event), self));
             }
             if self.done {

@@ -92,7 +92,9 @@ pub async fn authenticate(store: &Store, token: &str, plane: Plane) -> Result<(U
             ErrorCode::Unauthorized,
             format!("this door needs a {} credential; the token presented belongs to the other plane", plane.as_str()),
         )),
-        None => Err(Refusal::new(ErrorCode::Unauthorized, "unknown or expired credential; mint one with `nexus admin`")),
+        None => {
+            Err(Refusal::new(ErrorCode::Unauthorized, "unknown or expired credential; mint one with `nexus admin`"))
+        }
     }
 }
 

@@ -131,7 +131,8 @@ impl ServerConfig {
     /// [`ConfigError`] when the file is unreadable or invalid (unknown keys included).
     pub fn load(path: Option<&Path>) -> Result<ServerConfig, ConfigError> {
         let Some(path) = path else { return Ok(ServerConfig::default()) };
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
         Self::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })
     }
 

@@ -84,7 +84,11 @@ impl Actor for ConnectionActor {
     type State = ConnectionState;
     type Arguments = ConnectionArgs;
 
-    async fn pre_start(&self, myself: ActorRef<ConnectionMsg>, args: ConnectionArgs) -> Result<ConnectionState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ConnectionMsg>,
+        args: ConnectionArgs,
+    ) -> Result<ConnectionState, ActorProcessingErr> {
         let mut inbound = args.inbound;
         let reader_target = myself.clone();
         let reader = tokio::spawn(async move {
@@ -130,7 +134,11 @@ impl Actor for ConnectionActor {
         })
     }
 
-    async fn post_stop(&self, _myself: ActorRef<ConnectionMsg>, state: &mut ConnectionState) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ConnectionMsg>,
+        state: &mut ConnectionState,
+    ) -> Result<(), ActorProcessingErr> {
         state.reader.abort();
         state.ticker.abort();
         if let Some((_, executor)) = &state.executor {
@@ -139,7 +147,12 @@ impl Actor for ConnectionActor {
         Ok(())
     }
 
-    async fn handle(&self, myself: ActorRef<ConnectionMsg>, msg: ConnectionMsg, state: &mut ConnectionState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<ConnectionMsg>,
+        msg: ConnectionMsg,
+        state: &mut ConnectionState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             ConnectionMsg::Inbound(frame) => {
                 state.last_inbound = Instant::now();
@@ -159,7 +172,8 @@ impl Actor for ConnectionActor {
                     return Ok(());
                 }
                 state.nonce += 1;
-                let ping = NexusFrame { request_id: 0, frame: Some(nexus_frame::Frame::Ping(Ping { nonce: state.nonce })) };
+                let ping =
+                    NexusFrame { request_id: 0, frame: Some(nexus_frame::Frame::Ping(Ping { nonce: state.nonce })) };
                 if state.outbound.try_send(Ok(ping)).is_err() {
                     myself.stop(Some("outbound closed".into()));
                 }
@@ -191,35 +205,41 @@ async fn inbound(myself: &ActorRef<ConnectionMsg>, state: &mut ConnectionState, 
         }
         return;
     };
-    let request = match body {
-        Frame::Pong(_) => return,
-        Frame::Hello(_) => {
-            refuse(state, request_id, &Refusal::new(ErrorCode::ProtocolViolation, "hello was already said on this stream"));
-            return;
-        }
-        Frame::Announce(announce) => Ok(RunnerRequest::Announce(announce.body_json)),
-        Frame::Claim(c) => uuid_field(&c.run_public_id, "run_public_id").map(|run| RunnerRequest::Claim { run, task_key: c.task_key }),
-        Frame::ClaimStatus(c) => uuid_field(&c.run_public_id, "run_public_id")
-            .map(|run| RunnerRequest::ClaimStatus { run, task_key: c.task_key, claim_token: c.claim_token }),
-        Frame::Extend(e) => uuid_field(&e.run_public_id, "run_public_id").map(|run| RunnerRequest::Extend {
-            run,
-            task_key: e.task_key,
-            claim_token: e.claim_token,
-            timeout_ms: e.timeout_ms,
-        }),
-        Frame::Commit(c) => uuid_field(&c.run_public_id, "run_public_id").map(|run| RunnerRequest::Commit {
-            run,
-            task_key: c.task_key,
-            claim_token: c.claim_token,
-            body_json: c.body_json,
-        }),
-        Frame::Progress(p) => uuid_field(&p.run_public_id, "run_public_id").map(|run| RunnerRequest::Progress {
-            run,
-            task_key: p.task_key,
-            claim_token: p.claim_token,
-            frame_json: p.frame_json,
-        }),
-    };
+    let request =
+        match body {
+            Frame::Pong(_) => return,
+            Frame::Hello(_) => {
+                refuse(
+                    state,
+                    request_id,
+                    &Refusal::new(ErrorCode::ProtocolViolation, "hello was already said on this stream"),
+                );
+                return;
+            }
+            Frame::Announce(announce) => Ok(RunnerRequest::Announce(announce.body_json)),
+            Frame::Claim(c) => uuid_field(&c.run_public_id, "run_public_id")
+                .map(|run| RunnerRequest::Claim { run, task_key: c.task_key }),
+            Frame::ClaimStatus(c) => uuid_field(&c.run_public_id, "run_public_id")
+                .map(|run| RunnerRequest::ClaimStatus { run, task_key: c.task_key, claim_token: c.claim_token }),
+            Frame::Extend(e) => uuid_field(&e.run_public_id, "run_public_id").map(|run| RunnerRequest::Extend {
+                run,
+                task_key: e.task_key,
+                claim_token: e.claim_token,
+                timeout_ms: e.timeout_ms,
+            }),
+            Frame::Commit(c) => uuid_field(&c.run_public_id, "run_public_id").map(|run| RunnerRequest::Commit {
+                run,
+                task_key: c.task_key,
+                claim_token: c.claim_token,
+                body_json: c.body_json,
+            }),
+            Frame::Progress(p) => uuid_field(&p.run_public_id, "run_public_id").map(|run| RunnerRequest::Progress {
+                run,
+                task_key: p.task_key,
+                claim_token: p.claim_token,
+                frame_json: p.frame_json,
+            }),
+        };
     match request {
         Ok(request) => {
             if executor.cast(ExecutorMsg::Request { conn_id: state.id, request_id, request }).is_err() {

@@ -90,9 +90,10 @@ pub fn validate_profile_put(body: &Value, check_model: ModelCheck<'_>) -> Result
     };
     let (system_prompt, summarizer) = match body.get("prompt_documents") {
         None | Some(Value::Null) => (None, None),
-        Some(Value::Object(slots)) => {
-            (slot(slots.get("system_prompt"), "system_prompt", false)?, slot(slots.get("summarizer"), "summarizer", true)?)
-        }
+        Some(Value::Object(slots)) => (
+            slot(slots.get("system_prompt"), "system_prompt", false)?,
+            slot(slots.get("summarizer"), "summarizer", true)?,
+        ),
         Some(_) => return Err(Refusal::new(ErrorCode::ParameterMissing, "`prompt_documents` must be an object")),
     };
     let configuration = validate_configuration(configuration, check_model)?;
@@ -104,7 +105,10 @@ fn slot(value: Option<&Value>, name: &str, system_only: bool) -> Result<Option<V
         None | Some(Value::Null) => return Ok(None),
         Some(Value::Object(slot)) => slot,
         Some(_) => {
-            return Err(Refusal::new(ErrorCode::ParameterMissing, format!("prompt_documents.{name} must be an object")));
+            return Err(Refusal::new(
+                ErrorCode::ParameterMissing,
+                format!("prompt_documents.{name} must be an object"),
+            ));
         }
     };
     let Some(content) = slot.get("content").and_then(Value::as_str) else {
@@ -138,7 +142,10 @@ fn slot(value: Option<&Value>, name: &str, system_only: bool) -> Result<Option<V
 /// # Errors
 /// 422 `validation_failed` whose message names the field (and the refusal word, where the
 /// grammar has one).
-pub fn validate_configuration(configuration: &Map<String, Value>, check_model: ModelCheck<'_>) -> Result<Value, Refusal> {
+pub fn validate_configuration(
+    configuration: &Map<String, Value>,
+    check_model: ModelCheck<'_>,
+) -> Result<Value, Refusal> {
     let mut out = Map::new();
     for field in CONFIGURATION_FIELDS {
         out.insert(field.to_owned(), configuration.get(field).cloned().unwrap_or(Value::Null));
@@ -222,7 +229,8 @@ fn validate_route(path: &str, name: &str, route: &Value) -> Result<(), Refusal> 
         return Err(bad("a kernel name cannot be routed to a runner"));
     }
     let Some(route) = route.as_object() else { return Err(bad("must be an object")) };
-    if let Some(key) = route.keys().find(|k| !matches!(k.as_str(), "kind" | "runner_executor_public_id" | "tool_name")) {
+    if let Some(key) = route.keys().find(|k| !matches!(k.as_str(), "kind" | "runner_executor_public_id" | "tool_name"))
+    {
         return Err(bad(&format!("unknown key {key}")));
     }
     if route.get("kind").and_then(Value::as_str) != Some("runner") {
@@ -264,7 +272,10 @@ fn validate_kernel_tools(value: Option<&Value>) -> Result<(), Refusal> {
         match kernel_lookup(name) {
             Some(tool) if tool.canonical_name == name => {}
             Some(tool) => {
-                return Err(invalid(FIELD, format!("{name} is a wire name; list the canonical {}", tool.canonical_name)));
+                return Err(invalid(
+                    FIELD,
+                    format!("{name} is a wire name; list the canonical {}", tool.canonical_name),
+                ));
             }
             None => return Err(invalid(FIELD, format!("{name} is not a live kernel tool"))),
         }
@@ -321,7 +332,10 @@ fn validate_approval_mode(configuration: &Map<String, Value>, tool_definitions: 
                 || configuration.get("lifecycle_hooks").is_some_and(|h| !h.is_null())
                 || runner_imports;
             if needs {
-                return Err(invalid(FIELD, "is required when the profile declares tools, kernel tools, hooks or runner imports"));
+                return Err(invalid(
+                    FIELD,
+                    "is required when the profile declares tools, kernel tools, hooks or runner imports",
+                ));
             }
             Ok(())
         }
@@ -347,7 +361,8 @@ fn validate_fallback_models(value: Option<&Value>, check_model: ModelCheck<'_>) 
         if reference.chars().count() > FALLBACK_MODEL_BOUND {
             return Err(invalid(&format!("{FIELD}[{i}]"), "is over 193 characters"));
         }
-        check_model(reference).map_err(|(word, message)| invalid(&format!("{FIELD}[{i}]"), format!("{word}: {message}")))?;
+        check_model(reference)
+            .map_err(|(word, message)| invalid(&format!("{FIELD}[{i}]"), format!("{word}: {message}")))?;
     }
     Ok(())
 }
@@ -443,11 +458,7 @@ pub type Assembly = (Vec<FrozenTool>, Option<Uuid>, Vec<Value>);
 /// 422 `runner_not_declared` (selected runner not a candidate), `runner_not_eligible`,
 /// `tool_not_served` (an explicit route to a tool its target does not serve) and
 /// `validation_failed` (`duplicate_tool_name` that remains after qualification).
-pub fn assemble(
-    configuration: &Value,
-    selected: Option<Uuid>,
-    runners: &[RunnerFacts],
-) -> Result<Assembly, Refusal> {
+pub fn assemble(configuration: &Value, selected: Option<Uuid>, runners: &[RunnerFacts]) -> Result<Assembly, Refusal> {
     let candidates: Vec<Uuid> = configuration["runner_executor_public_ids"]
         .as_array()
         .into_iter()
@@ -468,7 +479,10 @@ pub fn assemble(
     if let Some(id) = selected
         && !facts_of(id).is_some_and(|f| f.eligible)
     {
-        return Err(Refusal::new(ErrorCode::RunnerNotEligible, format!("runner {id} is not eligible (missing or revoked)")));
+        return Err(Refusal::new(
+            ErrorCode::RunnerNotEligible,
+            format!("runner {id} is not eligible (missing or revoked)"),
+        ));
     }
 
     let mut tools = Vec::new();
@@ -490,7 +504,11 @@ pub fn assemble(
                     ));
                 };
                 let route = RunnerRoute { runner_executor_public_id: target, tool_name: served };
-                (Some(route), announced.get("effect_profile").cloned(), announced.get("timeout_ms").and_then(Value::as_u64))
+                (
+                    Some(route),
+                    announced.get("effect_profile").cloned(),
+                    announced.get("timeout_ms").and_then(Value::as_u64),
+                )
             }
         };
         taken.insert(name.clone());
@@ -683,7 +701,9 @@ mod tests {
     fn imports_selected_runner_narrowed_and_deferred() {
         let id = Uuid::new_v4();
         let facts = runner(id, json!([visible("bash"), visible("read_file"), {"name": "logs", "effect_profile": {}}]));
-        let cfg = config(json!({"runner_executor_public_ids": [id], "runner_tool_names": ["bash", "logs"], "approval_mode": "bypass"}));
+        let cfg = config(
+            json!({"runner_executor_public_ids": [id], "runner_tool_names": ["bash", "logs"], "approval_mode": "bypass"}),
+        );
         let frozen = freeze(&cfg, None, None, &[facts], None).expect("frozen");
         assert_eq!(frozen.tools.len(), 1, "read_file is not allowed and logs is invisible");
         assert_eq!(frozen.tools[0].name, "bash");
@@ -691,7 +711,10 @@ mod tests {
         assert_eq!(frozen.tools[0].route.as_ref().map(|r| r.runner_executor_public_id), Some(id));
         assert_eq!(frozen.default_runner_executor_public_id, Some(id));
         let wire = wire_projection(&frozen.tools);
-        assert_eq!(wire[0], json!({"type":"function","function":{"name":"bash","description":"d","parameters":{"type":"object"}},"strict":false}));
+        assert_eq!(
+            wire[0],
+            json!({"type":"function","function":{"name":"bash","description":"d","parameters":{"type":"object"}},"strict":false})
+        );
     }
 
     #[test]
@@ -739,10 +762,16 @@ mod tests {
             (json!({"runner_executor_public_ids": ["not-a-uuid"]}), "configuration.runner_executor_public_ids"),
             (json!({"kernel_tools": ["ask"]}), "configuration.kernel_tools"),
             (json!({"runner_tool_names": [""]}), "configuration.runner_tool_names"),
-            (json!({"approval_mode": "bypass", "tool_definitions": [
-                {"type":"function","function":{"name":"a"}}, {"type":"function","name":"a"}]}), "configuration.tool_definitions[1]"),
-            (json!({"approval_mode": "bypass", "tool_definitions": [
-                {"type":"function","function":{"name":"a"},"route":{"kind":"runner"}}]}), "configuration.tool_definitions[0].route"),
+            (
+                json!({"approval_mode": "bypass", "tool_definitions": [
+                {"type":"function","function":{"name":"a"}}, {"type":"function","name":"a"}]}),
+                "configuration.tool_definitions[1]",
+            ),
+            (
+                json!({"approval_mode": "bypass", "tool_definitions": [
+                {"type":"function","function":{"name":"a"},"route":{"kind":"runner"}}]}),
+                "configuration.tool_definitions[0].route",
+            ),
             (json!({"fallback_models": ["p/".to_owned() + &"m".repeat(200)]}), "configuration.fallback_models[0]"),
         ];
         for (cfg, field) in cases {
@@ -751,23 +780,33 @@ mod tests {
             assert!(refusal.message.starts_with(field), "{} should name {field}", refusal.message);
         }
         let refuse_model = |_: &str| Err(("unknown_provider".to_owned(), "no such provider".to_owned()));
-        let refusal = validate_configuration(json!({"default_model": "x/y"}).as_object().expect("object"), &refuse_model)
-            .expect_err("refused");
+        let refusal =
+            validate_configuration(json!({"default_model": "x/y"}).as_object().expect("object"), &refuse_model)
+                .expect_err("refused");
         assert!(refusal.message.contains("unknown_provider"));
     }
 
     #[test]
     fn prompt_document_slots() {
-        let put = |docs: Value| validate_profile_put(&json!({"configuration": {}, "prompt_documents": docs}), &accept_all);
+        let put =
+            |docs: Value| validate_profile_put(&json!({"configuration": {}, "prompt_documents": docs}), &accept_all);
         assert_eq!(put(json!({"system_prompt": {}})).expect_err("refused").code, "prompt_document_invalid");
         assert_eq!(put(json!({"system_prompt": 3})).expect_err("refused").code, "parameter_missing");
         assert_eq!(
-            put(json!({"system_prompt": {"content": "x".repeat(PROMPT_DOCUMENT_BOUND + 1)}})).expect_err("refused").code,
+            put(json!({"system_prompt": {"content": "x".repeat(PROMPT_DOCUMENT_BOUND + 1)}}))
+                .expect_err("refused")
+                .code,
             "prompt_document_too_large"
         );
-        assert_eq!(put(json!({"summarizer": {"content": "s", "role": "developer"}})).expect_err("refused").code, "prompt_document_invalid");
+        assert_eq!(
+            put(json!({"summarizer": {"content": "s", "role": "developer"}})).expect_err("refused").code,
+            "prompt_document_invalid"
+        );
         let ok = put(json!({"system_prompt": {"content": "be brief"}})).expect("valid");
         assert_eq!(ok.system_prompt, Some(json!({"content": "be brief", "role": "system"})));
-        assert_eq!(validate_profile_put(&json!({"configuration": []}), &accept_all).expect_err("refused").code, "parameter_missing");
+        assert_eq!(
+            validate_profile_put(&json!({"configuration": []}), &accept_all).expect_err("refused").code,
+            "parameter_missing"
+        );
     }
 }

@@ -105,7 +105,11 @@ impl Actor for ExecutionActor {
     type State = ExecutionState;
     type Arguments = ExecutionArgs;
 
-    async fn pre_start(&self, _myself: ActorRef<ExecutionMsg>, args: ExecutionArgs) -> Result<ExecutionState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<ExecutionMsg>,
+        args: ExecutionArgs,
+    ) -> Result<ExecutionState, ActorProcessingErr> {
         let store = &args.fabric.store;
         let row = store.execution(args.public_id).await?.ok_or_else(|| format!("no execution {}", args.public_id))?;
         let transcript: Vec<ChatMessage> = serde_json::from_value(row.transcript.clone())?;
@@ -139,19 +143,32 @@ impl Actor for ExecutionActor {
         })
     }
 
-    async fn post_start(&self, myself: ActorRef<ExecutionMsg>, _state: &mut ExecutionState) -> Result<(), ActorProcessingErr> {
+    async fn post_start(
+        &self,
+        myself: ActorRef<ExecutionMsg>,
+        _state: &mut ExecutionState,
+    ) -> Result<(), ActorProcessingErr> {
         myself.cast(ExecutionMsg::Advance)?;
         Ok(())
     }
 
-    async fn post_stop(&self, _myself: ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ExecutionMsg>,
+        state: &mut ExecutionState,
+    ) -> Result<(), ActorProcessingErr> {
         if let Some(call) = state.model_call.take() {
             call.abort();
         }
         Ok(())
     }
 
-    async fn handle(&self, myself: ActorRef<ExecutionMsg>, msg: ExecutionMsg, state: &mut ExecutionState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<ExecutionMsg>,
+        msg: ExecutionMsg,
+        state: &mut ExecutionState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             ExecutionMsg::Advance => advance(&myself, state).await?,
             ExecutionMsg::ModelDone { round, model, result } => {
@@ -177,7 +194,11 @@ impl Actor for ExecutionActor {
                 if let Some(task) = state.pending.get_mut(&task_key) {
                     let by = deadline_at - task.deadline_at;
                     task.deadline_at = deadline_at;
-                    emit(state, "task_deadline_extended", json!({"task_key": task_key, "deadline_at": deadline_at, "by": by, "timeout_ms": timeout_ms}));
+                    emit(
+                        state,
+                        "task_deadline_extended",
+                        json!({"task_key": task_key, "deadline_at": deadline_at, "by": by, "timeout_ms": timeout_ms}),
+                    );
                     save(state, &[]).await?;
                 }
             }
@@ -239,7 +260,9 @@ fn result_text(task: &TaskRow) -> String {
     let content = task.result.as_ref().map(model_text).unwrap_or_default();
     match (task.status.as_str(), task.error_key.as_deref()) {
         ("completed", _) => content,
-        ("timed_out", _) => format!("tool_timeout: {} did not finish within its deadline ({} ms)", task.callable_name, task.timeout_ms),
+        ("timed_out", _) => {
+            format!("tool_timeout: {} did not finish within its deadline ({} ms)", task.callable_name, task.timeout_ms)
+        }
         ("uncertain", _) => format!(
             "tool_uncertain: {} was claimed but no result arrived before its deadline; its effect may have happened",
             task.callable_name
@@ -259,14 +282,21 @@ async fn advance(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) ->
             if state.model_call.is_some() || !state.pending.values().all(TaskRow::is_settled) {
                 return Ok(());
             }
-            if state.transcript.last().is_some_and(|m| matches!(m, ChatMessage::Assistant { tool_calls, .. } if tool_calls.is_empty())) {
+            if state
+                .transcript
+                .last()
+                .is_some_and(|m| matches!(m, ChatMessage::Assistant { tool_calls, .. } if tool_calls.is_empty()))
+            {
                 return Ok(());
             }
             // Every call of the round has settled: its results go back to the model in call order.
             let mut settled: Vec<TaskRow> = std::mem::take(&mut state.pending).into_values().collect();
-            settled.sort_by_key(|t| t.task_key.trim_start_matches(&format!("r{}t", t.round)).parse::<u64>().unwrap_or(0));
+            settled
+                .sort_by_key(|t| t.task_key.trim_start_matches(&format!("r{}t", t.round)).parse::<u64>().unwrap_or(0));
             for task in &settled {
-                state.transcript.push(ChatMessage::Tool { tool_call_id: task.tool_call_id.clone(), content: result_text(task) });
+                state
+                    .transcript
+                    .push(ChatMessage::Tool { tool_call_id: task.tool_call_id.clone(), content: result_text(task) });
             }
             start_round(myself, state).await?;
         }
@@ -281,11 +311,16 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
     let input = store.input(state.row.input_public_id).await?.ok_or("the execution's input is missing")?;
     let profile = store.profile(state.row.member_public_id).await?.unwrap_or_default();
     let models = &state.fabric.models;
-    let check = |reference: &str| models.resolve(reference).map(|_| ()).map_err(|e| (e.word().to_owned(), e.to_string()));
+    let check =
+        |reference: &str| models.resolve(reference).map(|_| ()).map_err(|e| (e.word().to_owned(), e.to_string()));
     let (configuration, system_prompt) = match &input.execution_declaration {
         Some(inline) => {
             let Some(object) = inline.as_object() else {
-                return end_refused(state, &Refusal::new(ErrorCode::ValidationFailed, "execution_declaration must be an object")).await;
+                return end_refused(
+                    state,
+                    &Refusal::new(ErrorCode::ValidationFailed, "execution_declaration must be an object"),
+                )
+                .await;
             };
             match validate_configuration(object, &check) {
                 Ok(configuration) => (configuration, inline.get("system_prompt").filter(|v| v.is_object()).cloned()),
@@ -295,7 +330,8 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
         None => match profile.configuration.clone() {
             Some(configuration) => (configuration, profile.system_prompt.clone()),
             None => {
-                let refusal = Refusal::new(ErrorCode::ValidationFailed, "the answering profile has not declared a configuration");
+                let refusal =
+                    Refusal::new(ErrorCode::ValidationFailed, "the answering profile has not declared a configuration");
                 return end_refused(state, &refusal).await;
             }
         },
@@ -322,16 +358,20 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
             });
         }
     }
-    let tool_names: Option<Vec<String>> = input.tool_names.as_ref().and_then(|v| serde_json::from_value(v.clone()).ok());
-    let frozen = match freeze(&configuration, system_prompt, input.runner_executor_public_id, &runners, tool_names.as_deref()) {
-        Ok(frozen) => frozen,
-        Err(refusal) => return end_refused(state, &refusal).await,
-    };
+    let tool_names: Option<Vec<String>> =
+        input.tool_names.as_ref().and_then(|v| serde_json::from_value(v.clone()).ok());
+    let frozen =
+        match freeze(&configuration, system_prompt, input.runner_executor_public_id, &runners, tool_names.as_deref()) {
+            Ok(frozen) => frozen,
+            Err(refusal) => return end_refused(state, &refusal).await,
+        };
     if frozen.default_model.is_none() {
         let refusal = Refusal::new(ErrorCode::ValidationFailed, "default_model: the declaration names no model to run");
         return end_refused(state, &refusal).await;
     }
-    if let Some(content) = frozen.system_prompt.as_ref().and_then(|doc| doc["content"].as_str()).filter(|c| !c.is_empty()) {
+    if let Some(content) =
+        frozen.system_prompt.as_ref().and_then(|doc| doc["content"].as_str()).filter(|c| !c.is_empty())
+    {
         state.transcript.push(ChatMessage::System { content: content.to_owned() });
     }
     state.transcript.push(ChatMessage::User { content: input.text.clone() });
@@ -456,20 +496,30 @@ async fn model_done(
     };
     let round = state.row.round;
     if let Some(usage) = &response.usage {
-        emit(state, "usage", json!({"round": round, "model": model, "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}));
+        emit(
+            state,
+            "usage",
+            json!({"round": round, "model": model, "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}),
+        );
     }
     if response.tool_calls.is_empty() {
         let text = response.text.clone().unwrap_or_default();
         state.transcript.push(ChatMessage::Assistant { content: Some(text.clone()), tool_calls: Vec::new() });
         state.row.final_text = Some(text.clone());
         state.row.status = "completed".into();
-        emit(state, "round_result", json!({"round": round, "model": model, "text": text, "tool_calls": [], "finish_reason": response.finish_reason}));
+        emit(
+            state,
+            "round_result",
+            json!({"round": round, "model": model, "text": text, "tool_calls": [], "finish_reason": response.finish_reason}),
+        );
         emit(state, "turn_status", json!({"status": "completed"}));
         save(state, &[]).await?;
         tracing::info!(execution_id = %state.row.public_id, rounds = round, "execution completed");
         return Ok(());
     }
-    state.transcript.push(ChatMessage::Assistant { content: response.text.clone(), tool_calls: response.tool_calls.clone() });
+    state
+        .transcript
+        .push(ChatMessage::Assistant { content: response.text.clone(), tool_calls: response.tool_calls.clone() });
     let tasks: Vec<TaskRow> =
         response.tool_calls.iter().enumerate().map(|(i, call)| task_for_call(state, round, i, call)).collect();
     emit(
@@ -495,8 +545,12 @@ async fn model_done(
     if tasks.iter().any(|t| t.status == "needs_approval") {
         state.row.status = "needs_attention".into();
         state.row.attention_reason = Some("approval_required".into());
-        emit(state, "attention_required", json!({"reason": "approval_required",
-            "blocked_task_keys": tasks.iter().filter(|t| t.status == "needs_approval").map(|t| t.task_key.clone()).collect::<Vec<_>>()}));
+        emit(
+            state,
+            "attention_required",
+            json!({"reason": "approval_required",
+            "blocked_task_keys": tasks.iter().filter(|t| t.status == "needs_approval").map(|t| t.task_key.clone()).collect::<Vec<_>>()}),
+        );
     }
     save(state, &tasks).await?;
     for task in tasks.iter().filter(|t| t.status == "dispatched") {
@@ -506,7 +560,9 @@ async fn model_done(
                 let _ = executor.cast(ExecutorMsg::Offer { run: task.run_public_id, task_key: task.task_key.clone() });
             }
             // The row is durable and addressed; the executor offers it when it next loads.
-            Err(refusal) => tracing::warn!(runner_id = %target, code = %refusal.code, "cannot reach the runner's inbox now"),
+            Err(refusal) => {
+                tracing::warn!(runner_id = %target, code = %refusal.code, "cannot reach the runner's inbox now")
+            }
         }
     }
     advance(myself, state).await
@@ -525,7 +581,11 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
         callable_name: call.name.clone(),
         tool_name: call.name.clone(),
         tool_input: json!({}),
-        tool_call_id: if call.id.is_empty() || call.id.len() > 128 { format!("r{round}t{index}") } else { call.id.clone() },
+        tool_call_id: if call.id.is_empty() || call.id.len() > 128 {
+            format!("r{round}t{index}")
+        } else {
+            call.id.clone()
+        },
         target_executor_public_id: None,
         effect_profile: None,
         timeout_ms: default_timeout,
@@ -561,7 +621,11 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
     }
     task.tool_input = input;
     let Some(route) = &tool.route else {
-        return fail(task, "tool_not_served", format!("{} has no runner route and no in-process implementation here", call.name));
+        return fail(
+            task,
+            "tool_not_served",
+            format!("{} has no runner route and no in-process implementation here", call.name),
+        );
     };
     task.tool_name = route.tool_name.clone();
     task.target_executor_public_id = Some(route.runner_executor_public_id);
@@ -587,9 +651,12 @@ async fn stop(state: &mut ExecutionState) -> Result<ExecutionRow, Refusal> {
         match (task.status.as_str(), task.target_executor_public_id) {
             ("dispatched", Some(target)) => match state.root.executor(target).await {
                 Ok(executor) => {
-                    let _ = executor.cast(ExecutorMsg::Cancel { run: task.run_public_id, task_key: task.task_key.clone() });
+                    let _ =
+                        executor.cast(ExecutorMsg::Cancel { run: task.run_public_id, task_key: task.task_key.clone() });
                 }
-                Err(refusal) => tracing::warn!(runner_id = %target, code = %refusal.code, "cannot cancel at the runner's inbox"),
+                Err(refusal) => {
+                    tracing::warn!(runner_id = %target, code = %refusal.code, "cannot cancel at the runner's inbox")
+                }
             },
             _ => {
                 task.status = "canceled".into();

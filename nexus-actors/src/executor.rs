@@ -240,7 +240,11 @@ impl Actor for ExecutorActor {
     type State = ExecutorState;
     type Arguments = ExecutorArgs;
 
-    async fn pre_start(&self, myself: ActorRef<ExecutorMsg>, args: ExecutorArgs) -> Result<ExecutorState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ExecutorMsg>,
+        args: ExecutorArgs,
+    ) -> Result<ExecutorState, ActorProcessingErr> {
         let row = args
             .fabric
             .store
@@ -266,14 +270,23 @@ impl Actor for ExecutorActor {
         Ok(state)
     }
 
-    async fn post_stop(&self, _myself: ActorRef<ExecutorMsg>, state: &mut ExecutorState) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ExecutorMsg>,
+        state: &mut ExecutorState,
+    ) -> Result<(), ActorProcessingErr> {
         for timer in state.timers.values() {
             timer.abort();
         }
         Ok(())
     }
 
-    async fn handle(&self, myself: ActorRef<ExecutorMsg>, msg: ExecutorMsg, state: &mut ExecutorState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<ExecutorMsg>,
+        msg: ExecutorMsg,
+        state: &mut ExecutorState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             ExecutorMsg::Attach { conn_id, hello_request_id, connection, outbound, credential_epoch, reply } => {
                 let result = attach(state, conn_id, hello_request_id, connection, outbound, credential_epoch).await;
@@ -341,7 +354,10 @@ impl Actor for ExecutorActor {
                             state,
                             NexusFrame {
                                 request_id: 0,
-                                frame: Some(Frame::WorkCanceled(WorkCanceled { run_public_id: run.to_string(), task_key: id.1 })),
+                                frame: Some(Frame::WorkCanceled(WorkCanceled {
+                                    run_public_id: run.to_string(),
+                                    task_key: id.1,
+                                })),
                             },
                         );
                     }
@@ -500,7 +516,12 @@ fn token_matches(task: &TaskRow, token: &str) -> bool {
     task.claim_token_digest.as_deref().is_some_and(|d| d == digest(token))
 }
 
-async fn claim(myself: &ActorRef<ExecutorMsg>, state: &mut ExecutorState, run: Uuid, task_key: String) -> Result<Frame, Refusal> {
+async fn claim(
+    myself: &ActorRef<ExecutorMsg>,
+    state: &mut ExecutorState,
+    run: Uuid,
+    task_key: String,
+) -> Result<Frame, Refusal> {
     let task = find(state, run, &task_key).await?;
     if task.kind != "tool_call" {
         return Err(Refusal::new(ErrorCode::NotClaimableKind, "asks and approvals are never claimable"));
@@ -509,7 +530,10 @@ async fn claim(myself: &ActorRef<ExecutorMsg>, state: &mut ExecutorState, run: U
         return Err(Refusal::new(ErrorCode::AlreadyClaimed, "this task was claimed once; a claim is never re-granted"));
     }
     if task.status != "dispatched" || task.is_settled() {
-        return Err(Refusal::new(ErrorCode::TaskNotClaimable, format!("the task is {}, not a dispatched park", task.status)));
+        return Err(Refusal::new(
+            ErrorCode::TaskNotClaimable,
+            format!("the task is {}, not a dispatched park", task.status),
+        ));
     }
     if state.row.status != "active" {
         return Err(Refusal::new(ErrorCode::NotEligible, "this runner is no longer eligible"));
@@ -560,7 +584,10 @@ async fn extend(
     }
     let now = now_ms();
     if task.is_settled() || now >= task.deadline_at {
-        return Err(Refusal::new(ErrorCode::NotExtendable, "the claim is not a live park (settled or past its deadline)"));
+        return Err(Refusal::new(
+            ErrorCode::NotExtendable,
+            "the claim is not a live park (settled or past its deadline)",
+        ));
     }
     let announced = state.row.announcement["tools"]
         .as_array()
@@ -581,7 +608,13 @@ async fn extend(
     Ok(Frame::Extended(Extended { deadline_at_ms: deadline_at }))
 }
 
-async fn commit(state: &mut ExecutorState, run: Uuid, task_key: String, token: &str, body_json: &str) -> Result<Frame, Refusal> {
+async fn commit(
+    state: &mut ExecutorState,
+    run: Uuid,
+    task_key: String,
+    token: &str,
+    body_json: &str,
+) -> Result<Frame, Refusal> {
     let task = find(state, run, &task_key).await?;
     if task.is_settled() {
         // Write-once: the same token after settle is an idle success.
@@ -617,7 +650,13 @@ async fn commit(state: &mut ExecutorState, run: Uuid, task_key: String, token: &
     }
 }
 
-fn progress(state: &mut ExecutorState, run: Uuid, task_key: String, token: &str, frame_json: &str) -> Result<Frame, Refusal> {
+fn progress(
+    state: &mut ExecutorState,
+    run: Uuid,
+    task_key: String,
+    token: &str,
+    frame_json: &str,
+) -> Result<Frame, Refusal> {
     let id = (run, task_key);
     let Some(task) = state.open.get(&id) else {
         return Err(Refusal::new(ErrorCode::NotClaimant, "no live claim on this task"));

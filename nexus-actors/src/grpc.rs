@@ -160,7 +160,10 @@ impl AgentService for AgentGrpc {
         Ok(Response::new(execution_message(&execution)))
     }
 
-    async fn stream_events(&self, request: Request<StreamEventsRequest>) -> Result<Response<Self::StreamEventsStream>, Status> {
+    async fn stream_events(
+        &self,
+        request: Request<StreamEventsRequest>,
+    ) -> Result<Response<Self::StreamEventsStream>, Status> {
         let caller = self.caller(&request).await?;
         let body = request.get_ref();
         let id = required_uuid(&body.execution_public_id, "execution_public_id")?;

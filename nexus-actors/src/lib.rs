@@ -194,7 +194,11 @@ pub async fn start_with_models(
 ///
 /// # Errors
 /// As [`start`] and [`RunningServer::shutdown`].
-pub async fn serve(listener: TcpListener, config: ServerConfig, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+pub async fn serve(
+    listener: TcpListener,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
     let server = start(listener, config).await?;
     shutdown.await;
     tracing::info!("shutting down");

@@ -126,7 +126,8 @@ async fn main() -> anyhow::Result<()> {
             if let Some(dir) = data_dir {
                 config.data_dir = dir;
             }
-            let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+            let listener =
+                tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
             let shutdown = async {
                 let _ = tokio::signal::ctrl_c().await;
             };

@@ -225,10 +225,7 @@ impl ModelError {
 pub trait ModelProvider: Send + Sync + std::fmt::Debug {
     /// Sends one request and returns the answer. Bounded by the provider's
     /// `request_timeout_ms`.
-    fn complete<'a>(
-        &'a self,
-        request: ModelRequest,
-    ) -> BoxFuture<'a, Result<ModelResponse, ModelError>>;
+    fn complete<'a>(&'a self, request: ModelRequest) -> BoxFuture<'a, Result<ModelResponse, ModelError>>;
 }
 
 #[cfg(test)]
@@ -241,87 +238,26 @@ mod tests {
     fn error_keys_retryability_and_status() {
         let msg = String::new;
         let rows: Vec<(ModelError, &str, bool, Option<u16>)> = vec![
+            (ModelError::Transport { message: msg() }, "provider_http_error", true, None),
+            (ModelError::Http { status: 400, message: msg() }, "provider_http_error", false, Some(400)),
+            (ModelError::Http { status: 429, message: msg() }, "provider_http_error", true, Some(429)),
+            (ModelError::Http { status: 500, message: msg() }, "provider_http_error", true, Some(500)),
             (
-                ModelError::Transport { message: msg() },
-                "provider_http_error",
-                true,
-                None,
-            ),
-            (
-                ModelError::Http {
-                    status: 400,
-                    message: msg(),
-                },
-                "provider_http_error",
-                false,
-                Some(400),
-            ),
-            (
-                ModelError::Http {
-                    status: 429,
-                    message: msg(),
-                },
-                "provider_http_error",
-                true,
-                Some(429),
-            ),
-            (
-                ModelError::Http {
-                    status: 500,
-                    message: msg(),
-                },
-                "provider_http_error",
-                true,
-                Some(500),
-            ),
-            (
-                ModelError::ModelUnavailable {
-                    status: 404,
-                    message: msg(),
-                },
+                ModelError::ModelUnavailable { status: 404, message: msg() },
                 "provider_model_unavailable",
                 false,
                 Some(404),
             ),
+            (ModelError::Overloaded { status: Some(529), message: msg() }, "provider_overloaded", true, Some(529)),
+            (ModelError::Overloaded { status: None, message: msg() }, "provider_overloaded", true, None),
             (
-                ModelError::Overloaded {
-                    status: Some(529),
-                    message: msg(),
-                },
-                "provider_overloaded",
-                true,
-                Some(529),
-            ),
-            (
-                ModelError::Overloaded {
-                    status: None,
-                    message: msg(),
-                },
-                "provider_overloaded",
-                true,
-                None,
-            ),
-            (
-                ModelError::ContextOverflow {
-                    status: 400,
-                    message: msg(),
-                },
+                ModelError::ContextOverflow { status: 400, message: msg() },
                 "provider_context_overflow",
                 false,
                 Some(400),
             ),
-            (
-                ModelError::Provider { message: msg() },
-                "provider_error",
-                false,
-                None,
-            ),
-            (
-                ModelError::Refused { message: msg() },
-                "model_refused",
-                false,
-                None,
-            ),
+            (ModelError::Provider { message: msg() }, "provider_error", false, None),
+            (ModelError::Refused { message: msg() }, "model_refused", false, None),
         ];
         for (error, key, retryable, status) in rows {
             assert_eq!(error.key(), key, "{error:?}");
@@ -333,24 +269,13 @@ mod tests {
     #[test]
     fn chat_message_stored_shape() {
         let messages = vec![
-            ChatMessage::System {
-                content: "s".into(),
-            },
-            ChatMessage::User {
-                content: "u".into(),
-            },
+            ChatMessage::System { content: "s".into() },
+            ChatMessage::User { content: "u".into() },
             ChatMessage::Assistant {
                 content: None,
-                tool_calls: vec![ToolCall {
-                    id: "c1".into(),
-                    name: "bash".into(),
-                    arguments: "{}".into(),
-                }],
+                tool_calls: vec![ToolCall { id: "c1".into(), name: "bash".into(), arguments: "{}".into() }],
             },
-            ChatMessage::Tool {
-                tool_call_id: "c1".into(),
-                content: "ok".into(),
-            },
+            ChatMessage::Tool { tool_call_id: "c1".into(), content: "ok".into() },
         ];
         let value = serde_json::to_value(&messages).expect("serializes");
         assert_eq!(
@@ -366,14 +291,7 @@ mod tests {
         let back: Vec<ChatMessage> = serde_json::from_value(value).expect("deserializes");
         assert_eq!(back, messages);
         let short: ChatMessage =
-            serde_json::from_value(json!({"role": "assistant", "content": "hi"}))
-                .expect("defaults apply");
-        assert_eq!(
-            short,
-            ChatMessage::Assistant {
-                content: Some("hi".into()),
-                tool_calls: vec![]
-            }
-        );
+            serde_json::from_value(json!({"role": "assistant", "content": "hi"})).expect("defaults apply");
+        assert_eq!(short, ChatMessage::Assistant { content: Some("hi".into()), tool_calls: vec![] });
     }
 }

@@ -48,11 +48,20 @@ impl Actor for ProfileActor {
     type State = ProfileState;
     type Arguments = ProfileArgs;
 
-    async fn pre_start(&self, _myself: ActorRef<ProfileMsg>, args: ProfileArgs) -> Result<ProfileState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<ProfileMsg>,
+        args: ProfileArgs,
+    ) -> Result<ProfileState, ActorProcessingErr> {
         Ok(ProfileState { fabric: args.fabric, member: args.member })
     }
 
-    async fn handle(&self, _myself: ActorRef<ProfileMsg>, msg: ProfileMsg, state: &mut ProfileState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        _myself: ActorRef<ProfileMsg>,
+        msg: ProfileMsg,
+        state: &mut ProfileState,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             ProfileMsg::Declare(body, reply) => {
                 let result = declare(state, &body).await;
@@ -65,17 +74,24 @@ impl Actor for ProfileActor {
 
 async fn declare(state: &ProfileState, body: &Value) -> Result<Value, Refusal> {
     let store = &state.fabric.store;
-    let member = store.member(state.member).await.map_err(internal)?.ok_or_else(|| {
-        Refusal::new(ErrorCode::Unauthorized, "the member behind this credential no longer exists")
-    })?;
+    let member =
+        store.member(state.member).await.map_err(internal)?.ok_or_else(|| {
+            Refusal::new(ErrorCode::Unauthorized, "the member behind this credential no longer exists")
+        })?;
     if member.kind != "agent" {
         return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has a profile to declare"));
     }
     let models = &state.fabric.models;
-    let check = |reference: &str| models.resolve(reference).map(|_| ()).map_err(|e| (e.word().to_owned(), e.to_string()));
+    let check =
+        |reference: &str| models.resolve(reference).map(|_| ()).map_err(|e| (e.word().to_owned(), e.to_string()));
     let validated = validate_profile_put(body, &check)?;
     let profile = store
-        .declare_profile(state.member, &validated.configuration, validated.system_prompt.as_ref(), validated.summarizer.as_ref())
+        .declare_profile(
+            state.member,
+            &validated.configuration,
+            validated.system_prompt.as_ref(),
+            validated.summarizer.as_ref(),
+        )
         .await
         .map_err(internal)?;
     tracing::info!(member = %state.member, "profile declared");

@@ -98,7 +98,9 @@ pub async fn run(options: QuickstartOptions) -> Result<QuickstartOutcome, Quicks
 async fn run_in(options: &QuickstartOptions, data_dir: &Path) -> Result<QuickstartOutcome, QuickstartError> {
     let config = ServerConfig { data_dir: data_dir.to_owned(), ..ServerConfig::default() };
     let script_text = match &options.script {
-        Some(path) => std::fs::read_to_string(path).map_err(|e| step("read the script")(format!("{}: {e}", path.display())))?,
+        Some(path) => {
+            std::fs::read_to_string(path).map_err(|e| step("read the script")(format!("{}: {e}", path.display())))?
+        }
         None => BUNDLED_SCRIPT.to_owned(),
     };
     let script = Script::from_json(&script_text).map_err(|e| step("parse the script")(e.to_string()))?;
@@ -111,7 +113,9 @@ async fn run_in(options: &QuickstartOptions, data_dir: &Path) -> Result<Quicksta
     }
 
     let listener = TcpListener::bind("127.0.0.1:0").await.map_err(|e| step("bind a loopback port")(e.to_string()))?;
-    let server = crate::start_with_models(listener, config, Some(models)).await.map_err(|e| step("start nexus")(e.to_string()))?;
+    let server = crate::start_with_models(listener, config, Some(models))
+        .await
+        .map_err(|e| step("start nexus")(e.to_string()))?;
     println!("nexus listening on {} (data dir {})", server.url(), data_dir.display());
     let outcome = drive(options, &server, data_dir, &model).await;
     if let Err(e) = server.shutdown().await {
@@ -128,7 +132,8 @@ async fn drive(
 ) -> Result<QuickstartOutcome, QuickstartError> {
     let api = &server.api;
     let store = &api.fabric.store;
-    let agent = create_member(store, MemberKind::Agent, "quickstart").await.map_err(|r| step("mint the agent")(r.message))?;
+    let agent =
+        create_member(store, MemberKind::Agent, "quickstart").await.map_err(|r| step("mint the agent")(r.message))?;
     let runner = create_runner(store, "quickstart-runner").await.map_err(|r| step("mint the runner")(r.message))?;
     let runner_id = runner["runner_executor_public_id"].as_str().unwrap_or_default().to_owned();
     let token_file = data_dir.join("runner.token");
@@ -179,7 +184,9 @@ fn write_secret(path: &Path, token: &str) -> Result<(), String> {
 /// Finds `runner-agent`: the given path, `NEXUS_RUNNER_AGENT`, or next to this executable. When
 /// it is missing and nexus runs under cargo, it is built with the same cargo.
 async fn locate_runner_agent(explicit: Option<&Path>) -> Result<PathBuf, QuickstartError> {
-    if let Some(path) = explicit.map(Path::to_path_buf).or_else(|| std::env::var_os("NEXUS_RUNNER_AGENT").map(PathBuf::from)) {
+    if let Some(path) =
+        explicit.map(Path::to_path_buf).or_else(|| std::env::var_os("NEXUS_RUNNER_AGENT").map(PathBuf::from))
+    {
         return if path.is_file() {
             Ok(path)
         } else {
@@ -199,7 +206,8 @@ async fn locate_runner_agent(explicit: Option<&Path>) -> Result<PathBuf, Quickst
     };
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new("."));
     eprintln!("runner-agent is not built yet; building it with cargo (once)...");
-    let profile_flag = if exe.parent().and_then(Path::file_name).is_some_and(|d| d == "release") { vec!["--release"] } else { vec![] };
+    let profile_flag =
+        if exe.parent().and_then(Path::file_name).is_some_and(|d| d == "release") { vec!["--release"] } else { vec![] };
     let status = Command::new(cargo)
         .args(["build", "--locked", "-p", "nexus-runner-agent", "--bin", "runner-agent"])
         .args(profile_flag)
@@ -208,7 +216,9 @@ async fn locate_runner_agent(explicit: Option<&Path>) -> Result<PathBuf, Quickst
         .await
         .map_err(|e| step("run cargo")(e.to_string()))?;
     if !status.success() || !sibling.is_file() {
-        return Err(QuickstartError::Step(format!("building runner-agent failed ({status}); run `cargo build --bin runner-agent`")));
+        return Err(QuickstartError::Step(format!(
+            "building runner-agent failed ({status}); run `cargo build --bin runner-agent`"
+        )));
     }
     Ok(sibling)
 }
@@ -259,12 +269,15 @@ async fn wait_for_announcement(
     loop {
         let row = server.api.fabric.store.executor(id).await.map_err(|e| step("read the runner")(e.to_string()))?;
         if let Some(row) = row.filter(|r| r.announced_at.is_some()) {
-            let tools: Vec<&str> = row.announcement["tools"].as_array().into_iter().flatten().filter_map(|t| t["name"].as_str()).collect();
+            let tools: Vec<&str> =
+                row.announcement["tools"].as_array().into_iter().flatten().filter_map(|t| t["name"].as_str()).collect();
             println!("runner connected and announced: {}", tools.join(", "));
             return Ok(());
         }
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(QuickstartError::Step(format!("runner-agent exited before announcing ({status}); see its log above")));
+            return Err(QuickstartError::Step(format!(
+                "runner-agent exited before announcing ({status}); see its log above"
+            )));
         }
         if started.elapsed() > timeout {
             return Err(QuickstartError::Step("the runner did not connect in time".into()));
@@ -289,7 +302,9 @@ async fn follow(
     timeout: Duration,
 ) -> Result<QuickstartOutcome, QuickstartError> {
     let mut events = Box::pin(
-        api.events(caller, execution, "", true).await.map_err(|r| step("follow the events")(format!("{}: {}", r.code, r.message)))?,
+        api.events(caller, execution, "", true)
+            .await
+            .map_err(|r| step("follow the events")(format!("{}: {}", r.code, r.message)))?,
     );
     let started = Instant::now();
     let mut waiting_on = String::from("the model");
@@ -298,13 +313,17 @@ async fn follow(
         let event = match next {
             Err(_) => {
                 if started.elapsed() > timeout {
-                    return Err(QuickstartError::Step("no answer in time; stop the execution and inspect its events".into()));
+                    return Err(QuickstartError::Step(
+                        "no answer in time; stop the execution and inspect its events".into(),
+                    ));
                 }
                 eprintln!("  ... waiting for {waiting_on} ({}s)", started.elapsed().as_secs());
                 continue;
             }
             Ok(None) => break,
-            Ok(Some(Err(refusal))) => return Err(step("read an event")(format!("{}: {}", refusal.code, refusal.message))),
+            Ok(Some(Err(refusal))) => {
+                return Err(step("read an event")(format!("{}: {}", refusal.code, refusal.message)));
+            }
             Ok(Some(Ok(event))) => event,
         };
         let data = &event.data;
@@ -316,14 +335,21 @@ async fn follow(
             "round_result" => {
                 let calls = data["tool_calls"].as_array().cloned().unwrap_or_default();
                 for call in &calls {
-                    println!("  tool call {} {} {}", call["task_key"].as_str().unwrap_or_default(), call["name"].as_str().unwrap_or_default(), call["input"]);
+                    println!(
+                        "  tool call {} {} {}",
+                        call["task_key"].as_str().unwrap_or_default(),
+                        call["name"].as_str().unwrap_or_default(),
+                        call["input"]
+                    );
                 }
                 if !calls.is_empty() {
                     waiting_on = format!("runner {runner_id} to run {} call(s)", calls.len());
                 }
             }
             "task_status" if data.get("content").is_some() => {
-                let runner = data["runner_executor_public_id"].as_str().map_or_else(|| "no runner".to_owned(), |r| format!("runner {r}"));
+                let runner = data["runner_executor_public_id"]
+                    .as_str()
+                    .map_or_else(|| "no runner".to_owned(), |r| format!("runner {r}"));
                 println!(
                     "  {} {} on {runner}: {}{}",
                     data["task_key"].as_str().unwrap_or_default(),

@@ -154,10 +154,20 @@ impl Actor for RootActor {
     type Arguments = RootArgs;
 
     async fn pre_start(&self, _myself: ActorRef<Self::Msg>, args: RootArgs) -> Result<RootState, ActorProcessingErr> {
-        Ok(RootState { fabric: args.fabric, executors: HashMap::new(), executions: HashMap::new(), profiles: HashMap::new() })
+        Ok(RootState {
+            fabric: args.fabric,
+            executors: HashMap::new(),
+            executions: HashMap::new(),
+            profiles: HashMap::new(),
+        })
     }
 
-    async fn handle(&self, myself: ActorRef<Self::Msg>, msg: RootMsg, state: &mut RootState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: RootMsg,
+        state: &mut RootState,
+    ) -> Result<(), ActorProcessingErr> {
         let root = RootHandle::new(myself.clone());
         match msg {
             RootMsg::Executor(id, reply) => {

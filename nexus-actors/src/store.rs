@@ -269,10 +269,8 @@ impl Store {
     /// [`StoreError::Conflict`] when the handle is taken.
     pub async fn create_member(&self, member: &MemberRow, credential: &Credential) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
-        let taken = sqlx::query("SELECT 1 FROM members WHERE handle = ?")
-            .bind(&member.handle)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let taken =
+            sqlx::query("SELECT 1 FROM members WHERE handle = ?").bind(&member.handle).fetch_optional(&mut *tx).await?;
         if taken.is_some() {
             return Err(StoreError::Conflict(format!("the handle {} is taken", member.handle)));
         }
@@ -287,10 +285,12 @@ impl Store {
             .await?;
         insert_credential(&mut tx, credential, 0).await?;
         if member.kind == "agent" {
-            sqlx::query("INSERT INTO profiles (member_public_id, system_prompt_version, summarizer_version) VALUES (?, 0, 0)")
-                .bind(member.public_id.to_string())
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "INSERT INTO profiles (member_public_id, system_prompt_version, summarizer_version) VALUES (?, 0, 0)",
+            )
+            .bind(member.public_id.to_string())
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(())
@@ -468,12 +468,14 @@ impl Store {
     pub async fn touch_executor(&self, public_id: Uuid, connected: bool) -> StoreResult<()> {
         let now = now_ms();
         let connected_at = connected.then_some(now);
-        sqlx::query("UPDATE executors SET connected_at = COALESCE(?, connected_at), last_seen_at = ? WHERE public_id = ?")
-            .bind(connected_at)
-            .bind(now)
-            .bind(public_id.to_string())
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            "UPDATE executors SET connected_at = COALESCE(?, connected_at), last_seen_at = ? WHERE public_id = ?",
+        )
+        .bind(connected_at)
+        .bind(now)
+        .bind(public_id.to_string())
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
@@ -764,7 +766,6 @@ impl Store {
         Ok(())
     }
 }
-
 
 fn task_of(row: &sqlx::sqlite::SqliteRow) -> StoreResult<TaskRow> {
     Ok(TaskRow {

@@ -1,1 +1,55 @@
-//! placeholder
+//! `nexus-runner-agent`: the worker daemon that serves environment-local tools to nexus.
+//!
+//! Owns: the runner side of `nexus.runner.v1.RunnerService/Connect` — hello, announce, claim,
+//! run, extend, commit, progress, pong — with reconnect and backoff; the claim journal that makes
+//! a result survive a disconnect or restart and keeps a claimed tool from ever running twice; and
+//! the built-in tools `bash`, `read_file`, `write_file` and `list_dir`, confined to one workdir.
+//!
+//! Does not own: any server state. nexus decides what is dispatched, who may claim it, and how
+//! a task settles; this crate only follows the protocol in spec/REFERENCE.md section 6.
+//!
+//! Main types: [`AgentConfig`] (every knob, with defaults), [`run`] (the daemon, also called
+//! in-process by tests), [`journal::Journal`] (the on-disk claim journal) and
+//! [`claim::ClaimHandle`] (extend, claim status and progress for a running tool).
+
+mod agent;
+pub mod claim;
+pub mod config;
+mod error;
+pub mod journal;
+mod retry;
+mod tools;
+
+use std::future::Future;
+
+use tracing::Instrument;
+
+pub use crate::config::{AgentConfig, ConfigError, Credential, default_state_dir};
+pub use crate::error::AgentError;
+
+/// Runs the agent until `shutdown` resolves.
+///
+/// Connects to `config.nexus_url`, says hello, announces the built-in tools, then claims and runs
+/// the tool calls nexus hints at, at most `config.slots` at a time, committing each result after
+/// journaling it. Any stream failure reconnects with jittered exponential backoff (no attempt
+/// limit) and re-sends unacknowledged results. When `shutdown` resolves, running tools are killed,
+/// their results journaled and (if connected) committed, bounded by `config.shutdown_grace`; then
+/// it returns `Ok(())`.
+///
+/// # Errors
+/// [`AgentError::Config`] or [`AgentError::Journal`] before anything starts, and
+/// [`AgentError::Refused`] when nexus refuses the hello with a final word such as
+/// `unauthorized`.
+pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+    let span = tracing::info_span!("runner", runner_id = %config.runner_id);
+    let agent = span.in_scope(|| agent::Agent::new(config))?;
+    agent.run(shutdown).instrument(span).await
+}
+
+/// Sleeps until `at`, or forever when there is nothing to wait for.
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

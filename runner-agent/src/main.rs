@@ -1,1 +1,83 @@
-fn main() {}
+//! `runner-agent`: parses flags, sets up logging to stderr and calls [`nexus_runner_agent::run`].
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use nexus_runner_agent::config::{DEFAULT_SLOTS, DEFAULT_TOOL_TIMEOUT_MS};
+use nexus_runner_agent::{AgentConfig, Credential, default_state_dir};
+use tracing_subscriber::EnvFilter;
+use uuid::Uuid;
+
+/// Serve this machine's tools (bash, read_file, write_file, list_dir) to nexus.
+#[derive(Debug, Parser)]
+#[command(name = "runner-agent", version)]
+struct Cli {
+    /// The nexus gRPC endpoint, e.g. http://127.0.0.1:7300.
+    #[arg(long, env = "NEXUS_RUNNER_NEXUS")]
+    nexus: String,
+    /// This runner's executor public id.
+    #[arg(long, env = "NEXUS_RUNNER_ID")]
+    runner_id: Uuid,
+    /// File holding the transport token (surrounding whitespace is ignored).
+    #[arg(long, env = "NEXUS_RUNNER_TOKEN_FILE")]
+    token_file: PathBuf,
+    /// Directory the tools run in; file tools cannot leave it.
+    #[arg(long, env = "NEXUS_RUNNER_WORKDIR")]
+    workdir: PathBuf,
+    /// Where the claim journal lives [default: $XDG_STATE_HOME/nexus-runner-agent/RUNNER_ID,
+    /// else $HOME/.local/state/nexus-runner-agent/RUNNER_ID, else under the temp dir].
+    #[arg(long, env = "NEXUS_RUNNER_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// How many tools run at once.
+    #[arg(long, env = "NEXUS_RUNNER_SLOTS", default_value_t = DEFAULT_SLOTS)]
+    slots: usize,
+    /// The timeout announced for bash, in milliseconds.
+    #[arg(long, env = "NEXUS_RUNNER_TOOL_TIMEOUT_MS", default_value_t = DEFAULT_TOOL_TIMEOUT_MS)]
+    tool_timeout_ms: u64,
+    /// Log filter (a level such as info or debug, or a tracing directive).
+    #[arg(long, env = "NEXUS_RUNNER_LOG", default_value = "info")]
+    log: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_new(&cli.log).with_context(|| format!("invalid --log {:?}", cli.log))?;
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(filter)
+        .init();
+
+    let credential = Credential::from_file(&cli.token_file)?;
+    let mut config = AgentConfig::new(cli.nexus, cli.runner_id, credential, cli.workdir);
+    config.state_dir = cli.state_dir.unwrap_or_else(|| default_state_dir(cli.runner_id));
+    config.slots = cli.slots;
+    config.tool_timeout_ms = cli.tool_timeout_ms;
+
+    nexus_runner_agent::run(config, shutdown_signal()).await.inspect_err(|err| {
+        tracing::error!(error = %err, "runner-agent stopped");
+    })?;
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot listen for sigterm");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}

@@ -114,7 +114,10 @@ impl RawRunner {
                 if frame.request_id == 0 {
                     if let nexus_frame::Frame::Ping(ping) = &body {
                         let _ = pong
-                            .send(RunnerFrame { request_id: 0, frame: Some(runner_frame::Frame::Pong(Pong { nonce: ping.nonce })) })
+                            .send(RunnerFrame {
+                                request_id: 0,
+                                frame: Some(runner_frame::Frame::Pong(Pong { nonce: ping.nonce })),
+                            })
                             .await;
                         continue;
                     }
@@ -131,7 +134,11 @@ impl RawRunner {
             }
             fail_all(&reader_waiters);
         });
-        let hello_reply = tokio::time::timeout(Duration::from_secs(10), hello_rx).await.ok().and_then(Result::ok).unwrap_or(Reply::Lost);
+        let hello_reply = tokio::time::timeout(Duration::from_secs(10), hello_rx)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or(Reply::Lost);
         let runner = RawRunner { outbound, waiters, next_id: AtomicU64::new(2), pushes, reader };
         (runner, hello_reply)
     }
@@ -154,7 +161,8 @@ impl RawRunner {
 
     /// Claims a task.
     pub async fn claim(&self, run: &str, task_key: &str) -> Reply {
-        self.request(runner_frame::Frame::Claim(Claim { run_public_id: run.to_owned(), task_key: task_key.to_owned() })).await
+        self.request(runner_frame::Frame::Claim(Claim { run_public_id: run.to_owned(), task_key: task_key.to_owned() }))
+            .await
     }
 
     /// Commits a result body.

@@ -11,7 +11,9 @@ use tonic::transport::{Channel, Endpoint};
 use uuid::Uuid;
 
 use nexus_proto::agent::v1::agent_service_client::AgentServiceClient;
-use nexus_proto::agent::v1::{CreateInputRequest, DeclareProfileRequest, GetExecutionRequest, StopExecutionRequest, StreamEventsRequest};
+use nexus_proto::agent::v1::{
+    CreateInputRequest, DeclareProfileRequest, GetExecutionRequest, StopExecutionRequest, StreamEventsRequest,
+};
 use nexus_tests::{Minted, TestServer, runner_agent_binary, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -27,7 +29,13 @@ fn authed<T>(message: T, member: &Minted) -> tonic::Request<T> {
     request
 }
 
-fn spawn_runner_agent(server: &TestServer, runner: &Minted, workdir: &std::path::Path, state_dir: &std::path::Path, timeout_ms: u64) -> Child {
+fn spawn_runner_agent(
+    server: &TestServer,
+    runner: &Minted,
+    workdir: &std::path::Path,
+    state_dir: &std::path::Path,
+    timeout_ms: u64,
+) -> Child {
     Command::new(runner_agent_binary())
         .arg("--nexus")
         .arg(server.url())
@@ -58,7 +66,10 @@ async fn wait_announced(server: &TestServer, runner: &Minted) {
 
 async fn declare(client: &mut AgentServiceClient<Channel>, agent: &Minted, runner: Uuid, model: &str) -> Value {
     let body = json!({"configuration": {"runner_executor_public_ids": [runner], "approval_mode": "bypass", "default_model": model}});
-    let reply = client.declare_profile(authed(DeclareProfileRequest { body_json: body.to_string() }, agent)).await.expect("declare");
+    let reply = client
+        .declare_profile(authed(DeclareProfileRequest { body_json: body.to_string() }, agent))
+        .await
+        .expect("declare");
     serde_json::from_str(&reply.into_inner().profile_json).expect("profile json")
 }
 
@@ -67,7 +78,13 @@ async fn start(client: &mut AgentServiceClient<Channel>, agent: &Minted, text: &
     client.create_input(authed(request, agent)).await.expect("create input").into_inner().execution_public_id
 }
 
-async fn events(client: &mut AgentServiceClient<Channel>, agent: &Minted, execution: &str, after: &str, follow: bool) -> Vec<nexus_proto::agent::v1::ExecutionEvent> {
+async fn events(
+    client: &mut AgentServiceClient<Channel>,
+    agent: &Minted,
+    execution: &str,
+    after: &str,
+    follow: bool,
+) -> Vec<nexus_proto::agent::v1::ExecutionEvent> {
     let request = StreamEventsRequest { execution_public_id: execution.to_owned(), after: after.to_owned(), follow };
     let stream = client.stream_events(authed(request, agent)).await.expect("stream").into_inner();
     tokio::time::timeout(WAIT, stream.map(|e| e.expect("event")).collect::<Vec<_>>()).await.expect("stream ends")
@@ -103,7 +120,10 @@ async fn end_to_end_execution_over_grpc_with_a_real_runner_agent() {
     assert_eq!(types.iter().filter(|t| **t == "round_started").count(), 3);
     assert_eq!(types.last(), Some(&"turn_status"));
 
-    let reply = client.get_execution(authed(GetExecutionRequest { execution_public_id: execution.clone() }, &agent)).await.expect("get");
+    let reply = client
+        .get_execution(authed(GetExecutionRequest { execution_public_id: execution.clone() }, &agent))
+        .await
+        .expect("get");
     let row = reply.into_inner();
     assert_eq!(row.status, "completed");
     assert_eq!(row.final_text, "the file has 3 lines");
@@ -114,7 +134,10 @@ async fn end_to_end_execution_over_grpc_with_a_real_runner_agent() {
         assert_eq!(task["status"], "completed", "{task}");
         assert_eq!(task["runner_executor_public_id"], json!(runner.id), "each call ran on the runner");
     }
-    assert_eq!(std::fs::read_to_string(workdir.path().join("notes/hello.txt")).expect("written by the runner"), "one\ntwo\nthree\n");
+    assert_eq!(
+        std::fs::read_to_string(workdir.path().join("notes/hello.txt")).expect("written by the runner"),
+        "one\ntwo\nthree\n"
+    );
 
     // The stream resumes from any cursor with exactly the rest.
     let middle = &all[all.len() / 2];
@@ -122,7 +145,10 @@ async fn end_to_end_execution_over_grpc_with_a_real_runner_agent() {
     assert_eq!(rest.len(), all.len() - all.len() / 2 - 1);
     assert_eq!(rest.first().map(|e| &e.cursor), all.get(all.len() / 2 + 1).map(|e| &e.cursor));
     let bad = client
-        .stream_events(authed(StreamEventsRequest { execution_public_id: execution, after: "nonsense".into(), follow: false }, &agent))
+        .stream_events(authed(
+            StreamEventsRequest { execution_public_id: execution, after: "nonsense".into(), follow: false },
+            &agent,
+        ))
         .await
         .expect_err("bad cursor");
     assert_eq!(nexus_proto::Refusal::from_status(&bad).code, "parameter_invalid");
@@ -146,14 +172,21 @@ async fn sigkill_of_runner_agent_mid_execution_settles_by_the_rules() {
     let execution = start(&mut client, &agent, "run it").await;
     let run = Uuid::parse_str(&execution).expect("uuid");
 
-    wait_until("the claim", WAIT, || async { server.store().task(run, "r1t0").await.ok().flatten().filter(|t| t.claimed).map(|_| ()) }).await;
+    wait_until("the claim", WAIT, || async {
+        server.store().task(run, "r1t0").await.ok().flatten().filter(|t| t.claimed).map(|_| ())
+    })
+    .await;
     child.start_kill().expect("SIGKILL");
     child.wait().await.expect("reaped");
     // Start it again on the same state dir: it must not run the claimed tool a second time.
     let _again = spawn_runner_agent(&server, &runner, workdir.path(), state.path(), 1_500);
 
     let row = wait_until("the execution to finish", WAIT, || async {
-        let reply = client.clone().get_execution(authed(GetExecutionRequest { execution_public_id: execution.clone() }, &agent)).await.ok()?;
+        let reply = client
+            .clone()
+            .get_execution(authed(GetExecutionRequest { execution_public_id: execution.clone() }, &agent))
+            .await
+            .ok()?;
         let row = reply.into_inner();
         (row.status == "completed").then_some(row)
     })
@@ -168,7 +201,8 @@ async fn sigkill_of_runner_agent_mid_execution_settles_by_the_rules() {
 
 #[tokio::test]
 async fn stop_cancels_dispatched_work() {
-    let script = json!({"rounds": [{"tool_calls": [{"id": "p", "name": "probe", "arguments": {}}]}, {"final": "never"}]});
+    let script =
+        json!({"rounds": [{"tool_calls": [{"id": "p", "name": "probe", "arguments": {}}]}, {"final": "never"}]});
     let server = TestServer::start(&[("stop", script)]).await;
     let agent = server.agent("agent").await;
     let runner = server.runner("silent").await;
@@ -182,7 +216,11 @@ async fn stop_cancels_dispatched_work() {
     let execution = start(&mut client, &agent, "wait forever").await;
     let run = Uuid::parse_str(&execution).expect("uuid");
     wait_until("dispatch", WAIT, || async { server.store().task(run, "r1t0").await.ok().flatten().map(|_| ()) }).await;
-    let stopped = client.stop_execution(authed(StopExecutionRequest { execution_public_id: execution.clone() }, &agent)).await.expect("stop").into_inner();
+    let stopped = client
+        .stop_execution(authed(StopExecutionRequest { execution_public_id: execution.clone() }, &agent))
+        .await
+        .expect("stop")
+        .into_inner();
     assert_eq!(stopped.status, "canceled");
     assert_eq!(stopped.error_key, "run_canceled");
     let task = wait_until("the cancel", WAIT, || async {
@@ -201,7 +239,10 @@ async fn bad_input_is_refused_and_changes_nothing() {
     let human = server.human("person").await;
     let mut client = client(&server).await;
     // No declaration yet.
-    let status = client.create_input(authed(CreateInputRequest { text: "hi".into(), ..Default::default() }, &agent)).await.expect_err("refused");
+    let status = client
+        .create_input(authed(CreateInputRequest { text: "hi".into(), ..Default::default() }, &agent))
+        .await
+        .expect_err("refused");
     assert_eq!(nexus_proto::Refusal::from_status(&status).code, "validation_failed");
     // A Human has no profile to declare.
     let status = client
@@ -211,13 +252,19 @@ async fn bad_input_is_refused_and_changes_nothing() {
     assert_eq!(nexus_proto::Refusal::from_status(&status).code, "not_agent");
     // An unknown provider is named by the resolver word.
     let body = json!({"configuration": {"default_model": "nowhere/model"}});
-    let status = client.declare_profile(authed(DeclareProfileRequest { body_json: body.to_string() }, &agent)).await.expect_err("refused");
+    let status = client
+        .declare_profile(authed(DeclareProfileRequest { body_json: body.to_string() }, &agent))
+        .await
+        .expect_err("refused");
     let refusal = nexus_proto::Refusal::from_status(&status);
     assert_eq!(refusal.code, "validation_failed");
     assert!(refusal.message.contains("unknown_provider"), "{}", refusal.message);
     // OpenRouter without its key.
     let body = json!({"configuration": {"default_model": "openrouter/z-ai/glm-5.3"}});
-    let status = client.declare_profile(authed(DeclareProfileRequest { body_json: body.to_string() }, &agent)).await.expect_err("refused");
+    let status = client
+        .declare_profile(authed(DeclareProfileRequest { body_json: body.to_string() }, &agent))
+        .await
+        .expect_err("refused");
     assert!(nexus_proto::Refusal::from_status(&status).message.contains("missing_credential"));
     // Nothing was stored by the refusals.
     let profile = server.store().profile(agent.id).await.expect("store").expect("profile");
@@ -226,7 +273,10 @@ async fn bad_input_is_refused_and_changes_nothing() {
     // The HTTP door answers the same words with the spec's statuses.
     let http = reqwest::Client::new();
     let put = |body: String| {
-        http.put(format!("{}/agent_api/v1/profile/configuration", server.url())).bearer_auth(&agent.token).body(body).send()
+        http.put(format!("{}/agent_api/v1/profile/configuration", server.url()))
+            .bearer_auth(&agent.token)
+            .body(body)
+            .send()
     };
     let response = put("not json".into()).await.expect("put");
     assert_eq!(response.status(), 400);

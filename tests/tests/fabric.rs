@@ -80,7 +80,13 @@ async fn runner_b_cannot_claim_runner_a_task() {
     let runner_b = s.server.runner("runner-b").await;
     let (raw_b, hello) = RawRunner::connect(&s.server.url(), runner_b.id, &runner_b.token).await;
     assert!(hello.code().is_none(), "{hello:?}");
-    assert!(raw_b.announce(&json!({"tools": [probe_tool(effect("read_only", "intrinsic"), 60_000)]})).await.code().is_none());
+    assert!(
+        raw_b
+            .announce(&json!({"tools": [probe_tool(effect("read_only", "intrinsic"), 60_000)]}))
+            .await
+            .code()
+            .is_none()
+    );
 
     let run = admit(&s.server, &s.agent, "probe it").await;
     let work = s.raw.next_work(WAIT).await.expect("work for A");
@@ -117,7 +123,8 @@ async fn repeat_commit_is_idle_and_wrong_token_is_stale_claim() {
     assert_eq!(first.committed(), Some((false, "completed".to_owned())));
     let repeat = s.raw.commit(&work.run_public_id, &work.task_key, &token, &json!({"content": "second"})).await;
     assert_eq!(repeat.committed(), Some((true, "completed".to_owned())), "a repeat is an idle success");
-    let wrong_after = s.raw.commit(&work.run_public_id, &work.task_key, "not-the-token", &json!({"content": "x"})).await;
+    let wrong_after =
+        s.raw.commit(&work.run_public_id, &work.task_key, "not-the-token", &json!({"content": "x"})).await;
     assert_eq!(wrong_after.code(), Some("stale_claim"));
 
     let row = wait_status(&s.server, &s.agent, run, "completed").await;
@@ -132,7 +139,10 @@ async fn a_claim_is_never_granted_twice() {
     let work = s.raw.next_work(WAIT).await.expect("work");
     // Two claims race on the same stream, and a third comes from a second stream of the same
     // runner after the first is fenced: exactly one is granted.
-    let (a, b) = tokio::join!(s.raw.claim(&work.run_public_id, &work.task_key), s.raw.claim(&work.run_public_id, &work.task_key));
+    let (a, b) = tokio::join!(
+        s.raw.claim(&work.run_public_id, &work.task_key),
+        s.raw.claim(&work.run_public_id, &work.task_key)
+    );
     let granted = [&a, &b].iter().filter(|r| r.granted().is_some()).count();
     assert_eq!(granted, 1, "{a:?} {b:?}");
     let loser = if a.granted().is_some() { &b } else { &a };
@@ -188,12 +198,18 @@ async fn claiming_restarts_the_park_clock_and_extend_is_capped() {
     let token = claim.claim_token.clone();
 
     assert_eq!(s.raw.extend(&work.run_public_id, &work.task_key, &token, 0).await.code(), Some("invalid_timeout_ms"));
-    assert_eq!(s.raw.extend(&work.run_public_id, &work.task_key, &token, 5_001).await.code(), Some("extension_too_long"));
+    assert_eq!(
+        s.raw.extend(&work.run_public_id, &work.task_key, &token, 5_001).await.code(),
+        Some("extension_too_long")
+    );
     assert_eq!(s.raw.extend(&work.run_public_id, &work.task_key, "other", 1_000).await.code(), Some("not_claimant"));
     let extended = s.raw.extend(&work.run_public_id, &work.task_key, &token, 4_000).await;
     assert!(matches!(extended, Reply::Frame(nexus_frame::Frame::Extended(_))), "{extended:?}");
     let status = s.raw.claim_status(&work.run_public_id, &work.task_key, &token).await;
-    assert_eq!(status, Reply::Frame(nexus_frame::Frame::ClaimState(nexus_proto::runner::v1::ClaimState { active: true })));
+    assert_eq!(
+        status,
+        Reply::Frame(nexus_frame::Frame::ClaimState(nexus_proto::runner::v1::ClaimState { active: true }))
+    );
     assert_eq!(s.raw.claim_status(&work.run_public_id, &work.task_key, "other").await.code(), Some("not_claimant"));
 }
 
@@ -207,22 +223,47 @@ async fn announcement_refusal_words() {
     extra_key["world"] = json!("closed");
     let cases: Vec<(&str, Value, &str)> = vec![
         ("missing tools", json!({}), "parameter_missing"),
-        ("wire name in a reserved namespace", json!({"tools": [{"name": "delegate_task", "effect_profile": good}]}), "reserved_namespace"),
-        ("canonical name in a reserved namespace", json!({"tools": [{"name": "nexus.runners.list", "effect_profile": good}]}), "reserved_namespace"),
+        (
+            "wire name in a reserved namespace",
+            json!({"tools": [{"name": "delegate_task", "effect_profile": good}]}),
+            "reserved_namespace",
+        ),
+        (
+            "canonical name in a reserved namespace",
+            json!({"tools": [{"name": "nexus.runners.list", "effect_profile": good}]}),
+            "reserved_namespace",
+        ),
         ("bad name", json!({"tools": [{"name": "no spaces", "effect_profile": good}]}), "invalid_announcement"),
         ("name too long", json!({"tools": [{"name": "x".repeat(65), "effect_profile": good}]}), "invalid_announcement"),
-        ("repeated name", json!({"tools": [{"name": "a", "effect_profile": good}, {"name": "a", "effect_profile": good}]}), "invalid_announcement"),
+        (
+            "repeated name",
+            json!({"tools": [{"name": "a", "effect_profile": good}, {"name": "a", "effect_profile": good}]}),
+            "invalid_announcement",
+        ),
         ("missing effect profile", json!({"tools": [{"name": "a"}]}), "invalid_announcement"),
         ("sixth effect key", json!({"tools": [{"name": "a", "effect_profile": extra_key}]}), "invalid_announcement"),
-        ("schema not an object schema", json!({"tools": [{"name": "a", "effect_profile": good, "input_schema": {"type": "string"}}]}), "invalid_announcement"),
-        ("environment over its bound", json!({"tools": [], "environment": {"x": "y".repeat(70_000)}}), "validation_failed"),
+        (
+            "schema not an object schema",
+            json!({"tools": [{"name": "a", "effect_profile": good, "input_schema": {"type": "string"}}]}),
+            "invalid_announcement",
+        ),
+        (
+            "environment over its bound",
+            json!({"tools": [], "environment": {"x": "y".repeat(70_000)}}),
+            "validation_failed",
+        ),
     ];
     for (case, body, word) in cases {
         assert_eq!(raw.announce(&body).await.code(), Some(word), "{case}");
     }
     // A refusal changes nothing; a valid announcement replaces the list whole.
     assert!(server.store().executor(runner.id).await.expect("row").expect("runner").announced_at.is_none());
-    assert!(raw.announce(&json!({"tools": [{"name": "b", "effect_profile": good}, {"name": "a", "effect_profile": good}]})).await.code().is_none());
+    assert!(
+        raw.announce(&json!({"tools": [{"name": "b", "effect_profile": good}, {"name": "a", "effect_profile": good}]}))
+            .await
+            .code()
+            .is_none()
+    );
     assert!(raw.announce(&json!({"tools": [{"name": "c", "effect_profile": good}]})).await.code().is_none());
     let row = server.store().executor(runner.id).await.expect("row").expect("runner");
     assert_eq!(row.announcement["tools"], json!([{"name": "c", "effect_profile": good}]));
@@ -284,20 +325,34 @@ async fn reconnect_offers_the_inbox_again_and_fences_the_old_stream() {
     let (mut second, hello) = RawRunner::connect(&s.server.url(), s.runner.id, &s.runner.token).await;
     assert!(hello.code().is_none());
     let again = second.next_work(WAIT).await.expect("offered again");
-    assert_eq!((again.run_public_id.as_str(), again.task_key.as_str()), (first.run_public_id.as_str(), first.task_key.as_str()));
-    assert_eq!(s.raw.claim(&first.run_public_id, &first.task_key).await.code(), Some("lost"), "the fenced stream is closed");
+    assert_eq!(
+        (again.run_public_id.as_str(), again.task_key.as_str()),
+        (first.run_public_id.as_str(), first.task_key.as_str())
+    );
+    assert_eq!(
+        s.raw.claim(&first.run_public_id, &first.task_key).await.code(),
+        Some("lost"),
+        "the fenced stream is closed"
+    );
     let (token, _) = second.claim(&again.run_public_id, &again.task_key).await.granted().expect("claim");
-    second.commit(&again.run_public_id, &again.task_key, &token, &json!({"content": "ok"})).await.committed().expect("commit");
+    second
+        .commit(&again.run_public_id, &again.task_key, &token, &json!({"content": "ok"}))
+        .await
+        .committed()
+        .expect("commit");
     let row = wait_status(&s.server, &s.agent, run, "completed").await;
     assert_eq!(row["tasks"][0]["result"]["content"], "ok");
 }
 
 #[tokio::test]
 async fn a_cut_stream_still_records_the_result_exactly_once() {
-    let server = TestServer::start(&[("sleepy", json!({"rounds": [
-        {"tool_calls": [{"id": "s", "name": "bash", "arguments": {"command": "sleep 1; echo slept"}}]},
-        {"final": "bash said {{tool:s.stdout}}"}
-    ]}))])
+    let server = TestServer::start(&[(
+        "sleepy",
+        json!({"rounds": [
+            {"tool_calls": [{"id": "s", "name": "bash", "arguments": {"command": "sleep 1; echo slept"}}]},
+            {"final": "bash said {{tool:s.stdout}}"}
+        ]}),
+    )])
     .await;
     let agent = server.agent("agent").await;
     let runner = server.runner("runner").await;
@@ -334,7 +389,9 @@ async fn a_cut_stream_still_records_the_result_exactly_once() {
     assert_eq!(row["tasks"][0]["status"], "completed");
     // Exactly one settlement was recorded for the task.
     let caller = server.caller(&agent).await;
-    let events: Vec<_> = futures::StreamExt::collect::<Vec<_>>(server.server.api.events(&caller, run, "", false).await.expect("events")).await;
+    let events: Vec<_> =
+        futures::StreamExt::collect::<Vec<_>>(server.server.api.events(&caller, run, "", false).await.expect("events"))
+            .await;
     let settled = events
         .iter()
         .filter_map(|e| e.as_ref().ok())

@@ -55,7 +55,10 @@ pub fn validate(body_json: &str) -> Result<CommitBody, CommitRefusal> {
     let body: Value = match serde_json::from_str(body_json) {
         Ok(body) => body,
         Err(_) if std::str::from_utf8(body_json.as_bytes()).is_err() => {
-            return Err(CommitRefusal::Closes(Refusal::new(ErrorCode::ResultUnstorable, "the result is not valid UTF-8")));
+            return Err(CommitRefusal::Closes(Refusal::new(
+                ErrorCode::ResultUnstorable,
+                "the result is not valid UTF-8",
+            )));
         }
         Err(e) => return Err(standing(ErrorCode::InvalidContent, &format!("the commit body is not JSON: {e}"))),
     };
@@ -63,7 +66,10 @@ pub fn validate(body_json: &str) -> Result<CommitBody, CommitRefusal> {
         return Err(standing(ErrorCode::InvalidContent, "the commit body must be a JSON object"));
     };
     if has_nul(&Value::Object(body.clone())) {
-        return Err(CommitRefusal::Closes(Refusal::new(ErrorCode::ResultUnstorable, "the result contains a NUL character")));
+        return Err(CommitRefusal::Closes(Refusal::new(
+            ErrorCode::ResultUnstorable,
+            "the result contains a NUL character",
+        )));
     }
     let failed = match body.get("outcome") {
         None | Some(Value::Null) => false,
@@ -94,7 +100,9 @@ pub fn validate(body_json: &str) -> Result<CommitBody, CommitRefusal> {
         Some(Value::String(t)) if !t.is_empty() && t.chars().count() <= TITLE_BOUND => {
             stored.insert("title".into(), Value::String(t.clone()));
         }
-        Some(_) => return Err(standing(ErrorCode::InvalidTitle, "title must be a non-empty string of at most 256 characters")),
+        Some(_) => {
+            return Err(standing(ErrorCode::InvalidTitle, "title must be a non-empty string of at most 256 characters"));
+        }
     }
     match body.get("metadata") {
         None | Some(Value::Null) => {}
@@ -128,7 +136,10 @@ fn validate_content(content: Option<&Value>) -> Result<Value, CommitRefusal> {
             Some("text") if block.get("text").is_some_and(Value::is_string) => {}
             Some("resource_link") => {
                 // Uploads are not served by this version, so no link can name this executor's capture.
-                return Err(standing(ErrorCode::UnsupportedContentKind, "resource_link blocks need an upload, which this server does not take yet"));
+                return Err(standing(
+                    ErrorCode::UnsupportedContentKind,
+                    "resource_link blocks need an upload, which this server does not take yet",
+                ));
             }
             Some("text") => return Err(standing(ErrorCode::InvalidContent, "a text block needs a string `text`")),
             _ => return Err(standing(ErrorCode::UnsupportedContentKind, "blocks are {type:text,text}")),
@@ -141,9 +152,7 @@ fn validate_content(content: Option<&Value>) -> Result<Value, CommitRefusal> {
 pub fn model_text(stored: &Value) -> String {
     match &stored["content"] {
         Value::String(text) => text.clone(),
-        Value::Array(blocks) => {
-            blocks.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join("\n")
-        }
+        Value::Array(blocks) => blocks.iter().filter_map(|b| b["text"].as_str()).collect::<Vec<_>>().join("\n"),
         _ => String::new(),
     }
 }

@@ -225,16 +225,10 @@ models = { "qwen3:8b" = {}, "llama3.1:8b" = { hidden = true } }
         assert_eq!(scripted.kind, ProviderKind::Scripted);
         assert!(scripted.enabled);
         assert_eq!(scripted.models["default"], ModelConfig::default());
-        assert_eq!(
-            scripted.models["quickstart"].script,
-            Some(PathBuf::from("deploy/quickstart/script.json"))
-        );
+        assert_eq!(scripted.models["quickstart"].script, Some(PathBuf::from("deploy/quickstart/script.json")));
 
         // The openrouter entry written out equals the built-in one.
-        assert_eq!(
-            table.providers["openrouter"],
-            ProviderTable::default().providers["openrouter"]
-        );
+        assert_eq!(table.providers["openrouter"], ProviderTable::default().providers["openrouter"]);
 
         let local = &table.providers["local"];
         assert_eq!(local.kind, ProviderKind::OpenAiCompatible);
@@ -250,10 +244,7 @@ models = { "qwen3:8b" = {}, "llama3.1:8b" = { hidden = true } }
         let file: ConfigFile = toml::from_str("").expect("empty config parses");
         assert_eq!(file.providers, ProviderTable::default());
         let builtin = ProviderTable::default();
-        assert_eq!(
-            builtin.providers.keys().collect::<Vec<_>>(),
-            vec!["openrouter", "scripted"]
-        );
+        assert_eq!(builtin.providers.keys().collect::<Vec<_>>(), vec!["openrouter", "scripted"]);
         let written = toml::to_string(&builtin).expect("serializes");
         let reread: ProviderTable = toml::from_str(&written).expect("reparses");
         assert_eq!(reread, builtin);
@@ -263,8 +254,7 @@ models = { "qwen3:8b" = {}, "llama3.1:8b" = { hidden = true } }
     fn unknown_fields_and_kinds_are_refused() {
         let unknown_field = "[providers.x]\nkind = \"scripted\"\napi_key = \"sk-1\"\n";
         assert!(toml::from_str::<ConfigFile>(unknown_field).is_err());
-        let unknown_model_field =
-            "[providers.x]\nkind = \"scripted\"\n[providers.x.models.m]\nvisible = true\n";
+        let unknown_model_field = "[providers.x]\nkind = \"scripted\"\n[providers.x.models.m]\nvisible = true\n";
         assert!(toml::from_str::<ConfigFile>(unknown_model_field).is_err());
         let unknown_kind = "[providers.x]\nkind = \"anthropic_v0\"\n";
         assert!(toml::from_str::<ConfigFile>(unknown_kind).is_err());
@@ -274,23 +264,15 @@ models = { "qwen3:8b" = {}, "llama3.1:8b" = { hidden = true } }
 
     #[test]
     fn with_builtin_keeps_written_providers_and_adds_the_rest() {
-        let mut written = ProviderTable {
-            providers: BTreeMap::new(),
-        };
+        let mut written = ProviderTable { providers: BTreeMap::new() };
         written.providers.insert(
             "openrouter".to_owned(),
-            ProviderConfig {
-                enabled: false,
-                ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
-            },
+            ProviderConfig { enabled: false, ..ProviderConfig::new(ProviderKind::OpenAiCompatible) },
         );
         let merged = written.with_builtin();
         assert_eq!(merged.providers.len(), 2);
         assert!(!merged.providers["openrouter"].enabled);
         assert_eq!(merged.providers["openrouter"].base_url, None);
-        assert_eq!(
-            merged.providers["scripted"],
-            ProviderTable::default().providers["scripted"]
-        );
+        assert_eq!(merged.providers["scripted"], ProviderTable::default().providers["scripted"]);
     }
 }

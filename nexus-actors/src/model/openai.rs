@@ -24,9 +24,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::registry::ConfigError;
-use super::{
-    BoxFuture, ChatMessage, ModelError, ModelProvider, ModelRequest, ModelResponse, ToolCall, Usage,
-};
+use super::{BoxFuture, ChatMessage, ModelError, ModelProvider, ModelRequest, ModelResponse, ToolCall, Usage};
 
 /// Longest provider error text kept in a [`ModelError`] message, in bytes.
 const ERROR_TEXT_LIMIT: usize = 512;
@@ -61,38 +59,22 @@ impl OpenAiCompatibleProvider {
         request_timeout: Duration,
     ) -> Result<Self, ConfigError> {
         let provider = provider.into();
-        let invalid = |reason: String| ConfigError::Invalid {
-            provider: provider.clone(),
-            reason,
-        };
-        let base = reqwest::Url::parse(base_url)
-            .map_err(|error| invalid(format!("base_url `{base_url}`: {error}")))?;
+        let invalid = |reason: String| ConfigError::Invalid { provider: provider.clone(), reason };
+        let base = reqwest::Url::parse(base_url).map_err(|error| invalid(format!("base_url `{base_url}`: {error}")))?;
         if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
-            return Err(invalid(format!(
-                "base_url `{base_url}` must be an http or https URL"
-            )));
+            return Err(invalid(format!("base_url `{base_url}` must be an http or https URL")));
         }
         if base.query().is_some() || base.fragment().is_some() {
-            return Err(invalid(format!(
-                "base_url `{base_url}` must have no query or fragment"
-            )));
+            return Err(invalid(format!("base_url `{base_url}` must have no query or fragment")));
         }
         let endpoint = format!("{}/chat/completions", base.as_str().trim_end_matches('/'));
-        let endpoint = reqwest::Url::parse(&endpoint)
-            .map_err(|error| invalid(format!("base_url `{base_url}`: {error}")))?;
+        let endpoint =
+            reqwest::Url::parse(&endpoint).map_err(|error| invalid(format!("base_url `{base_url}`: {error}")))?;
         let http = reqwest::Client::builder()
             .timeout(request_timeout)
             .build()
-            .map_err(|source| ConfigError::HttpClient {
-                provider: provider.clone(),
-                source,
-            })?;
-        Ok(Self {
-            provider,
-            endpoint,
-            api_key,
-            http,
-        })
+            .map_err(|source| ConfigError::HttpClient { provider: provider.clone(), source })?;
+        Ok(Self { provider, endpoint, api_key, http })
     }
 
     async fn call(&self, request: ModelRequest) -> Result<ModelResponse, ModelError> {
@@ -103,10 +85,7 @@ impl OpenAiCompatibleProvider {
             tools = request.tools.len(),
             "chat completion request"
         );
-        let mut builder = self
-            .http
-            .post(self.endpoint.clone())
-            .json(&wire_request(&request));
+        let mut builder = self.http.post(self.endpoint.clone()).json(&wire_request(&request));
         if let Some(key) = &self.api_key {
             builder = builder.bearer_auth(key);
         }
@@ -122,10 +101,7 @@ impl OpenAiCompatibleProvider {
 }
 
 impl ModelProvider for OpenAiCompatibleProvider {
-    fn complete<'a>(
-        &'a self,
-        request: ModelRequest,
-    ) -> BoxFuture<'a, Result<ModelResponse, ModelError>> {
+    fn complete<'a>(&'a self, request: ModelRequest) -> BoxFuture<'a, Result<ModelResponse, ModelError>> {
         Box::pin(self.call(request))
     }
 }
@@ -145,10 +121,7 @@ fn wire_message(message: &ChatMessage) -> Value {
     match message {
         ChatMessage::System { content } => json!({"role": "system", "content": content}),
         ChatMessage::User { content } => json!({"role": "user", "content": content}),
-        ChatMessage::Assistant {
-            content,
-            tool_calls,
-        } => {
+        ChatMessage::Assistant { content, tool_calls } => {
             let mut wire = json!({"role": "assistant", "content": content});
             if !tool_calls.is_empty() {
                 wire["tool_calls"] = tool_calls
@@ -164,21 +137,14 @@ fn wire_message(message: &ChatMessage) -> Value {
             }
             wire
         }
-        ChatMessage::Tool {
-            tool_call_id,
-            content,
-        } => {
+        ChatMessage::Tool { tool_call_id, content } => {
             json!({"role": "tool", "tool_call_id": tool_call_id, "content": content})
         }
     }
 }
 
 fn transport_error(error: reqwest::Error) -> ModelError {
-    let mut message = if error.is_timeout() {
-        format!("timed out: {error}")
-    } else {
-        error.to_string()
-    };
+    let mut message = if error.is_timeout() { format!("timed out: {error}") } else { error.to_string() };
     let mut source = std::error::Error::source(&error);
     while let Some(cause) = source {
         message.push_str(": ");
@@ -202,10 +168,7 @@ impl ErrorInfo {
     fn from_body(body: &[u8]) -> Self {
         match serde_json::from_slice::<Value>(body) {
             Ok(value) => Self::from_value(&value),
-            Err(_) => Self {
-                message: shorten(&String::from_utf8_lossy(body)),
-                ..Self::default()
-            },
+            Err(_) => Self { message: shorten(&String::from_utf8_lossy(body)), ..Self::default() },
         }
     }
 
@@ -213,19 +176,14 @@ impl ErrorInfo {
         let error = value.get("error").unwrap_or(value);
         let message = match error {
             Value::String(text) => text.clone(),
-            _ => error
-                .get("message")
-                .and_then(Value::as_str)
-                .map_or_else(|| value.to_string(), str::to_owned),
+            _ => error.get("message").and_then(Value::as_str).map_or_else(|| value.to_string(), str::to_owned),
         };
         let code = error.get("code");
         Self {
             message: shorten(&message),
             kind: error.get("type").and_then(Value::as_str).map(str::to_owned),
             code: code.and_then(Value::as_str).map(str::to_owned),
-            numeric_code: code
-                .and_then(Value::as_u64)
-                .and_then(|code| u16::try_from(code).ok()),
+            numeric_code: code.and_then(Value::as_u64).and_then(|code| u16::try_from(code).ok()),
         }
     }
 }
@@ -233,10 +191,7 @@ impl ErrorInfo {
 fn http_error(status: u16, info: &ErrorInfo) -> ModelError {
     let message = info.message.clone();
     if matches!(status, 503 | 529) || info.kind.as_deref() == Some("overloaded_error") {
-        return ModelError::Overloaded {
-            status: Some(status),
-            message,
-        };
+        return ModelError::Overloaded { status: Some(status), message };
     }
     if matches!(status, 401 | 403 | 404) {
         return ModelError::ModelUnavailable { status, message };
@@ -260,23 +215,20 @@ fn shorten(text: &str) -> String {
 }
 
 fn provider_error(message: impl Into<String>) -> ModelError {
-    ModelError::Provider {
-        message: message.into(),
-    }
+    ModelError::Provider { message: message.into() }
 }
 
 /// Parses a 2xx body (module docs).
 fn parse_answer(body: &[u8]) -> Result<ModelResponse, ModelError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|error| provider_error(format!("answer is not JSON: {error}")))?;
+    let value: Value =
+        serde_json::from_slice(body).map_err(|error| provider_error(format!("answer is not JSON: {error}")))?;
     if let Some(error) = value.get("error").filter(|error| !error.is_null()) {
         let info = ErrorInfo::from_value(&json!({"error": error}));
         return Err(match info.numeric_code {
             Some(code) if code >= 400 => http_error(code, &info),
-            _ if info.kind.as_deref() == Some("overloaded_error") => ModelError::Overloaded {
-                status: None,
-                message: info.message,
-            },
+            _ if info.kind.as_deref() == Some("overloaded_error") => {
+                ModelError::Overloaded { status: None, message: info.message }
+            }
             _ => provider_error(format!("answer carries an error: {}", info.message)),
         });
     }
@@ -293,25 +245,15 @@ fn parse_answer(body: &[u8]) -> Result<ModelResponse, ModelError> {
         None | Some(Value::Null) => None,
         Some(Value::String(reason)) => Some(reason.clone()),
         Some(other) => {
-            return Err(provider_error(format!(
-                "finish_reason is not a string: {other}"
-            )));
+            return Err(provider_error(format!("finish_reason is not a string: {other}")));
         }
     };
-    if let Some(refusal) = message
-        .get("refusal")
-        .and_then(Value::as_str)
-        .filter(|text| !text.is_empty())
-    {
-        return Err(ModelError::Refused {
-            message: shorten(refusal),
-        });
+    if let Some(refusal) = message.get("refusal").and_then(Value::as_str).filter(|text| !text.is_empty()) {
+        return Err(ModelError::Refused { message: shorten(refusal) });
     }
     match finish_reason.as_deref() {
         Some("content_filter") => {
-            return Err(ModelError::Refused {
-                message: "finish_reason content_filter".to_owned(),
-            });
+            return Err(ModelError::Refused { message: "finish_reason content_filter".to_owned() });
         }
         Some("error") => return Err(provider_error("finish_reason error")),
         _ => {}
@@ -321,33 +263,13 @@ fn parse_answer(body: &[u8]) -> Result<ModelResponse, ModelError> {
     if text.is_none() && tool_calls.is_empty() {
         return Err(provider_error("answer has neither content nor tool calls"));
     }
-    let finish_reason = finish_reason.unwrap_or_else(|| {
-        if tool_calls.is_empty() {
-            "stop"
-        } else {
-            "tool_calls"
-        }
-        .to_owned()
+    let finish_reason =
+        finish_reason.unwrap_or_else(|| if tool_calls.is_empty() { "stop" } else { "tool_calls" }.to_owned());
+    let usage = value.get("usage").filter(|usage| usage.is_object()).map(|usage| Usage {
+        input_tokens: usage.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0),
+        output_tokens: usage.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0),
     });
-    let usage = value
-        .get("usage")
-        .filter(|usage| usage.is_object())
-        .map(|usage| Usage {
-            input_tokens: usage
-                .get("prompt_tokens")
-                .and_then(Value::as_u64)
-                .unwrap_or(0),
-            output_tokens: usage
-                .get("completion_tokens")
-                .and_then(Value::as_u64)
-                .unwrap_or(0),
-        });
-    Ok(ModelResponse {
-        text,
-        tool_calls,
-        finish_reason,
-        usage,
-    })
+    Ok(ModelResponse { text, tool_calls, finish_reason, usage })
 }
 
 fn parse_content(content: Option<&Value>) -> Result<Option<String>, ModelError> {
@@ -362,10 +284,9 @@ fn parse_content(content: Option<&Value>) -> Result<Option<String>, ModelError> 
                 .collect();
             Ok(Some(text))
         }
-        Some(other) => Err(provider_error(format!(
-            "message content has an unexpected shape: {}",
-            shorten(&other.to_string())
-        ))),
+        Some(other) => {
+            Err(provider_error(format!("message content has an unexpected shape: {}", shorten(&other.to_string()))))
+        }
     }
 }
 
@@ -380,16 +301,13 @@ fn parse_tool_calls(tool_calls: Option<&Value>) -> Result<Vec<ToolCall>, ModelEr
         .iter()
         .enumerate()
         .map(|(index, call)| {
-            let function = call
-                .get("function")
-                .ok_or_else(|| provider_error(format!("tool_calls[{index}] has no function")))?;
+            let function =
+                call.get("function").ok_or_else(|| provider_error(format!("tool_calls[{index}] has no function")))?;
             let name = function
                 .get("name")
                 .and_then(Value::as_str)
                 .filter(|name| !name.is_empty())
-                .ok_or_else(|| {
-                    provider_error(format!("tool_calls[{index}] has no function name"))
-                })?;
+                .ok_or_else(|| provider_error(format!("tool_calls[{index}] has no function name")))?;
             let id = call
                 .get("id")
                 .and_then(Value::as_str)
@@ -400,11 +318,7 @@ fn parse_tool_calls(tool_calls: Option<&Value>) -> Result<Vec<ToolCall>, ModelEr
                 Some(Value::String(text)) => text.clone(),
                 Some(other) => other.to_string(),
             };
-            Ok(ToolCall {
-                id,
-                name: name.to_owned(),
-                arguments,
-            })
+            Ok(ToolCall { id, name: name.to_owned(), arguments })
         })
         .collect()
 }
@@ -461,27 +375,17 @@ mod tests {
     impl FakeServer {
         async fn start() -> Self {
             let state = Arc::new(FakeState::default());
-            let router = Router::new()
-                .fallback(answer)
-                .with_state(Arc::clone(&state));
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind loopback");
+            let router = Router::new().fallback(answer).with_state(Arc::clone(&state));
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
             let addr = listener.local_addr().expect("local addr");
             let task = tokio::spawn(async move {
-                axum::serve(listener, router)
-                    .await
-                    .expect("fake server runs");
+                axum::serve(listener, router).await.expect("fake server runs");
             });
             Self { addr, state, task }
         }
 
         fn reply(&self, status: u16, body: impl Into<String>) {
-            self.push(Reply {
-                status,
-                body: body.into(),
-                delay: None,
-            });
+            self.push(Reply { status, body: body.into(), delay: None });
         }
 
         fn push(&self, reply: Reply) {
@@ -493,13 +397,8 @@ mod tests {
         }
 
         fn provider(&self, api_key: Option<&str>, timeout: Duration) -> OpenAiCompatibleProvider {
-            OpenAiCompatibleProvider::new(
-                "fake",
-                &self.base_url(),
-                api_key.map(str::to_owned),
-                timeout,
-            )
-            .expect("client builds")
+            OpenAiCompatibleProvider::new("fake", &self.base_url(), api_key.map(str::to_owned), timeout)
+                .expect("client builds")
         }
 
         fn take_seen(&self) -> Vec<Seen> {
@@ -507,21 +406,11 @@ mod tests {
         }
     }
 
-    async fn answer(
-        State(state): State<Arc<FakeState>>,
-        uri: Uri,
-        headers: HeaderMap,
-        body: String,
-    ) -> Response {
-        let authorization = headers
-            .get(header::AUTHORIZATION)
-            .map(|value| value.to_str().expect("ascii header").to_owned());
+    async fn answer(State(state): State<Arc<FakeState>>, uri: Uri, headers: HeaderMap, body: String) -> Response {
+        let authorization =
+            headers.get(header::AUTHORIZATION).map(|value| value.to_str().expect("ascii header").to_owned());
         let body = serde_json::from_str(&body).unwrap_or(Value::String(body));
-        state.seen.lock().expect("lock").push(Seen {
-            path: uri.path().to_owned(),
-            authorization,
-            body,
-        });
+        state.seen.lock().expect("lock").push(Seen { path: uri.path().to_owned(), authorization, body });
         let reply = state.replies.lock().expect("lock").pop_front();
         let Some(reply) = reply else {
             return (StatusCode::INTERNAL_SERVER_ERROR, "no reply queued").into_response();
@@ -530,20 +419,13 @@ mod tests {
             tokio::time::sleep(delay).await;
         }
         let status = StatusCode::from_u16(reply.status).expect("valid status");
-        (
-            status,
-            [(header::CONTENT_TYPE, "application/json")],
-            reply.body,
-        )
-            .into_response()
+        (status, [(header::CONTENT_TYPE, "application/json")], reply.body).into_response()
     }
 
     fn user_request(model: &str) -> ModelRequest {
         ModelRequest {
             model: model.to_owned(),
-            messages: vec![ChatMessage::User {
-                content: "hi".into(),
-            }],
+            messages: vec![ChatMessage::User { content: "hi".into() }],
             tools: vec![],
         }
     }
@@ -563,30 +445,21 @@ mod tests {
             .to_string(),
         );
         let provider = server.provider(Some("sk-test"), Duration::from_secs(10));
-        let answer = provider
-            .complete(user_request("z-ai/glm-5.3"))
-            .await
-            .expect("answer");
+        let answer = provider.complete(user_request("z-ai/glm-5.3")).await.expect("answer");
         assert_eq!(
             answer,
             ModelResponse {
                 text: Some("Hello!".into()),
                 tool_calls: vec![],
                 finish_reason: "stop".into(),
-                usage: Some(Usage {
-                    input_tokens: 12,
-                    output_tokens: 3
-                }),
+                usage: Some(Usage { input_tokens: 12, output_tokens: 3 }),
             }
         );
         let seen = server.take_seen();
         assert_eq!(seen.len(), 1);
         assert_eq!(seen[0].path, "/v1/chat/completions");
         assert_eq!(seen[0].authorization.as_deref(), Some("Bearer sk-test"));
-        assert_eq!(
-            seen[0].body,
-            json!({"model": "z-ai/glm-5.3", "messages": [{"role": "user", "content": "hi"}]})
-        );
+        assert_eq!(seen[0].body, json!({"model": "z-ai/glm-5.3", "messages": [{"role": "user", "content": "hi"}]}));
     }
 
     #[tokio::test]
@@ -611,12 +484,8 @@ mod tests {
         let request = ModelRequest {
             model: "local-model".into(),
             messages: vec![
-                ChatMessage::System {
-                    content: "sys".into(),
-                },
-                ChatMessage::User {
-                    content: "list files".into(),
-                },
+                ChatMessage::System { content: "sys".into() },
+                ChatMessage::User { content: "list files".into() },
                 ChatMessage::Assistant {
                     content: Some("checking".into()),
                     tool_calls: vec![ToolCall {
@@ -625,17 +494,9 @@ mod tests {
                         arguments: "{\"command\":\"pwd\"}".into(),
                     }],
                 },
-                ChatMessage::Tool {
-                    tool_call_id: "c0".into(),
-                    content: "exit_code: 0\nstdout:\n/work\n".into(),
-                },
-                ChatMessage::Assistant {
-                    content: Some("in /work".into()),
-                    tool_calls: vec![],
-                },
-                ChatMessage::User {
-                    content: "now ls".into(),
-                },
+                ChatMessage::Tool { tool_call_id: "c0".into(), content: "exit_code: 0\nstdout:\n/work\n".into() },
+                ChatMessage::Assistant { content: Some("in /work".into()), tool_calls: vec![] },
+                ChatMessage::User { content: "now ls".into() },
             ],
             tools: vec![tool.clone()],
         };
@@ -647,16 +508,8 @@ mod tests {
         assert_eq!(
             answer.tool_calls,
             vec![
-                ToolCall {
-                    id: "call_abc".into(),
-                    name: "bash".into(),
-                    arguments: "{\"command\":\"ls\"}".into()
-                },
-                ToolCall {
-                    id: "call_1".into(),
-                    name: "read".into(),
-                    arguments: "{\"path\":\"a\"}".into()
-                },
+                ToolCall { id: "call_abc".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into() },
+                ToolCall { id: "call_1".into(), name: "read".into(), arguments: "{\"path\":\"a\"}".into() },
             ]
         );
         let seen = server.take_seen();
@@ -750,26 +603,15 @@ mod tests {
                 assert_eq!(error.status(), Some(status), "{name}");
             }
         }
-        assert_eq!(
-            server.take_seen().len(),
-            17,
-            "one request per row, no hidden retries"
-        );
+        assert_eq!(server.take_seen().len(), 17, "one request per row, no hidden retries");
     }
 
     #[tokio::test]
     async fn timeout_is_a_retryable_transport_failure() {
         let server = FakeServer::start().await;
-        server.push(Reply {
-            status: 200,
-            body: "{}".into(),
-            delay: Some(Duration::from_secs(30)),
-        });
+        server.push(Reply { status: 200, body: "{}".into(), delay: Some(Duration::from_secs(30)) });
         let provider = server.provider(None, Duration::from_millis(200));
-        let error = provider
-            .complete(user_request("m"))
-            .await
-            .expect_err("times out");
+        let error = provider.complete(user_request("m")).await.expect_err("times out");
         assert!(matches!(error, ModelError::Transport { .. }), "{error:?}");
         assert_eq!(error.key(), "provider_http_error");
         assert!(error.retryable());
@@ -790,10 +632,8 @@ mod tests {
                 ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
             },
         );
-        let registry = ModelRegistry::new(table, |name| {
-            (name == "FAKE_KEY").then(|| "sk-fake".to_owned())
-        })
-        .expect("table is valid");
+        let registry = ModelRegistry::new(table, |name| (name == "FAKE_KEY").then(|| "sk-fake".to_owned()))
+            .expect("table is valid");
         let resolved = registry.resolve("fake/org/model-1").expect("resolves");
         assert_eq!(resolved.model, "org/model-1");
         server.reply(
@@ -801,11 +641,7 @@ mod tests {
             json!({"choices": [{"message": {"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}}]})
                 .to_string(),
         );
-        let answer = resolved
-            .client
-            .complete(user_request(&resolved.model))
-            .await
-            .expect("answer");
+        let answer = resolved.client.complete(user_request(&resolved.model)).await.expect("answer");
         assert_eq!(answer.text.as_deref(), Some("ab"));
         assert_eq!(answer.finish_reason, "stop");
         let seen = server.take_seen();

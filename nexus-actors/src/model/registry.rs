@@ -161,10 +161,7 @@ impl ModelRegistry {
     /// Validates `table`, reads every `script` file, reads each `api_key_env` through `env`
     /// (production passes `|name| std::env::var(name).ok()`), and builds one client per provider.
     /// Blocking file reads: call at start-up, not inside an actor handler.
-    pub fn new(
-        table: ProviderTable,
-        env: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
+    pub fn new(table: ProviderTable, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let mut entries = BTreeMap::new();
         for (name, config) in &table.providers {
             entries.insert(name.clone(), build_entry(name, config, &env)?);
@@ -182,14 +179,8 @@ impl ModelRegistry {
     /// `openrouter`, model `z-ai/glm-5.3`). No I/O. Errors carry the resolver words (see
     /// [`ResolveError`]).
     pub fn resolve(&self, reference: &str) -> Result<ResolvedModel, ResolveError> {
-        let unknown_model = || ResolveError::UnknownModel {
-            reference: reference.to_owned(),
-        };
-        if reference.starts_with(SELECTOR_PREFIX)
-            || reference
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control())
-        {
+        let unknown_model = || ResolveError::UnknownModel { reference: reference.to_owned() };
+        if reference.starts_with(SELECTOR_PREFIX) || reference.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(unknown_model());
         }
         let Some((provider, model)) = reference.split_once('/') else {
@@ -198,30 +189,18 @@ impl ModelRegistry {
         if provider.is_empty() || model.is_empty() {
             return Err(unknown_model());
         }
-        let (Some(config), Some(entry)) = (
-            self.table.providers.get(provider),
-            self.entries.get(provider),
-        ) else {
-            return Err(ResolveError::UnknownProvider {
-                provider: provider.to_owned(),
-            });
+        let (Some(config), Some(entry)) = (self.table.providers.get(provider), self.entries.get(provider)) else {
+            return Err(ResolveError::UnknownProvider { provider: provider.to_owned() });
         };
         if !config.enabled {
-            return Err(ResolveError::ProviderDisabled {
-                provider: provider.to_owned(),
-            });
+            return Err(ResolveError::ProviderDisabled { provider: provider.to_owned() });
         }
         if let Some(env_var) = &entry.missing_credential {
-            return Err(ResolveError::MissingCredential {
-                provider: provider.to_owned(),
-                env_var: env_var.clone(),
-            });
+            return Err(ResolveError::MissingCredential { provider: provider.to_owned(), env_var: env_var.clone() });
         }
         match config.models.get(model) {
             Some(model_config) if model_config.hidden => {
-                return Err(ResolveError::ModelHidden {
-                    reference: reference.to_owned(),
-                });
+                return Err(ResolveError::ModelHidden { reference: reference.to_owned() });
             }
             Some(_) => {}
             None if config.allow_any_model => {}
@@ -265,23 +244,13 @@ impl ModelRegistry {
     /// in the log, when `provider` is not a configured `scripted` provider.
     #[must_use]
     pub fn with_script(mut self, provider: &str, model: &str, script: Script) -> Self {
-        let (Some(config), Some(entry)) = (
-            self.table.providers.get_mut(provider),
-            self.entries.get_mut(provider),
-        ) else {
-            tracing::warn!(
-                provider,
-                model,
-                "with_script: no such provider; script ignored"
-            );
+        let (Some(config), Some(entry)) = (self.table.providers.get_mut(provider), self.entries.get_mut(provider))
+        else {
+            tracing::warn!(provider, model, "with_script: no such provider; script ignored");
             return self;
         };
         if config.kind != ProviderKind::Scripted {
-            tracing::warn!(
-                provider,
-                model,
-                "with_script: provider is not scripted; script ignored"
-            );
+            tracing::warn!(provider, model, "with_script: provider is not scripted; script ignored");
             return self;
         }
         config.models.entry(model.to_owned()).or_default();
@@ -296,26 +265,13 @@ fn build_entry(
     config: &ProviderConfig,
     env: &impl Fn(&str) -> Option<String>,
 ) -> Result<ProviderEntry, ConfigError> {
-    let invalid = |reason: &str| ConfigError::Invalid {
-        provider: name.to_owned(),
-        reason: reason.to_owned(),
-    };
-    if name.is_empty()
-        || name.contains('/')
-        || name.chars().any(|c| c.is_whitespace() || c.is_control())
-    {
-        return Err(invalid(
-            "a provider name must be non-empty, without `/` or whitespace",
-        ));
+    let invalid = |reason: &str| ConfigError::Invalid { provider: name.to_owned(), reason: reason.to_owned() };
+    if name.is_empty() || name.contains('/') || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(invalid("a provider name must be non-empty, without `/` or whitespace"));
     }
-    if config
-        .models
-        .keys()
-        .any(|model| model.is_empty() || model.chars().any(|c| c.is_whitespace() || c.is_control()))
+    if config.models.keys().any(|model| model.is_empty() || model.chars().any(|c| c.is_whitespace() || c.is_control()))
     {
-        return Err(invalid(
-            "a model name must be non-empty, without whitespace",
-        ));
+        return Err(invalid("a model name must be non-empty, without whitespace"));
     }
     if config.request_timeout_ms == 0 {
         return Err(invalid("request_timeout_ms must be > 0"));
@@ -326,45 +282,32 @@ fn build_entry(
     match config.kind {
         ProviderKind::Scripted => {
             if config.base_url.is_some() || config.api_key_env.is_some() {
-                return Err(invalid(
-                    "a scripted provider takes no base_url or api_key_env",
-                ));
+                return Err(invalid("a scripted provider takes no base_url or api_key_env"));
             }
             let mut scripts = BTreeMap::new();
             for (model, model_config) in &config.models {
                 let Some(path) = &model_config.script else {
                     continue;
                 };
-                let text = std::fs::read_to_string(path).map_err(|source| {
-                    ConfigError::ScriptUnreadable {
-                        provider: name.to_owned(),
-                        model: model.clone(),
-                        path: path.clone(),
-                        source,
-                    }
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ScriptUnreadable {
+                    provider: name.to_owned(),
+                    model: model.clone(),
+                    path: path.clone(),
+                    source,
                 })?;
-                let script =
-                    Script::from_json(&text).map_err(|source| ConfigError::ScriptInvalid {
-                        provider: name.to_owned(),
-                        model: model.clone(),
-                        path: path.clone(),
-                        source,
-                    })?;
+                let script = Script::from_json(&text).map_err(|source| ConfigError::ScriptInvalid {
+                    provider: name.to_owned(),
+                    model: model.clone(),
+                    path: path.clone(),
+                    source,
+                })?;
                 scripts.insert(model.clone(), Arc::new(script));
             }
             let client = Arc::new(ScriptedProvider::new(name, scripts.clone()));
-            Ok(ProviderEntry {
-                missing_credential: None,
-                scripts,
-                client,
-            })
+            Ok(ProviderEntry { missing_credential: None, scripts, client })
         }
         ProviderKind::OpenAiCompatible => {
-            if config
-                .models
-                .values()
-                .any(|model_config| model_config.script.is_some())
-            {
+            if config.models.values().any(|model_config| model_config.script.is_some()) {
                 return Err(invalid("`script` is for scripted providers only"));
             }
             let Some(base_url) = &config.base_url else {
@@ -386,11 +329,7 @@ fn build_entry(
                 api_key,
                 Duration::from_millis(config.request_timeout_ms),
             )?;
-            Ok(ProviderEntry {
-                missing_credential,
-                scripts: BTreeMap::new(),
-                client: Arc::new(client),
-            })
+            Ok(ProviderEntry { missing_credential, scripts: BTreeMap::new(), client: Arc::new(client) })
         }
     }
 }
@@ -428,13 +367,7 @@ mod tests {
                 base_url: Some("http://127.0.0.1:9/v1".into()),
                 models: BTreeMap::from([
                     ("open".into(), ModelConfig::default()),
-                    (
-                        "secret".into(),
-                        ModelConfig {
-                            hidden: true,
-                            script: None,
-                        },
-                    ),
+                    ("secret".into(), ModelConfig { hidden: true, script: None }),
                 ]),
                 ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
             },
@@ -446,50 +379,26 @@ mod tests {
     fn resolver_words_one_row_per_word() {
         let registry = ModelRegistry::new(table(), no_env).expect("valid table");
         let rows: [(&str, &str, Expected); 14] = [
-            (
-                "listed_model",
-                "scripted/default",
-                Ok(("scripted", "default")),
-            ),
-            (
-                "listed_model_no_key_needed",
-                "local/open",
-                Ok(("local", "open")),
-            ),
+            ("listed_model", "scripted/default", Ok(("scripted", "default"))),
+            ("listed_model_no_key_needed", "local/open", Ok(("local", "open"))),
             ("bare_word", "default", Err("unknown_model")),
             ("selector", "model_selector:fast", Err("unknown_model")),
-            (
-                "selector_with_slash",
-                "model_selector:a/b",
-                Err("unknown_model"),
-            ),
+            ("selector_with_slash", "model_selector:a/b", Err("unknown_model")),
             ("empty_provider", "/default", Err("unknown_model")),
             ("empty_model", "scripted/", Err("unknown_model")),
             ("whitespace", " scripted/default", Err("unknown_model")),
             ("unlisted_model", "local/other", Err("unknown_model")),
-            (
-                "unknown_provider",
-                "nowhere/default",
-                Err("unknown_provider"),
-            ),
+            ("unknown_provider", "nowhere/default", Err("unknown_provider")),
             ("provider_disabled", "off/m", Err("provider_disabled")),
             ("model_hidden", "local/secret", Err("model_hidden")),
-            (
-                "missing_credential",
-                "openrouter/z-ai/glm-5.3",
-                Err("missing_credential"),
-            ),
+            ("missing_credential", "openrouter/z-ai/glm-5.3", Err("missing_credential")),
             ("empty", "", Err("unknown_model")),
         ];
         for (name, reference, expected) in rows {
             match (registry.resolve(reference), expected) {
                 (Ok(resolved), Ok((provider, model))) => {
                     assert_eq!(resolved.reference, reference, "{name}");
-                    assert_eq!(
-                        (resolved.provider.as_str(), resolved.model.as_str()),
-                        (provider, model),
-                        "{name}"
-                    );
+                    assert_eq!((resolved.provider.as_str(), resolved.model.as_str()), (provider, model), "{name}");
                 }
                 (Err(error), Err(word)) => assert_eq!(error.word(), word, "{name}"),
                 (actual, expected) => panic!("{name}: got {actual:?}, expected {expected:?}"),
@@ -499,50 +408,29 @@ mod tests {
 
     #[test]
     fn default_table_and_first_slash_split() {
-        let without_key =
-            ModelRegistry::new(ProviderTable::default(), no_env).expect("builtin table");
-        let scripted = without_key
-            .resolve("scripted/default")
-            .expect("scripted resolves");
-        assert_eq!(
-            (scripted.provider.as_str(), scripted.model.as_str()),
-            ("scripted", "default")
-        );
+        let without_key = ModelRegistry::new(ProviderTable::default(), no_env).expect("builtin table");
+        let scripted = without_key.resolve("scripted/default").expect("scripted resolves");
+        assert_eq!((scripted.provider.as_str(), scripted.model.as_str()), ("scripted", "default"));
         let error = without_key.resolve("openrouter/x").expect_err("no key");
         assert_eq!(error.word(), "missing_credential");
         assert_eq!(
             error,
-            ResolveError::MissingCredential {
-                provider: "openrouter".into(),
-                env_var: "OPENROUTER_API_KEY".into()
-            }
+            ResolveError::MissingCredential { provider: "openrouter".into(), env_var: "OPENROUTER_API_KEY".into() }
         );
 
-        let empty_key = ModelRegistry::new(ProviderTable::default(), |_| Some("  ".into()))
-            .expect("builtin table");
-        assert_eq!(
-            empty_key
-                .resolve("openrouter/x")
-                .expect_err("blank key")
-                .word(),
-            "missing_credential"
-        );
+        let empty_key = ModelRegistry::new(ProviderTable::default(), |_| Some("  ".into())).expect("builtin table");
+        assert_eq!(empty_key.resolve("openrouter/x").expect_err("blank key").word(), "missing_credential");
 
         let with_key = ModelRegistry::new(ProviderTable::default(), |name| {
             (name == "OPENROUTER_API_KEY").then(|| "sk-or-test".to_owned())
         })
         .expect("builtin table");
-        let resolved = with_key
-            .resolve("openrouter/z-ai/glm-5.3")
-            .expect("any model with a key");
+        let resolved = with_key.resolve("openrouter/z-ai/glm-5.3").expect("any model with a key");
         assert_eq!(resolved.provider, "openrouter");
         assert_eq!(resolved.model, "z-ai/glm-5.3");
         assert_eq!(resolved.reference, "openrouter/z-ai/glm-5.3");
         assert!(format!("{:?}", resolved.client).contains("openrouter"));
-        assert!(
-            !format!("{:?}", resolved.client).contains("sk-or-test"),
-            "the key never shows in Debug"
-        );
+        assert!(!format!("{:?}", resolved.client).contains("sk-or-test"), "the key never shows in Debug");
     }
 
     #[test]
@@ -566,44 +454,25 @@ mod tests {
     #[tokio::test]
     async fn with_script_defines_and_replaces_scripts() {
         let registry = ModelRegistry::new(ProviderTable::default(), no_env).expect("builtin table");
-        assert_eq!(
-            registry
-                .resolve("scripted/quickstart")
-                .expect_err("not yet")
-                .word(),
-            "unknown_model"
-        );
+        assert_eq!(registry.resolve("scripted/quickstart").expect_err("not yet").word(), "unknown_model");
         let script = Script::from_json(r#"{"rounds":[{"final":"hi {{input}}"}]}"#).expect("parses");
         let registry = registry
             .with_script("scripted", "quickstart", script.clone())
             .with_script("scripted", "default", script.clone())
             .with_script("openrouter", "x", script)
-            .with_script(
-                "nowhere",
-                "x",
-                Script::from_json(r#"{"rounds":[{"final":"x"}]}"#).expect("parses"),
-            );
+            .with_script("nowhere", "x", Script::from_json(r#"{"rounds":[{"final":"x"}]}"#).expect("parses"));
         let request = |model: &str| ModelRequest {
             model: model.into(),
-            messages: vec![ChatMessage::User {
-                content: "bob".into(),
-            }],
+            messages: vec![ChatMessage::User { content: "bob".into() }],
             tools: vec![],
         };
         for reference in ["scripted/quickstart", "scripted/default"] {
             let resolved = registry.resolve(reference).expect("scripted model");
-            let answer = resolved
-                .client
-                .complete(request(&resolved.model))
-                .await
-                .expect("answers");
+            let answer = resolved.client.complete(request(&resolved.model)).await.expect("answers");
             assert_eq!(answer.text.as_deref(), Some("hi bob"), "{reference}");
         }
         assert_eq!(registry.table().providers.len(), 2);
-        assert_eq!(
-            registry.table().providers["openrouter"],
-            ProviderTable::default().providers["openrouter"]
-        );
+        assert_eq!(registry.table().providers["openrouter"], ProviderTable::default().providers["openrouter"]);
         assert!(!registry.table().providers.contains_key("nowhere"));
     }
 
@@ -611,32 +480,17 @@ mod tests {
     async fn script_files_are_read_at_build_time() {
         let dir = tempfile::tempdir().expect("tempdir");
         let good = dir.path().join("good.json");
-        std::fs::write(
-            &good,
-            include_str!("../../../deploy/quickstart/script.json"),
-        )
-        .expect("write");
+        std::fs::write(&good, include_str!("../../../deploy/quickstart/script.json")).expect("write");
         let mut table = ProviderTable::default();
-        let scripted = table
-            .providers
-            .get_mut("scripted")
-            .expect("builtin scripted");
-        scripted.models.insert(
-            "count".into(),
-            ModelConfig {
-                hidden: false,
-                script: Some(good),
-            },
-        );
+        let scripted = table.providers.get_mut("scripted").expect("builtin scripted");
+        scripted.models.insert("count".into(), ModelConfig { hidden: false, script: Some(good) });
         let registry = ModelRegistry::new(table.clone(), no_env).expect("script loads");
         let resolved = registry.resolve("scripted/count").expect("resolves");
         let answer = resolved
             .client
             .complete(ModelRequest {
                 model: resolved.model.clone(),
-                messages: vec![ChatMessage::User {
-                    content: "count".into(),
-                }],
+                messages: vec![ChatMessage::User { content: "count".into() }],
                 tools: vec![],
             })
             .await
@@ -646,32 +500,14 @@ mod tests {
         let bad = dir.path().join("bad.json");
         std::fs::write(&bad, r#"{"rounds":[{"final":"{{nope}}"}]}"#).expect("write");
         let mut bad_table = table.clone();
-        bad_table
-            .providers
-            .get_mut("scripted")
-            .expect("scripted")
-            .models
-            .get_mut("count")
-            .expect("count")
-            .script = Some(bad);
-        assert!(matches!(
-            ModelRegistry::new(bad_table, no_env),
-            Err(ConfigError::ScriptInvalid { .. })
-        ));
+        bad_table.providers.get_mut("scripted").expect("scripted").models.get_mut("count").expect("count").script =
+            Some(bad);
+        assert!(matches!(ModelRegistry::new(bad_table, no_env), Err(ConfigError::ScriptInvalid { .. })));
 
         let mut missing_table = table;
-        missing_table
-            .providers
-            .get_mut("scripted")
-            .expect("scripted")
-            .models
-            .get_mut("count")
-            .expect("count")
-            .script = Some(dir.path().join("absent.json"));
-        assert!(matches!(
-            ModelRegistry::new(missing_table, no_env),
-            Err(ConfigError::ScriptUnreadable { .. })
-        ));
+        missing_table.providers.get_mut("scripted").expect("scripted").models.get_mut("count").expect("count").script =
+            Some(dir.path().join("absent.json"));
+        assert!(matches!(ModelRegistry::new(missing_table, no_env), Err(ConfigError::ScriptUnreadable { .. })));
     }
 
     #[test]
@@ -681,63 +517,20 @@ mod tests {
             ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
         };
         let rows: Vec<(&str, &str, ProviderConfig)> = vec![
-            (
-                "slash_in_name",
-                "a/b",
-                ProviderConfig::new(ProviderKind::Scripted),
-            ),
-            (
-                "empty_name",
-                "",
-                ProviderConfig::new(ProviderKind::Scripted),
-            ),
-            (
-                "no_base_url",
-                "p",
-                ProviderConfig::new(ProviderKind::OpenAiCompatible),
-            ),
-            (
-                "relative_base_url",
-                "p",
-                ProviderConfig {
-                    base_url: Some("localhost/v1".into()),
-                    ..openai()
-                },
-            ),
-            (
-                "ftp_base_url",
-                "p",
-                ProviderConfig {
-                    base_url: Some("ftp://host/v1".into()),
-                    ..openai()
-                },
-            ),
-            (
-                "zero_timeout",
-                "p",
-                ProviderConfig {
-                    request_timeout_ms: 0,
-                    ..openai()
-                },
-            ),
-            (
-                "empty_key_env",
-                "p",
-                ProviderConfig {
-                    api_key_env: Some(String::new()),
-                    ..openai()
-                },
-            ),
+            ("slash_in_name", "a/b", ProviderConfig::new(ProviderKind::Scripted)),
+            ("empty_name", "", ProviderConfig::new(ProviderKind::Scripted)),
+            ("no_base_url", "p", ProviderConfig::new(ProviderKind::OpenAiCompatible)),
+            ("relative_base_url", "p", ProviderConfig { base_url: Some("localhost/v1".into()), ..openai() }),
+            ("ftp_base_url", "p", ProviderConfig { base_url: Some("ftp://host/v1".into()), ..openai() }),
+            ("zero_timeout", "p", ProviderConfig { request_timeout_ms: 0, ..openai() }),
+            ("empty_key_env", "p", ProviderConfig { api_key_env: Some(String::new()), ..openai() }),
             (
                 "script_on_http_model",
                 "p",
                 ProviderConfig {
                     models: BTreeMap::from([(
                         "m".into(),
-                        ModelConfig {
-                            hidden: false,
-                            script: Some("s.json".into()),
-                        },
+                        ModelConfig { hidden: false, script: Some("s.json".into()) },
                     )]),
                     ..openai()
                 },
@@ -745,33 +538,23 @@ mod tests {
             (
                 "base_url_on_scripted",
                 "p",
-                ProviderConfig {
-                    base_url: Some("http://x".into()),
-                    ..ProviderConfig::new(ProviderKind::Scripted)
-                },
+                ProviderConfig { base_url: Some("http://x".into()), ..ProviderConfig::new(ProviderKind::Scripted) },
             ),
             (
                 "empty_model_name",
                 "p",
-                ProviderConfig {
-                    models: BTreeMap::from([(String::new(), ModelConfig::default())]),
-                    ..openai()
-                },
+                ProviderConfig { models: BTreeMap::from([(String::new(), ModelConfig::default())]), ..openai() },
             ),
         ];
         for (name, provider, config) in rows {
-            let table = ProviderTable {
-                providers: BTreeMap::from([(provider.to_owned(), config)]),
-            };
+            let table = ProviderTable { providers: BTreeMap::from([(provider.to_owned(), config)]) };
             let result = ModelRegistry::new(table, no_env);
             assert!(
                 matches!(&result, Err(ConfigError::Invalid { provider: p, .. }) if p == provider),
                 "{name}: {result:?}"
             );
         }
-        let fine = ProviderTable {
-            providers: BTreeMap::from([("p".to_owned(), openai())]),
-        };
+        let fine = ProviderTable { providers: BTreeMap::from([("p".to_owned(), openai())]) };
         assert!(ModelRegistry::new(fine, no_env).is_ok());
     }
 }

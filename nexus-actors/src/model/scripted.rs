@@ -49,9 +49,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::{
-    BoxFuture, ChatMessage, ModelError, ModelProvider, ModelRequest, ModelResponse, ToolCall,
-};
+use super::{BoxFuture, ChatMessage, ModelError, ModelProvider, ModelRequest, ModelResponse, ToolCall};
 
 /// Why a script was refused.
 #[non_exhaustive]
@@ -150,9 +148,7 @@ impl Script {
     pub fn respond(&self, messages: &[ChatMessage]) -> Result<ModelResponse, ModelError> {
         let round_index = round_index(messages);
         let Some(round) = self.rounds.get(round_index) else {
-            return Err(ModelError::Provider {
-                message: format!("script exhausted at round {round_index}"),
-            });
+            return Err(ModelError::Provider { message: format!("script exhausted at round {round_index}") });
         };
         match round {
             Round::ToolCalls(calls) => Ok(ModelResponse {
@@ -172,10 +168,7 @@ impl Script {
 }
 
 fn parse_round(index: usize, round: RoundFile) -> Result<Round, ScriptError> {
-    let invalid = |reason: String| ScriptError::Round {
-        round: index,
-        reason,
-    };
+    let invalid = |reason: String| ScriptError::Round { round: index, reason };
     match (round.tool_calls, round.final_text) {
         (Some(calls), None) => {
             if calls.is_empty() {
@@ -184,13 +177,9 @@ fn parse_round(index: usize, round: RoundFile) -> Result<Round, ScriptError> {
             let mut seen = BTreeSet::new();
             let mut out = Vec::with_capacity(calls.len());
             for (position, call) in calls.into_iter().enumerate() {
-                let id = call
-                    .id
-                    .unwrap_or_else(|| format!("call_{index}_{position}"));
+                let id = call.id.unwrap_or_else(|| format!("call_{index}_{position}"));
                 if id.is_empty() || id.contains(['.', '{', '}']) {
-                    return Err(invalid(format!(
-                        "tool call id `{id}` must be non-empty without `.`, `{{` or `}}`"
-                    )));
+                    return Err(invalid(format!("tool call id `{id}` must be non-empty without `.`, `{{` or `}}`")));
                 }
                 if !seen.insert(id.clone()) {
                     return Err(invalid(format!("tool call id `{id}` is repeated")));
@@ -203,11 +192,7 @@ fn parse_round(index: usize, round: RoundFile) -> Result<Round, ScriptError> {
                     Some(serde_json::Value::String(raw)) => raw,
                     Some(value) => value.to_string(),
                 };
-                out.push(ToolCall {
-                    id,
-                    name: call.name,
-                    arguments,
-                });
+                out.push(ToolCall { id, name: call.name, arguments });
             }
             Ok(Round::ToolCalls(out))
         }
@@ -242,9 +227,7 @@ fn parse_placeholder(inner: &str) -> Result<Segment, String> {
     if name == "input" {
         return Ok(Segment::Input);
     }
-    let unknown = || {
-        format!("unknown placeholder `{{{{{inner}}}}}` (expected input, tool:ID or tool:ID.FIELD)")
-    };
+    let unknown = || format!("unknown placeholder `{{{{{inner}}}}}` (expected input, tool:ID or tool:ID.FIELD)");
     let Some(target) = name.strip_prefix("tool:") else {
         return Err(unknown());
     };
@@ -255,10 +238,7 @@ fn parse_placeholder(inner: &str) -> Result<Segment, String> {
     if id.is_empty() || field.is_some_and(str::is_empty) {
         return Err(unknown());
     }
-    Ok(Segment::Tool {
-        id: id.to_owned(),
-        field: field.map(str::to_owned),
-    })
+    Ok(Segment::Tool { id: id.to_owned(), field: field.map(str::to_owned) })
 }
 
 /// Assistant messages after the last user message.
@@ -267,10 +247,7 @@ fn round_index(messages: &[ChatMessage]) -> usize {
         .iter()
         .rposition(|message| matches!(message, ChatMessage::User { .. }))
         .map_or(0, |position| position + 1);
-    messages[start..]
-        .iter()
-        .filter(|message| matches!(message, ChatMessage::Assistant { .. }))
-        .count()
+    messages[start..].iter().filter(|message| matches!(message, ChatMessage::Assistant { .. })).count()
 }
 
 fn last_input(messages: &[ChatMessage]) -> &str {
@@ -284,11 +261,7 @@ fn last_input(messages: &[ChatMessage]) -> &str {
         .unwrap_or("")
 }
 
-fn render(
-    segments: &[Segment],
-    messages: &[ChatMessage],
-    round_index: usize,
-) -> Result<String, ModelError> {
+fn render(segments: &[Segment], messages: &[ChatMessage], round_index: usize) -> Result<String, ModelError> {
     let mut out = String::new();
     for segment in segments {
         match segment {
@@ -325,18 +298,13 @@ fn render(
 /// One field of a tool result: from a JSON object, else from `name: value` / `name:\n<block>`
 /// text sections (module docs).
 fn tool_field(content: &str, field: &str) -> Option<String> {
-    if let Ok(serde_json::Value::Object(object)) =
-        serde_json::from_str::<serde_json::Value>(content)
-    {
+    if let Ok(serde_json::Value::Object(object)) = serde_json::from_str::<serde_json::Value>(content) {
         return object.get(field).map(|value| match value {
             serde_json::Value::String(text) => text.clone(),
             other => other.to_string(),
         });
     }
-    let lines: Vec<&str> = content
-        .split('\n')
-        .map(|line| line.strip_suffix('\r').unwrap_or(line))
-        .collect();
+    let lines: Vec<&str> = content.split('\n').map(|line| line.strip_suffix('\r').unwrap_or(line)).collect();
     let (header, rest) = lines.iter().enumerate().find_map(|(index, line)| {
         let rest = line.strip_prefix(field)?.strip_prefix(':')?;
         (rest.is_empty() || rest.starts_with(' ')).then_some((index, rest))
@@ -346,10 +314,7 @@ fn tool_field(content: &str, field: &str) -> Option<String> {
         return Some(inline.to_owned());
     }
     let block = &lines[header + 1..];
-    let end = block
-        .iter()
-        .position(|line| is_bare_header(line))
-        .unwrap_or(block.len());
+    let end = block.iter().position(|line| is_bare_header(line)).unwrap_or(block.len());
     Some(block[..end].join("\n"))
 }
 
@@ -362,9 +327,7 @@ fn is_bare_header(line: &str) -> bool {
         return false;
     };
     let mut chars = name.chars();
-    chars
-        .next()
-        .is_some_and(|first| first.is_ascii_alphabetic() || first == '_')
+    chars.next().is_some_and(|first| first.is_ascii_alphabetic() || first == '_')
         && chars.all(|rest| rest.is_ascii_alphanumeric() || rest == '_')
 }
 
@@ -379,10 +342,7 @@ impl ScriptedProvider {
     /// A provider named `provider` (used in the no-script answer) with the given scripts.
     #[must_use]
     pub fn new(provider: impl Into<String>, scripts: BTreeMap<String, Arc<Script>>) -> Self {
-        Self {
-            provider: provider.into(),
-            scripts,
-        }
+        Self { provider: provider.into(), scripts }
     }
 
     fn answer(&self, request: &ModelRequest) -> Result<ModelResponse, ModelError> {
@@ -406,10 +366,7 @@ impl ScriptedProvider {
 impl ModelProvider for ScriptedProvider {
     /// Answers from the script of `request.model`; a model without a script answers
     /// `<provider>/<model> has no script; input was: <input>`. Ready immediately.
-    fn complete<'a>(
-        &'a self,
-        request: ModelRequest,
-    ) -> BoxFuture<'a, Result<ModelResponse, ModelError>> {
+    fn complete<'a>(&'a self, request: ModelRequest) -> BoxFuture<'a, Result<ModelResponse, ModelError>> {
         Box::pin(std::future::ready(self.answer(&request)))
     }
 }
@@ -423,66 +380,39 @@ mod tests {
     const QUICKSTART: &str = include_str!("../../../deploy/quickstart/script.json");
 
     fn user(text: &str) -> ChatMessage {
-        ChatMessage::User {
-            content: text.to_owned(),
-        }
+        ChatMessage::User { content: text.to_owned() }
     }
 
     fn provider_with(model: &str, script: &str) -> ScriptedProvider {
         let script = Script::from_json(script).expect("script parses");
-        ScriptedProvider::new(
-            "scripted",
-            BTreeMap::from([(model.to_owned(), Arc::new(script))]),
-        )
+        ScriptedProvider::new("scripted", BTreeMap::from([(model.to_owned(), Arc::new(script))]))
     }
 
     fn request(model: &str, messages: Vec<ChatMessage>) -> ModelRequest {
-        ModelRequest {
-            model: model.to_owned(),
-            messages,
-            tools: vec![],
-        }
+        ModelRequest { model: model.to_owned(), messages, tools: vec![] }
     }
 
     #[tokio::test]
     async fn two_round_script_end_to_end_with_bash_shaped_result() {
         let provider = provider_with("count", QUICKSTART);
-        let mut messages = vec![
-            ChatMessage::System {
-                content: "be brief".into(),
-            },
-            user("how many lines of rust?"),
-        ];
+        let mut messages = vec![ChatMessage::System { content: "be brief".into() }, user("how many lines of rust?")];
 
-        let first = provider
-            .complete(request("count", messages.clone()))
-            .await
-            .expect("round 0");
+        let first = provider.complete(request("count", messages.clone())).await.expect("round 0");
         assert_eq!(first.text, None);
         assert_eq!(first.finish_reason, "tool_calls");
         assert_eq!(first.tool_calls.len(), 1);
         let call = &first.tool_calls[0];
         assert_eq!(call.id, "count");
         assert_eq!(call.name, "bash");
-        let arguments: serde_json::Value =
-            serde_json::from_str(&call.arguments).expect("arguments are json");
-        assert_eq!(
-            arguments,
-            json!({"command": "find . -name '*.rs' -not -path './target/*' | xargs cat | wc -l"})
-        );
+        let arguments: serde_json::Value = serde_json::from_str(&call.arguments).expect("arguments are json");
+        assert_eq!(arguments, json!({"command": "find . -name '*.rs' -not -path './target/*' | xargs cat | wc -l"}));
 
-        messages.push(ChatMessage::Assistant {
-            content: None,
-            tool_calls: first.tool_calls.clone(),
-        });
+        messages.push(ChatMessage::Assistant { content: None, tool_calls: first.tool_calls.clone() });
         messages.push(ChatMessage::Tool {
             tool_call_id: "count".into(),
             content: "exit_code: 0\nstdout:\n   4242\n\nstderr:\n\n".into(),
         });
-        let second = provider
-            .complete(request("count", messages.clone()))
-            .await
-            .expect("round 1");
+        let second = provider.complete(request("count", messages.clone())).await.expect("round 1");
         assert_eq!(second.finish_reason, "stop");
         assert!(second.tool_calls.is_empty());
         assert_eq!(
@@ -494,40 +424,23 @@ mod tests {
         );
 
         // Round 2 does not exist.
-        messages.push(ChatMessage::Assistant {
-            content: second.text.clone(),
-            tool_calls: vec![],
-        });
-        let error = provider
-            .complete(request("count", messages.clone()))
-            .await
-            .expect_err("exhausted");
+        messages.push(ChatMessage::Assistant { content: second.text.clone(), tool_calls: vec![] });
+        let error = provider.complete(request("count", messages.clone())).await.expect_err("exhausted");
         assert_eq!(error.key(), "provider_error");
-        assert_eq!(
-            error.to_string(),
-            "provider error: script exhausted at round 2"
-        );
+        assert_eq!(error.to_string(), "provider error: script exhausted at round 2");
 
         // A new user input restarts at round 0.
         messages.push(user("again"));
-        let again = provider
-            .complete(request("count", messages))
-            .await
-            .expect("round 0 again");
+        let again = provider.complete(request("count", messages)).await.expect("round 0 again");
         assert_eq!(again.tool_calls, first.tool_calls);
     }
 
     #[tokio::test]
     async fn model_without_script_echoes_the_input() {
         let provider = ScriptedProvider::new("scripted", BTreeMap::new());
-        let answer = provider
-            .complete(request("default", vec![user("first"), user("hello there")]))
-            .await
-            .expect("answers");
-        assert_eq!(
-            answer.text.as_deref(),
-            Some("scripted/default has no script; input was: hello there")
-        );
+        let answer =
+            provider.complete(request("default", vec![user("first"), user("hello there")])).await.expect("answers");
+        assert_eq!(answer.text.as_deref(), Some("scripted/default has no script; input was: hello there"));
         assert_eq!(answer.finish_reason, "stop");
         assert!(answer.tool_calls.is_empty());
         assert_eq!(answer.usage, None);
@@ -559,13 +472,7 @@ mod tests {
         let calls: Vec<(&str, &str, &str)> = answer
             .tool_calls
             .iter()
-            .map(|call| {
-                (
-                    call.id.as_str(),
-                    call.name.as_str(),
-                    call.arguments.as_str(),
-                )
-            })
+            .map(|call| (call.id.as_str(), call.name.as_str(), call.arguments.as_str()))
             .collect();
         assert_eq!(
             calls,
@@ -586,14 +493,8 @@ mod tests {
         .expect("parses");
         let messages = vec![
             user("q"),
-            ChatMessage::Assistant {
-                content: None,
-                tool_calls: vec![],
-            },
-            ChatMessage::Tool {
-                tool_call_id: "j".into(),
-                content: r#" {"n": 7, "s": " x "} "#.into(),
-            },
+            ChatMessage::Assistant { content: None, tool_calls: vec![] },
+            ChatMessage::Tool { tool_call_id: "j".into(), content: r#" {"n": 7, "s": " x "} "#.into() },
             ChatMessage::Tool {
                 tool_call_id: "b".into(),
                 content: "exit_code: 2\nstdout:\ntotal: 5\nline two\nstderr:\noops\n".into(),
@@ -611,20 +512,13 @@ line two] err=[oops] all=[{"n": 7, "s": " x "}] {{ literal"#
 
     #[test]
     fn missing_tool_result_or_field_is_provider_error() {
-        let script =
-            Script::from_json(r#"{"rounds":[{"final":"{{tool:count.stdout}}"}]}"#).expect("parses");
+        let script = Script::from_json(r#"{"rounds":[{"final":"{{tool:count.stdout}}"}]}"#).expect("parses");
         let missing_id = script.respond(&[user("q")]).expect_err("no tool message");
         assert_eq!(missing_id.key(), "provider_error");
         assert!(matches!(missing_id, ModelError::Provider { .. }));
 
         let wrong_field = script
-            .respond(&[
-                user("q"),
-                ChatMessage::Tool {
-                    tool_call_id: "count".into(),
-                    content: "exit_code: 0\n".into(),
-                },
-            ])
+            .respond(&[user("q"), ChatMessage::Tool { tool_call_id: "count".into(), content: "exit_code: 0\n".into() }])
             .expect_err("no stdout section");
         assert_eq!(wrong_field.key(), "provider_error");
     }
@@ -633,48 +527,16 @@ line two] err=[oops] all=[{"n": 7, "s": " x "}] {{ literal"#
     fn invalid_scripts_are_refused() {
         let rows = [
             ("not_json", "{", "json"),
-            (
-                "unknown_field",
-                r#"{"rounds":[{"final":"x","extra":1}]}"#,
-                "json",
-            ),
+            ("unknown_field", r#"{"rounds":[{"final":"x","extra":1}]}"#, "json"),
             ("no_rounds", r#"{"rounds":[]}"#, "no_rounds"),
-            (
-                "both_kinds",
-                r#"{"rounds":[{"final":"x","tool_calls":[{"name":"a"}]}]}"#,
-                "round",
-            ),
+            ("both_kinds", r#"{"rounds":[{"final":"x","tool_calls":[{"name":"a"}]}]}"#, "round"),
             ("neither_kind", r#"{"rounds":[{}]}"#, "round"),
-            (
-                "empty_tool_calls",
-                r#"{"rounds":[{"tool_calls":[]}]}"#,
-                "round",
-            ),
-            (
-                "dotted_id",
-                r#"{"rounds":[{"tool_calls":[{"id":"a.b","name":"x"}]}]}"#,
-                "round",
-            ),
-            (
-                "repeated_id",
-                r#"{"rounds":[{"tool_calls":[{"id":"a","name":"x"},{"id":"a","name":"y"}]}]}"#,
-                "round",
-            ),
-            (
-                "empty_name",
-                r#"{"rounds":[{"tool_calls":[{"name":""}]}]}"#,
-                "round",
-            ),
-            (
-                "unknown_placeholder",
-                r#"{"rounds":[{"final":"{{output}}"}]}"#,
-                "round",
-            ),
-            (
-                "empty_field",
-                r#"{"rounds":[{"final":"{{tool:a.}}"}]}"#,
-                "round",
-            ),
+            ("empty_tool_calls", r#"{"rounds":[{"tool_calls":[]}]}"#, "round"),
+            ("dotted_id", r#"{"rounds":[{"tool_calls":[{"id":"a.b","name":"x"}]}]}"#, "round"),
+            ("repeated_id", r#"{"rounds":[{"tool_calls":[{"id":"a","name":"x"},{"id":"a","name":"y"}]}]}"#, "round"),
+            ("empty_name", r#"{"rounds":[{"tool_calls":[{"name":""}]}]}"#, "round"),
+            ("unknown_placeholder", r#"{"rounds":[{"final":"{{output}}"}]}"#, "round"),
+            ("empty_field", r#"{"rounds":[{"final":"{{tool:a.}}"}]}"#, "round"),
         ];
         for (name, text, kind) in rows {
             let error = Script::from_json(text).expect_err(name);

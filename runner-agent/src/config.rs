@@ -1,0 +1,258 @@
+//! The agent's configuration: every field, its unit and its default, validated once by [`run`].
+//!
+//! [`run`]: crate::run
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use uuid::Uuid;
+
+/// Default number of tools that run at once ([`AgentConfig::slots`]).
+pub const DEFAULT_SLOTS: usize = 4;
+/// Default `timeout_ms` announced for `bash`, in milliseconds (10 minutes).
+pub const DEFAULT_TOOL_TIMEOUT_MS: u64 = 600_000;
+
+/// The transport credential a runner presents in `Hello`.
+///
+/// Its `Debug` and `Display` never show the secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credential(String);
+
+impl Credential {
+    /// Wraps a credential, trimming surrounding whitespace.
+    pub fn new(secret: impl Into<String>) -> Self {
+        Credential(secret.into().trim().to_owned())
+    }
+
+    /// Reads a credential from a token file and trims surrounding whitespace.
+    ///
+    /// # Errors
+    /// [`ConfigError::TokenFile`] when the file cannot be read, and
+    /// [`ConfigError::EmptyCredential`] when it holds only whitespace.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|error| ConfigError::TokenFile { path: path.to_owned(), error })?;
+        let credential = Credential::new(text);
+        if credential.0.is_empty() {
+            return Err(ConfigError::EmptyCredential);
+        }
+        Ok(credential)
+    }
+
+    /// The secret, for the `Hello` frame only.
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Credential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Credential(<redacted>)")
+    }
+}
+
+/// Everything the agent needs to run. Build it with [`AgentConfig::new`], then adjust fields.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// The nexus gRPC endpoint, e.g. `http://127.0.0.1:7300`. Required.
+    pub nexus_url: String,
+    /// This runner's executor public id (`Hello.executor_public_id`). Required.
+    pub runner_id: Uuid,
+    /// The executor-transport credential (`Hello.credential`). Required.
+    pub credential: Credential,
+    /// The directory tools run in and that the file tools are confined to. Required; it must
+    /// exist.
+    pub workdir: PathBuf,
+    /// Where the journal lives. Default: [`default_state_dir`] for `runner_id`; created if
+    /// missing.
+    pub state_dir: PathBuf,
+    /// How many tools run at once; the agent claims no more than it can start. Default 4, at
+    /// least 1.
+    pub slots: usize,
+    /// The `timeout_ms` announced for `bash`, in milliseconds; a call's own `timeout_ms` can only
+    /// lower it. Default 600000 (10 minutes), at least 1.
+    pub tool_timeout_ms: u64,
+    /// How long a stream may stay silent (no frame, not even a ping) before it counts as dead.
+    /// Raised to three ping intervals when nexus announces a slower ping. Default 45 s.
+    pub liveness_timeout: Duration,
+    /// Bound on opening the TCP/HTTP2 connection. Default 10 s.
+    pub connect_timeout: Duration,
+    /// Bound on getting `welcome` (or a refusal) after opening the stream. Default 10 s.
+    pub handshake_timeout: Duration,
+    /// Bound on nexus answering any request on a live stream; past it the stream is dropped and
+    /// reopened. Default 30 s.
+    pub request_timeout: Duration,
+    /// First reconnect delay, before jitter. Default 200 ms.
+    pub reconnect_min_delay: Duration,
+    /// Largest reconnect delay, jitter included. Default 10 s.
+    pub reconnect_max_delay: Duration,
+    /// A connection that lasted this long resets the reconnect backoff. Default 30 s.
+    pub healthy_after: Duration,
+    /// Period of the maintenance pass: claim-status probes for running tasks (cancellation
+    /// detection), re-sending unacknowledged commits, pruning expired journal entries.
+    /// Default 5 s.
+    pub poll_interval: Duration,
+    /// A running tool is stopped this long before its claim deadline so that its commit can still
+    /// land in time. Default 1 s.
+    pub commit_margin: Duration,
+    /// After shutdown is requested: how long to wait for stopped tools to be journaled and their
+    /// commits answered before exiting anyway. Default 5 s.
+    pub shutdown_grace: Duration,
+}
+
+impl AgentConfig {
+    /// A configuration with every optional field at its default.
+    pub fn new(
+        nexus_url: impl Into<String>,
+        runner_id: Uuid,
+        credential: Credential,
+        workdir: impl Into<PathBuf>,
+    ) -> Self {
+        AgentConfig {
+            nexus_url: nexus_url.into(),
+            runner_id,
+            credential,
+            workdir: workdir.into(),
+            state_dir: default_state_dir(runner_id),
+            slots: DEFAULT_SLOTS,
+            tool_timeout_ms: DEFAULT_TOOL_TIMEOUT_MS,
+            liveness_timeout: Duration::from_secs(45),
+            connect_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            reconnect_min_delay: Duration::from_millis(200),
+            reconnect_max_delay: Duration::from_secs(10),
+            healthy_after: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(5),
+            commit_margin: Duration::from_secs(1),
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+
+    /// Checks the values that need no I/O.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        if self.credential.0.is_empty() {
+            return Err(ConfigError::EmptyCredential);
+        }
+        let positive = [
+            ("slots", self.slots > 0),
+            ("tool_timeout_ms", self.tool_timeout_ms > 0),
+            ("liveness_timeout", !self.liveness_timeout.is_zero()),
+            ("connect_timeout", !self.connect_timeout.is_zero()),
+            ("handshake_timeout", !self.handshake_timeout.is_zero()),
+            ("request_timeout", !self.request_timeout.is_zero()),
+            ("reconnect_min_delay", !self.reconnect_min_delay.is_zero()),
+            ("poll_interval", !self.poll_interval.is_zero()),
+        ];
+        if let Some((field, _)) = positive.iter().find(|(_, ok)| !ok) {
+            return Err(ConfigError::Invalid { field, reason: "must be positive" });
+        }
+        if self.reconnect_max_delay < self.reconnect_min_delay {
+            return Err(ConfigError::Invalid {
+                field: "reconnect_max_delay",
+                reason: "must not be below reconnect_min_delay",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The default state directory for a runner:
+/// `$XDG_STATE_HOME/nexus-runner-agent/<runner-id>`, else
+/// `$HOME/.local/state/nexus-runner-agent/<runner-id>`, else
+/// `<system temp>/nexus-runner-agent/<runner-id>`. Relative or empty variables are ignored.
+pub fn default_state_dir(runner_id: Uuid) -> PathBuf {
+    state_dir_from(std::env::var_os("XDG_STATE_HOME"), std::env::var_os("HOME"), runner_id)
+}
+
+fn state_dir_from(xdg_state_home: Option<OsString>, home: Option<OsString>, runner_id: Uuid) -> PathBuf {
+    let absolute = |value: Option<OsString>| value.map(PathBuf::from).filter(|p| p.is_absolute());
+    let base = absolute(xdg_state_home)
+        .or_else(|| absolute(home).map(|home| home.join(".local").join("state")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("nexus-runner-agent").join(runner_id.to_string())
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The token file could not be read.
+    #[error("cannot read the token file {path}: {error}")]
+    TokenFile {
+        /// The file named by `--token-file`.
+        path: PathBuf,
+        /// The I/O failure.
+        error: std::io::Error,
+    },
+    /// The credential is empty.
+    #[error("the credential is empty")]
+    EmptyCredential,
+    /// `nexus_url` is not a valid endpoint URI.
+    #[error("invalid nexus url {url:?}: {reason}")]
+    InvalidUrl {
+        /// The rejected value.
+        url: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// The workdir does not exist or is not a directory.
+    #[error("unusable workdir {path}: {reason}")]
+    Workdir {
+        /// The configured workdir.
+        path: PathBuf,
+        /// Why it cannot be used.
+        reason: String,
+    },
+    /// A numeric field is out of range.
+    #[error("invalid {field}: {reason}")]
+    Invalid {
+        /// The field's name in [`AgentConfig`].
+        field: &'static str,
+        /// What the value must satisfy.
+        reason: &'static str,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_dir_prefers_xdg_then_home_then_temp() {
+        let id = Uuid::from_u128(7);
+        let tail = Path::new("nexus-runner-agent").join(id.to_string());
+        assert_eq!(state_dir_from(Some("/xdg".into()), Some("/home/u".into()), id), Path::new("/xdg").join(&tail));
+        assert_eq!(state_dir_from(None, Some("/home/u".into()), id), Path::new("/home/u/.local/state").join(&tail));
+        assert_eq!(state_dir_from(Some("relative".into()), Some("".into()), id), std::env::temp_dir().join(&tail));
+    }
+
+    #[test]
+    fn credential_is_trimmed_and_never_printed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "  sk-secret-value \n").unwrap();
+        let credential = Credential::from_file(&path).unwrap();
+        assert_eq!(credential.expose(), "sk-secret-value");
+        let config = AgentConfig::new("http://127.0.0.1:1", Uuid::nil(), credential, "/");
+        assert!(!format!("{config:?}").contains("sk-secret"));
+
+        std::fs::write(&path, " \n").unwrap();
+        assert!(matches!(Credential::from_file(&path), Err(ConfigError::EmptyCredential)));
+    }
+
+    #[test]
+    fn check_rejects_zero_slots_and_inverted_delays() {
+        let mut config = AgentConfig::new("http://127.0.0.1:1", Uuid::nil(), Credential::new("t"), "/");
+        assert!(config.check().is_ok());
+        assert_eq!(config.slots, 4);
+        assert_eq!(config.tool_timeout_ms, 600_000);
+        config.slots = 0;
+        assert!(matches!(config.check(), Err(ConfigError::Invalid { field: "slots", .. })));
+        config.slots = 1;
+        config.reconnect_max_delay = Duration::from_millis(1);
+        assert!(matches!(config.check(), Err(ConfigError::Invalid { field: "reconnect_max_delay", .. })));
+    }
+}

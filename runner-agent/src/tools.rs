@@ -1,0 +1,540 @@
+//! The built-in tools this runner serves, their announcement (schemas and honest effect profiles)
+//! and the shaping of their results into commit bodies.
+//!
+//! Two axes of failure, as in REFERENCE.md 6.9: a tool that ran and failed (bad arguments, a
+//! non-zero exit, a refused path) is [`ToolOutcome::Completed`] with `is_error: true`, which the
+//! model reads; a call that could not run at all (unknown tool, `tool_input` not an object, bash
+//! not startable) is [`ToolOutcome::Failed`].
+
+mod bash;
+mod files;
+mod paths;
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::claim::ClaimHandle;
+
+/// The spec's commit bound (`result_too_large`, "1 MB"), read as 10^6 bytes of body JSON.
+pub(crate) const MAX_COMMIT_BODY_BYTES: usize = 1_000_000;
+/// The announced `timeout_ms` of the file tools, in milliseconds.
+const FILE_TOOL_TIMEOUT_MS: u64 = 60_000;
+
+/// Why a running tool is being stopped early.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StopReason {
+    /// nexus canceled the task (`work_canceled`) or reports the claim inactive.
+    Canceled,
+    /// The agent is shutting down.
+    Shutdown,
+}
+
+/// What a tool may know and use while it runs.
+pub(crate) struct ToolContext {
+    /// The canonical workdir.
+    pub(crate) workdir: PathBuf,
+    /// The `timeout_ms` announced for bash.
+    pub(crate) bash_timeout_ms: u64,
+    /// The task row's `timeout_ms`, when nexus sent one.
+    pub(crate) task_timeout_ms: Option<u64>,
+    /// The latest instant at which a result is still useful (claim deadline minus the commit
+    /// margin).
+    pub(crate) clamp_at: Option<Instant>,
+    /// Becomes `Some` when the tool must stop.
+    pub(crate) stop: watch::Receiver<Option<StopReason>>,
+    /// The claim, for progress frames and claim requests.
+    pub(crate) claim: Option<ClaimHandle>,
+}
+
+impl ToolContext {
+    /// Resolves when the tool is asked to stop; never resolves if nobody can ask any more.
+    pub(crate) async fn stopped(&mut self) -> StopReason {
+        let reason = self.stop.wait_for(Option::is_some).await.ok().and_then(|reason| *reason);
+        match reason {
+            Some(reason) => reason,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// What a tool call produced.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum ToolOutcome {
+    /// The tool ran. `content` is what the model reads; `structured_content` is kept for
+    /// programs; `is_error` says the tool reported a failure.
+    Completed { content: String, structured_content: Value, is_error: bool },
+    /// The tool could not run at all (`outcome: failed`).
+    Failed { content: String },
+}
+
+impl ToolOutcome {
+    /// A tool-level error the model reads.
+    pub(crate) fn error(message: impl Into<String>) -> Self {
+        let message = message.into();
+        ToolOutcome::Completed { structured_content: json!({ "error": message }), content: message, is_error: true }
+    }
+
+    /// The commit body: NUL characters replaced (nexus refuses them and closes the park), and
+    /// shrunk to fit [`MAX_COMMIT_BODY_BYTES`] — first dropping `structured_content`, then cutting
+    /// `content` with a note.
+    pub(crate) fn into_commit_body(self) -> Value {
+        let mut body = match self {
+            ToolOutcome::Completed { content, structured_content, is_error } => json!({
+                "content": content,
+                "structured_content": structured_content,
+                "is_error": is_error,
+            }),
+            ToolOutcome::Failed { content } => json!({ "outcome": "failed", "content": content }),
+        };
+        replace_nul(&mut body);
+        fit_to_bound(&mut body, MAX_COMMIT_BODY_BYTES);
+        body
+    }
+}
+
+fn replace_nul(value: &mut Value) {
+    match value {
+        Value::String(text) if text.contains('\0') => *text = text.replace('\0', "\u{FFFD}"),
+        Value::Array(items) => items.iter_mut().for_each(replace_nul),
+        Value::Object(map) => map.values_mut().for_each(replace_nul),
+        _ => {}
+    }
+}
+
+fn encoded_len(value: &Value) -> usize {
+    serde_json::to_string(value).map_or(usize::MAX, |text| text.len())
+}
+
+fn fit_to_bound(body: &mut Value, limit: usize) {
+    if encoded_len(body) <= limit {
+        return;
+    }
+    if let Some(structured) = body.get_mut("structured_content") {
+        *structured = json!({ "omitted": "the structured result was larger than the commit bound" });
+    }
+    let total = encoded_len(body);
+    if total <= limit {
+        return;
+    }
+    let Some(Value::String(content)) = body.get_mut("content") else {
+        return;
+    };
+    let note = format!("\n[cut to fit the {limit}-byte commit bound]");
+    let content_cost: usize = content.chars().map(escaped_len).sum();
+    let note_cost: usize = note.chars().map(escaped_len).sum();
+    let budget = limit.saturating_sub(total - content_cost + note_cost);
+    let mut used = 0;
+    let mut keep = 0;
+    for (at, ch) in content.char_indices() {
+        used += escaped_len(ch);
+        if used > budget {
+            break;
+        }
+        keep = at + ch.len_utf8();
+    }
+    content.truncate(keep);
+    content.push_str(&note);
+}
+
+/// Bytes `ch` takes inside a JSON string as serde_json writes it.
+fn escaped_len(ch: char) -> usize {
+    match ch {
+        '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+        c if u32::from(c) < 0x20 => 6,
+        c => c.len_utf8(),
+    }
+}
+
+/// Keys and closed values of an announced `effect_profile` (REFERENCE.md 6.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+struct EffectProfile {
+    kind: EffectKind,
+    destructive: bool,
+    effect_scope: EffectScope,
+    idempotency: Idempotency,
+    reconciliation: Reconciliation,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum EffectKind {
+    ReadOnly,
+    Write,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum EffectScope {
+    Closed,
+    Open,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Idempotency {
+    Intrinsic,
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Reconciliation {
+    None,
+    Lookup,
+}
+
+/// The built-in tools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Builtin {
+    Bash,
+    ReadFile,
+    WriteFile,
+    ListDir,
+}
+
+impl Builtin {
+    const ALL: [Builtin; 4] = [Builtin::Bash, Builtin::ReadFile, Builtin::WriteFile, Builtin::ListDir];
+
+    fn name(self) -> &'static str {
+        match self {
+            Builtin::Bash => "bash",
+            Builtin::ReadFile => "read_file",
+            Builtin::WriteFile => "write_file",
+            Builtin::ListDir => "list_dir",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Builtin> {
+        Builtin::ALL.into_iter().find(|tool| tool.name() == name)
+    }
+
+    fn description(self) -> &'static str {
+        match self {
+            Builtin::Bash => {
+                "Run a command with `bash -c` in the runner's working directory, with no stdin. \
+                 Returns the exit code, stdout and stderr (each cut after 256 KiB). The whole \
+                 process group is killed when the timeout passes."
+            }
+            Builtin::ReadFile => {
+                "Read a text file inside the working directory. `offset` is the first line \
+                 (1-based) and `limit` the number of lines. Returns the text and the file's \
+                 SHA-256, which write_file accepts as `expected_sha256`."
+            }
+            Builtin::WriteFile => {
+                "Write a whole text file inside the working directory, atomically, creating \
+                 parent directories. With `expected_sha256` the write happens only if the file's \
+                 current SHA-256 matches; `expected_sha256: null` requires that the file does not \
+                 exist yet."
+            }
+            Builtin::ListDir => {
+                "List a directory inside the working directory: each entry's name, type (file, \
+                 dir, symlink) and size, sorted by name."
+            }
+        }
+    }
+
+    fn input_schema(self) -> Value {
+        let path = |what: &str| json!({"type": "string", "description": format!("{what}; relative paths resolve in the working directory")});
+        match self {
+            Builtin::Bash => json!({
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "The bash script to run."},
+                    "timeout_ms": {"type": "integer", "minimum": 1,
+                        "description": "Kill the command after this many milliseconds; at most the announced timeout."},
+                },
+                "required": ["command"],
+            }),
+            Builtin::ReadFile => json!({
+                "type": "object",
+                "properties": {
+                    "path": path("The file to read"),
+                    "offset": {"type": "integer", "minimum": 1, "description": "First line to return, 1-based. Default 1."},
+                    "limit": {"type": "integer", "minimum": 1, "description": "Number of lines to return. Default: all."},
+                },
+                "required": ["path"],
+            }),
+            Builtin::WriteFile => json!({
+                "type": "object",
+                "properties": {
+                    "path": path("The file to write"),
+                    "content": {"type": "string", "description": "The file's new content."},
+                    "expected_sha256": {"type": ["string", "null"],
+                        "description": "Hex SHA-256 the current file must have; null means the file must not exist. Omit to skip the check."},
+                },
+                "required": ["path", "content"],
+            }),
+            Builtin::ListDir => json!({
+                "type": "object",
+                "properties": {"path": path("The directory to list; default \".\"")},
+                "required": [],
+            }),
+        }
+    }
+
+    fn effect_profile(self) -> EffectProfile {
+        let read_only = EffectProfile {
+            kind: EffectKind::ReadOnly,
+            destructive: false,
+            effect_scope: EffectScope::Closed,
+            idempotency: Idempotency::Intrinsic,
+            reconciliation: Reconciliation::None,
+        };
+        match self {
+            Builtin::Bash => EffectProfile {
+                kind: EffectKind::Write,
+                destructive: true,
+                effect_scope: EffectScope::Open,
+                idempotency: Idempotency::None,
+                reconciliation: Reconciliation::None,
+            },
+            Builtin::WriteFile => EffectProfile {
+                kind: EffectKind::Write,
+                destructive: true,
+                effect_scope: EffectScope::Closed,
+                idempotency: Idempotency::None,
+                reconciliation: Reconciliation::Lookup,
+            },
+            Builtin::ReadFile | Builtin::ListDir => read_only,
+        }
+    }
+}
+
+/// The tools, bound to one workdir and one announced bash timeout.
+#[derive(Debug)]
+pub(crate) struct Toolbox {
+    workdir: PathBuf,
+    bash_timeout_ms: u64,
+}
+
+impl Toolbox {
+    /// `workdir` must already be canonical.
+    pub(crate) fn new(workdir: PathBuf, bash_timeout_ms: u64) -> Self {
+        Toolbox { workdir, bash_timeout_ms }
+    }
+
+    pub(crate) fn workdir(&self) -> &PathBuf {
+        &self.workdir
+    }
+
+    pub(crate) fn bash_timeout_ms(&self) -> u64 {
+        self.bash_timeout_ms
+    }
+
+    /// The announce body: `{"tools": [...], "environment": {hostname, os, arch, workdir}}`.
+    pub(crate) fn announcement(&self) -> Value {
+        let tools: Vec<Value> = Builtin::ALL
+            .into_iter()
+            .map(|tool| {
+                let timeout_ms = match tool {
+                    Builtin::Bash => self.bash_timeout_ms,
+                    _ => FILE_TOOL_TIMEOUT_MS,
+                };
+                json!({
+                    "name": tool.name(),
+                    "description": tool.description(),
+                    "input_schema": tool.input_schema(),
+                    "effect_profile": tool.effect_profile(),
+                    "timeout_ms": timeout_ms,
+                })
+            })
+            .collect();
+        json!({
+            "tools": tools,
+            "environment": {
+                "hostname": hostname(),
+                "os": std::env::consts::OS,
+                "arch": std::env::consts::ARCH,
+                "workdir": self.workdir.display().to_string(),
+            },
+        })
+    }
+
+    /// Runs one call to completion. Never panics on bad input: every problem is an outcome.
+    pub(crate) async fn run(&self, tool_name: &str, input: Value, mut ctx: ToolContext) -> ToolOutcome {
+        let Some(tool) = Builtin::from_name(tool_name) else {
+            let served: Vec<&str> = Builtin::ALL.iter().map(|t| t.name()).collect();
+            return ToolOutcome::Failed {
+                content: format!("unknown tool {tool_name:?}; this runner serves {}", served.join(", ")),
+            };
+        };
+        let Value::Object(input) = input else {
+            return ToolOutcome::Failed { content: "tool_input must be a JSON object".to_owned() };
+        };
+        let work: fn(&std::path::Path, &Map<String, Value>) -> ToolOutcome = match tool {
+            Builtin::Bash => return bash::run(&input, &mut ctx).await,
+            Builtin::ReadFile => files::read_file,
+            Builtin::WriteFile => files::write_file,
+            Builtin::ListDir => files::list_dir,
+        };
+        let workdir = self.workdir.clone();
+        tokio::task::spawn_blocking(move || work(&workdir, &input))
+            .await
+            .unwrap_or_else(|err| ToolOutcome::error(format!("the tool crashed: {err}")))
+    }
+}
+
+fn hostname() -> String {
+    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .iter()
+        .find_map(|path| std::fs::read_to_string(path).ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// Argument readers shared by the tools; their errors are sentences for the model.
+mod args {
+    use serde_json::{Map, Value};
+
+    pub(super) fn required_str<'a>(input: &'a Map<String, Value>, key: &str) -> Result<&'a str, String> {
+        match input.get(key) {
+            Some(Value::String(text)) => Ok(text),
+            Some(_) => Err(format!("`{key}` must be a string")),
+            None => Err(format!("`{key}` is required")),
+        }
+    }
+
+    pub(super) fn optional_str<'a>(input: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, String> {
+        match input.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(text)) => Ok(Some(text)),
+            Some(_) => Err(format!("`{key}` must be a string")),
+        }
+    }
+
+    pub(super) fn optional_positive(input: &Map<String, Value>, key: &str) -> Result<Option<u64>, String> {
+        match input.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => match value.as_u64() {
+                Some(n) if n > 0 => Ok(Some(n)),
+                _ => Err(format!("`{key}` must be a positive integer")),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn announcement_lists_every_tool_with_an_honest_five_key_profile() {
+        let toolbox = Toolbox::new(PathBuf::from("/w"), 30_000);
+        let body = toolbox.announcement();
+        let tools = body["tools"].as_array().unwrap();
+        let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["bash", "read_file", "write_file", "list_dir"]);
+        let profile = |name: &str| {
+            let tool = tools.iter().find(|t| t["name"] == name).unwrap();
+            let profile = tool["effect_profile"].as_object().unwrap();
+            let mut keys: Vec<&str> = profile.keys().map(String::as_str).collect();
+            keys.sort_unstable();
+            assert_eq!(keys, ["destructive", "effect_scope", "idempotency", "kind", "reconciliation"]);
+            assert_eq!(tool["input_schema"]["type"], "object");
+            assert!(tool["description"].as_str().is_some_and(|d| !d.is_empty()));
+            tool["effect_profile"].clone()
+        };
+        assert_eq!(
+            profile("bash"),
+            json!({"kind": "write", "destructive": true, "effect_scope": "open", "idempotency": "none", "reconciliation": "none"})
+        );
+        assert_eq!(
+            profile("read_file"),
+            json!({"kind": "read_only", "destructive": false, "effect_scope": "closed", "idempotency": "intrinsic", "reconciliation": "none"})
+        );
+        assert_eq!(
+            profile("write_file"),
+            json!({"kind": "write", "destructive": true, "effect_scope": "closed", "idempotency": "none", "reconciliation": "lookup"})
+        );
+        assert_eq!(profile("list_dir"), profile("read_file"));
+        assert_eq!(tools[0]["timeout_ms"], 30_000);
+        assert_eq!(tools[0]["input_schema"]["required"], json!(["command"]));
+        assert_eq!(body["environment"]["workdir"], "/w");
+        assert_eq!(body["environment"]["os"], std::env::consts::OS);
+    }
+
+    #[test]
+    fn commit_bodies_have_the_spec_shape() {
+        let completed =
+            ToolOutcome::Completed { content: "ok".into(), structured_content: json!({"a": 1}), is_error: false };
+        assert_eq!(
+            completed.into_commit_body(),
+            json!({"content": "ok", "structured_content": {"a": 1}, "is_error": false})
+        );
+        let failed = ToolOutcome::Failed { content: "no such tool".into() };
+        assert_eq!(failed.into_commit_body(), json!({"outcome": "failed", "content": "no such tool"}));
+    }
+
+    #[test]
+    fn commit_body_replaces_nul_and_fits_the_bound() {
+        let outcome = ToolOutcome::Completed {
+            content: "a\0b".into(),
+            structured_content: json!({"raw": "x\0"}),
+            is_error: false,
+        };
+        let body = outcome.into_commit_body();
+        assert_eq!(body["content"], "a\u{FFFD}b");
+        assert_eq!(body["structured_content"]["raw"], "x\u{FFFD}");
+
+        // Both channels together are too big: structured goes first, content survives whole.
+        let half = "é".repeat(MAX_COMMIT_BODY_BYTES / 3);
+        let body = ToolOutcome::Completed {
+            content: half.clone(),
+            structured_content: json!({"stdout": half}),
+            is_error: false,
+        }
+        .into_commit_body();
+        assert_eq!(body["content"].as_str().unwrap().len(), half.len());
+        assert!(body["structured_content"]["omitted"].is_string());
+        assert!(encoded_len(&body) <= MAX_COMMIT_BODY_BYTES);
+
+        // Content alone is too big, and escapes make it bigger still: cut on a char boundary.
+        let body = ToolOutcome::Completed {
+            content: "\"é".repeat(MAX_COMMIT_BODY_BYTES),
+            structured_content: Value::Null,
+            is_error: true,
+        }
+        .into_commit_body();
+        let content = body["content"].as_str().unwrap();
+        assert!(encoded_len(&body) <= MAX_COMMIT_BODY_BYTES);
+        assert!(encoded_len(&body) > MAX_COMMIT_BODY_BYTES - 100);
+        assert!(content.ends_with("-byte commit bound]"));
+        assert_eq!(body["is_error"], true);
+    }
+
+    #[test]
+    fn escaped_len_matches_serde_json() {
+        let samples = (0u32..0x100).filter_map(char::from_u32).chain(['€', '😀', '\u{2028}']);
+        for ch in samples {
+            let encoded = serde_json::to_string(&ch.to_string()).unwrap();
+            assert_eq!(escaped_len(ch), encoded.len() - 2, "{ch:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_tools_and_non_object_input_fail_without_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let toolbox = Toolbox::new(dir.path().canonicalize().unwrap(), 1_000);
+        let (_stop_tx, stop) = watch::channel(None);
+        let ctx = || ToolContext {
+            workdir: toolbox.workdir().clone(),
+            bash_timeout_ms: 1_000,
+            task_timeout_ms: None,
+            clamp_at: None,
+            stop: stop.clone(),
+            claim: None,
+        };
+        let unknown = toolbox.run("rm_rf", json!({}), ctx()).await;
+        assert!(matches!(&unknown, ToolOutcome::Failed { content } if content.contains("rm_rf")));
+        let not_object = toolbox.run("bash", json!(["echo"]), ctx()).await;
+        assert!(matches!(not_object, ToolOutcome::Failed { .. }));
+        let missing = toolbox.run("bash", json!({}), ctx()).await;
+        assert!(matches!(missing, ToolOutcome::Completed { is_error: true, .. }));
+    }
+}

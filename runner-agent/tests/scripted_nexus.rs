@@ -1,0 +1,320 @@
+//! `run` against a scripted nexus on 127.0.0.1:0: each test plays the server side of the stream
+//! frame by frame (hello, announce, claim, commit, a dropped stream, a silent stream, shutdown).
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nexus_proto::runner::v1::runner_service_server::{RunnerService, RunnerServiceServer};
+use nexus_proto::runner::v1::{
+    Announced, ClaimGranted, Committed, NexusFrame, Refusal, RunnerFrame, Welcome, WorkAvailable, nexus_frame,
+    runner_frame,
+};
+use nexus_runner_agent::journal::Journal;
+use nexus_runner_agent::{AgentConfig, AgentError, Credential};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
+use tonic::{Request, Response, Status, Streaming};
+use uuid::Uuid;
+
+const RUNNER: Uuid = Uuid::from_u128(0x5eed);
+/// Bound on every wait for the agent to do something.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// One accepted stream, driven by the test.
+struct Conn {
+    inbound: Streaming<RunnerFrame>,
+    outbound: mpsc::UnboundedSender<Result<NexusFrame, Status>>,
+}
+
+impl Conn {
+    /// The next frame that is not progress.
+    async fn recv(&mut self) -> (u64, runner_frame::Frame) {
+        loop {
+            let frame = tokio::time::timeout(PATIENCE, self.inbound.message())
+                .await
+                .expect("the agent sent a frame in time")
+                .expect("the stream is healthy")
+                .expect("the stream is open");
+            match frame.frame.expect("a frame body") {
+                runner_frame::Frame::Progress(_) => continue,
+                body => return (frame.request_id, body),
+            }
+        }
+    }
+
+    fn send(&self, request_id: u64, frame: nexus_frame::Frame) {
+        self.outbound.send(Ok(NexusFrame { request_id, frame: Some(frame) })).expect("stream open");
+    }
+
+    /// Reads hello and answers welcome; returns the hello's credential.
+    async fn welcome(&mut self, ping_interval_ms: u64) -> String {
+        let (request_id, frame) = self.recv().await;
+        let runner_frame::Frame::Hello(hello) = frame else { panic!("expected hello, got {frame:?}") };
+        assert_eq!(request_id, 1);
+        assert_eq!(hello.executor_public_id, RUNNER.to_string());
+        assert_eq!(hello.protocol_version, nexus_proto::RUNNER_PROTOCOL_VERSION);
+        self.send(
+            1,
+            nexus_frame::Frame::Welcome(Welcome {
+                executor_public_id: RUNNER.to_string(),
+                credential_epoch: 1,
+                protocol_version: nexus_proto::RUNNER_PROTOCOL_VERSION,
+                ping_interval_ms,
+            }),
+        );
+        hello.credential
+    }
+
+    /// Reads the announcement and accepts it; returns its body.
+    async fn announced(&mut self) -> Value {
+        let (request_id, frame) = self.recv().await;
+        let runner_frame::Frame::Announce(announce) = frame else { panic!("expected announce, got {frame:?}") };
+        self.send(request_id, nexus_frame::Frame::Announced(Announced { executor_json: "{}".into() }));
+        serde_json::from_str(&announce.body_json).unwrap()
+    }
+
+    fn work(&self, task_key: &str) {
+        self.send(
+            0,
+            nexus_frame::Frame::WorkAvailable(WorkAvailable {
+                kind: "tool_call".into(),
+                run_public_id: "run-1".into(),
+                task_key: task_key.into(),
+                tool_name: "bash".into(),
+            }),
+        );
+    }
+
+    /// Reads a claim for `task_key` and grants it.
+    async fn grant(&mut self, task_key: &str, command: &str, claim_token: &str) {
+        let (request_id, frame) = self.recv().await;
+        let runner_frame::Frame::Claim(claim) = frame else { panic!("expected claim, got {frame:?}") };
+        assert_eq!((claim.run_public_id.as_str(), claim.task_key.as_str()), ("run-1", task_key));
+        let task = json!({
+            "kind": "tool_call", "run_public_id": "run-1", "task_key": task_key, "tool_name": "bash",
+            "tool_input": {"command": command}, "timeout_ms": 60_000,
+        });
+        self.send(
+            request_id,
+            nexus_frame::Frame::ClaimGranted(ClaimGranted {
+                task_json: task.to_string(),
+                claim_token: claim_token.into(),
+                deadline_at_ms: now_ms() + 60_000,
+            }),
+        );
+    }
+
+    /// Reads a commit; returns its request id, token and body.
+    async fn commit(&mut self) -> (u64, String, Value) {
+        let (request_id, frame) = self.recv().await;
+        let runner_frame::Frame::Commit(commit) = frame else { panic!("expected commit, got {frame:?}") };
+        (request_id, commit.claim_token, serde_json::from_str(&commit.body_json).unwrap())
+    }
+
+    fn committed(&self, request_id: u64) {
+        self.send(request_id, nexus_frame::Frame::Committed(Committed { idle: false, status: "completed".into() }));
+    }
+}
+
+struct FakeNexus {
+    connections: mpsc::UnboundedSender<Conn>,
+}
+
+#[tonic::async_trait]
+impl RunnerService for FakeNexus {
+    type ConnectStream = UnboundedReceiverStream<Result<NexusFrame, Status>>;
+
+    async fn connect(&self, request: Request<Streaming<RunnerFrame>>) -> Result<Response<Self::ConnectStream>, Status> {
+        let (outbound, frames) = mpsc::unbounded_channel();
+        let conn = Conn { inbound: request.into_inner(), outbound };
+        self.connections.send(conn).map_err(|_| Status::unavailable("test over"))?;
+        Ok(Response::new(UnboundedReceiverStream::new(frames)))
+    }
+}
+
+struct Harness {
+    _dir: tempfile::TempDir,
+    config: AgentConfig,
+    connections: mpsc::UnboundedReceiver<Conn>,
+    server: JoinHandle<()>,
+}
+
+impl Harness {
+    async fn start() -> Harness {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (tx, connections) = mpsc::unbounded_channel();
+        let server = tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(RunnerServiceServer::new(FakeNexus { connections: tx }))
+                .serve_with_incoming(TcpListenerStream::new(listener))
+                .await
+                .unwrap();
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let workdir = dir.path().join("work");
+        std::fs::create_dir(&workdir).unwrap();
+        let mut config =
+            AgentConfig::new(format!("http://{address}"), RUNNER, Credential::new(" secret-token\n"), workdir);
+        config.state_dir = dir.path().join("state");
+        config.reconnect_min_delay = Duration::from_millis(20);
+        config.reconnect_max_delay = Duration::from_millis(100);
+        Harness { _dir: dir, config, connections, server }
+    }
+
+    async fn accept(&mut self) -> Conn {
+        tokio::time::timeout(PATIENCE, self.connections.recv())
+            .await
+            .expect("the agent connected in time")
+            .expect("server running")
+    }
+
+    fn state_dir(&self) -> &Path {
+        &self.config.state_dir
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// Runs the agent in a task; dropping or firing the sender shuts it down.
+fn spawn_agent(config: AgentConfig) -> (oneshot::Sender<()>, JoinHandle<Result<(), AgentError>>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let agent = tokio::spawn(nexus_runner_agent::run(config, async move {
+        let _ = stopped.await;
+    }));
+    (stop, agent)
+}
+
+async fn finished(agent: JoinHandle<Result<(), AgentError>>) -> Result<(), AgentError> {
+    tokio::time::timeout(PATIENCE, agent).await.expect("run returned in time").unwrap()
+}
+
+fn now_ms() -> i64 {
+    i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
+}
+
+fn journal_tasks(state_dir: &Path) -> Vec<String> {
+    Journal::open(state_dir, RUNNER).unwrap().entries().map(|e| e.key.task_key.clone()).collect()
+}
+
+#[tokio::test]
+async fn a_call_runs_and_its_unacknowledged_commit_is_resent_after_reconnect() {
+    let mut nexus = Harness::start().await;
+    let (stop, agent) = spawn_agent(nexus.config.clone());
+
+    let mut first = nexus.accept().await;
+    assert_eq!(first.welcome(15_000).await, "secret-token");
+    let announcement = first.announced().await;
+    let names: Vec<&str> =
+        announcement["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["bash", "read_file", "write_file", "list_dir"]);
+    assert_eq!(
+        announcement["environment"]["workdir"],
+        nexus.config.workdir.canonicalize().unwrap().display().to_string()
+    );
+
+    first.work("t1");
+    first.work("t1"); // duplicates are claimed once
+    first.grant("t1", "echo hi; pwd", "tok-1").await;
+    let (_, token, body) = first.commit().await;
+    assert_eq!(token, "tok-1");
+    let workdir = nexus.config.workdir.canonicalize().unwrap();
+    assert_eq!(body["content"], format!("exit_code: 0\nstdout:\nhi\n{}\nstderr: (empty)\n", workdir.display()));
+    assert_eq!(body["is_error"], false);
+    assert_eq!(journal_tasks(nexus.state_dir()), ["t1"]);
+
+    // The stream dies before the commit is acknowledged: the same commit comes again.
+    drop(first);
+    let mut second = nexus.accept().await;
+    second.welcome(15_000).await;
+    second.announced().await;
+    let (request_id, token, resent) = second.commit().await;
+    assert_eq!(token, "tok-1");
+    assert_eq!(resent, body);
+    second.committed(request_id);
+
+    stop.send(()).unwrap();
+    assert!(finished(agent).await.is_ok());
+    assert!(journal_tasks(nexus.state_dir()).is_empty());
+}
+
+#[tokio::test]
+async fn an_unauthorized_hello_ends_run_with_the_refusal() {
+    let mut nexus = Harness::start().await;
+    let (_stop, agent) = spawn_agent(nexus.config.clone());
+    let mut conn = nexus.accept().await;
+    let (request_id, frame) = conn.recv().await;
+    assert!(matches!(frame, runner_frame::Frame::Hello(_)));
+    conn.send(
+        request_id,
+        nexus_frame::Frame::Refusal(Refusal {
+            code: "unauthorized".into(),
+            message: "bad token".into(),
+            http_status: 401,
+        }),
+    );
+    match finished(agent).await {
+        Err(AgentError::Refused(refusal)) => assert_eq!(refusal.code, "unauthorized"),
+        other => panic!("expected the unauthorized refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_silent_stream_is_abandoned_and_reopened() {
+    let mut nexus = Harness::start().await;
+    nexus.config.liveness_timeout = Duration::from_millis(300);
+    let (stop, agent) = spawn_agent(nexus.config.clone());
+    let mut first = nexus.accept().await;
+    first.welcome(0).await;
+    first.announced().await;
+    // No ping, no frame at all: the agent gives up on this stream and opens another.
+    let mut second = nexus.accept().await;
+    second.welcome(0).await;
+    second.announced().await;
+    stop.send(()).unwrap();
+    assert!(finished(agent).await.is_ok());
+    drop(first);
+}
+
+#[tokio::test]
+async fn shutdown_kills_a_running_tool_and_commits_what_happened() {
+    let mut nexus = Harness::start().await;
+    let (stop, agent) = spawn_agent(nexus.config.clone());
+    let mut conn = nexus.accept().await;
+    conn.welcome(15_000).await;
+    conn.announced().await;
+    conn.work("t1");
+    conn.grant("t1", "echo started; sleep 30", "tok-1").await;
+
+    // Wait until the command has started (its output shows in a progress frame), then stop.
+    let progress = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let frame = conn.inbound.message().await.unwrap().unwrap();
+            if let Some(runner_frame::Frame::Progress(progress)) = frame.frame {
+                return progress;
+            }
+        }
+    })
+    .await
+    .expect("a progress frame in time");
+    assert_eq!(progress.claim_token, "tok-1");
+    let tail: Value = serde_json::from_str(&progress.frame_json).unwrap();
+    assert_eq!(tail["text_tail"], "started\n");
+
+    let started = std::time::Instant::now();
+    stop.send(()).unwrap();
+    let (request_id, token, body) = conn.commit().await;
+    assert_eq!(token, "tok-1");
+    assert_eq!(body["content"], "the command was killed because the runner shut down");
+    assert_eq!(body["is_error"], true);
+    conn.committed(request_id);
+    assert!(finished(agent).await.is_ok());
+    assert!(started.elapsed() < Duration::from_secs(5), "shutdown took {:?}", started.elapsed());
+    assert!(journal_tasks(nexus.state_dir()).is_empty());
+}
