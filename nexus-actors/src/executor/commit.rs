@@ -101,7 +101,10 @@ pub fn validate(body_json: &str) -> Result<CommitBody, CommitRefusal> {
             stored.insert("title".into(), Value::String(t.clone()));
         }
         Some(_) => {
-            return Err(standing(ErrorCode::InvalidTitle, "title must be a non-empty string of at most 256 characters"));
+            return Err(standing(
+                ErrorCode::InvalidTitle,
+                "title must be a non-empty string of at most 256 characters",
+            ));
         }
     }
     match body.get("metadata") {
