@@ -282,8 +282,10 @@ impl Api {
         follow: bool,
     ) -> Result<impl Stream<Item = Result<Event, Refusal>> + Send + 'static, Refusal> {
         let cursor = parse_cursor(after)?;
-        self.execution(caller, id).await?;
-        let wake = follow.then(|| self.fabric.events.subscribe(id));
+        let row = self.execution(caller, id).await?;
+        // A quiet execution writes no more events: a follower reads to the end and stops.
+        let live = !row["status"].as_str().is_some_and(run_status_is_quiescent);
+        let wake = (follow && live).then(|| self.fabric.events.subscribe(id));
         let follower =
             Follower { fabric: self.fabric.clone(), id, cursor, follow, wake, buffer: VecDeque::new(), done: false };
         Ok(futures::stream::unfold(follower, Follower::next))

@@ -673,8 +673,8 @@ fn progress(
     // Accepted always; frames closer than 250 ms per key are dropped silently and nothing is
     // stored.
     let now = now_ms();
-    let last = state.progress_at.get(&id).copied().unwrap_or(i64::MIN);
-    if now - last >= PROGRESS_INTERVAL_MS {
+    let due = state.progress_at.get(&id).is_none_or(|last| now - last >= PROGRESS_INTERVAL_MS);
+    if due {
         state.progress_at.insert(id.clone(), now);
         tracing::debug!(run_id = %run, task_key = %id.1, "progress");
     }

@@ -25,6 +25,8 @@ use crate::config::ServerConfig;
 use crate::model::{ModelRegistry, Script};
 use crate::store::MemberRow;
 
+/// The display name of the quickstart's runner.
+pub const RUNNER_NAME: &str = "quickstart-runner";
 /// The question the quickstart asks.
 pub const QUESTION: &str = "How many lines of Rust are in this repository?";
 /// The scripted model the quickstart installs.
@@ -134,7 +136,7 @@ async fn drive(
     let store = &api.fabric.store;
     let agent =
         create_member(store, MemberKind::Agent, "quickstart").await.map_err(|r| step("mint the agent")(r.message))?;
-    let runner = create_runner(store, "quickstart-runner").await.map_err(|r| step("mint the runner")(r.message))?;
+    let runner = create_runner(store, RUNNER_NAME).await.map_err(|r| step("mint the runner")(r.message))?;
     let runner_id = runner["runner_executor_public_id"].as_str().unwrap_or_default().to_owned();
     let token_file = data_dir.join("runner.token");
     write_secret(&token_file, runner["token"].as_str().unwrap_or_default()).map_err(step("write the runner token"))?;
@@ -343,13 +345,13 @@ async fn follow(
                     );
                 }
                 if !calls.is_empty() {
-                    waiting_on = format!("runner {runner_id} to run {} call(s)", calls.len());
+                    waiting_on = format!("runner {RUNNER_NAME} ({runner_id}) to run {} call(s)", calls.len());
                 }
             }
             "task_status" if data.get("content").is_some() => {
                 let runner = data["runner_executor_public_id"]
                     .as_str()
-                    .map_or_else(|| "no runner".to_owned(), |r| format!("runner {r}"));
+                    .map_or_else(|| "no runner".to_owned(), |r| format!("runner {RUNNER_NAME} ({r})"));
                 println!(
                     "  {} {} on {runner}: {}{}",
                     data["task_key"].as_str().unwrap_or_default(),

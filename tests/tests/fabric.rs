@@ -401,3 +401,60 @@ async fn a_cut_stream_still_records_the_result_exactly_once() {
     let _ = stop_tx.send(());
     agent_task.await.expect("agent joins").expect("agent stops cleanly");
 }
+
+#[tokio::test]
+async fn progress_is_accepted_from_the_claimant_only() {
+    use nexus_proto::runner::v1::{Progress, runner_frame};
+    let mut s = setup(probe_tool(effect("read_only", "intrinsic"), 60_000)).await;
+    let _run = admit(&s.server, &s.agent, "probe it").await;
+    let work = s.raw.next_work(WAIT).await.expect("work");
+    let (token, _) = s.raw.claim(&work.run_public_id, &work.task_key).await.granted().expect("claim");
+    let progress = |token: &str, frame: &str| {
+        runner_frame::Frame::Progress(Progress {
+            run_public_id: work.run_public_id.clone(),
+            task_key: work.task_key.clone(),
+            claim_token: token.to_owned(),
+            frame_json: frame.to_owned(),
+        })
+    };
+    let accepted = s.raw.request(progress(&token, r#"{"text_tail": "50%"}"#)).await;
+    assert!(matches!(accepted, Reply::Frame(nexus_frame::Frame::ProgressAccepted(_))), "{accepted:?}");
+    // Too fast for the 250 ms throttle: still accepted, silently dropped.
+    let throttled = s.raw.request(progress(&token, r#"{"text_tail": "51%"}"#)).await;
+    assert!(matches!(throttled, Reply::Frame(nexus_frame::Frame::ProgressAccepted(_))), "{throttled:?}");
+    assert_eq!(s.raw.request(progress("other", "{}")).await.code(), Some("not_claimant"));
+    assert_eq!(s.raw.request(progress(&token, "[1]")).await.code(), Some("invalid_frame"));
+    let big = format!(r#"{{"text_tail": "{}"}}"#, "x".repeat(70_000));
+    assert_eq!(s.raw.request(progress(&token, &big)).await.code(), Some("frame_too_large"));
+}
+
+#[tokio::test]
+async fn health_and_reflection_are_served() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let server = TestServer::start(&[]).await;
+    let channel = tonic::transport::Endpoint::from_shared(server.url()).expect("url").connect().await.expect("connect");
+    let mut health = HealthClient::new(channel.clone());
+    for service in ["nexus.runner.v1.RunnerService", "nexus.agent.v1.AgentService"] {
+        let reply = health.check(HealthCheckRequest { service: service.into() }).await.expect("health").into_inner();
+        assert_eq!(reply.status, ServingStatus::Serving as i32, "{service}");
+    }
+    let mut reflection = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut replies =
+        reflection.server_reflection_info(tokio_stream::iter([request])).await.expect("reflection").into_inner();
+    let reply = replies.message().await.expect("reply").expect("one reply");
+    let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else { panic!("{reply:?}") };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for expected in ["nexus.agent.v1.AgentService", "nexus.runner.v1.RunnerService", "grpc.health.v1.Health"] {
+        assert!(names.iter().any(|n| n == expected), "{expected} missing from {names:?}");
+    }
+}
