@@ -25,13 +25,29 @@ const EVENT_PAGE: i64 = 200;
 /// How long a follower waits for a wake-up before it rereads the store anyway.
 const FOLLOW_POLL: Duration = Duration::from_secs(5);
 
-/// The shared API: the fabric and the handle to Root.
+/// Per-member request budgets (a GCRA token bucket per member).
+pub type DoorLimiter = governor::DefaultKeyedRateLimiter<Uuid>;
+
+/// The shared API: the fabric, the handle to Root and the door budgets.
 #[derive(Debug)]
 pub struct Api {
     /// Shared context.
     pub fabric: Arc<Fabric>,
     /// Root.
     pub root: RootHandle,
+    /// Request budgets per member.
+    pub limiter: DoorLimiter,
+}
+
+impl Api {
+    /// The API over a fabric, with the budgets of its `[doors]` configuration.
+    pub fn new(fabric: Arc<Fabric>, root: RootHandle) -> Api {
+        let doors = &fabric.config.doors;
+        let per_minute = std::num::NonZeroU32::new(doors.requests_per_minute).unwrap_or(std::num::NonZeroU32::MIN);
+        let burst = std::num::NonZeroU32::new(doors.burst).unwrap_or(std::num::NonZeroU32::MIN);
+        let limiter = governor::RateLimiter::keyed(governor::Quota::per_minute(per_minute).allow_burst(burst));
+        Api { fabric, root, limiter }
+    }
 }
 
 /// An authenticated member-plane caller.
@@ -102,12 +118,17 @@ pub fn parse_cursor(cursor: &str) -> Result<i64, Refusal> {
 }
 
 impl Api {
-    /// Authenticates a member-plane bearer.
+    /// Authenticates a member-plane bearer and spends one request of the member's budget.
     ///
     /// # Errors
-    /// 401 `unauthorized` for an unknown token or a transport-plane token.
+    /// 401 `unauthorized` for an unknown token or a transport-plane token; 429 `rate_limited`
+    /// with `retry_after` when the member's budget is spent.
     pub async fn member(&self, token: &str) -> Result<Caller, Refusal> {
         let (subject, _) = authenticate(&self.fabric.store, token, Plane::Member).await?;
+        if let Err(not_until) = self.limiter.check_key(&subject) {
+            let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
+            return Err(Refusal::rate_limited(wait.as_secs() + u64::from(wait.subsec_nanos() > 0)));
+        }
         let member = self.fabric.store.member(subject).await.map_err(internal)?.ok_or_else(|| {
             Refusal::new(ErrorCode::Unauthorized, "the member behind this credential no longer exists")
         })?;
@@ -133,6 +154,120 @@ impl Api {
         }
         let profile = self.root.profile(caller.member.public_id).await?;
         ractor::call!(profile, ProfileMsg::Declare, body).map_err(|_| unavailable())?
+    }
+
+    /// `GET /agent_api/v1/profile/agents`: the Agent's live named definitions.
+    ///
+    /// # Errors
+    /// 403 `not_agent` for a Human.
+    pub async fn named_definitions(&self, caller: &Caller) -> Result<Value, Refusal> {
+        if caller.member.kind != "agent" {
+            return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has named definitions"));
+        }
+        let rows = self.fabric.store.named_definitions(caller.member.public_id).await.map_err(internal)?;
+        Ok(json!({"agents": rows.iter().map(crate::profile::named_definition_json).collect::<Vec<_>>()}))
+    }
+
+    /// `PUT /agent_api/v1/profile/agents/{name}`: returns `(minted, definition)`; 201 when minted,
+    /// 200 when replaced or restored.
+    ///
+    /// # Errors
+    /// 403 `not_agent`; 404 for a name outside the handle grammar; 400 `parameter_missing`; 422
+    /// `validation_failed` naming the field.
+    pub async fn put_named_definition(
+        &self,
+        caller: &Caller,
+        name: &str,
+        body: Value,
+    ) -> Result<(bool, Value), Refusal> {
+        if caller.member.kind != "agent" {
+            return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has named definitions"));
+        }
+        let profile = self.root.profile(caller.member.public_id).await?;
+        ractor::call!(profile, |reply| ProfileMsg::PutAgent(name.to_owned(), body, reply)).map_err(|_| unavailable())?
+    }
+
+    /// `DELETE /agent_api/v1/profile/agents/{name}`.
+    ///
+    /// # Errors
+    /// 403 `not_agent`; 404 `not_found`.
+    pub async fn delete_named_definition(&self, caller: &Caller, name: &str) -> Result<(), Refusal> {
+        if caller.member.kind != "agent" {
+            return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has named definitions"));
+        }
+        let profile = self.root.profile(caller.member.public_id).await?;
+        ractor::call!(profile, |reply| ProfileMsg::DeleteAgent(name.to_owned(), reply)).map_err(|_| unavailable())?
+    }
+
+    /// `POST /agent_api/v1/tools/assembly`: a read-only projection of what an execution would
+    /// freeze. Body: `{default_runner_executor_public_id (required, nullable), configuration?:
+    /// {tool_definitions, kernel_tools, runner_executor_public_ids, runner_tool_names}}`. Answers
+    /// `{tool_definitions, environment:{default_runner_executor_public_id, executors[],
+    /// runner_candidates[]}}`. Writes nothing.
+    ///
+    /// # Errors
+    /// 400 `parameter_missing`; 403 `not_agent`; 413 `content_too_large` for a tool list over its
+    /// bound; 422 `runner_not_declared`, `runner_not_eligible`, `tool_not_served` or
+    /// `validation_failed`.
+    pub async fn assembly_preview(&self, caller: &Caller, body: &Value) -> Result<Value, Refusal> {
+        if caller.member.kind != "agent" {
+            return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member assembles tools"));
+        }
+        let Some(root) = body.as_object() else {
+            return Err(Refusal::new(ErrorCode::ParameterMissing, "the body must be an object"));
+        };
+        let selected = match root.get("default_runner_executor_public_id") {
+            None => {
+                return Err(Refusal::new(
+                    ErrorCode::ParameterMissing,
+                    "default_runner_executor_public_id is required (it may be null)",
+                ));
+            }
+            Some(Value::Null) => None,
+            Some(Value::String(id)) => Some(Uuid::parse_str(id).map_err(|_| {
+                Refusal::new(ErrorCode::ValidationFailed, "default_runner_executor_public_id: must be a UUID")
+            })?),
+            Some(_) => {
+                return Err(Refusal::new(
+                    ErrorCode::ValidationFailed,
+                    "default_runner_executor_public_id: must be a UUID or null",
+                ));
+            }
+        };
+        let source = match root.get("configuration") {
+            None | Some(Value::Null) => serde_json::Map::new(),
+            Some(Value::Object(configuration)) => configuration.clone(),
+            Some(_) => return Err(Refusal::new(ErrorCode::ParameterMissing, "configuration must be an object")),
+        };
+        // Only the four source fields take part; everything else is ignored.
+        let mut fields = serde_json::Map::new();
+        for key in ["tool_definitions", "kernel_tools", "runner_executor_public_ids", "runner_tool_names"] {
+            if let Some(value) = source.get(key) {
+                fields.insert(key.to_owned(), value.clone());
+            }
+        }
+        if fields
+            .get("tool_definitions")
+            .is_some_and(|t| t.to_string().len() > crate::declaration::TOOL_DEFINITIONS_BOUND)
+        {
+            return Err(Refusal::new(ErrorCode::ContentTooLarge, "tool_definitions is over 1048576 bytes"));
+        }
+        fields.insert("approval_mode".into(), json!("bypass"));
+        let configuration = validate_configuration(&fields, &|_| Ok(()))?;
+        let runners = crate::execution::runner_facts(&self.fabric.store, &configuration).await?;
+        let frozen = crate::declaration::freeze(&configuration, None, selected, &runners, None)?;
+        let executors: Vec<Value> = runners
+            .iter()
+            .map(|r| json!({"runner_executor_public_id": r.public_id, "display_name": r.display_name, "environment": r.announcement["environment"]}))
+            .collect();
+        Ok(json!({
+            "tool_definitions": frozen.tools.iter().map(|t| t.definition.clone()).collect::<Vec<_>>(),
+            "environment": {
+                "default_runner_executor_public_id": frozen.default_runner_executor_public_id,
+                "executors": executors,
+                "runner_candidates": frozen.runner_candidates,
+            },
+        }))
     }
 
     /// Admits one input and starts its execution.

@@ -20,6 +20,8 @@ pub struct ServerConfig {
     pub runner: RunnerStreamConfig,
     /// Execution timing.
     pub execution: ExecutionConfig,
+    /// Request budgets of the member doors (HTTP and gRPC).
+    pub doors: DoorsConfig,
     /// The model provider table (see README, "Model providers").
     pub providers: ProviderTable,
 }
@@ -30,6 +32,7 @@ impl Default for ServerConfig {
             data_dir: PathBuf::from("nexus-data"),
             runner: RunnerStreamConfig::default(),
             execution: ExecutionConfig::default(),
+            doors: DoorsConfig::default(),
             providers: ProviderTable::default(),
         }
     }
@@ -102,6 +105,23 @@ impl Default for ExecutionConfig {
     }
 }
 
+/// Request budgets of the member doors: a token bucket per member credential. A spent budget is
+/// 429 `rate_limited` with `Retry-After` in whole seconds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DoorsConfig {
+    /// Sustained requests per minute per member. Default 1200.
+    pub requests_per_minute: u32,
+    /// Requests a member may make at once above the sustained rate. Default 120.
+    pub burst: u32,
+}
+
+impl Default for DoorsConfig {
+    fn default() -> Self {
+        DoorsConfig { requests_per_minute: 1200, burst: 120 }
+    }
+}
+
 /// A configuration that failed to load.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -154,6 +174,7 @@ mod tests {
         let config = ServerConfig::from_toml(include_str!("../../deploy/examples/nexus.toml")).expect("example parses");
         assert_eq!(config.runner, RunnerStreamConfig::default());
         assert_eq!(config.execution, ExecutionConfig::default());
+        assert_eq!(config.doors, DoorsConfig::default());
         assert_eq!(config.data_dir, PathBuf::from("nexus-data"));
         let names: Vec<&str> = config.providers.providers.keys().map(String::as_str).collect();
         assert_eq!(names, ["local", "openrouter", "scripted"]);

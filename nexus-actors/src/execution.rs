@@ -336,28 +336,7 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
             }
         },
     };
-    let mut runner_ids: Vec<Uuid> = configuration["runner_executor_public_ids"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str().and_then(|s| Uuid::parse_str(s).ok()))
-        .collect();
-    for entry in configuration["tool_definitions"].as_array().into_iter().flatten() {
-        if let Some(id) = entry["route"]["runner_executor_public_id"].as_str().and_then(|s| Uuid::parse_str(s).ok()) {
-            runner_ids.push(id);
-        }
-    }
-    let mut runners = Vec::new();
-    for id in runner_ids {
-        if let Some(row) = store.executor(id).await? {
-            runners.push(RunnerFacts {
-                public_id: id,
-                display_name: row.display_name.clone(),
-                eligible: row.status == "active",
-                announcement: row.announcement.clone(),
-            });
-        }
-    }
+    let runners = runner_facts(store, &configuration).await.map_err(|r| r.message)?;
     let tool_names: Option<Vec<String>> =
         input.tool_names.as_ref().and_then(|v| serde_json::from_value(v.clone()).ok());
     let frozen =
@@ -393,6 +372,43 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
     emit(state, "turn_status", json!({"status": "running"}));
     save(state, &[]).await?;
     Ok(true)
+}
+
+/// The facts of every runner a configuration names (candidates, then explicit route targets) that
+/// exists, read from the store.
+///
+/// # Errors
+/// `internal` on a store failure.
+pub async fn runner_facts(store: &crate::store::Store, configuration: &Value) -> Result<Vec<RunnerFacts>, Refusal> {
+    let mut ids: Vec<Uuid> = configuration["runner_executor_public_ids"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().and_then(|s| Uuid::parse_str(s).ok()))
+        .collect();
+    for entry in configuration["tool_definitions"].as_array().into_iter().flatten() {
+        if let Some(id) = entry["route"]["runner_executor_public_id"].as_str().and_then(|s| Uuid::parse_str(s).ok())
+            && !ids.contains(&id)
+        {
+            ids.push(id);
+        }
+    }
+    let mut runners = Vec::new();
+    for id in ids {
+        let row = store
+            .executor(id)
+            .await
+            .map_err(|e| Refusal::new(ErrorCode::Internal, format!("the store failed: {e}")))?;
+        if let Some(row) = row {
+            runners.push(RunnerFacts {
+                public_id: id,
+                display_name: row.display_name.clone(),
+                eligible: row.status == "active",
+                announcement: row.announcement.clone(),
+            });
+        }
+    }
+    Ok(runners)
 }
 
 async fn end_refused(state: &mut ExecutionState, refusal: &Refusal) -> Result<bool, ActorProcessingErr> {

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{get, post, put};
 use serde_json::{Value, json};
 
 use nexus_proto::{ErrorCode, Refusal};
@@ -39,19 +39,30 @@ impl IntoResponse for HttpRefusal {
             .error_code()
             .and_then(|c| StatusCode::from_u16(c.http_status()).ok())
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, axum::Json(json!({"code": self.0.code, "message": self.0.message}))).into_response()
+        let mut response =
+            (status, axum::Json(json!({"code": self.0.code, "message": self.0.message}))).into_response();
+        if let Some(seconds) = self.0.retry_after
+            && let Ok(value) = header::HeaderValue::from_str(&seconds.to_string())
+        {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        response
     }
 }
 
 type HttpResult = Result<axum::Json<Value>, HttpRefusal>;
 
-/// The doors: `GET /agent_api/v1/profile`, `PUT /agent_api/v1/profile/configuration` and
-/// `GET /agent_api/v1/models`.
+/// The doors: `GET /agent_api/v1/profile`, `PUT /agent_api/v1/profile/configuration`,
+/// `GET /agent_api/v1/models`, the named definitions under `/agent_api/v1/profile/agents`, and
+/// the read-only `POST /agent_api/v1/tools/assembly`.
 pub fn router(api: Arc<Api>) -> Router {
     Router::new()
         .route("/agent_api/v1/profile", get(get_profile))
         .route("/agent_api/v1/profile/configuration", put(put_configuration))
         .route("/agent_api/v1/models", get(get_models))
+        .route("/agent_api/v1/profile/agents", get(get_agents))
+        .route("/agent_api/v1/profile/agents/{name}", put(put_agent).delete(delete_agent))
+        .route("/agent_api/v1/tools/assembly", post(post_assembly))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(api)
@@ -92,6 +103,43 @@ async fn put_configuration(
 async fn get_models(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {
     caller(&api, &headers).await?;
     Ok(axum::Json(json!({"models": api.fabric.models.list()})))
+}
+
+async fn get_agents(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    Ok(axum::Json(api.named_definitions(&caller).await?))
+}
+
+async fn put_agent(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, axum::Json<Value>), HttpRefusal> {
+    let caller = caller(&api, &headers).await?;
+    let body = json_body(body)?;
+    let (minted, definition) = api.put_named_definition(&caller, &name, body).await?;
+    Ok((if minted { StatusCode::CREATED } else { StatusCode::OK }, axum::Json(definition)))
+}
+
+async fn delete_agent(
+    State(api): State<Arc<Api>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, HttpRefusal> {
+    let caller = caller(&api, &headers).await?;
+    api.delete_named_definition(&caller, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn post_assembly(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    let body = json_body(body)?;
+    Ok(axum::Json(api.assembly_preview(&caller, &body).await?))
 }
 
 async fn not_found() -> HttpRefusal {

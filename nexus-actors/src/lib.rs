@@ -136,7 +136,7 @@ pub async fn start_with_models(
         .map_err(|e| ServeError::Actor(e.to_string()))?;
     let root = RootHandle::new(root_ref);
     recover(&fabric, &root).await?;
-    let api = Arc::new(Api { fabric: fabric.clone(), root });
+    let api = Arc::new(Api::new(fabric.clone(), root));
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<RunnerServiceServer<grpc::RunnerGrpc>>().await;

@@ -20,6 +20,10 @@ pub enum ProfileMsg {
     /// `PUT /agent_api/v1/profile/configuration`: whole replacement. Replies with the profile as
     /// GET reads it.
     Declare(Value, RpcReplyPort<Result<Value, Refusal>>),
+    /// `PUT /agent_api/v1/profile/agents/{name}`: replies `(minted, definition)`.
+    PutAgent(String, Value, RpcReplyPort<Result<(bool, Value), Refusal>>),
+    /// `DELETE /agent_api/v1/profile/agents/{name}`.
+    DeleteAgent(String, RpcReplyPort<Result<(), Refusal>>),
 }
 
 /// Arguments: the Agent member whose profile this is.
@@ -67,6 +71,18 @@ impl Actor for ProfileActor {
                 let result = declare(state, &body).await;
                 let _ = reply.send(result);
             }
+            ProfileMsg::PutAgent(name, body, reply) => {
+                let result = put_agent(state, &name, &body).await;
+                let _ = reply.send(result);
+            }
+            ProfileMsg::DeleteAgent(name, reply) => {
+                let result = match state.fabric.store.delete_named_definition(state.member, &name).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(Refusal::new(ErrorCode::NotFound, format!("no named definition {name}"))),
+                    Err(e) => Err(internal(e)),
+                };
+                let _ = reply.send(result);
+            }
         }
         Ok(())
     }
@@ -98,6 +114,107 @@ async fn declare(state: &ProfileState, body: &Value) -> Result<Value, Refusal> {
     Ok(profile_json(&member, Some(&profile)))
 }
 
+/// Named-definition handles: `[a-z0-9][a-z0-9_-]{1,31}`; any other segment is a route miss.
+pub fn is_definition_name(name: &str) -> bool {
+    static NAME: std::sync::LazyLock<regex::Regex> =
+        std::sync::LazyLock::new(|| regex::Regex::new(r"^[a-z0-9][a-z0-9_-]{1,31}$").expect("static regex"));
+    NAME.is_match(name)
+}
+
+/// The longest composed identifier `<caller agent_identifier>/<name>`, in characters.
+pub const IDENTIFIER_BOUND: usize = 128;
+/// The longest named-definition description, in characters.
+pub const DESCRIPTION_BOUND: usize = 1024;
+
+async fn put_agent(state: &ProfileState, name: &str, body: &Value) -> Result<(bool, Value), Refusal> {
+    let store = &state.fabric.store;
+    let member =
+        store.member(state.member).await.map_err(internal)?.ok_or_else(|| {
+            Refusal::new(ErrorCode::Unauthorized, "the member behind this credential no longer exists")
+        })?;
+    if member.kind != "agent" {
+        return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has named definitions"));
+    }
+    if !is_definition_name(name) {
+        return Err(Refusal::new(ErrorCode::NotFound, "no such door"));
+    }
+    let Some(object) = body.as_object() else {
+        return Err(Refusal::new(ErrorCode::ParameterMissing, "the body must be an object"));
+    };
+    let missing =
+        ["scope", "description", "configuration"].into_iter().find(|k| object.get(*k).is_none_or(Value::is_null));
+    if let Some(field) = missing {
+        return Err(Refusal::new(ErrorCode::ParameterMissing, format!("{field} is required")));
+    }
+    let invalid = |field: &str, detail: &str| Refusal::new(ErrorCode::ValidationFailed, format!("{field}: {detail}"));
+    let scope = match object["scope"].as_str() {
+        Some(scope @ ("instance" | "steward")) => scope.to_owned(),
+        _ => return Err(invalid("scope", "must be instance or steward")),
+    };
+    let description = object["description"].as_str().unwrap_or_default();
+    if description.is_empty()
+        || description.chars().count() > DESCRIPTION_BOUND
+        || description.chars().any(|c| c.is_control())
+    {
+        return Err(invalid("description", "must be one printable line of 1 to 1024 characters"));
+    }
+    let display_name = match object.get("display_name") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(d)) if !d.is_empty() && d.chars().count() <= 100 => Some(d.clone()),
+        Some(_) => return Err(invalid("display_name", "must be a string of 1 to 100 characters")),
+    };
+    let Some(configuration) = object["configuration"].as_object() else {
+        return Err(Refusal::new(ErrorCode::ParameterMissing, "configuration must be an object"));
+    };
+    let models = &state.fabric.models;
+    let check =
+        |reference: &str| models.resolve(reference).map(|_| ()).map_err(|e| (e.word().to_owned(), e.to_string()));
+    let configuration = crate::declaration::validate_configuration(configuration, &check)?;
+    let put = crate::declaration::validate_profile_put(
+        &json!({"configuration": {}, "prompt_documents": {"system_prompt": object.get("system_prompt").cloned().unwrap_or(Value::Null)}}),
+        &check,
+    )?;
+    let identifier = format!("{}/{name}", member.handle);
+    if identifier.chars().count() > IDENTIFIER_BOUND {
+        return Err(invalid("name", "the composed identifier is over 128 characters"));
+    }
+    let row = crate::store::NamedDefinitionRow {
+        name: name.to_owned(),
+        identifier,
+        scope,
+        description: description.to_owned(),
+        configuration,
+        display_name,
+        system_prompt: put.system_prompt,
+        created_at: 0,
+        updated_at: 0,
+    };
+    let minted = store.put_named_definition(state.member, &row).await.map_err(internal)?;
+    let stored = store
+        .named_definitions(state.member)
+        .await
+        .map_err(internal)?
+        .into_iter()
+        .find(|d| d.name == name)
+        .ok_or_else(|| Refusal::new(ErrorCode::Internal, "the definition vanished after its write"))?;
+    Ok((minted, named_definition_json(&stored)))
+}
+
+/// A named definition as the doors show it.
+pub fn named_definition_json(row: &crate::store::NamedDefinitionRow) -> Value {
+    json!({
+        "name": row.name,
+        "identifier": row.identifier,
+        "scope": row.scope,
+        "description": row.description,
+        "display_name": row.display_name,
+        "configuration": row.configuration,
+        "system_prompt": row.system_prompt,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+    })
+}
+
 /// The body of `GET /agent_api/v1/profile`:
 /// `{member:{public_id, handle, kind, role, display_name}, credential:{plane, expires_at},
 /// configuration?, measured_at}`. `configuration` appears only for an Agent; until it declares,
@@ -123,9 +240,10 @@ pub fn profile_json(member: &MemberRow, profile: Option<&ProfileRow>) -> Value {
             empty.insert("tool_definitions".into(), json!([]));
             Value::Object(empty)
         });
+        // A cleared slot reads as null, so the GET output is itself a valid PUT body.
         let slot = |content: Option<&Value>, version: i64| match content {
             Some(doc) => json!({"content": doc["content"], "role": doc["role"], "version": version}),
-            None => json!({"content": Value::Null, "role": Value::Null, "version": version}),
+            None => Value::Null,
         };
         let default = ProfileRow::default();
         let row = profile.unwrap_or(&default);

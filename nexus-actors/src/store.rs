@@ -107,6 +107,29 @@ pub struct ProfileRow {
     pub declared_at: Option<i64>,
 }
 
+/// A named definition (REFERENCE.md 3, "Named definitions").
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamedDefinitionRow {
+    /// `[a-z0-9][a-z0-9_-]{1,31}`.
+    pub name: String,
+    /// `<caller agent_identifier>/<name>`, at most 128 characters.
+    pub identifier: String,
+    /// `instance | steward`.
+    pub scope: String,
+    /// One printable line of at most 1024 characters.
+    pub description: String,
+    /// The canonical configuration.
+    pub configuration: Value,
+    /// Optional display name.
+    pub display_name: Option<String>,
+    /// `{content, role}` or `None`.
+    pub system_prompt: Option<Value>,
+    /// Creation time.
+    pub created_at: i64,
+    /// Last replacement.
+    pub updated_at: i64,
+}
+
 /// An input row (admitted intent).
 #[derive(Clone, Debug, PartialEq)]
 pub struct InputRow {
@@ -414,6 +437,155 @@ impl Store {
         .execute(&self.pool)
         .await?;
         self.profile(member).await?.ok_or_else(|| StoreError::Conflict("profile vanished".into()))
+    }
+
+    /// Rewrites one prompt-document slot (`system_prompt` or `summarizer`) and advances its
+    /// version, even for identical content.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure; [`StoreError::Conflict`] for an unknown slot.
+    pub async fn set_prompt_document(
+        &self,
+        member: Uuid,
+        slot: &str,
+        document: Option<&Value>,
+    ) -> StoreResult<ProfileRow> {
+        let sql = match slot {
+            "system_prompt" => {
+                "UPDATE profiles SET system_prompt = ?, system_prompt_version = system_prompt_version + 1 WHERE member_public_id = ?"
+            }
+            "summarizer" => {
+                "UPDATE profiles SET summarizer = ?, summarizer_version = summarizer_version + 1 WHERE member_public_id = ?"
+            }
+            other => return Err(StoreError::Conflict(format!("no prompt-document slot {other}"))),
+        };
+        sqlx::query(sql).bind(document.map(Value::to_string)).bind(member.to_string()).execute(&self.pool).await?;
+        self.profile(member).await?.ok_or_else(|| StoreError::Conflict("profile vanished".into()))
+    }
+
+    // ---- named definitions -----------------------------------------------------------------------
+
+    /// The live (not deleted) named definitions of an Agent, by name.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn named_definitions(&self, member: Uuid) -> StoreResult<Vec<NamedDefinitionRow>> {
+        let rows = sqlx::query(
+            "SELECT name, identifier, scope, description, configuration, display_name, system_prompt, created_at, updated_at \
+             FROM named_definitions WHERE member_public_id = ? AND deleted_at IS NULL ORDER BY name",
+        )
+        .bind(member.to_string())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(NamedDefinitionRow {
+                    name: row.try_get("name")?,
+                    identifier: row.try_get("identifier")?,
+                    scope: row.try_get("scope")?,
+                    description: row.try_get("description")?,
+                    configuration: serde_json::from_str(&row.try_get::<String, _>("configuration")?)?,
+                    display_name: row.try_get("display_name")?,
+                    system_prompt: json_opt(row.try_get("system_prompt")?)?,
+                    created_at: row.try_get("created_at")?,
+                    updated_at: row.try_get("updated_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Creates, replaces or restores a named definition. Returns `true` when it was minted (no row
+    /// existed), `false` when an existing or deleted row was replaced.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn put_named_definition(&self, member: Uuid, definition: &NamedDefinitionRow) -> StoreResult<bool> {
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        let existing = sqlx::query("SELECT 1 FROM named_definitions WHERE member_public_id = ? AND name = ?")
+            .bind(member.to_string())
+            .bind(&definition.name)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if existing.is_some() {
+            sqlx::query(
+                "UPDATE named_definitions SET identifier = ?, scope = ?, description = ?, configuration = ?, display_name = ?, \
+                 system_prompt = ?, updated_at = ?, deleted_at = NULL WHERE member_public_id = ? AND name = ?",
+            )
+            .bind(&definition.identifier)
+            .bind(&definition.scope)
+            .bind(&definition.description)
+            .bind(definition.configuration.to_string())
+            .bind(&definition.display_name)
+            .bind(definition.system_prompt.as_ref().map(Value::to_string))
+            .bind(now)
+            .bind(member.to_string())
+            .bind(&definition.name)
+            .execute(&mut *tx)
+            .await?;
+        } else {
+            sqlx::query(
+                "INSERT INTO named_definitions (member_public_id, name, identifier, scope, description, configuration, \
+                 display_name, system_prompt, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            .bind(member.to_string())
+            .bind(&definition.name)
+            .bind(&definition.identifier)
+            .bind(&definition.scope)
+            .bind(&definition.description)
+            .bind(definition.configuration.to_string())
+            .bind(&definition.display_name)
+            .bind(definition.system_prompt.as_ref().map(Value::to_string))
+            .bind(now)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(existing.is_none())
+    }
+
+    /// Deletes a named definition. Returns `false` when there was no live one.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn delete_named_definition(&self, member: Uuid, name: &str) -> StoreResult<bool> {
+        let done = sqlx::query(
+            "UPDATE named_definitions SET deleted_at = ? WHERE member_public_id = ? AND name = ? AND deleted_at IS NULL",
+        )
+        .bind(now_ms())
+        .bind(member.to_string())
+        .bind(name)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// A digest of every row of every table: equal digests mean nothing was written. Used to prove
+    /// that read-only doors (the assembly preview) write nothing.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn fingerprint(&self) -> StoreResult<String> {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        let tables = sqlx::query("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+            .fetch_all(&self.pool)
+            .await?;
+        for table in tables {
+            let name: String = table.try_get("name")?;
+            hasher.update(name.as_bytes());
+            let dump =
+                sqlx::query(sqlx::AssertSqlSafe(format!("SELECT * FROM \"{name}\""))).fetch_all(&self.pool).await?;
+            for row in dump {
+                for index in 0..row.len() {
+                    let cell: Option<String> = row.try_get_unchecked::<Option<String>, _>(index).unwrap_or(None);
+                    let number: Option<i64> = row.try_get_unchecked::<Option<i64>, _>(index).unwrap_or(None);
+                    hasher.update(format!("{cell:?}{number:?}|").as_bytes());
+                }
+            }
+        }
+        Ok(hex::encode(hasher.finalize()))
     }
 
     // ---- executors -----------------------------------------------------------------------------

@@ -118,12 +118,26 @@ pub struct Refusal {
     pub code: String,
     /// Human-readable guidance; never asserted by tests.
     pub message: String,
+    /// For `rate_limited`: whole seconds to wait before retrying (HTTP `Retry-After`, gRPC
+    /// `retry-after` metadata).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<u64>,
 }
 
 impl Refusal {
     /// A refusal with `code` and `message`.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Refusal { code: code.as_str().to_owned(), message: message.into() }
+        Refusal { code: code.as_str().to_owned(), message: message.into(), retry_after: None }
+    }
+
+    /// A `rate_limited` refusal that asks the caller to wait `seconds` (at least 1).
+    pub fn rate_limited(seconds: u64) -> Self {
+        let seconds = seconds.max(1);
+        Refusal {
+            code: ErrorCode::RateLimited.as_str().to_owned(),
+            message: format!("the request budget is spent; retry after {seconds} s"),
+            retry_after: Some(seconds),
+        }
     }
 
     /// The typed code, when the word is known to this build.
@@ -139,6 +153,11 @@ impl Refusal {
         if let Ok(value) = self.code.parse() {
             status.metadata_mut().insert("nexus-error-code", value);
         }
+        if let Some(seconds) = self.retry_after
+            && let Ok(value) = seconds.to_string().parse()
+        {
+            status.metadata_mut().insert("retry-after", value);
+        }
         status
     }
 
@@ -150,7 +169,9 @@ impl Refusal {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
             .unwrap_or_else(|| format!("grpc_{:?}", status.code()).to_lowercase());
-        Refusal { code, message: status.message().to_owned() }
+        let retry_after =
+            status.metadata().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+        Refusal { code, message: status.message().to_owned(), retry_after }
     }
 }
 

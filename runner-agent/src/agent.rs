@@ -731,7 +731,7 @@ async fn persist(journal: &Journal) -> bool {
 }
 
 fn refusal_of(refusal: nexus_proto::runner::v1::Refusal) -> Refusal {
-    Refusal { code: refusal.code, message: refusal.message }
+    Refusal { code: refusal.code, message: refusal.message, retry_after: None }
 }
 
 fn unix_now_ms() -> i64 {

@@ -5,10 +5,12 @@
 //! (cuts streams on demand), and helpers to find and start the `runner-agent` binary. Production
 //! code lives elsewhere; nothing here is used by the server.
 
+pub mod http;
 pub mod proxy;
 pub mod raw_runner;
 pub mod server;
 
+pub use http::{Answer, Http};
 pub use proxy::TcpProxy;
 pub use raw_runner::{RawRunner, Reply};
 pub use server::{Minted, TestServer, runner_agent_binary, wait_until};

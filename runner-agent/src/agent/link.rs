@@ -126,7 +126,11 @@ pub(super) async fn open(
                 return Ok(Connected { outbound, inbound, welcome });
             }
             Some(nexus_frame::Frame::Refusal(refusal)) if frame.request_id == HELLO_REQUEST_ID => {
-                return Err(ConnectError::Refused(Refusal { code: refusal.code, message: refusal.message }));
+                return Err(ConnectError::Refused(Refusal {
+                    code: refusal.code,
+                    message: refusal.message,
+                    retry_after: None,
+                }));
             }
             Some(_) => return Err(ConnectError::Unexpected("another frame")),
             None => return Err(ConnectError::Unexpected("an empty frame")),
