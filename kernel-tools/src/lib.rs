@@ -1,14 +1,28 @@
-//! The kernel tools of nexus: the catalog and the effect-profile vocabulary.
+//! The kernel tools of nexus: the catalog, the alias grammar and the effect-profile vocabulary.
 //!
-//! Owns: each kernel tool's canonical name (`source.category.name`), its stored wire name and its
-//! effect profile (spec/REFERENCE.md section 5), the reserved namespaces that no executor may
-//! announce, and [`EffectProfile`] with its closed vocabulary and the replayability rule that
-//! expiry classification reads (REFERENCE.md 6.10).
+//! Owns: each kernel tool's canonical name (`source.category.name`), its stored wire name, its
+//! definition (schema bytes and description, with tool-name macros) and its effect profile
+//! (spec/REFERENCE.md section 5); the reserved namespaces that no executor may announce; the
+//! alias grammar, its rendering and call resolution (SPEC-000 "Aliases", REFERENCE.md 4); and
+//! [`EffectProfile`] with its closed vocabulary and the replayability rule that expiry
+//! classification reads (REFERENCE.md 6.10).
+//!
+//! Main types: [`KernelTool`] (with [`KernelTool::definition`] and [`KernelTool::template`]),
+//! [`CatalogEntry`] (a row of `GET /agent_api/v1/tools`), [`Spellings`] (how a tool set spells
+//! the kernel tools), [`Alias`] and [`ResolvedCall`].
 //!
 //! Does not own: sockets, actors or storage. Pure code.
 
+pub mod alias;
 pub mod catalog;
 pub mod effect;
+pub mod macros;
+mod templates;
 
-pub use catalog::{CATALOG, KernelTool, RESERVED_NAMESPACES, lookup, reserved_namespace_of};
+pub use alias::{Alias, AliasError, AliasParam, AliasWord, ResolvedCall, canonicalize_alias, is_alias, resolve_call};
+pub use catalog::{
+    CATALOG, CatalogEntry, Effect, KernelTool, ParamType, RESERVED_NAMESPACES, catalog_entries, catalog_json, live,
+    live_names, lookup, reserved_namespace_of,
+};
 pub use effect::{EffectProfile, EffectProfileError};
+pub use macros::Spellings;

@@ -70,8 +70,8 @@ pub async fn create_member(store: &Store, kind: MemberKind, handle: &str) -> Res
 /// # Errors
 /// 422 `validation_failed` for an empty or over-long name (1 to 100 characters).
 pub async fn create_runner(store: &Store, name: &str) -> Result<Value, Refusal> {
-    if name.trim().is_empty() || name.chars().count() > 100 {
-        return Err(Refusal::new(ErrorCode::ValidationFailed, "name: must be 1 to 100 characters"));
+    if name.trim().is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control) {
+        return Err(Refusal::new(ErrorCode::ValidationFailed, "name: must be 1 to 100 printable characters"));
     }
     let public_id = Uuid::new_v4();
     let (token, credential) = mint(Plane::ExecutorTransport, public_id);

@@ -20,6 +20,8 @@ use crate::store::{EventRow, InputRow, MemberRow};
 
 /// The prefix of event cursors (REFERENCE.md 7, "Events").
 pub const CURSOR_PREFIX: &str = "cvei_";
+/// The largest input text, in bytes (1 MiB).
+pub const INPUT_TEXT_BOUND: usize = 1_048_576;
 /// Events read from the store per page while streaming.
 const EVENT_PAGE: i64 = 200;
 /// How long a follower waits for a wake-up before it rereads the store anyway.
@@ -112,9 +114,13 @@ pub fn parse_cursor(cursor: &str) -> Result<i64, Refusal> {
     if cursor.is_empty() {
         return Ok(0);
     }
-    cursor.strip_prefix(CURSOR_PREFIX).and_then(|n| n.parse::<i64>().ok()).filter(|n| *n >= 0).ok_or_else(|| {
-        Refusal::new(ErrorCode::ParameterInvalid, "after must be a cursor from an earlier event (cvei_<n>)")
-    })
+    cursor
+        .strip_prefix(CURSOR_PREFIX)
+        .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (n.len() == 1 || !n.starts_with('0')))
+        .and_then(|n| n.parse::<i64>().ok())
+        .ok_or_else(|| {
+            Refusal::new(ErrorCode::ParameterInvalid, "after must be a cursor from an earlier event (cvei_<n>)")
+        })
 }
 
 impl Api {
@@ -154,6 +160,48 @@ impl Api {
         }
         let profile = self.root.profile(caller.member.public_id).await?;
         ractor::call!(profile, ProfileMsg::Declare, body).map_err(|_| unavailable())?
+    }
+
+    /// `GET /agent_api/v1/tools`: the kernel catalog, `{tools:[{canonical_name, name,
+    /// effect_profile, definition, template}]}` (REFERENCE.md 5, "Catalog endpoint").
+    pub fn tools(&self, _caller: &Caller) -> Value {
+        json!({"tools": nexus_kernel_tools::catalog::catalog_json()})
+    }
+
+    /// `GET /agent_api/v1/models`: `{models:[{ref, provider, visible, available,
+    /// unavailable_reason}]}`.
+    pub fn models(&self, _caller: &Caller) -> Value {
+        json!({"models": self.fabric.models.list()})
+    }
+
+    /// `GET /agent_api/v1/profile/prompt_documents/{slot}`: `{slot, content, role, version}`.
+    ///
+    /// # Errors
+    /// 403 `not_agent` for a Human; 404 `not_found` for a slot other than `system_prompt` and
+    /// `summarizer`.
+    pub async fn prompt_document(&self, caller: &Caller, slot: &str) -> Result<Value, Refusal> {
+        if caller.member.kind != "agent" {
+            return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has prompt documents"));
+        }
+        if !matches!(slot, "system_prompt" | "summarizer") {
+            return Err(Refusal::new(ErrorCode::NotFound, "the slots are system_prompt and summarizer"));
+        }
+        let profile = self.fabric.store.profile(caller.member.public_id).await.map_err(internal)?.unwrap_or_default();
+        Ok(crate::profile::slot_json(&profile, slot))
+    }
+
+    /// `PUT /agent_api/v1/profile/prompt_documents/{slot}` with `{content, role?}` (or null to
+    /// clear): serialized with the whole-profile PUT on the Agent; the version advances.
+    ///
+    /// # Errors
+    /// 403 `not_agent`; 404 `not_found`; 400 `parameter_missing`; 422 `prompt_document_invalid`,
+    /// `prompt_document_too_large` or `prompt_document_macro_unknown`.
+    pub async fn put_prompt_document(&self, caller: &Caller, slot: &str, body: Value) -> Result<Value, Refusal> {
+        if caller.member.kind != "agent" {
+            return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has prompt documents"));
+        }
+        let profile = self.root.profile(caller.member.public_id).await?;
+        ractor::call!(profile, |reply| ProfileMsg::EditSlot(slot.to_owned(), body, reply)).map_err(|_| unavailable())?
     }
 
     /// `GET /agent_api/v1/profile/agents`: the Agent's live named definitions.
@@ -286,6 +334,9 @@ impl Api {
         if input.text.trim().is_empty() {
             return Err(Refusal::new(ErrorCode::ParameterMissing, "text is required"));
         }
+        if input.text.len() > INPUT_TEXT_BOUND {
+            return Err(Refusal::new(ErrorCode::ContentTooLarge, "text is over 1048576 bytes"));
+        }
         if let Some(names) = &input.tool_names
             && !names.as_array().is_some_and(|a| a.iter().all(Value::is_string))
         {
@@ -300,7 +351,7 @@ impl Api {
                 let object = inline.as_object().ok_or_else(|| {
                     Refusal::new(ErrorCode::ValidationFailed, "execution_declaration: must be an object")
                 })?;
-                validate_configuration(object, &check)?
+                crate::declaration::validate_execution_declaration(object, &check)?.configuration
             }
             None => store
                 .profile(caller.member.public_id)
@@ -314,6 +365,17 @@ impl Api {
                     )
                 })?,
         };
+        if let Some(runner) = input.runner_executor_public_id {
+            let candidates = configuration["runner_executor_public_ids"].as_array();
+            if !candidates.is_some_and(|ids| {
+                ids.iter().any(|id| id.as_str().and_then(|s| Uuid::parse_str(s).ok()) == Some(runner))
+            }) {
+                return Err(Refusal::new(
+                    ErrorCode::RunnerNotDeclared,
+                    format!("runner {runner} is not among the declaration's runner_executor_public_ids"),
+                ));
+            }
+        }
         if configuration["default_model"].is_null() {
             return Err(Refusal::new(
                 ErrorCode::ValidationFailed,
@@ -397,10 +459,27 @@ impl Api {
     /// # Errors
     /// 404 `not_found`; `unavailable` during shutdown.
     pub async fn stop(&self, caller: &Caller, id: Uuid) -> Result<Value, Refusal> {
-        self.execution(caller, id).await?;
-        let actor = self.root.execution(id).await?;
-        ractor::call!(actor, ExecutionMsg::Stop).map_err(|_| unavailable())??;
-        self.execution(caller, id).await
+        let row = self.execution(caller, id).await?;
+        if matches!(row["status"].as_str(), Some("completed" | "canceled")) {
+            return Ok(row);
+        }
+        // A quiet execution's actor may be stopping just now: Root forgets it within moments and
+        // the next lookup starts a fresh one from the store.
+        let mut attempts = 0;
+        loop {
+            let actor = self.root.execution(id).await?;
+            match ractor::call!(actor, ExecutionMsg::Stop) {
+                Ok(result) => {
+                    result?;
+                    return self.execution(caller, id).await;
+                }
+                Err(_) if attempts < 10 => {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(_) => return Err(unavailable()),
+            }
+        }
     }
 
     /// The durable events after `after` (a cursor, or empty for the beginning). With `follow`, the
@@ -502,6 +581,9 @@ mod tests {
         assert_eq!(parse_cursor("").ok(), Some(0));
         assert_eq!(parse_cursor("cvei_42").ok(), Some(42));
         assert_eq!(parse_cursor("42").map_err(|r| r.code).err().as_deref(), Some("parameter_invalid"));
-        assert_eq!(parse_cursor("cvei_-1").map_err(|r| r.code).err().as_deref(), Some("parameter_invalid"));
+        for bad in ["cvei_-1", "cvei_+3", "cvei_03", "cvei_", "cvei_1x"] {
+            assert_eq!(parse_cursor(bad).map_err(|r| r.code).err().as_deref(), Some("parameter_invalid"), "{bad}");
+        }
+        assert_eq!(parse_cursor("cvei_0").ok(), Some(0));
     }
 }

@@ -90,7 +90,10 @@ pub async fn authenticate(store: &Store, token: &str, plane: Plane) -> Result<(U
         Some((found_plane, subject, epoch)) if found_plane == plane => Ok((subject, epoch)),
         Some(_) => Err(Refusal::new(
             ErrorCode::Unauthorized,
-            format!("this door needs a {} credential; the token presented belongs to the other plane", plane.as_str()),
+            format!(
+                "this door needs a credential of the {} plane; the token presented belongs to the other plane",
+                plane.as_str()
+            ),
         )),
         None => {
             Err(Refusal::new(ErrorCode::Unauthorized, "unknown or expired credential; mint one with `nexus admin`"))

@@ -134,6 +134,14 @@ pub enum ConfigError {
         /// Why.
         source: std::io::Error,
     },
+    /// A value is out of its range.
+    #[error("invalid config: {field} {reason}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is allowed.
+        reason: &'static str,
+    },
     /// The file is not valid configuration.
     #[error("invalid config file {path}: {source}")]
     Parse {
@@ -153,7 +161,40 @@ impl ServerConfig {
         let Some(path) = path else { return Ok(ServerConfig::default()) };
         let text =
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        Self::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })
+        let config = Self::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the relations between fields that the types cannot express.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let runner = &self.runner;
+        let invalid = |field: &'static str, reason: &'static str| Err(ConfigError::Invalid { field, reason });
+        if runner.ping_interval_ms == 0 {
+            return invalid("runner.ping_interval_ms", "must be positive");
+        }
+        if runner.liveness_timeout_ms < 2 * runner.ping_interval_ms {
+            return invalid("runner.liveness_timeout_ms", "must be at least twice runner.ping_interval_ms");
+        }
+        if runner.http2_keepalive_interval_ms == 0 || runner.http2_keepalive_timeout_ms == 0 {
+            return invalid("runner.http2_keepalive_*", "must be positive");
+        }
+        if runner.max_frame_bytes < 1_100_000 {
+            return invalid("runner.max_frame_bytes", "must hold a 1 MB result (at least 1100000)");
+        }
+        if self.execution.model_attempts == 0 {
+            return invalid("execution.model_attempts", "must be at least 1");
+        }
+        if self.execution.default_task_timeout_ms == 0 {
+            return invalid("execution.default_task_timeout_ms", "must be positive");
+        }
+        if self.doors.requests_per_minute == 0 || self.doors.burst == 0 {
+            return invalid("doors", "requests_per_minute and burst must be positive");
+        }
+        Ok(())
     }
 
     /// Parses a TOML document over the defaults.
@@ -186,5 +227,8 @@ mod tests {
         let error = ServerConfig::from_toml("[runner]\nping_every = 5\n").expect_err("refused");
         assert!(error.to_string().contains("ping_every"), "{error}");
         assert_eq!(ServerConfig::from_toml("").expect("empty is the defaults"), ServerConfig::default());
+        assert!(ServerConfig::default().validate().is_ok());
+        let dead = ServerConfig::from_toml("[runner]\nliveness_timeout_ms = 0\n").expect("parses");
+        assert!(matches!(dead.validate(), Err(ConfigError::Invalid { field: "runner.liveness_timeout_ms", .. })));
     }
 }

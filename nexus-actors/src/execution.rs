@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use nexus_proto::{ErrorCode, Refusal};
 
-use crate::declaration::{FrozenDeclaration, RunnerFacts, freeze, validate_configuration, wire_projection};
+use crate::declaration::{FrozenDeclaration, RunnerFacts, freeze, validate_execution_declaration, wire_projection};
 use crate::executor::ExecutorMsg;
 use crate::executor::commit::model_text;
 use crate::model::{ChatMessage, ModelError, ModelRequest, ModelResponse, ToolCall};
@@ -322,8 +322,8 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
                 )
                 .await;
             };
-            match validate_configuration(object, &check) {
-                Ok(configuration) => (configuration, inline.get("system_prompt").filter(|v| v.is_object()).cloned()),
+            match validate_execution_declaration(object, &check) {
+                Ok(validated) => (validated.configuration, validated.system_prompt),
                 Err(refusal) => return end_refused(state, &refusal).await,
             }
         }

@@ -14,7 +14,8 @@ use tonic::{Request, Response, Status, Streaming};
 use nexus_proto::agent::v1::agent_service_server::AgentService;
 use nexus_proto::agent::v1::{
     CreateInputReply, CreateInputRequest, DeclareProfileRequest, Execution, ExecutionEvent, GetExecutionRequest,
-    GetProfileRequest, ProfileReply, StopExecutionRequest, StreamEventsRequest,
+    GetProfileRequest, JsonReply, JsonRequest, NamedDefinitionRequest, ProfileReply, PromptDocumentRequest,
+    StopExecutionRequest, StreamEventsRequest,
 };
 use nexus_proto::runner::v1::runner_service_server::RunnerService;
 use nexus_proto::runner::v1::{NexusFrame, RunnerFrame};
@@ -84,6 +85,14 @@ fn json_arg(text: &str, field: &str) -> Result<Option<serde_json::Value>, Status
     if text.trim().is_empty() {
         return Ok(None);
     }
+    // The same bound as the HTTP doors' bodies.
+    if text.len() > crate::http::BODY_LIMIT {
+        return Err(Refusal::new(
+            ErrorCode::ContentTooLarge,
+            format!("{field} is over {} bytes", crate::http::BODY_LIMIT),
+        )
+        .to_status());
+    }
     serde_json::from_str(text)
         .map(Some)
         .map_err(|e| Refusal::new(ErrorCode::ParameterMissing, format!("{field} is not JSON: {e}")).to_status())
@@ -113,6 +122,15 @@ fn execution_message(value: &serde_json::Value) -> Execution {
         error_key: text("error_key"),
         execution_json: value.to_string(),
     }
+}
+
+fn reply(value: &serde_json::Value) -> Response<JsonReply> {
+    Response::new(JsonReply { body_json: value.to_string(), created: false })
+}
+
+fn body_of(text: &str) -> Result<serde_json::Value, Status> {
+    json_arg(text, "body_json")?
+        .ok_or_else(|| Refusal::new(ErrorCode::ParameterMissing, "body_json is required").to_status())
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<ExecutionEvent, Status>> + Send>>;
@@ -178,6 +196,67 @@ impl AgentService for AgentGrpc {
             .map_err(|r| r.to_status())
         });
         Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_prompt_document(
+        &self,
+        request: Request<PromptDocumentRequest>,
+    ) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let document = self.api.prompt_document(&caller, &request.get_ref().slot).await.map_err(|r| r.to_status())?;
+        Ok(reply(&document))
+    }
+
+    async fn put_prompt_document(
+        &self,
+        request: Request<PromptDocumentRequest>,
+    ) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = body_of(&request.get_ref().body_json)?;
+        let document =
+            self.api.put_prompt_document(&caller, &request.get_ref().slot, body).await.map_err(|r| r.to_status())?;
+        Ok(reply(&document))
+    }
+
+    async fn list_named_definitions(&self, request: Request<JsonRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        Ok(reply(&self.api.named_definitions(&caller).await.map_err(|r| r.to_status())?))
+    }
+
+    async fn put_named_definition(
+        &self,
+        request: Request<NamedDefinitionRequest>,
+    ) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = body_of(&request.get_ref().body_json)?;
+        let (created, definition) =
+            self.api.put_named_definition(&caller, &request.get_ref().name, body).await.map_err(|r| r.to_status())?;
+        Ok(Response::new(JsonReply { body_json: definition.to_string(), created }))
+    }
+
+    async fn delete_named_definition(
+        &self,
+        request: Request<NamedDefinitionRequest>,
+    ) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        self.api.delete_named_definition(&caller, &request.get_ref().name).await.map_err(|r| r.to_status())?;
+        Ok(reply(&serde_json::json!({})))
+    }
+
+    async fn list_tools(&self, request: Request<JsonRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        Ok(reply(&self.api.tools(&caller)))
+    }
+
+    async fn preview_assembly(&self, request: Request<JsonRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = body_of(&request.get_ref().body_json)?;
+        Ok(reply(&self.api.assembly_preview(&caller, &body).await.map_err(|r| r.to_status())?))
+    }
+
+    async fn list_models(&self, request: Request<JsonRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        Ok(reply(&self.api.models(&caller)))
     }
 
     async fn stop_execution(&self, request: Request<StopExecutionRequest>) -> Result<Response<Execution>, Status> {

@@ -62,6 +62,8 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/agent_api/v1/models", get(get_models))
         .route("/agent_api/v1/profile/agents", get(get_agents))
         .route("/agent_api/v1/profile/agents/{name}", put(put_agent).delete(delete_agent))
+        .route("/agent_api/v1/profile/prompt_documents/{slot}", get(get_prompt_document).put(put_prompt_document))
+        .route("/agent_api/v1/tools", get(get_tools))
         .route("/agent_api/v1/tools/assembly", post(post_assembly))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -101,8 +103,29 @@ async fn put_configuration(
 }
 
 async fn get_models(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {
-    caller(&api, &headers).await?;
-    Ok(axum::Json(json!({"models": api.fabric.models.list()})))
+    let caller = caller(&api, &headers).await?;
+    Ok(axum::Json(api.models(&caller)))
+}
+
+async fn get_tools(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    Ok(axum::Json(api.tools(&caller)))
+}
+
+async fn get_prompt_document(State(api): State<Arc<Api>>, Path(slot): Path<String>, headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    Ok(axum::Json(api.prompt_document(&caller, &slot).await?))
+}
+
+async fn put_prompt_document(
+    State(api): State<Arc<Api>>,
+    Path(slot): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    let body = json_body(body)?;
+    Ok(axum::Json(api.put_prompt_document(&caller, &slot, body).await?))
 }
 
 async fn get_agents(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {

@@ -47,6 +47,9 @@ use crate::model::ModelRegistry;
 use crate::root::{EventBus, Fabric, RootActor, RootArgs, RootHandle};
 use crate::store::Store;
 
+/// The largest answer of the client API, in bytes (64 MiB).
+pub const AGENT_REPLY_BOUND: usize = 64 * 1024 * 1024;
+
 /// Why the server could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -66,6 +69,17 @@ pub enum ServeError {
     /// The listener has no local address.
     #[error("listener: {0}")]
     Io(#[from] std::io::Error),
+    /// Another nexus serves the same data dir.
+    #[error("the data dir {0} is in use by another nexus; stop it or choose another --data-dir")]
+    DataDirInUse(std::path::PathBuf),
+    /// The data dir cannot be created or locked.
+    #[error("cannot use the data dir {path}: {source}")]
+    DataDir {
+        /// The data dir.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// A server running in this process.
@@ -77,6 +91,8 @@ pub struct RunningServer {
     pub api: Arc<Api>,
     shutdown: Option<oneshot::Sender<()>>,
     transport: JoinHandle<Result<(), tonic::transport::Error>>,
+    /// Held for the server's life: one nexus per data dir.
+    _data_dir_lock: std::fs::File,
 }
 
 impl RunningServer {
@@ -125,6 +141,7 @@ pub async fn start_with_models(
     config: ServerConfig,
     models: Option<ModelRegistry>,
 ) -> Result<RunningServer, ServeError> {
+    let data_dir_lock = lock_data_dir(&config.data_dir)?;
     let store = Store::open(&config.data_dir).await?;
     let models = match models {
         Some(models) => models,
@@ -159,9 +176,11 @@ pub async fn start_with_models(
                 .max_encoding_message_size(max_frame),
         )
         .add_service(
+            // An execution's JSON carries its task results (each at most 1 MB), so answers may be
+            // larger than requests.
             AgentServiceServer::new(grpc::AgentGrpc::new(api.clone()))
                 .max_decoding_message_size(max_frame)
-                .max_encoding_message_size(max_frame),
+                .max_encoding_message_size(AGENT_REPLY_BOUND),
         )
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -186,8 +205,26 @@ pub async fn start_with_models(
             let _ = shutdown_rx.await;
         });
     let transport = tokio::spawn(server);
-    tracing::info!(%addr, "nexus serving gRPC and HTTP");
-    Ok(RunningServer { addr, api, shutdown: Some(shutdown_tx), transport })
+    tracing::info!(%addr, data_dir = %fabric.config.data_dir.display(), "nexus serving gRPC and HTTP");
+    Ok(RunningServer { addr, api, shutdown: Some(shutdown_tx), transport, _data_dir_lock: data_dir_lock })
+}
+
+/// Takes the data dir's exclusive lock (`DIR/nexus.lock`): two servers on one store would both
+/// expire tasks and run rounds. `nexus admin` writes without it, beside a running server.
+fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, ServeError> {
+    let fail = |source| ServeError::DataDir { path: dir.to_owned(), source };
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("nexus.lock"))
+        .map_err(fail)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(ServeError::DataDirInUse(dir.to_owned())),
+        Err(std::fs::TryLockError::Error(e)) => Err(fail(e)),
+    }
 }
 
 /// Serves until `shutdown` resolves, then stops in order: stop accepting, drain, stop actors.

@@ -109,10 +109,24 @@ enum Kind {
     Human,
 }
 
+/// Opens the store of an existing data dir: a typo must not mint credentials into a new, empty
+/// store that no server reads.
+async fn open_existing(data_dir: &std::path::Path) -> anyhow::Result<Store> {
+    if !data_dir.join("nexus.db").is_file() {
+        anyhow::bail!(
+            "no nexus store in {}; start `nexus serve --data-dir {}` once to create it",
+            data_dir.display(),
+            data_dir.display()
+        );
+    }
+    Ok(Store::open(data_dir).await?)
+}
+
 fn init_tracing(filter: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
@@ -128,8 +142,13 @@ async fn main() -> anyhow::Result<()> {
             }
             let listener =
                 tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
-            let shutdown = async {
-                let _ = tokio::signal::ctrl_c().await;
+            // SIGINT from a terminal, SIGTERM from systemd or a container runtime.
+            let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            let shutdown = async move {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = terminate.recv() => {}
+                }
             };
             nexus_actors::serve(listener, config, shutdown).await?;
         }
@@ -137,7 +156,7 @@ async fn main() -> anyhow::Result<()> {
             init_tracing(cli.log.as_deref().unwrap_or("warn"));
             let output = match command {
                 AdminCommand::Member { command: MemberCommand::Create { data_dir, kind, handle } } => {
-                    let store = Store::open(&data_dir).await?;
+                    let store = open_existing(&data_dir).await?;
                     let kind = match kind {
                         Kind::Agent => MemberKind::Agent,
                         Kind::Human => MemberKind::Human,
@@ -145,12 +164,20 @@ async fn main() -> anyhow::Result<()> {
                     create_member(&store, kind, &handle).await
                 }
                 AdminCommand::Runner { command: RunnerCommand::Create { data_dir, name } } => {
-                    let store = Store::open(&data_dir).await?;
+                    let store = open_existing(&data_dir).await?;
                     create_runner(&store, &name).await
                 }
             };
             match output {
-                Ok(value) => println!("{}", serde_json::to_string_pretty(&value)?),
+                Ok(value) => {
+                    // A closed stdout must not panic after the credential was minted.
+                    let mut out = std::io::stdout().lock();
+                    std::io::Write::write_all(
+                        &mut out,
+                        format!("{}\n", serde_json::to_string_pretty(&value)?).as_bytes(),
+                    )
+                    .context("cannot print the minted credential")?;
+                }
                 Err(refusal) => anyhow::bail!("{}: {}", refusal.code, refusal.message),
             }
         }

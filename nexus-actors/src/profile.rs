@@ -24,6 +24,9 @@ pub enum ProfileMsg {
     PutAgent(String, Value, RpcReplyPort<Result<(bool, Value), Refusal>>),
     /// `DELETE /agent_api/v1/profile/agents/{name}`.
     DeleteAgent(String, RpcReplyPort<Result<(), Refusal>>),
+    /// `PUT /agent_api/v1/profile/prompt_documents/{slot}`: one slot against the then-current
+    /// template. Replies with the slot as its GET door reads it.
+    EditSlot(String, Value, RpcReplyPort<Result<Value, Refusal>>),
 }
 
 /// Arguments: the Agent member whose profile this is.
@@ -75,6 +78,10 @@ impl Actor for ProfileActor {
                 let result = put_agent(state, &name, &body).await;
                 let _ = reply.send(result);
             }
+            ProfileMsg::EditSlot(slot, body, reply) => {
+                let result = edit_slot(state, &slot, &body).await;
+                let _ = reply.send(result);
+            }
             ProfileMsg::DeleteAgent(name, reply) => {
                 let result = match state.fabric.store.delete_named_definition(state.member, &name).await {
                     Ok(true) => Ok(()),
@@ -112,6 +119,34 @@ async fn declare(state: &ProfileState, body: &Value) -> Result<Value, Refusal> {
         .map_err(internal)?;
     tracing::info!(member = %state.member, "profile declared");
     Ok(profile_json(&member, Some(&profile)))
+}
+
+async fn edit_slot(state: &ProfileState, slot: &str, body: &Value) -> Result<Value, Refusal> {
+    let store = &state.fabric.store;
+    let profile = store
+        .profile(state.member)
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| Refusal::new(ErrorCode::NotAgent, "only an Agent member has prompt documents"))?;
+    let configuration = profile.configuration.unwrap_or(Value::Null);
+    let document = crate::declaration::validate_slot_edit(slot, body, &configuration)?;
+    let profile = store.set_prompt_document(state.member, slot, document.as_ref()).await.map_err(internal)?;
+    Ok(slot_json(&profile, slot))
+}
+
+/// One prompt-document slot as its door reads it: `{slot, content, role, version}`; `content` and
+/// `role` are null for a cleared slot.
+pub fn slot_json(profile: &ProfileRow, slot: &str) -> Value {
+    let (document, version) = match slot {
+        "summarizer" => (profile.summarizer.as_ref(), profile.summarizer_version),
+        _ => (profile.system_prompt.as_ref(), profile.system_prompt_version),
+    };
+    json!({
+        "slot": slot,
+        "content": document.map_or(Value::Null, |d| d["content"].clone()),
+        "role": document.map_or(Value::Null, |d| d["role"].clone()),
+        "version": version,
+    })
 }
 
 /// Named-definition handles: `[a-z0-9][a-z0-9_-]{1,31}`; any other segment is a route miss.

@@ -148,9 +148,15 @@ async fn drive(
 
     let result = async {
         wait_for_announcement(server, &runner_id, &mut child, options.timeout).await?;
-        let member_id = Uuid::parse_str(agent["public_id"].as_str().unwrap_or_default()).map_err(|e| step("read the agent id")(e.to_string()))?;
+        let member_id = Uuid::parse_str(agent["public_id"].as_str().unwrap_or_default())
+            .map_err(|e| step("read the agent id")(e.to_string()))?;
         let caller = Caller {
-            member: MemberRow { public_id: member_id, kind: "agent".into(), handle: "quickstart".into(), display_name: "quickstart".into() },
+            member: MemberRow {
+                public_id: member_id,
+                kind: "agent".into(),
+                handle: "quickstart".into(),
+                display_name: "quickstart".into(),
+            },
         };
         let declaration = json!({
             "configuration": {
@@ -160,7 +166,9 @@ async fn drive(
             },
             "prompt_documents": {"system_prompt": {"content": "You answer questions about the repository in the runner's workdir. Use the runner's tools to look; quote the numbers they return."}},
         });
-        api.declare(&caller, declaration).await.map_err(|r| step("declare the profile")(format!("{}: {}", r.code, r.message)))?;
+        api.declare(&caller, declaration)
+            .await
+            .map_err(|r| step("declare the profile")(format!("{}: {}", r.code, r.message)))?;
         println!("declared a profile importing the runner's tools, model {model}");
         let admitted = api
             .create_input(&caller, CreateInput { text: QUESTION.to_owned(), ..CreateInput::default() })
@@ -168,8 +176,11 @@ async fn drive(
             .map_err(|r| step("admit the input")(format!("{}: {}", r.code, r.message)))?;
         println!("input: {QUESTION}\nexecution {}", admitted.execution_public_id);
         follow(api, &caller, admitted.execution_public_id, &runner_id, options.timeout).await
-    }
-    .await;
+    };
+    let result = tokio::select! {
+        result = result => result,
+        _ = tokio::signal::ctrl_c() => Err(QuickstartError::Step("interrupted; stopping the runner and cleaning up".into())),
+    };
     stop_child(&mut child).await;
     result
 }
@@ -252,7 +263,18 @@ fn spawn_runner(
         .map_err(|e| step("start runner-agent")(format!("{}: {e}", binary.display())))
 }
 
+/// How long runner-agent gets to stop its tools and commit after SIGTERM before it is killed.
+const RUNNER_STOP_GRACE: Duration = Duration::from_secs(8);
+
+/// Stops runner-agent the way an operator would: SIGTERM lets it kill its tools' process groups
+/// and journal their results; SIGKILL follows only if it does not exit in time.
 async fn stop_child(child: &mut Child) {
+    if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+        if tokio::time::timeout(RUNNER_STOP_GRACE, child.wait()).await.is_ok() {
+            return;
+        }
+    }
     if let Err(e) = child.start_kill() {
         tracing::debug!(error = %e, "runner-agent already gone");
     }
@@ -361,8 +383,17 @@ async fn follow(
                 );
                 println!("{}", indent(data["content"].as_str().unwrap_or_default()));
             }
+            "attention_required" => {
+                println!(
+                    "  needs attention: {} {}",
+                    data["reason"].as_str().unwrap_or_default(),
+                    data["message"].as_str().map(|m| format!("({m})")).unwrap_or_default()
+                );
+            }
             "turn_status" if data["status"] != "running" => {
-                println!("execution {}", data["status"].as_str().unwrap_or_default());
+                let detail = data["error_key"].as_str().map(|k| format!(": {k}")).unwrap_or_default();
+                let message = data["message"].as_str().map(|m| format!(" ({m})")).unwrap_or_default();
+                println!("turn {}{detail}{message}", data["status"].as_str().unwrap_or_default());
             }
             _ => {}
         }

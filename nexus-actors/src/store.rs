@@ -37,6 +37,14 @@ pub enum StoreError {
     /// A stored JSON column did not parse.
     #[error("store: corrupt json: {0}")]
     Json(#[from] serde_json::Error),
+    /// The store could not be opened at the data dir.
+    #[error("cannot open the store in {path}: {reason}")]
+    Open {
+        /// The data dir.
+        path: std::path::PathBuf,
+        /// What failed.
+        reason: String,
+    },
     /// A uniqueness rule was broken (e.g. a handle already taken).
     #[error("{0}")]
     Conflict(String),
@@ -271,8 +279,15 @@ impl Store {
     /// # Errors
     /// [`StoreError`] when the file cannot be opened or a migration fails.
     pub async fn open(data_dir: &Path) -> StoreResult<Store> {
-        std::fs::create_dir_all(data_dir).map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
+        let open_failed = |reason: String| StoreError::Open { path: data_dir.to_owned(), reason };
+        std::fs::create_dir_all(data_dir).map_err(|e| open_failed(e.to_string()))?;
         let path = data_dir.join("nexus.db");
+        // Name the path in every failure: "permission denied" alone does not say where.
+        let opened = Self::connect(&path).await.map_err(|e| open_failed(e.to_string()))?;
+        Ok(opened)
+    }
+
+    async fn connect(path: &Path) -> StoreResult<Store> {
         let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)

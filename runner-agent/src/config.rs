@@ -155,7 +155,19 @@ impl AgentConfig {
                 reason: "must not be below reconnect_min_delay",
             });
         }
-        Ok(())
+        check_url(&self.nexus_url)
+    }
+}
+
+/// The nexus URL must name its scheme, and this build speaks plaintext HTTP/2 only: an `https://`
+/// URL is refused rather than silently sent in the clear.
+fn check_url(url: &str) -> Result<(), ConfigError> {
+    let invalid = |reason: &str| Err(ConfigError::InvalidUrl { url: url.to_owned(), reason: reason.to_owned() });
+    match url.split_once("://") {
+        Some(("http", rest)) if !rest.is_empty() => Ok(()),
+        Some(("https", _)) => invalid("this runner-agent build has no TLS; use http:// on a trusted network"),
+        Some(_) => invalid("the scheme must be http://"),
+        None => invalid("the scheme is missing; write http://HOST:PORT"),
     }
 }
 
@@ -254,5 +266,13 @@ mod tests {
         config.slots = 1;
         config.reconnect_max_delay = Duration::from_millis(1);
         assert!(matches!(config.check(), Err(ConfigError::Invalid { field: "reconnect_max_delay", .. })));
+    }
+
+    #[test]
+    fn the_url_needs_the_plaintext_scheme() {
+        assert!(check_url("http://127.0.0.1:7740").is_ok());
+        for url in ["127.0.0.1:7740", "https://127.0.0.1:7740", "ftp://x", "http://"] {
+            assert!(matches!(check_url(url), Err(ConfigError::InvalidUrl { .. })), "{url}");
+        }
     }
 }

@@ -164,7 +164,10 @@ pub(super) fn validate_rules(value: Option<&Value>, field: &str) -> Result<(), R
             return Err(invalid(&at, "a rule has at most 6 keys: tool, verdict, path, match, reason, origin"));
         }
         if let Some(key) = rule.keys().find(|k| !RULE_KEYS.contains(&k.as_str())) {
-            return Err(invalid(&format!("{at}.{key}"), "unknown key; a rule takes tool, verdict, path, match, reason, origin"));
+            return Err(invalid(
+                &format!("{at}.{key}"),
+                "unknown key; a rule takes tool, verdict, path, match, reason, origin",
+            ));
         }
         match rule.get("tool") {
             None | Some(Value::Null) => return Err(invalid(&format!("{at}.tool"), "is required")),
@@ -175,11 +178,11 @@ pub(super) fn validate_rules(value: Option<&Value>, field: &str) -> Result<(), R
             }
             Some(_) => return Err(invalid(&format!("{at}.tool"), "must be a string of |-separated globs")),
         }
-        if !rule.get("verdict").and_then(Value::as_str).is_some_and(|v| Verdict::parse(v).is_some()) {
+        if rule.get("verdict").and_then(Value::as_str).and_then(Verdict::parse).is_none() {
             return Err(invalid(&format!("{at}.verdict"), "is required and must be allow, ask or deny"));
         }
         if let Some(origin) = rule.get("origin")
-            && !origin.as_str().is_some_and(|o| CallOrigin::parse(o).is_some())
+            && origin.as_str().and_then(CallOrigin::parse).is_none()
         {
             return Err(invalid(&format!("{at}.origin"), "must be model, author or kernel"));
         }
@@ -289,7 +292,8 @@ pub fn text_at(input: &Value, path: &str) -> Option<String> {
 }
 
 fn rule_matches(rule: &serde_json::Map<String, Value>, tool_name: &str, input: &Value, origin: CallOrigin) -> bool {
-    let rule_origin = rule.get("origin").and_then(Value::as_str).and_then(CallOrigin::parse).unwrap_or(CallOrigin::Model);
+    let rule_origin =
+        rule.get("origin").and_then(Value::as_str).and_then(CallOrigin::parse).unwrap_or(CallOrigin::Model);
     if rule_origin != origin {
         return false;
     }
@@ -383,10 +387,18 @@ mod tests {
                 json!([{"tool": "a", "verdict": "deny", "path": "p", "match": "*", "reason": "r", "origin": "model", "x": 1}]),
                 "configuration.approval_rules[0]: a rule has at most 6 keys",
             ),
-            ("unknown_key", json!([{"tool": "a", "verdict": "deny", "note": 1}]), "configuration.approval_rules[0].note"),
+            (
+                "unknown_key",
+                json!([{"tool": "a", "verdict": "deny", "note": 1}]),
+                "configuration.approval_rules[0].note",
+            ),
             ("missing_tool", json!([{"verdict": "deny"}]), "configuration.approval_rules[0].tool: is required"),
             ("tool_not_string", json!([{"tool": 3, "verdict": "deny"}]), "configuration.approval_rules[0].tool"),
-            ("empty_alternative", json!([{"tool": "bash|", "verdict": "deny"}]), "configuration.approval_rules[0].tool"),
+            (
+                "empty_alternative",
+                json!([{"tool": "bash|", "verdict": "deny"}]),
+                "configuration.approval_rules[0].tool",
+            ),
             ("empty_tool", json!([{"tool": "", "verdict": "deny"}]), "configuration.approval_rules[0].tool"),
             ("nul_in_tool", json!([{"tool": "a\u{0}", "verdict": "deny"}]), "configuration.approval_rules[0].tool"),
             ("missing_verdict", json!([{"tool": "a"}]), "configuration.approval_rules[0].verdict"),
@@ -411,7 +423,11 @@ mod tests {
                 json!([{"tool": "a", "verdict": "deny", "path": "a", "match": "\u{0}"}]),
                 "configuration.approval_rules[0].match",
             ),
-            ("reason_not_string", json!([{"tool": "a", "verdict": "deny", "reason": 1}]), "configuration.approval_rules[0].reason"),
+            (
+                "reason_not_string",
+                json!([{"tool": "a", "verdict": "deny", "reason": 1}]),
+                "configuration.approval_rules[0].reason",
+            ),
             (
                 "second_rule_named",
                 json!([{"tool": "a", "verdict": "deny"}, {"tool": "a", "verdict": "nope"}]),

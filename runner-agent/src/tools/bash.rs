@@ -64,6 +64,11 @@ pub(super) async fn run(input: &Map<String, Value>, ctx: &mut ToolContext) -> To
         .spawn();
     let mut child = match spawned {
         Ok(child) => child,
+        Err(err) if !ctx.workdir.is_dir() => {
+            return ToolOutcome::Failed {
+                content: format!("could not start bash: the workdir {} is missing ({err})", ctx.workdir.display()),
+            };
+        }
         Err(err) => {
             return ToolOutcome::Failed { content: format!("could not start bash: {err}") };
         }
