@@ -292,3 +292,81 @@ async fn bad_input_is_refused_and_changes_nothing() {
     assert_eq!(body["prompt_documents"]["system_prompt"]["version"], 1);
     assert_eq!(body["configuration"]["default_model"], "scripted/default");
 }
+
+#[tokio::test]
+async fn one_server_per_data_dir() {
+    let first = TestServer::start(&[]).await;
+    let config = nexus_actors::config::ServerConfig {
+        data_dir: first.data_dir.path().to_owned(),
+        ..nexus_actors::config::ServerConfig::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let second = nexus_actors::start(listener, config.clone()).await;
+    assert!(matches!(second, Err(nexus_actors::ServeError::DataDirInUse(_))), "{second:?}");
+    // Once the first stops, the data dir is free again.
+    first.server.shutdown().await.expect("shutdown");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let third = nexus_actors::start(listener, config).await.expect("the lock was released");
+    third.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn admission_bounds_and_runner_selection() {
+    let server = TestServer::start(&[]).await;
+    let agent = server.agent("agent").await;
+    let runner = server.runner("runner").await;
+    let other = server.runner("other").await;
+    let mut client = client(&server).await;
+    declare(&mut client, &agent, runner.id, "scripted/default").await;
+    let too_long = CreateInputRequest { text: "x".repeat(1_048_577), ..CreateInputRequest::default() };
+    let status = client.create_input(authed(too_long, &agent)).await.expect_err("refused");
+    assert_eq!(nexus_proto::Refusal::from_status(&status).code, "content_too_large");
+    let wrong_runner = CreateInputRequest {
+        text: "hi".into(),
+        runner_executor_public_id: other.id.to_string(),
+        ..CreateInputRequest::default()
+    };
+    let status = client.create_input(authed(wrong_runner, &agent)).await.expect_err("refused");
+    assert_eq!(nexus_proto::Refusal::from_status(&status).code, "runner_not_declared");
+    let huge = DeclareProfileRequest {
+        body_json: format!("{{\"configuration\": {{}}, \"pad\": \"{}\"}}", "x".repeat(4 * 1024 * 1024)),
+    };
+    let status = client.declare_profile(authed(huge, &agent)).await.expect_err("refused");
+    assert_eq!(nexus_proto::Refusal::from_status(&status).code, "content_too_large");
+    // An inline declaration is validated at admission and names its field.
+    let inline = CreateInputRequest {
+        text: "hi".into(),
+        execution_declaration_json: json!({"default_model": "scripted/default", "approval_mode": "never"}).to_string(),
+        ..CreateInputRequest::default()
+    };
+    let status = client.create_input(authed(inline, &agent)).await.expect_err("refused");
+    let refusal = nexus_proto::Refusal::from_status(&status);
+    assert_eq!(refusal.code, "validation_failed");
+    assert!(refusal.message.contains("execution_declaration.approval_mode"), "{}", refusal.message);
+    // A valid inline declaration runs without the standing profile's tools.
+    let inline = CreateInputRequest {
+        text: "echo me".into(),
+        execution_declaration_json: json!({"default_model": "scripted/default"}).to_string(),
+        ..CreateInputRequest::default()
+    };
+    let execution =
+        client.create_input(authed(inline, &agent)).await.expect("admitted").into_inner().execution_public_id;
+    let row = wait_until("the inline execution", WAIT, || async {
+        let reply = client
+            .clone()
+            .get_execution(authed(GetExecutionRequest { execution_public_id: execution.clone() }, &agent))
+            .await
+            .ok()?;
+        let row = reply.into_inner();
+        (row.status == "completed").then_some(row)
+    })
+    .await;
+    assert!(row.final_text.contains("echo me"), "{}", row.final_text);
+    // Stopping a finished execution answers its row.
+    let stopped = client
+        .stop_execution(authed(StopExecutionRequest { execution_public_id: execution }, &agent))
+        .await
+        .expect("stop")
+        .into_inner();
+    assert_eq!(stopped.status, "completed");
+}
