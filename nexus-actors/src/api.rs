@@ -59,6 +59,19 @@ pub struct Caller {
     pub member: MemberRow,
 }
 
+impl Caller {
+    /// Refuses a Human with 403 `not_agent`: `what` completes "only an Agent member ...".
+    ///
+    /// # Errors
+    /// `not_agent` when the caller is not an Agent.
+    pub fn require_agent(&self, what: &str) -> Result<(), Refusal> {
+        if self.member.kind == "agent" {
+            return Ok(());
+        }
+        Err(Refusal::new(ErrorCode::NotAgent, format!("only an Agent member {what}")))
+    }
+}
+
 /// `CreateInput`'s fields, already decoded.
 #[derive(Clone, Debug, Default)]
 pub struct CreateInput {
@@ -155,9 +168,7 @@ impl Api {
     /// # Errors
     /// 403 `not_agent` for a Human; the grammar's refusals (see [`crate::declaration`]).
     pub async fn declare(&self, caller: &Caller, body: Value) -> Result<Value, Refusal> {
-        if caller.member.kind != "agent" {
-            return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has a profile to declare"));
-        }
+        caller.require_agent("has a profile to declare")?;
         let profile = self.root.profile(caller.member.public_id).await?;
         ractor::call!(profile, ProfileMsg::Declare, body).map_err(|_| unavailable())?
     }
@@ -180,9 +191,7 @@ impl Api {
     /// 403 `not_agent` for a Human; 404 `not_found` for a slot other than `system_prompt` and
     /// `summarizer`.
     pub async fn prompt_document(&self, caller: &Caller, slot: &str) -> Result<Value, Refusal> {
-        if caller.member.kind != "agent" {
-            return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has prompt documents"));
-        }
+        caller.require_agent("has prompt documents")?;
         if !matches!(slot, "system_prompt" | "summarizer") {
             return Err(Refusal::new(ErrorCode::NotFound, "the slots are system_prompt and summarizer"));
         }
@@ -197,9 +206,7 @@ impl Api {
     /// 403 `not_agent`; 404 `not_found`; 400 `parameter_missing`; 422 `prompt_document_invalid`,
     /// `prompt_document_too_large` or `prompt_document_macro_unknown`.
     pub async fn put_prompt_document(&self, caller: &Caller, slot: &str, body: Value) -> Result<Value, Refusal> {
-        if caller.member.kind != "agent" {
-            return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has prompt documents"));
-        }
+        caller.require_agent("has prompt documents")?;
         let profile = self.root.profile(caller.member.public_id).await?;
         ractor::call!(profile, |reply| ProfileMsg::EditSlot(slot.to_owned(), body, reply)).map_err(|_| unavailable())?
     }
@@ -209,9 +216,7 @@ impl Api {
     /// # Errors
     /// 403 `not_agent` for a Human.
     pub async fn named_definitions(&self, caller: &Caller) -> Result<Value, Refusal> {
-        if caller.member.kind != "agent" {
-            return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has named definitions"));
-        }
+        caller.require_agent("has named definitions")?;
         let rows = self.fabric.store.named_definitions(caller.member.public_id).await.map_err(internal)?;
         Ok(json!({"agents": rows.iter().map(crate::profile::named_definition_json).collect::<Vec<_>>()}))
     }
@@ -228,9 +233,7 @@ impl Api {
         name: &str,
         body: Value,
     ) -> Result<(bool, Value), Refusal> {
-        if caller.member.kind != "agent" {
-            return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has named definitions"));
-        }
+        caller.require_agent("has named definitions")?;
         let profile = self.root.profile(caller.member.public_id).await?;
         ractor::call!(profile, |reply| ProfileMsg::PutAgent(name.to_owned(), body, reply)).map_err(|_| unavailable())?
     }
@@ -240,9 +243,7 @@ impl Api {
     /// # Errors
     /// 403 `not_agent`; 404 `not_found`.
     pub async fn delete_named_definition(&self, caller: &Caller, name: &str) -> Result<(), Refusal> {
-        if caller.member.kind != "agent" {
-            return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has named definitions"));
-        }
+        caller.require_agent("has named definitions")?;
         let profile = self.root.profile(caller.member.public_id).await?;
         ractor::call!(profile, |reply| ProfileMsg::DeleteAgent(name.to_owned(), reply)).map_err(|_| unavailable())?
     }
@@ -258,9 +259,7 @@ impl Api {
     /// bound; 422 `runner_not_declared`, `runner_not_eligible`, `tool_not_served` or
     /// `validation_failed`.
     pub async fn assembly_preview(&self, caller: &Caller, body: &Value) -> Result<Value, Refusal> {
-        if caller.member.kind != "agent" {
-            return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member assembles tools"));
-        }
+        caller.require_agent("assembles tools")?;
         let Some(root) = body.as_object() else {
             return Err(Refusal::new(ErrorCode::ParameterMissing, "the body must be an object"));
         };
@@ -344,8 +343,7 @@ impl Api {
         }
         let store = &self.fabric.store;
         let models = &self.fabric.models;
-        let check =
-            |reference: &str| models.resolve(reference).map(|_| ()).map_err(|e| (e.word().to_owned(), e.to_string()));
+        let check = |reference: &str| models.check(reference);
         let configuration = match &input.execution_declaration {
             Some(inline) => {
                 let object = inline.as_object().ok_or_else(|| {

@@ -311,8 +311,7 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
     let input = store.input(state.row.input_public_id).await?.ok_or("the execution's input is missing")?;
     let profile = store.profile(state.row.member_public_id).await?.unwrap_or_default();
     let models = &state.fabric.models;
-    let check =
-        |reference: &str| models.resolve(reference).map(|_| ()).map_err(|e| (e.word().to_owned(), e.to_string()));
+    let check = |reference: &str| models.check(reference);
     let (configuration, system_prompt) = match &input.execution_declaration {
         Some(inline) => {
             let Some(object) = inline.as_object() else {

@@ -95,18 +95,23 @@ impl Actor for ProfileActor {
     }
 }
 
-async fn declare(state: &ProfileState, body: &Value) -> Result<Value, Refusal> {
-    let store = &state.fabric.store;
+/// The Agent member behind this actor, refreshed from the store.
+async fn agent_member(state: &ProfileState, refusal: &str) -> Result<MemberRow, Refusal> {
     let member =
-        store.member(state.member).await.map_err(internal)?.ok_or_else(|| {
+        state.fabric.store.member(state.member).await.map_err(internal)?.ok_or_else(|| {
             Refusal::new(ErrorCode::Unauthorized, "the member behind this credential no longer exists")
         })?;
     if member.kind != "agent" {
-        return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has a profile to declare"));
+        return Err(Refusal::new(ErrorCode::NotAgent, refusal));
     }
+    Ok(member)
+}
+
+async fn declare(state: &ProfileState, body: &Value) -> Result<Value, Refusal> {
+    let store = &state.fabric.store;
+    let member = agent_member(state, "only an Agent member has a profile to declare").await?;
     let models = &state.fabric.models;
-    let check =
-        |reference: &str| models.resolve(reference).map(|_| ()).map_err(|e| (e.word().to_owned(), e.to_string()));
+    let check = |reference: &str| models.check(reference);
     let validated = validate_profile_put(body, &check)?;
     let profile = store
         .declare_profile(
@@ -163,13 +168,7 @@ pub const DESCRIPTION_BOUND: usize = 1024;
 
 async fn put_agent(state: &ProfileState, name: &str, body: &Value) -> Result<(bool, Value), Refusal> {
     let store = &state.fabric.store;
-    let member =
-        store.member(state.member).await.map_err(internal)?.ok_or_else(|| {
-            Refusal::new(ErrorCode::Unauthorized, "the member behind this credential no longer exists")
-        })?;
-    if member.kind != "agent" {
-        return Err(Refusal::new(ErrorCode::NotAgent, "only an Agent member has named definitions"));
-    }
+    let member = agent_member(state, "only an Agent member has named definitions").await?;
     if !is_definition_name(name) {
         return Err(Refusal::new(ErrorCode::NotFound, "no such door"));
     }
@@ -202,8 +201,7 @@ async fn put_agent(state: &ProfileState, name: &str, body: &Value) -> Result<(bo
         return Err(Refusal::new(ErrorCode::ParameterMissing, "configuration must be an object"));
     };
     let models = &state.fabric.models;
-    let check =
-        |reference: &str| models.resolve(reference).map(|_| ()).map_err(|e| (e.word().to_owned(), e.to_string()));
+    let check = |reference: &str| models.check(reference);
     let configuration = crate::declaration::validate_configuration(configuration, &check)?;
     let put = crate::declaration::validate_profile_put(
         &json!({"configuration": {}, "prompt_documents": {"system_prompt": object.get("system_prompt").cloned().unwrap_or(Value::Null)}}),

@@ -175,6 +175,12 @@ impl ModelRegistry {
         &self.table
     }
 
+    /// The declaration-time check of a reference (REFERENCE.md 3, `default_model`): `Ok`, or the
+    /// resolver's word and a message, as [`crate::declaration::ModelCheck`] takes it.
+    pub fn check(&self, reference: &str) -> Result<(), (String, String)> {
+        self.resolve(reference).map(|_| ()).map_err(|e| (e.word().to_owned(), e.to_string()))
+    }
+
     /// Resolves `provider/model`, split at the first `/` (so `openrouter/z-ai/glm-5.3` is provider
     /// `openrouter`, model `z-ai/glm-5.3`). No I/O. Errors carry the resolver words (see
     /// [`ResolveError`]).
