@@ -135,9 +135,20 @@ where
 
 /// The `runner-agent` binary cargo built beside this test binary (`target/<profile>/`).
 pub fn runner_agent_binary() -> PathBuf {
+    workspace_binary("runner-agent")
+}
+
+/// The `nexus` binary cargo built beside this test binary (`target/<profile>/`).
+pub fn nexus_binary() -> PathBuf {
+    workspace_binary("nexus")
+}
+
+/// A binary of the workspace; `cargo test --workspace` builds every one of them, because each
+/// binary's package has integration tests.
+fn workspace_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test exe");
     let dir = exe.parent().and_then(|deps| deps.parent()).expect("target dir");
-    let path = dir.join(format!("runner-agent{}", std::env::consts::EXE_SUFFIX));
+    let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(path.is_file(), "{} is missing; run the tests with `cargo test --workspace`", path.display());
     path
 }

@@ -1,0 +1,98 @@
+//! The `nexus` binary as an operator runs it: serve, admin, a second server on the same data
+//! dir, and a graceful SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn nexus() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_nexus"))
+}
+
+/// Starts `nexus serve` on 127.0.0.1:0 and reads the bound address from its log.
+fn serve(data_dir: &std::path::Path) -> (Child, String, std::sync::mpsc::Receiver<String>) {
+    let mut child = nexus()
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .env("NEXUS_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("nexus serve starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let (lines_tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let line =
+            lines.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("serve logs its address");
+        if let Some(addr) = line.split("addr=").nth(1).and_then(|rest| rest.split_whitespace().next()) {
+            return (child, addr.to_owned(), lines);
+        }
+    }
+}
+
+fn admin(data_dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    nexus().arg("admin").args(args).arg("--data-dir").arg(data_dir).output().expect("nexus admin runs")
+}
+
+#[test]
+fn admin_refuses_a_data_dir_without_a_store() {
+    let dir = tempfile::tempdir().expect("dir");
+    let typo = dir.path().join("typo");
+    let out = admin(&typo, &["member", "create", "--kind", "agent", "--handle", "helper"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no nexus store"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!typo.join("nexus.db").exists(), "a typo must not create an empty store");
+}
+
+#[test]
+fn serve_admin_and_a_graceful_sigterm() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (mut server, addr, lines) = serve(dir.path());
+
+    let out = admin(dir.path(), &["member", "create", "--kind", "agent", "--handle", "helper"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let member: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(member["kind"], "agent");
+    assert!(member["token"].as_str().is_some_and(|t| t.starts_with("sk-nexus-api-v1-")));
+    let out = admin(dir.path(), &["runner", "create", "--name", "worker-1"]);
+    let runner: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(runner["runner_executor_public_id"].as_str().is_some());
+    let out = admin(dir.path(), &["member", "create", "--kind", "agent", "--handle", "helper"]);
+    assert!(!out.status.success(), "a taken handle is refused");
+
+    // A second server on the same data dir refuses to start.
+    let second =
+        nexus().args(["serve", "--listen", "127.0.0.1:0", "--data-dir"]).arg(dir.path()).output().expect("runs");
+    assert!(!second.status.success());
+    assert!(String::from_utf8_lossy(&second.stderr).contains("in use"), "{}", String::from_utf8_lossy(&second.stderr));
+
+    // SIGTERM (what systemd sends) shuts down in order and exits 0.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(server.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signal");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = server.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "nexus did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    let logged: Vec<String> = lines.try_iter().collect();
+    assert!(logged.iter().any(|l| l.contains("shutting down")), "{logged:?}");
+    assert!(!addr.is_empty());
+}
