@@ -273,7 +273,7 @@ fn validate_fields(
     )?;
     compaction::validate_compaction(source.get("compaction_policy"), &field("compaction_policy"))?;
     validate_default_model(source.get("default_model"), &field("default_model"), check_model)?;
-    validate_fallback_models(source.get("fallback_models"), &field("fallback_models"), check_model)?;
+    validate_fallback_models(source.get("fallback_models"), &field("fallback_models"))?;
     memory::validate_memory_limit(source.get("memory_context_limit"), &field("memory_context_limit"))?;
     memory::validate_reach(source.get("conversation_reach"), &field("conversation_reach"))?;
     let catalog_field = field("delegation_catalog");
@@ -300,7 +300,10 @@ fn validate_default_model(value: Option<&Value>, field: &str, check_model: Model
     check_model(reference).map_err(|(word, message)| invalid(field, format!("{word}: {message}")))
 }
 
-fn validate_fallback_models(value: Option<&Value>, field: &str, check_model: ModelCheck<'_>) -> Result<(), Refusal> {
+/// `fallback_models` is judged by its shape only: each entry a complete `provider/model` reference.
+/// Availability is judged live, at selection and at provider start (SPEC-000, "fallback_models"),
+/// so an entry whose provider lacks its credential today is still accepted.
+fn validate_fallback_models(value: Option<&Value>, field: &str) -> Result<(), Refusal> {
     let models = match value {
         None | Some(Value::Null) => return Ok(()),
         Some(Value::Array(models)) => models,
@@ -316,10 +319,23 @@ fn validate_fallback_models(value: Option<&Value>, field: &str, check_model: Mod
         if reference.chars().count() > FALLBACK_MODEL_BOUND {
             return Err(invalid(&format!("{field}[{i}]"), "is over 193 characters"));
         }
-        check_model(reference)
-            .map_err(|(word, message)| invalid(&format!("{field}[{i}]"), format!("{word}: {message}")))?;
+        if !is_complete_reference(reference) {
+            return Err(invalid(
+                &format!("{field}[{i}]"),
+                "unknown_model: must be a complete provider/model reference, not a bare word or a selector",
+            ));
+        }
     }
     Ok(())
+}
+
+/// A complete `provider/model` reference: a provider, `/`, a model, no whitespace or control
+/// characters, and not a `model_selector:` policy.
+fn is_complete_reference(reference: &str) -> bool {
+    if reference.starts_with("model_selector:") || reference.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return false;
+    }
+    reference.split_once('/').is_some_and(|(provider, model)| !provider.is_empty() && !model.is_empty())
 }
 
 #[cfg(test)]

@@ -8,6 +8,8 @@
 //! round's expansion (its tasks, the transcript and the events narrating it) is one store
 //! transaction, and the actor rebuilds itself from the store after a restart.
 
+pub mod kernel;
+
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -419,8 +421,16 @@ async fn end_refused(state: &mut ExecutionState, refusal: &Refusal) -> Result<bo
     Ok(false)
 }
 
+/// The routes an execution may use, in order: the default model, then the captured fallbacks,
+/// each route visited once.
 fn model_chain(declaration: &FrozenDeclaration) -> Vec<String> {
-    declaration.default_model.iter().chain(declaration.fallback_models.iter()).cloned().collect()
+    let mut chain: Vec<String> = Vec::new();
+    for route in declaration.default_model.iter().chain(declaration.fallback_models.iter()) {
+        if !chain.contains(route) {
+            chain.push(route.clone());
+        }
+    }
+    chain
 }
 
 async fn start_round(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Result<(), ActorProcessingErr> {
@@ -634,15 +644,39 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
     if call.arguments.len() > TOOL_INPUT_BOUND {
         return fail(task, "tool_input_too_large", "the arguments are over 64 KiB".into());
     }
-    task.tool_input = input;
+    // Aliases run under the kernel wire name with their parameters mapped; the callable name
+    // stays beside it as the alias (REFERENCE.md 4, "Call resolution").
+    let resolved = tool.resolve_call(&input);
+    task.tool_name = resolved.wire_name;
+    task.tool_input = resolved.input;
+    let mode = state.declaration.as_ref().and_then(|d| d.approval_mode.as_deref()).unwrap_or("bypass");
     let Some(route) = &tool.route else {
-        return fail(
-            task,
-            "tool_not_served",
-            format!("{} has no runner route and no in-process implementation here", call.name),
-        );
+        let in_process = state.declaration.as_ref().and_then(|d| kernel::run(d, &task.tool_name, &task.tool_input));
+        return match in_process {
+            Some(_) if mode != "bypass" => {
+                task.status = "needs_approval".into();
+                task.settled_at = None;
+                task
+            }
+            Some(Ok(result)) => {
+                task.status = "completed".into();
+                task.result = Some(
+                    json!({"content": result.to_string(), "structured_content": result, "is_error": false, "outcome": "completed"}),
+                );
+                task
+            }
+            Some(Err(message)) => {
+                task.status = "completed".into();
+                task.result = Some(json!({"content": message, "is_error": true, "outcome": "completed"}));
+                task
+            }
+            None => fail(
+                task,
+                "tool_not_served",
+                format!("{} has no runner route and no in-process implementation here", call.name),
+            ),
+        };
     };
-    task.tool_name = route.tool_name.clone();
     task.target_executor_public_id = Some(route.runner_executor_public_id);
     task.effect_profile = tool.effect_profile.clone();
     if let Some(timeout) = tool.timeout_ms {
@@ -650,7 +684,6 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
     }
     task.deadline_at = now.saturating_add(task.timeout_ms);
     task.settled_at = None;
-    let mode = state.declaration.as_ref().and_then(|d| d.approval_mode.as_deref()).unwrap_or("bypass");
     task.status = if mode == "bypass" { "dispatched".into() } else { "needs_approval".into() };
     task
 }
