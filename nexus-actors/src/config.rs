@@ -14,8 +14,12 @@ use crate::model::ProviderTable;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
-    /// Where the embedded SQLite store lives. Default: `./nexus-data`.
+    /// The data dir: the embedded SQLite store (`nexus.db`, unless `store.database_url` names
+    /// PostgreSQL) and the lock file (`nexus.lock`) that keeps a second nexus off it. Default:
+    /// `./nexus-data`.
     pub data_dir: PathBuf,
+    /// The durable store: embedded SQLite in `data_dir` (the default) or PostgreSQL.
+    pub store: StoreConfig,
     /// Runner stream timing.
     pub runner: RunnerStreamConfig,
     /// Execution timing.
@@ -24,16 +28,20 @@ pub struct ServerConfig {
     pub doors: DoorsConfig,
     /// The model provider table (see README, "Model providers").
     pub providers: ProviderTable,
+    /// TLS on the one port (gRPC and HTTP alike). Default: off, plaintext.
+    pub tls: TlsConfig,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             data_dir: PathBuf::from("nexus-data"),
+            store: StoreConfig::default(),
             runner: RunnerStreamConfig::default(),
             execution: ExecutionConfig::default(),
             doors: DoorsConfig::default(),
             providers: ProviderTable::default(),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -122,6 +130,123 @@ impl Default for DoorsConfig {
     }
 }
 
+/// Where the durable store lives (see README, "Store"). One schema and one `Store` interface
+/// serve both backends.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// The database. Default: unset, the embedded SQLite file `DATA_DIR/nexus.db`.
+    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=...]` (or `postgresql://`)
+    /// selects PostgreSQL: the database must exist, nexus creates and migrates its tables, and
+    /// several nexus nodes (each with its own data dir) may share it. The flag `--database-url`
+    /// and `NEXUS_DATABASE_URL` override it.
+    pub database_url: Option<String>,
+    /// Most open connections to the database, a count. Default: unset, which is 4 on SQLite (one
+    /// writer at a time) and 16 on PostgreSQL.
+    pub max_connections: Option<u32>,
+    /// Bound on opening a connection or waiting for a free one, in milliseconds. Default 10000.
+    pub acquire_timeout_ms: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig { database_url: None, max_connections: None, acquire_timeout_ms: 10_000 }
+    }
+}
+
+// By hand, so that a password in the URL never reaches a log line through `{:?}`.
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("database_url", &self.database_url.as_deref().map(crate::store::redact_url))
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout_ms", &self.acquire_timeout_ms)
+            .finish()
+    }
+}
+
+impl StoreConfig {
+    /// The backend the configuration selects.
+    pub fn backend(&self) -> crate::store::StoreBackend {
+        match &self.database_url {
+            Some(_) => crate::store::StoreBackend::Postgres,
+            None => crate::store::StoreBackend::Sqlite,
+        }
+    }
+
+    /// The pool size: `max_connections`, or the backend's default.
+    pub fn pool_size(&self) -> u32 {
+        self.max_connections.unwrap_or_else(|| self.backend().default_max_connections())
+    }
+
+    /// The connection bound as a duration.
+    pub fn acquire_timeout(&self) -> Duration {
+        Duration::from_millis(self.acquire_timeout_ms.max(1))
+    }
+}
+
+/// TLS on the one port. With `cert` and `key` set, every connection (runners, gRPC clients and
+/// the HTTP/JSON doors) is TLS, offering ALPN `h2` and `http/1.1`; without them nexus serves
+/// plaintext, for development on a trusted network. Paths are relative to the directory nexus
+/// runs in; the files are read once at start-up.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// The server's certificate chain, PEM, leaf first. Set together with `key`. Default: none
+    /// (plaintext).
+    pub cert: Option<PathBuf>,
+    /// The server's private key, PEM (PKCS#8, PKCS#1 or SEC1). Set together with `cert`.
+    /// Default: none.
+    pub key: Option<PathBuf>,
+    /// CA certificates, PEM, that client certificates must chain to (mutual TLS). Needs `cert`
+    /// and `key`. Default: none (no client certificate is asked for).
+    pub client_ca: Option<PathBuf>,
+    /// Who must present a client certificate when `client_ca` is set. Default `runners`.
+    pub client_auth: ClientAuth,
+    /// Bound on one TLS handshake, in milliseconds; a client still handshaking after it is
+    /// dropped. Default 10000.
+    pub handshake_timeout_ms: u64,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            cert: None,
+            key: None,
+            client_ca: None,
+            client_auth: ClientAuth::default(),
+            handshake_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl TlsConfig {
+    /// Whether TLS is on (`cert` and `key` are set).
+    pub fn enabled(&self) -> bool {
+        self.cert.is_some() && self.key.is_some()
+    }
+
+    /// The handshake bound as a duration.
+    pub fn handshake_timeout(&self) -> Duration {
+        Duration::from_millis(self.handshake_timeout_ms.max(1))
+    }
+}
+
+/// Who must present a client certificate that chains to `tls.client_ca`. A certificate that is
+/// presented is always verified; one that does not chain fails the handshake.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientAuth {
+    /// The runner stream (`nexus.runner.v1.RunnerService`) is refused with `unauthorized` on a
+    /// connection without a client certificate; the member doors (HTTP/JSON and
+    /// `nexus.agent.v1.AgentService`), health and reflection need none, so clients keep their
+    /// bearer tokens only.
+    #[default]
+    Runners,
+    /// Every connection must present one: a handshake without it is refused, members included.
+    Required,
+}
+
 /// A configuration that failed to load.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -194,6 +319,26 @@ impl ServerConfig {
         if self.doors.requests_per_minute == 0 || self.doors.burst == 0 {
             return invalid("doors", "requests_per_minute and burst must be positive");
         }
+        let store = &self.store;
+        if store.database_url.as_deref().is_some_and(|url| !crate::store::is_postgres_url(url)) {
+            return invalid(
+                "store.database_url",
+                "must be a postgres:// or postgresql:// URL (leave it unset for SQLite in data_dir)",
+            );
+        }
+        if store.max_connections == Some(0) || store.acquire_timeout_ms == 0 {
+            return invalid("store", "max_connections and acquire_timeout_ms must be positive");
+        }
+        let tls = &self.tls;
+        if tls.cert.is_some() != tls.key.is_some() {
+            return invalid("tls.cert", "and tls.key must be set together");
+        }
+        if tls.client_ca.is_some() && !tls.enabled() {
+            return invalid("tls.client_ca", "needs tls.cert and tls.key (mutual TLS runs over TLS)");
+        }
+        if tls.handshake_timeout_ms == 0 {
+            return invalid("tls.handshake_timeout_ms", "must be positive");
+        }
         Ok(())
     }
 
@@ -216,6 +361,9 @@ mod tests {
         assert_eq!(config.runner, RunnerStreamConfig::default());
         assert_eq!(config.execution, ExecutionConfig::default());
         assert_eq!(config.doors, DoorsConfig::default());
+        assert_eq!(config.tls, TlsConfig::default());
+        assert_eq!(config.store, StoreConfig::default());
+        assert!(!config.tls.enabled());
         assert_eq!(config.data_dir, PathBuf::from("nexus-data"));
         let names: Vec<&str> = config.providers.providers.keys().map(String::as_str).collect();
         assert_eq!(names, ["local", "openrouter", "scripted"]);
@@ -230,5 +378,57 @@ mod tests {
         assert!(ServerConfig::default().validate().is_ok());
         let dead = ServerConfig::from_toml("[runner]\nliveness_timeout_ms = 0\n").expect("parses");
         assert!(matches!(dead.validate(), Err(ConfigError::Invalid { field: "runner.liveness_timeout_ms", .. })));
+    }
+
+    #[test]
+    fn store_settings_select_the_backend_and_validate() {
+        let default = ServerConfig::default();
+        assert_eq!(default.store.backend(), crate::store::StoreBackend::Sqlite);
+        assert_eq!(default.store.pool_size(), 4);
+        let table = [
+            ("[store]\ndatabase_url = \"postgres://nexus@127.0.0.1:5432/nexus\"\n", None),
+            ("[store]\ndatabase_url = \"postgresql://db/nexus?sslmode=require\"\nmax_connections = 32\n", None),
+            ("[store]\ndatabase_url = \"sqlite://nexus.db\"\n", Some("store.database_url")),
+            ("[store]\nmax_connections = 0\n", Some("store")),
+            ("[store]\nacquire_timeout_ms = 0\n", Some("store")),
+        ];
+        for (text, refused) in table {
+            let config = ServerConfig::from_toml(text).expect(text);
+            match (config.validate(), refused) {
+                (Ok(()), None) => assert_eq!(config.store.backend(), crate::store::StoreBackend::Postgres, "{text}"),
+                (Err(ConfigError::Invalid { field, .. }), Some(expected)) => assert_eq!(field, expected, "{text}"),
+                (other, _) => panic!("{text}: {other:?}"),
+            }
+        }
+        let postgres =
+            ServerConfig::from_toml("[store]\ndatabase_url = \"postgres://u:secret@h/d\"\n").expect("parses");
+        assert_eq!(postgres.store.pool_size(), 16);
+        assert!(!format!("{postgres:?}").contains("secret"), "the password reached Debug output");
+        assert!(ServerConfig::from_toml("[store]\nurl = \"postgres://h/d\"\n").is_err());
+    }
+
+    #[test]
+    fn tls_settings_parse_and_validate() {
+        let table = [
+            ("[tls]\ncert = \"s.pem\"\nkey = \"s.key\"\n", None),
+            ("[tls]\ncert = \"s.pem\"\nkey = \"s.key\"\nclient_ca = \"ca.pem\"\nclient_auth = \"required\"\n", None),
+            ("[tls]\ncert = \"s.pem\"\n", Some("tls.cert")),
+            ("[tls]\nkey = \"s.key\"\n", Some("tls.cert")),
+            ("[tls]\nclient_ca = \"ca.pem\"\n", Some("tls.client_ca")),
+            ("[tls]\nhandshake_timeout_ms = 0\n", Some("tls.handshake_timeout_ms")),
+        ];
+        for (text, refused) in table {
+            let config = ServerConfig::from_toml(text).expect(text);
+            match (config.validate(), refused) {
+                (Ok(()), None) => {}
+                (Err(ConfigError::Invalid { field, .. }), Some(expected)) => assert_eq!(field, expected, "{text}"),
+                (other, _) => panic!("{text}: {other:?}"),
+            }
+        }
+        let mutual = ServerConfig::from_toml("[tls]\ncert = \"a\"\nkey = \"b\"\nclient_ca = \"c\"\n").expect("parses");
+        assert!(mutual.tls.enabled());
+        assert_eq!(mutual.tls.client_auth, ClientAuth::Runners);
+        assert!(ServerConfig::from_toml("[tls]\nclient_auth = \"sometimes\"\n").is_err());
+        assert!(ServerConfig::from_toml("[tls]\ncertificate = \"a\"\n").is_err());
     }
 }

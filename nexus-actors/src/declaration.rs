@@ -572,15 +572,25 @@ mod tests {
         for (name, cfg, field) in [
             ("r11_default_model", json!({"default_model": "x/y"}), "configuration.default_model: unknown_provider"),
             (
-                "r39_fallback_resolver",
-                json!({"fallback_models": ["x/y"]}),
-                "configuration.fallback_models[0]: unknown_provider",
+                "r39_fallback_bare_word",
+                json!({"fallback_models": ["gpt"]}),
+                "configuration.fallback_models[0]: unknown_model",
+            ),
+            (
+                "r39_fallback_selector",
+                json!({"fallback_models": ["model_selector:fast"]}),
+                "configuration.fallback_models[0]: unknown_model",
             ),
         ] {
             let refusal = validate_configuration(cfg.as_object().expect("object"), &refuse_model).expect_err("refused");
             assert_eq!(refusal.code, "validation_failed", "{name}");
             assert!(refusal.message.starts_with(field), "{name}: {}", refusal.message);
         }
+        // Fallback availability is judged live, not at declaration: a complete reference the
+        // resolver refuses today is still accepted.
+        let accepted =
+            validate_configuration(json!({"fallback_models": ["x/y"]}).as_object().expect("object"), &refuse_model);
+        assert!(accepted.is_ok(), "{accepted:?}");
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! Owns: the declaration grammar and tool assembly ([`declaration`]), the actors ([`root`],
 //! [`profile`], [`executor`], [`connection`], [`execution`]), the durable store ([`store`]), model
 //! providers ([`model`]), and the gRPC and HTTP/JSON doors ([`grpc`], [`http`]) served on one
-//! port. Does not own: tools that run on workers (that is `runner-agent`).
+//! port, in plaintext or over TLS ([`tls`]). Does not own: tools that run on workers (that is
+//! `runner-agent`).
 //!
 //! Main entry points: [`serve`] runs a server until a shutdown future resolves; [`start`] returns
 //! a [`RunningServer`] handle (tests and `nexus quickstart` use it); [`admin`] mints credentials.
@@ -24,6 +25,7 @@ pub mod profile;
 pub mod quickstart;
 pub mod root;
 pub mod store;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -36,6 +38,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
+use tonic::service::interceptor::InterceptedService;
 
 use nexus_proto::FILE_DESCRIPTOR_SET;
 use nexus_proto::agent::v1::agent_service_server::AgentServiceServer;
@@ -46,6 +49,8 @@ use crate::config::ServerConfig;
 use crate::model::ModelRegistry;
 use crate::root::{EventBus, Fabric, RootActor, RootArgs, RootHandle};
 use crate::store::Store;
+use crate::tls::Acceptor;
+pub use crate::tls::install_crypto_provider;
 
 /// The largest answer of the client API, in bytes (64 MiB).
 pub const AGENT_REPLY_BOUND: usize = 64 * 1024 * 1024;
@@ -66,6 +71,9 @@ pub enum ServeError {
     /// The transport failed.
     #[error("transport: {0}")]
     Transport(String),
+    /// A TLS file or setting cannot be used.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     /// The listener has no local address.
     #[error("listener: {0}")]
     Io(#[from] std::io::Error),
@@ -89,6 +97,8 @@ pub struct RunningServer {
     pub addr: SocketAddr,
     /// The shared API (the same one the doors use).
     pub api: Arc<Api>,
+    /// Whether the port speaks TLS.
+    pub tls: bool,
     shutdown: Option<oneshot::Sender<()>>,
     transport: JoinHandle<Result<(), tonic::transport::Error>>,
     /// Held for the server's life: one nexus per data dir.
@@ -96,9 +106,10 @@ pub struct RunningServer {
 }
 
 impl RunningServer {
-    /// The base URL, e.g. `http://127.0.0.1:7740`.
+    /// The base URL, e.g. `http://127.0.0.1:7740`, or `https://...` when TLS is on.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Stops accepting, drains the transport, then stops every actor.
@@ -141,8 +152,11 @@ pub async fn start_with_models(
     config: ServerConfig,
     models: Option<ModelRegistry>,
 ) -> Result<RunningServer, ServeError> {
+    install_crypto_provider();
+    // Bad TLS files fail before the store is touched.
+    let acceptor = Acceptor::from_config(&config.tls)?;
     let data_dir_lock = lock_data_dir(&config.data_dir)?;
-    let store = Store::open(&config.data_dir).await?;
+    let store = Store::connect(&config.data_dir, &config.store).await?;
     let models = match models {
         Some(models) => models,
         None => ModelRegistry::new(config.providers.clone(), |name| std::env::var(name).ok())?,
@@ -169,12 +183,16 @@ pub async fn start_with_models(
         .build_v1alpha()
         .map_err(|e| ServeError::Transport(e.to_string()))?;
     let max_frame = fabric.config.runner.max_frame_bytes;
-    let routes = Routes::from(http::router(api.clone()))
-        .add_service(
-            RunnerServiceServer::new(grpc::RunnerGrpc::new(api.clone()))
-                .max_decoding_message_size(max_frame)
-                .max_encoding_message_size(max_frame),
-        )
+    let runner_service = RunnerServiceServer::new(grpc::RunnerGrpc::new(api.clone()))
+        .max_decoding_message_size(max_frame)
+        .max_encoding_message_size(max_frame);
+    let routes = Routes::from(http::router(api.clone()));
+    let routes = if acceptor.as_ref().is_some_and(|acceptor| acceptor.gate_runner_stream) {
+        routes.add_service(InterceptedService::new(runner_service, tls::require_client_certificate))
+    } else {
+        routes.add_service(runner_service)
+    };
+    let routes = routes
         .add_service(
             // An execution's JSON carries its task results (each at most 1 MB), so answers may be
             // larger than requests.
@@ -187,30 +205,41 @@ pub async fn start_with_models(
         .add_service(reflection_v1alpha);
 
     let addr = listener.local_addr()?;
-    // serve_with_incoming ignores the builder's TCP_NODELAY: set it on every accepted socket.
-    let incoming = TcpListenerStream::new(listener).map(|socket| {
-        if let Ok(socket) = &socket {
-            let _ = socket.set_nodelay(true);
-        }
-        socket
-    });
     let runner = &fabric.config.runner;
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    let server = tonic::transport::Server::builder()
+    let stop_accepting = async {
+        let _ = shutdown_rx.await;
+    };
+    let router = tonic::transport::Server::builder()
         .accept_http1(true)
         .http2_keepalive_interval(Some(Duration::from_millis(runner.http2_keepalive_interval_ms)))
         .http2_keepalive_timeout(Some(Duration::from_millis(runner.http2_keepalive_timeout_ms)))
-        .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming, async {
-            let _ = shutdown_rx.await;
-        });
-    let transport = tokio::spawn(server);
-    tracing::info!(%addr, data_dir = %fabric.config.data_dir.display(), "nexus serving gRPC and HTTP");
-    Ok(RunningServer { addr, api, shutdown: Some(shutdown_tx), transport, _data_dir_lock: data_dir_lock })
+        .add_routes(routes);
+    // serve_with_incoming ignores the builder's TCP_NODELAY: both accept paths set it on every
+    // accepted socket, the TLS one before its handshake.
+    let tls = acceptor.is_some();
+    let transport = match acceptor {
+        Some(acceptor) => {
+            tokio::spawn(router.serve_with_incoming_shutdown(acceptor.incoming(listener), stop_accepting))
+        }
+        None => {
+            let incoming = TcpListenerStream::new(listener).map(|socket| {
+                if let Ok(socket) = &socket {
+                    let _ = socket.set_nodelay(true);
+                }
+                socket
+            });
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stop_accepting))
+        }
+    };
+    tracing::info!(%addr, tls, data_dir = %fabric.config.data_dir.display(), "nexus serving gRPC and HTTP");
+    Ok(RunningServer { addr, api, tls, shutdown: Some(shutdown_tx), transport, _data_dir_lock: data_dir_lock })
 }
 
 /// Takes the data dir's exclusive lock (`DIR/nexus.lock`): two servers on one store would both
 /// expire tasks and run rounds. `nexus admin` writes without it, beside a running server.
+/// With a PostgreSQL store the lock still guards only the data dir: nodes that share the
+/// database each run with their own data dir.
 fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, ServeError> {
     let fail = |source| ServeError::DataDir { path: dir.to_owned(), source };
     std::fs::create_dir_all(dir).map_err(fail)?;

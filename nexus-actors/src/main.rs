@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use nexus_actors::admin::{MemberKind, create_member, create_runner};
-use nexus_actors::config::ServerConfig;
+use nexus_actors::config::{ServerConfig, StoreConfig};
 use nexus_actors::quickstart::{QuickstartOptions, run as quickstart};
 use nexus_actors::store::Store;
 
@@ -30,12 +30,26 @@ enum Command {
         /// A TOML config file (see README, "Configuration").
         #[arg(long, env = "NEXUS_CONFIG")]
         config: Option<PathBuf>,
-        /// Where the embedded SQLite store lives (overrides the file).
+        /// The data dir: the embedded SQLite store and the lock file (overrides the file).
         #[arg(long, env = "NEXUS_DATA_DIR")]
         data_dir: Option<PathBuf>,
+        /// A `postgres://` URL: the store is that PostgreSQL database instead of SQLite in the
+        /// data dir (overrides store.database_url).
+        #[arg(long, env = "NEXUS_DATABASE_URL", hide_env_values = true)]
+        database_url: Option<String>,
         /// The address to listen on.
         #[arg(long, env = "NEXUS_LISTEN", default_value = "127.0.0.1:7740")]
         listen: SocketAddr,
+        /// The server's TLS certificate chain, PEM (overrides tls.cert; needs --tls-key).
+        #[arg(long, env = "NEXUS_TLS_CERT")]
+        tls_cert: Option<PathBuf>,
+        /// The server's TLS private key, PEM (overrides tls.key).
+        #[arg(long, env = "NEXUS_TLS_KEY")]
+        tls_key: Option<PathBuf>,
+        /// CA certificates, PEM, that client certificates must chain to (overrides
+        /// tls.client_ca; the file's tls.client_auth says who must present one).
+        #[arg(long, env = "NEXUS_TLS_CLIENT_CA")]
+        tls_client_ca: Option<PathBuf>,
     },
     /// Mint credentials.
     Admin {
@@ -81,8 +95,8 @@ enum AdminCommand {
 enum MemberCommand {
     /// Create a member; prints {public_id, kind, handle, token}.
     Create {
-        #[arg(long, env = "NEXUS_DATA_DIR")]
-        data_dir: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
         #[arg(long, value_enum)]
         kind: Kind,
         /// [a-z0-9][a-z0-9_-]{1,31}
@@ -95,8 +109,8 @@ enum MemberCommand {
 enum RunnerCommand {
     /// Create a runner; prints {runner_executor_public_id, name, token}.
     Create {
-        #[arg(long, env = "NEXUS_DATA_DIR")]
-        data_dir: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
         /// Display name, 1 to 100 characters.
         #[arg(long)]
         name: String,
@@ -109,17 +123,23 @@ enum Kind {
     Human,
 }
 
-/// Opens the store of an existing data dir: a typo must not mint credentials into a new, empty
-/// store that no server reads.
-async fn open_existing(data_dir: &std::path::Path) -> anyhow::Result<Store> {
-    if !data_dir.join("nexus.db").is_file() {
-        anyhow::bail!(
-            "no nexus store in {}; start `nexus serve --data-dir {}` once to create it",
-            data_dir.display(),
-            data_dir.display()
-        );
-    }
-    Ok(Store::open(data_dir).await?)
+/// The store `nexus admin` writes to: the server's data dir, or its PostgreSQL database.
+#[derive(Debug, clap::Args)]
+struct StoreArgs {
+    /// The data dir of a nexus whose store is SQLite.
+    #[arg(long, env = "NEXUS_DATA_DIR", required_unless_present = "database_url")]
+    data_dir: Option<PathBuf>,
+    /// The `postgres://` URL of a nexus whose store is PostgreSQL.
+    #[arg(long, env = "NEXUS_DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+}
+
+/// Opens an existing store: a typo must not mint credentials into a new, empty store that no
+/// server reads.
+async fn open_existing(args: StoreArgs) -> anyhow::Result<Store> {
+    let store = StoreConfig { database_url: args.database_url, ..StoreConfig::default() };
+    let data_dir = args.data_dir.unwrap_or_default();
+    Ok(Store::connect_existing(&data_dir, &store).await?)
 }
 
 fn init_tracing(filter: &str) {
@@ -132,14 +152,22 @@ fn init_tracing(filter: &str) {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    nexus_actors::install_crypto_provider();
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve { config, data_dir, listen } => {
+        Command::Serve { config, data_dir, database_url, listen, tls_cert, tls_key, tls_client_ca } => {
             init_tracing(cli.log.as_deref().unwrap_or("info"));
             let mut config = ServerConfig::load(config.as_deref())?;
             if let Some(dir) = data_dir {
                 config.data_dir = dir;
             }
+            if let Some(url) = database_url {
+                config.store.database_url = Some(url);
+            }
+            config.tls.cert = tls_cert.or(config.tls.cert);
+            config.tls.key = tls_key.or(config.tls.key);
+            config.tls.client_ca = tls_client_ca.or(config.tls.client_ca);
+            config.validate()?;
             let listener =
                 tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
             // SIGINT from a terminal, SIGTERM from systemd or a container runtime.
@@ -155,16 +183,16 @@ async fn main() -> anyhow::Result<()> {
         Command::Admin { command } => {
             init_tracing(cli.log.as_deref().unwrap_or("warn"));
             let output = match command {
-                AdminCommand::Member { command: MemberCommand::Create { data_dir, kind, handle } } => {
-                    let store = open_existing(&data_dir).await?;
+                AdminCommand::Member { command: MemberCommand::Create { store, kind, handle } } => {
+                    let store = open_existing(store).await?;
                     let kind = match kind {
                         Kind::Agent => MemberKind::Agent,
                         Kind::Human => MemberKind::Human,
                     };
                     create_member(&store, kind, &handle).await
                 }
-                AdminCommand::Runner { command: RunnerCommand::Create { data_dir, name } } => {
-                    let store = open_existing(&data_dir).await?;
+                AdminCommand::Runner { command: RunnerCommand::Create { store, name } } => {
+                    let store = open_existing(store).await?;
                     create_runner(&store, &name).await
                 }
             };

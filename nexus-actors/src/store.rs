@@ -1,18 +1,25 @@
-//! The durable store: embedded SQLite through sqlx, with embedded migrations.
+//! The durable store: one [`Store`] interface over two backends, the embedded SQLite file in the
+//! data dir (the default) and PostgreSQL (several nexus nodes sharing one deployment).
 //!
 //! Everything that must survive a restart is written here before it is acknowledged (DESIGN.md,
-//! "Durability"). The schema in `migrations/` is portable SQL so that PostgreSQL can serve the
-//! same interface. Times are Unix milliseconds.
+//! "Durability"). Both backends run the same migrations from `migrations/`, which are portable
+//! SQL (TEXT and BIGINT only), and the same statement texts through sqlx's `Any` driver; only the
+//! opening and the catalog queries differ ([`backend`]). Times are Unix milliseconds; booleans
+//! are 0/1.
+
+mod backend;
 
 use std::path::Path;
-use std::str::FromStr;
 
 use serde_json::Value;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Row, SqlitePool};
+use sqlx::any::AnyRow;
+use sqlx::{Any, AnyPool, Row};
 use uuid::Uuid;
 
 use crate::auth::{Credential, Plane};
+use crate::config::StoreConfig;
+
+pub use backend::{StoreBackend, is_postgres_url, redact as redact_url};
 
 /// The task columns, as a literal so that queries stay static strings.
 macro_rules! task_select {
@@ -42,6 +49,14 @@ pub enum StoreError {
     Open {
         /// The data dir.
         path: std::path::PathBuf,
+        /// What failed.
+        reason: String,
+    },
+    /// The PostgreSQL store could not be opened.
+    #[error("cannot open the store at {url}: {reason}")]
+    OpenDatabase {
+        /// The database URL, its password redacted.
+        url: String,
         /// What failed.
         reason: String,
     },
@@ -256,7 +271,8 @@ pub struct EventRow {
 /// The store handle. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Store {
-    pool: SqlitePool,
+    pool: AnyPool,
+    backend: StoreBackend,
 }
 
 fn json_opt(text: Option<String>) -> StoreResult<Option<Value>> {
@@ -272,31 +288,93 @@ fn uuid_opt(text: Option<String>) -> StoreResult<Option<Uuid>> {
 }
 
 impl Store {
-    /// Opens (creating if needed) `DIR/nexus.db` and runs the embedded migrations.
+    /// Opens (creating if needed) the embedded SQLite store `DIR/nexus.db` with the default
+    /// settings and runs the embedded migrations.
     ///
     /// The database runs in WAL mode with `synchronous=FULL`, so a write that returned is on disk.
     ///
     /// # Errors
-    /// [`StoreError`] when the file cannot be opened or a migration fails.
+    /// [`StoreError::Open`] naming the data dir when the file cannot be opened or migrated.
     pub async fn open(data_dir: &Path) -> StoreResult<Store> {
-        let open_failed = |reason: String| StoreError::Open { path: data_dir.to_owned(), reason };
-        std::fs::create_dir_all(data_dir).map_err(|e| open_failed(e.to_string()))?;
-        let path = data_dir.join("nexus.db");
-        // Name the path in every failure: "permission denied" alone does not say where.
-        let opened = Self::connect(&path).await.map_err(|e| open_failed(e.to_string()))?;
-        Ok(opened)
+        Self::connect(data_dir, &StoreConfig::default()).await
     }
 
-    async fn connect(path: &Path) -> StoreResult<Store> {
-        let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(std::time::Duration::from_secs(10))
-            .foreign_keys(true);
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Store { pool })
+    /// Opens the store that `config` selects: `DIR/nexus.db` (created if needed) when
+    /// `database_url` is unset, else the PostgreSQL database it names. Runs the migrations
+    /// (on PostgreSQL under sqlx's advisory lock, so nodes starting together migrate once).
+    ///
+    /// # Errors
+    /// [`StoreError::Open`] naming the data dir, or [`StoreError::OpenDatabase`] naming the URL
+    /// (password redacted), when the database cannot be opened or migrated.
+    pub async fn connect(data_dir: &Path, config: &StoreConfig) -> StoreResult<Store> {
+        Self::connect_inner(data_dir, config, true).await
+    }
+
+    /// Opens an existing store as [`Store::connect`] does, but never creates one: a typo in a
+    /// data dir or URL must not mint credentials into a new, empty store that no server reads
+    /// (`nexus admin`).
+    ///
+    /// # Errors
+    /// As [`Store::connect`]; also when `DIR/nexus.db` is missing or the PostgreSQL database holds
+    /// no nexus tables.
+    pub async fn connect_existing(data_dir: &Path, config: &StoreConfig) -> StoreResult<Store> {
+        Self::connect_inner(data_dir, config, false).await
+    }
+
+    async fn connect_inner(data_dir: &Path, config: &StoreConfig, create: bool) -> StoreResult<Store> {
+        let migrator = sqlx::migrate!("./migrations");
+        if let Some(url) = &config.database_url {
+            // Name the database in every failure (never its password).
+            let open_failed = |reason: String| StoreError::OpenDatabase { url: redact_url(url), reason };
+            let pool = backend::open_postgres(url, config.pool_size(), config.acquire_timeout())
+                .await
+                .map_err(|e| open_failed(e.to_string()))?;
+            let store = Store { pool, backend: StoreBackend::Postgres };
+            if !create && !store.has_schema().await.map_err(|e| open_failed(e.to_string()))? {
+                return Err(open_failed(
+                    "the database holds no nexus store; start `nexus serve` on it once to create it".into(),
+                ));
+            }
+            migrator.run(&store.pool).await.map_err(|e| open_failed(e.to_string()))?;
+            return Ok(store);
+        }
+        // Name the data dir in every failure: "permission denied" alone does not say where.
+        let open_failed = |reason: String| StoreError::Open { path: data_dir.to_owned(), reason };
+        let path = data_dir.join("nexus.db");
+        if create {
+            std::fs::create_dir_all(data_dir).map_err(|e| open_failed(e.to_string()))?;
+        } else if !path.is_file() {
+            return Err(open_failed(format!(
+                "there is no nexus store here (no nexus.db); start `nexus serve --data-dir {}` once to create it",
+                data_dir.display()
+            )));
+        }
+        let pool = backend::open_sqlite(&path, create, config.pool_size(), config.acquire_timeout())
+            .await
+            .map_err(|e| open_failed(e.to_string()))?;
+        migrator.run(&pool).await.map_err(|e| open_failed(e.to_string()))?;
+        Ok(Store { pool, backend: StoreBackend::Sqlite })
+    }
+
+    /// Which database serves this store.
+    pub fn backend(&self) -> StoreBackend {
+        self.backend
+    }
+
+    /// Closes every connection; later calls fail. Waits for statements in flight.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Whether the nexus tables exist (the migrations ran here once).
+    async fn has_schema(&self) -> StoreResult<bool> {
+        let tables = sqlx::query(self.backend.tables_sql()).fetch_all(&self.pool).await?;
+        for table in tables {
+            if table.try_get::<String, _>("name")? == "_sqlx_migrations" {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     // ---- members and credentials -------------------------------------------------------------
@@ -307,24 +385,35 @@ impl Store {
     /// [`StoreError::Conflict`] when the handle is taken.
     pub async fn create_member(&self, member: &MemberRow, credential: &Credential) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
-        let taken =
-            sqlx::query("SELECT 1 FROM members WHERE handle = ?").bind(&member.handle).fetch_optional(&mut *tx).await?;
+        let taken = sqlx::query("SELECT 1 FROM members WHERE handle = $1")
+            .bind(&member.handle)
+            .fetch_optional(&mut *tx)
+            .await?;
         if taken.is_some() {
             return Err(StoreError::Conflict(format!("the handle {} is taken", member.handle)));
         }
         let now = now_ms();
-        sqlx::query("INSERT INTO members (public_id, kind, handle, display_name, created_at) VALUES (?, ?, ?, ?, ?)")
-            .bind(member.public_id.to_string())
-            .bind(&member.kind)
-            .bind(&member.handle)
-            .bind(&member.display_name)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO members (public_id, kind, handle, display_name, created_at) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(member.public_id.to_string())
+        .bind(&member.kind)
+        .bind(&member.handle)
+        .bind(&member.display_name)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| match e {
+            // Two admins (or nodes) racing past the check above: the UNIQUE index decides.
+            sqlx::Error::Database(db) if db.is_unique_violation() => {
+                StoreError::Conflict(format!("the handle {} is taken", member.handle))
+            }
+            other => StoreError::Database(other),
+        })?;
         insert_credential(&mut tx, credential, 0).await?;
         if member.kind == "agent" {
             sqlx::query(
-                "INSERT INTO profiles (member_public_id, system_prompt_version, summarizer_version) VALUES (?, 0, 0)",
+                "INSERT INTO profiles (member_public_id, system_prompt_version, summarizer_version) VALUES ($1, 0, 0)",
             )
             .bind(member.public_id.to_string())
             .execute(&mut *tx)
@@ -348,7 +437,7 @@ impl Store {
         let empty = serde_json::json!({"tools": [], "environment": {}, "documents": []});
         sqlx::query(
             "INSERT INTO executors (public_id, kind, display_name, status, assignment_scope, credential_epoch, announcement, created_at) \
-             VALUES (?, 'runner', ?, 'active', 'account_wide', 0, ?, ?)",
+             VALUES ($1, 'runner', $2, 'active', 'account_wide', 0, $3, $4)",
         )
         .bind(public_id.to_string())
         .bind(display_name)
@@ -367,8 +456,8 @@ impl Store {
     /// [`StoreError`] on a database failure; an unknown digest is `Ok(None)`.
     pub async fn credential(&self, digest: &str) -> StoreResult<Option<(Plane, Uuid, i64)>> {
         let row = sqlx::query(
-            "SELECT plane, subject_public_id, credential_epoch FROM credentials WHERE digest = ? \
-             AND (expires_at IS NULL OR expires_at > ?)",
+            "SELECT plane, subject_public_id, credential_epoch FROM credentials WHERE digest = $1 \
+             AND (expires_at IS NULL OR expires_at > $2)",
         )
         .bind(digest)
         .bind(now_ms())
@@ -385,7 +474,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] on a database failure.
     pub async fn member(&self, public_id: Uuid) -> StoreResult<Option<MemberRow>> {
-        let row = sqlx::query("SELECT public_id, kind, handle, display_name FROM members WHERE public_id = ?")
+        let row = sqlx::query("SELECT public_id, kind, handle, display_name FROM members WHERE public_id = $1")
             .bind(public_id.to_string())
             .fetch_optional(&self.pool)
             .await?;
@@ -409,7 +498,7 @@ impl Store {
     pub async fn profile(&self, member: Uuid) -> StoreResult<Option<ProfileRow>> {
         let row = sqlx::query(
             "SELECT configuration, system_prompt, system_prompt_version, summarizer, summarizer_version, declared_at \
-             FROM profiles WHERE member_public_id = ?",
+             FROM profiles WHERE member_public_id = $1",
         )
         .bind(member.to_string())
         .fetch_optional(&self.pool)
@@ -440,9 +529,9 @@ impl Store {
         summarizer: Option<&Value>,
     ) -> StoreResult<ProfileRow> {
         sqlx::query(
-            "UPDATE profiles SET configuration = ?, system_prompt = ?, summarizer = ?, \
+            "UPDATE profiles SET configuration = $1, system_prompt = $2, summarizer = $3, \
              system_prompt_version = system_prompt_version + 1, summarizer_version = summarizer_version + 1, \
-             declared_at = ? WHERE member_public_id = ?",
+             declared_at = $4 WHERE member_public_id = $5",
         )
         .bind(configuration.to_string())
         .bind(system_prompt.map(Value::to_string))
@@ -467,10 +556,10 @@ impl Store {
     ) -> StoreResult<ProfileRow> {
         let sql = match slot {
             "system_prompt" => {
-                "UPDATE profiles SET system_prompt = ?, system_prompt_version = system_prompt_version + 1 WHERE member_public_id = ?"
+                "UPDATE profiles SET system_prompt = $1, system_prompt_version = system_prompt_version + 1 WHERE member_public_id = $2"
             }
             "summarizer" => {
-                "UPDATE profiles SET summarizer = ?, summarizer_version = summarizer_version + 1 WHERE member_public_id = ?"
+                "UPDATE profiles SET summarizer = $1, summarizer_version = summarizer_version + 1 WHERE member_public_id = $2"
             }
             other => return Err(StoreError::Conflict(format!("no prompt-document slot {other}"))),
         };
@@ -487,7 +576,7 @@ impl Store {
     pub async fn named_definitions(&self, member: Uuid) -> StoreResult<Vec<NamedDefinitionRow>> {
         let rows = sqlx::query(
             "SELECT name, identifier, scope, description, configuration, display_name, system_prompt, created_at, updated_at \
-             FROM named_definitions WHERE member_public_id = ? AND deleted_at IS NULL ORDER BY name",
+             FROM named_definitions WHERE member_public_id = $1 AND deleted_at IS NULL ORDER BY name",
         )
         .bind(member.to_string())
         .fetch_all(&self.pool)
@@ -517,15 +606,15 @@ impl Store {
     pub async fn put_named_definition(&self, member: Uuid, definition: &NamedDefinitionRow) -> StoreResult<bool> {
         let now = now_ms();
         let mut tx = self.pool.begin().await?;
-        let existing = sqlx::query("SELECT 1 FROM named_definitions WHERE member_public_id = ? AND name = ?")
+        let existing = sqlx::query("SELECT 1 FROM named_definitions WHERE member_public_id = $1 AND name = $2")
             .bind(member.to_string())
             .bind(&definition.name)
             .fetch_optional(&mut *tx)
             .await?;
         if existing.is_some() {
             sqlx::query(
-                "UPDATE named_definitions SET identifier = ?, scope = ?, description = ?, configuration = ?, display_name = ?, \
-                 system_prompt = ?, updated_at = ?, deleted_at = NULL WHERE member_public_id = ? AND name = ?",
+                "UPDATE named_definitions SET identifier = $1, scope = $2, description = $3, configuration = $4, display_name = $5, \
+                 system_prompt = $6, updated_at = $7, deleted_at = NULL WHERE member_public_id = $8 AND name = $9",
             )
             .bind(&definition.identifier)
             .bind(&definition.scope)
@@ -541,7 +630,7 @@ impl Store {
         } else {
             sqlx::query(
                 "INSERT INTO named_definitions (member_public_id, name, identifier, scope, description, configuration, \
-                 display_name, system_prompt, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 display_name, system_prompt, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
             )
             .bind(member.to_string())
             .bind(&definition.name)
@@ -566,7 +655,7 @@ impl Store {
     /// [`StoreError`] on a database failure.
     pub async fn delete_named_definition(&self, member: Uuid, name: &str) -> StoreResult<bool> {
         let done = sqlx::query(
-            "UPDATE named_definitions SET deleted_at = ? WHERE member_public_id = ? AND name = ? AND deleted_at IS NULL",
+            "UPDATE named_definitions SET deleted_at = $1 WHERE member_public_id = $2 AND name = $3 AND deleted_at IS NULL",
         )
         .bind(now_ms())
         .bind(member.to_string())
@@ -584,18 +673,27 @@ impl Store {
     pub async fn fingerprint(&self) -> StoreResult<String> {
         use sha2::{Digest, Sha256};
         let mut hasher = Sha256::new();
-        let tables = sqlx::query("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
-            .fetch_all(&self.pool)
-            .await?;
+        let tables = sqlx::query(self.backend.tables_sql()).fetch_all(&self.pool).await?;
         for table in tables {
             let name: String = table.try_get("name")?;
+            if name.starts_with("_sqlx") {
+                // The migration ledger changes only at start-up, and its timestamp and boolean
+                // columns are beyond the Any driver on SQLite.
+                continue;
+            }
             hasher.update(name.as_bytes());
-            let dump =
-                sqlx::query(sqlx::AssertSqlSafe(format!("SELECT * FROM \"{name}\""))).fetch_all(&self.pool).await?;
+            // Table names come from the catalog, never from a caller.
+            let dump_sql = match self.backend {
+                StoreBackend::Sqlite => format!("SELECT * FROM \"{name}\""),
+                // Each row as its text literal, in a stable order; this also covers column types
+                // (timestamps, bytea) that the Any driver does not decode.
+                StoreBackend::Postgres => format!("SELECT t::text AS r FROM \"{name}\" t ORDER BY 1"),
+            };
+            let dump = sqlx::query(sqlx::AssertSqlSafe(dump_sql)).fetch_all(&self.pool).await?;
             for row in dump {
                 for index in 0..row.len() {
-                    let cell: Option<String> = row.try_get_unchecked::<Option<String>, _>(index).unwrap_or(None);
-                    let number: Option<i64> = row.try_get_unchecked::<Option<i64>, _>(index).unwrap_or(None);
+                    let cell: Option<String> = row.try_get::<Option<String>, _>(index).unwrap_or(None);
+                    let number: Option<i64> = row.try_get::<Option<i64>, _>(index).unwrap_or(None);
                     hasher.update(format!("{cell:?}{number:?}|").as_bytes());
                 }
             }
@@ -612,7 +710,7 @@ impl Store {
     pub async fn executor(&self, public_id: Uuid) -> StoreResult<Option<ExecutorRow>> {
         let row = sqlx::query(
             "SELECT kind, display_name, status, assignment_scope, credential_epoch, announcement, announced_at, \
-             connected_at, last_seen_at FROM executors WHERE public_id = ?",
+             connected_at, last_seen_at FROM executors WHERE public_id = $1",
         )
         .bind(public_id.to_string())
         .fetch_optional(&self.pool)
@@ -639,7 +737,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] on a database failure.
     pub async fn set_announcement(&self, public_id: Uuid, announcement: &Value) -> StoreResult<()> {
-        sqlx::query("UPDATE executors SET announcement = ?, announced_at = ? WHERE public_id = ?")
+        sqlx::query("UPDATE executors SET announcement = $1, announced_at = $2 WHERE public_id = $3")
             .bind(announcement.to_string())
             .bind(now_ms())
             .bind(public_id.to_string())
@@ -656,7 +754,7 @@ impl Store {
         let now = now_ms();
         let connected_at = connected.then_some(now);
         sqlx::query(
-            "UPDATE executors SET connected_at = COALESCE(?, connected_at), last_seen_at = ? WHERE public_id = ?",
+            "UPDATE executors SET connected_at = COALESCE($1, connected_at), last_seen_at = $2 WHERE public_id = $3",
         )
         .bind(connected_at)
         .bind(now)
@@ -682,7 +780,7 @@ impl Store {
         let now = now_ms();
         let mut tx = self.pool.begin().await?;
         if new_conversation {
-            sqlx::query("INSERT INTO conversations (public_id, member_public_id, created_at) VALUES (?, ?, ?)")
+            sqlx::query("INSERT INTO conversations (public_id, member_public_id, created_at) VALUES ($1, $2, $3)")
                 .bind(input.conversation_public_id.to_string())
                 .bind(input.member_public_id.to_string())
                 .bind(now)
@@ -691,7 +789,7 @@ impl Store {
         }
         sqlx::query(
             "INSERT INTO inputs (public_id, conversation_public_id, member_public_id, text, execution_declaration, \
-             runner_executor_public_id, tool_names, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+             runner_executor_public_id, tool_names, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(input.public_id.to_string())
         .bind(input.conversation_public_id.to_string())
@@ -705,7 +803,7 @@ impl Store {
         .await?;
         sqlx::query(
             "INSERT INTO executions (public_id, conversation_public_id, input_public_id, member_public_id, status, \
-             transcript, round, event_seq, created_at, updated_at) VALUES (?, ?, ?, ?, 'pending', '[]', 0, 0, ?, ?)",
+             transcript, round, event_seq, created_at, updated_at) VALUES ($1, $2, $3, $4, 'pending', '[]', 0, 0, $5, $6)",
         )
         .bind(execution_public_id.to_string())
         .bind(input.conversation_public_id.to_string())
@@ -724,7 +822,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] on a database failure.
     pub async fn conversation_owned_by(&self, conversation: Uuid, member: Uuid) -> StoreResult<bool> {
-        let row = sqlx::query("SELECT 1 FROM conversations WHERE public_id = ? AND member_public_id = ?")
+        let row = sqlx::query("SELECT 1 FROM conversations WHERE public_id = $1 AND member_public_id = $2")
             .bind(conversation.to_string())
             .bind(member.to_string())
             .fetch_optional(&self.pool)
@@ -739,7 +837,7 @@ impl Store {
     pub async fn input(&self, public_id: Uuid) -> StoreResult<Option<InputRow>> {
         let row = sqlx::query(
             "SELECT conversation_public_id, member_public_id, text, execution_declaration, runner_executor_public_id, \
-             tool_names FROM inputs WHERE public_id = ?",
+             tool_names FROM inputs WHERE public_id = $1",
         )
         .bind(public_id.to_string())
         .fetch_optional(&self.pool)
@@ -765,7 +863,7 @@ impl Store {
     pub async fn execution(&self, public_id: Uuid) -> StoreResult<Option<ExecutionRow>> {
         let row = sqlx::query(
             "SELECT conversation_public_id, input_public_id, member_public_id, status, attention_reason, declaration, \
-             transcript, round, final_text, error_key, event_seq, created_at, updated_at FROM executions WHERE public_id = ?",
+             transcript, round, final_text, error_key, event_seq, created_at, updated_at FROM executions WHERE public_id = $1",
         )
         .bind(public_id.to_string())
         .fetch_optional(&self.pool)
@@ -817,8 +915,8 @@ impl Store {
     ) -> StoreResult<()> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(
-            "UPDATE executions SET status = ?, attention_reason = ?, declaration = ?, transcript = ?, round = ?, \
-             final_text = ?, error_key = ?, event_seq = ?, updated_at = ? WHERE public_id = ?",
+            "UPDATE executions SET status = $1, attention_reason = $2, declaration = $3, transcript = $4, round = $5, \
+             final_text = $6, error_key = $7, event_seq = $8, updated_at = $9 WHERE public_id = $10",
         )
         .bind(&execution.status)
         .bind(&execution.attention_reason)
@@ -836,7 +934,7 @@ impl Store {
             insert_task(&mut tx, task).await?;
         }
         for event in new_events {
-            sqlx::query("INSERT INTO events (execution_public_id, seq, type, data, at) VALUES (?, ?, ?, ?, ?)")
+            sqlx::query("INSERT INTO events (execution_public_id, seq, type, data, at) VALUES ($1, $2, $3, $4, $5)")
                 .bind(execution.public_id.to_string())
                 .bind(event.seq)
                 .bind(&event.event_type)
@@ -855,7 +953,7 @@ impl Store {
     /// [`StoreError`] on a database failure.
     pub async fn events_after(&self, execution: Uuid, after_seq: i64, limit: i64) -> StoreResult<Vec<EventRow>> {
         let rows = sqlx::query(
-            "SELECT seq, type, data, at FROM events WHERE execution_public_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            "SELECT seq, type, data, at FROM events WHERE execution_public_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
         )
         .bind(execution.to_string())
         .bind(after_seq)
@@ -881,7 +979,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] on a database failure.
     pub async fn task(&self, run: Uuid, task_key: &str) -> StoreResult<Option<TaskRow>> {
-        let row = sqlx::query(concat!(task_select!(), " WHERE run_public_id = ? AND task_key = ?"))
+        let row = sqlx::query(concat!(task_select!(), " WHERE run_public_id = $1 AND task_key = $2"))
             .bind(run.to_string())
             .bind(task_key)
             .fetch_optional(&self.pool)
@@ -894,7 +992,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] on a database failure.
     pub async fn tasks_of(&self, run: Uuid) -> StoreResult<Vec<TaskRow>> {
-        let rows = sqlx::query(concat!(task_select!(), " WHERE run_public_id = ? ORDER BY round, task_key"))
+        let rows = sqlx::query(concat!(task_select!(), " WHERE run_public_id = $1 ORDER BY round, task_key"))
             .bind(run.to_string())
             .fetch_all(&self.pool)
             .await?;
@@ -908,7 +1006,7 @@ impl Store {
     pub async fn open_tasks_for(&self, executor: Uuid) -> StoreResult<Vec<TaskRow>> {
         let rows = sqlx::query(concat!(
             task_select!(),
-            " WHERE target_executor_public_id = ? AND status IN ('dispatched', 'running') ORDER BY started_at, task_key"
+            " WHERE target_executor_public_id = $1 AND status IN ('dispatched', 'running') ORDER BY started_at, task_key"
         ))
         .bind(executor.to_string())
         .fetch_all(&self.pool)
@@ -932,12 +1030,22 @@ impl Store {
 
     /// Writes a task's mutable columns (claim, deadline, status, result).
     ///
+    /// The write is conditional: it applies only while the stored row holds no claim token or the
+    /// same one as `task`. A claim sets a fresh token on a row that had none, so of two writers
+    /// that both saw an unclaimed task (two nexus nodes on one PostgreSQL database) exactly one
+    /// wins; the other, and any write from a stale copy of a claimed task, gets
+    /// [`StoreError::Conflict`] and changes nothing. PostgreSQL holds the row lock for the
+    /// statement and re-checks the condition after a concurrent writer commits; SQLite takes one
+    /// writer at a time. A task that does not exist is left alone, as before.
+    ///
     /// # Errors
-    /// [`StoreError`] on a database failure.
+    /// [`StoreError::Conflict`] when the row holds another claim; [`StoreError`] on a database
+    /// failure.
     pub async fn update_task(&self, task: &TaskRow) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE tasks SET status = ?, claimed = ?, claim_token_digest = ?, deadline_at = ?, result = ?, \
-             error_key = ?, settled_at = ? WHERE run_public_id = ? AND task_key = ?",
+        let written = sqlx::query(
+            "UPDATE tasks SET status = $1, claimed = $2, claim_token_digest = $3, deadline_at = $4, result = $5, \
+             error_key = $6, settled_at = $7 WHERE run_public_id = $8 AND task_key = $9 \
+             AND (claim_token_digest IS NULL OR claim_token_digest = $3)",
         )
         .bind(&task.status)
         .bind(i64::from(task.claimed))
@@ -950,11 +1058,17 @@ impl Store {
         .bind(&task.task_key)
         .execute(&self.pool)
         .await?;
+        if written.rows_affected() == 0 && self.task(task.run_public_id, &task.task_key).await?.is_some() {
+            return Err(StoreError::Conflict(format!(
+                "task {} of run {} holds another claim; this write came from a stale copy",
+                task.task_key, task.run_public_id
+            )));
+        }
         Ok(())
     }
 }
 
-fn task_of(row: &sqlx::sqlite::SqliteRow) -> StoreResult<TaskRow> {
+fn task_of(row: &AnyRow) -> StoreResult<TaskRow> {
     Ok(TaskRow {
         run_public_id: uuid_of(&row.try_get::<String, _>("run_public_id")?)?,
         task_key: row.try_get("task_key")?,
@@ -978,11 +1092,11 @@ fn task_of(row: &sqlx::sqlite::SqliteRow) -> StoreResult<TaskRow> {
     })
 }
 
-async fn insert_task(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, task: &TaskRow) -> StoreResult<()> {
+async fn insert_task(tx: &mut sqlx::Transaction<'_, Any>, task: &TaskRow) -> StoreResult<()> {
     sqlx::query(
         "INSERT INTO tasks (run_public_id, task_key, kind, round, callable_name, tool_name, tool_input, tool_call_id, \
          target_executor_public_id, effect_profile, timeout_ms, status, claimed, claim_token_digest, started_at, \
-         deadline_at, result, error_key, settled_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         deadline_at, result, error_key, settled_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)",
     )
     .bind(task.run_public_id.to_string())
     .bind(&task.task_key)
@@ -1009,12 +1123,12 @@ async fn insert_task(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, task: &TaskRo
 }
 
 async fn insert_credential(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut sqlx::Transaction<'_, Any>,
     credential: &Credential,
     epoch: i64,
 ) -> StoreResult<()> {
     sqlx::query(
-        "INSERT INTO credentials (digest, plane, subject_public_id, credential_epoch, created_at) VALUES (?, ?, ?, ?, ?)",
+        "INSERT INTO credentials (digest, plane, subject_public_id, credential_epoch, created_at) VALUES ($1, $2, $3, $4, $5)",
     )
     .bind(&credential.digest)
     .bind(credential.plane.as_str())
@@ -1024,4 +1138,49 @@ async fn insert_credential(
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn sqlite_acknowledges_only_durable_writes() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = Store::open(dir.path()).await.expect("opens");
+        assert_eq!(store.backend(), StoreBackend::Sqlite);
+        // Every pooled connection, not only the first, runs with the durable settings.
+        for _ in 0..3 {
+            let mut connection = store.pool.acquire().await.expect("connection");
+            let mode: String =
+                sqlx::query("PRAGMA journal_mode").fetch_one(&mut *connection).await.expect("mode").get(0);
+            let synchronous: i64 =
+                sqlx::query("PRAGMA synchronous").fetch_one(&mut *connection).await.expect("sync").get(0);
+            let busy: i64 = sqlx::query("PRAGMA busy_timeout").fetch_one(&mut *connection).await.expect("busy").get(0);
+            assert_eq!((mode.as_str(), synchronous, busy), ("wal", 2, 10_000));
+        }
+        store.close().await;
+        // The same file opens again with its data, and an existing store is found.
+        let again = Store::connect_existing(dir.path(), &StoreConfig::default()).await.expect("reopens");
+        assert_eq!(again.fingerprint().await.expect("fingerprint").len(), 64);
+    }
+
+    #[tokio::test]
+    async fn opening_failures_name_the_place_and_never_the_password() {
+        let missing = tempfile::tempdir().expect("temp dir");
+        let error = Store::connect_existing(missing.path(), &StoreConfig::default()).await.expect_err("no store");
+        assert!(matches!(&error, StoreError::Open { path, .. } if path == missing.path()), "{error}");
+        assert!(error.to_string().contains("nexus serve"), "{error}");
+
+        // Port 1 on loopback refuses at once.
+        let config = StoreConfig {
+            database_url: Some("postgres://nexus:s3cret@127.0.0.1:1/nexus".into()),
+            acquire_timeout_ms: 500,
+            ..StoreConfig::default()
+        };
+        let error = Store::connect(missing.path(), &config).await.expect_err("nothing listens");
+        let StoreError::OpenDatabase { url, .. } = &error else { panic!("{error}") };
+        assert_eq!(url, "postgres://nexus:***@127.0.0.1:1/nexus");
+        assert!(!error.to_string().contains("s3cret"), "{error}");
+    }
 }

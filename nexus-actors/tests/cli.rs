@@ -11,7 +11,9 @@ fn nexus() -> Command {
     Command::new(env!("CARGO_BIN_EXE_nexus"))
 }
 
-/// Starts `nexus serve` on 127.0.0.1:0 and reads the bound address from its log.
+/// Starts `nexus serve` on 127.0.0.1:0 and reads the bound address from its log. The caller
+/// waits for the child.
+#[allow(clippy::zombie_processes)]
 fn serve(data_dir: &std::path::Path) -> (Child, String, std::sync::mpsc::Receiver<String>) {
     let mut child = nexus()
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])

@@ -171,7 +171,9 @@ impl Refusal {
             .unwrap_or_else(|| format!("grpc_{:?}", status.code()).to_lowercase());
         let retry_after =
             status.metadata().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
-        Refusal { code, message: status.message().to_owned(), retry_after }
+        // `to_status` puts the word in front of the message; take it back off.
+        let message = status.message().strip_prefix(&format!("{code}: ")).unwrap_or(status.message()).to_owned();
+        Refusal { code, message, retry_after }
     }
 }
 
@@ -194,6 +196,8 @@ mod tests {
     fn refusal_survives_a_grpc_status() {
         let refusal = Refusal::new(ErrorCode::StaleClaim, "claim again");
         let back = Refusal::from_status(&refusal.to_status());
-        assert_eq!(back.error_code(), Some(ErrorCode::StaleClaim));
+        assert_eq!(back, refusal, "the word, the message and no retry hint survive");
+        let limited = Refusal::rate_limited(7);
+        assert_eq!(Refusal::from_status(&limited.to_status()).retry_after, Some(7));
     }
 }

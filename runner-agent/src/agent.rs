@@ -99,8 +99,7 @@ impl Agent {
     /// Validates the configuration and loads the journal.
     pub(crate) fn new(mut config: AgentConfig) -> Result<Agent, AgentError> {
         config.check()?;
-        let endpoint = link::endpoint(&config)
-            .map_err(|err| ConfigError::InvalidUrl { url: config.nexus_url.clone(), reason: err.to_string() })?;
+        let endpoint = link::endpoint(&config)?;
         let workdir_error = |reason: String| ConfigError::Workdir { path: config.workdir.clone(), reason };
         let workdir = config.workdir.canonicalize().map_err(|err| workdir_error(err.to_string()))?;
         if !workdir.is_dir() {
@@ -180,6 +179,10 @@ impl Agent {
                             if let Some(refusal) = err.fatal() {
                                 error!(code = %refusal.code, message = %refusal.message, "nexus refused this runner; not retrying");
                                 return Err(AgentError::Refused(refusal));
+                            }
+                            if let Some(reason) = err.tls_failure(&self.config.tls) {
+                                error!(%reason, "tls with nexus failed; not retrying");
+                                return Err(AgentError::Tls(reason));
                             }
                             warn!(error = %err, "could not open the stream to nexus");
                             self.schedule_reconnect();

@@ -56,7 +56,8 @@ impl fmt::Debug for Credential {
 /// Everything the agent needs to run. Build it with [`AgentConfig::new`], then adjust fields.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
-    /// The nexus gRPC endpoint, e.g. `http://127.0.0.1:7300`. Required.
+    /// The nexus gRPC endpoint, e.g. `http://127.0.0.1:7300`, or `https://nexus.example:7740`
+    /// with [`AgentConfig::tls`]. Required.
     pub nexus_url: String,
     /// This runner's executor public id (`Hello.executor_public_id`). Required.
     pub runner_id: Uuid,
@@ -100,6 +101,33 @@ pub struct AgentConfig {
     /// After shutdown is requested: how long to wait for stopped tools to be journaled and their
     /// commits answered before exiting anyway. Default 5 s.
     pub shutdown_grace: Duration,
+    /// TLS towards nexus; needs an `https://` URL. Default: none (plaintext `http://`).
+    pub tls: TlsOptions,
+}
+
+/// TLS towards nexus. The files are read once, when [`run`](crate::run) starts; an unreadable or
+/// invalid one stops it with [`ConfigError::TlsFile`] naming the path.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsOptions {
+    /// CA certificates, PEM, that nexus's certificate must chain to (`--tls-ca`). Required for an
+    /// `https://` URL: there is no implicit trust in the platform's roots (for a publicly signed
+    /// nexus, pass the system bundle, e.g. `/etc/ssl/certs/ca-certificates.crt`). Default: none.
+    pub ca: Option<PathBuf>,
+    /// This runner's certificate chain, PEM, leaf first, for mutual TLS (`--tls-cert`). Set
+    /// together with `key`. Default: none (no client certificate).
+    pub cert: Option<PathBuf>,
+    /// This runner's private key, PEM: PKCS#8, PKCS#1 or SEC1 (`--tls-key`). Default: none.
+    pub key: Option<PathBuf>,
+    /// The name nexus's certificate must carry, when it is not the URL's host
+    /// (`--tls-server-name`). Default: the URL's host.
+    pub server_name: Option<String>,
+}
+
+impl TlsOptions {
+    /// Whether any TLS option is set.
+    fn any(&self) -> bool {
+        self.ca.is_some() || self.cert.is_some() || self.key.is_some() || self.server_name.is_some()
+    }
 }
 
 impl AgentConfig {
@@ -128,6 +156,7 @@ impl AgentConfig {
             poll_interval: Duration::from_secs(5),
             commit_margin: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(5),
+            tls: TlsOptions::default(),
         }
     }
 
@@ -155,19 +184,37 @@ impl AgentConfig {
                 reason: "must not be below reconnect_min_delay",
             });
         }
-        check_url(&self.nexus_url)
+        if self.tls.cert.is_some() != self.tls.key.is_some() {
+            return Err(ConfigError::Invalid { field: "tls.cert", reason: "and tls.key must be set together" });
+        }
+        check_url(&self.nexus_url, &self.tls)
     }
 }
 
-/// The nexus URL must name its scheme, and this build speaks plaintext HTTP/2 only: an `https://`
-/// URL is refused rather than silently sent in the clear.
-fn check_url(url: &str) -> Result<(), ConfigError> {
+/// The nexus URL must name its scheme, and the scheme must agree with the TLS options: `https://`
+/// needs the CA to verify nexus against, and TLS options beside an `http://` URL are refused
+/// rather than silently ignored while the stream goes in the clear.
+fn check_url(url: &str, tls: &TlsOptions) -> Result<(), ConfigError> {
     let invalid = |reason: &str| Err(ConfigError::InvalidUrl { url: url.to_owned(), reason: reason.to_owned() });
     match url.split_once("://") {
-        Some(("http", rest)) if !rest.is_empty() => Ok(()),
-        Some(("https", _)) => invalid("this runner-agent build has no TLS; use http:// on a trusted network"),
-        Some(_) => invalid("the scheme must be http://"),
-        None => invalid("the scheme is missing; write http://HOST:PORT"),
+        Some(("http", rest)) if !rest.is_empty() => {
+            if tls.any() {
+                return invalid(
+                    "the TLS options (--tls-ca, --tls-cert, --tls-key, --tls-server-name) need an https:// URL",
+                );
+            }
+            Ok(())
+        }
+        Some(("https", rest)) if !rest.is_empty() => {
+            if tls.ca.is_none() {
+                return invalid(
+                    "an https:// URL needs --tls-ca FILE, the PEM CA certificates nexus's certificate chains to",
+                );
+            }
+            Ok(())
+        }
+        Some(_) => invalid("the scheme must be http:// or https://"),
+        None => invalid("the scheme is missing; write http://HOST:PORT or https://HOST:PORT"),
     }
 }
 
@@ -216,6 +263,23 @@ pub enum ConfigError {
         /// The configured workdir.
         path: PathBuf,
         /// Why it cannot be used.
+        reason: String,
+    },
+    /// A TLS file cannot be read or holds no usable PEM item.
+    #[error("cannot use the {what} file {path}: {reason}")]
+    TlsFile {
+        /// The option that named it (`--tls-ca`, `--tls-cert`, `--tls-key`).
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The TLS options do not fit together (for example a key that does not match the
+    /// certificate).
+    #[error("invalid TLS options: {reason}")]
+    Tls {
+        /// Why.
         reason: String,
     },
     /// A numeric field is out of range.
@@ -269,10 +333,32 @@ mod tests {
     }
 
     #[test]
-    fn the_url_needs_the_plaintext_scheme() {
-        assert!(check_url("http://127.0.0.1:7740").is_ok());
-        for url in ["127.0.0.1:7740", "https://127.0.0.1:7740", "ftp://x", "http://"] {
-            assert!(matches!(check_url(url), Err(ConfigError::InvalidUrl { .. })), "{url}");
+    fn the_url_scheme_agrees_with_the_tls_options() {
+        let plain = TlsOptions::default();
+        let with_ca = TlsOptions { ca: Some("ca.pem".into()), ..TlsOptions::default() };
+        let table = [
+            ("http://127.0.0.1:7740", &plain, true),
+            ("https://127.0.0.1:7740", &with_ca, true),
+            // https without a CA to verify nexus against
+            ("https://127.0.0.1:7740", &plain, false),
+            // TLS options beside a plaintext URL
+            ("http://127.0.0.1:7740", &with_ca, false),
+            ("127.0.0.1:7740", &plain, false),
+            ("ftp://x", &plain, false),
+            ("http://", &plain, false),
+            ("https://", &with_ca, false),
+        ];
+        for (url, tls, ok) in table {
+            let checked = check_url(url, tls);
+            assert_eq!(checked.is_ok(), ok, "{url} {tls:?}: {checked:?}");
+            if !ok {
+                assert!(matches!(checked, Err(ConfigError::InvalidUrl { .. })), "{url}");
+            }
         }
+        let mut config = AgentConfig::new("https://127.0.0.1:1", Uuid::nil(), Credential::new("t"), "/");
+        config.tls = TlsOptions { ca: Some("ca.pem".into()), cert: Some("c.pem".into()), ..TlsOptions::default() };
+        assert!(matches!(config.check(), Err(ConfigError::Invalid { field: "tls.cert", .. })));
+        config.tls.key = Some("c.key".into());
+        assert!(config.check().is_ok());
     }
 }

@@ -19,4 +19,9 @@ pub enum AgentError {
     /// credential, or any code outside the retryable list): retrying cannot help.
     #[error("nexus refused this runner: {0}")]
     Refused(Refusal),
+    /// TLS with nexus failed in a way retrying cannot mend: nexus's certificate does not chain to
+    /// `--tls-ca` or does not name the host, or nexus refused this runner's client certificate
+    /// (or its lack of one).
+    #[error("TLS with nexus failed: {0}")]
+    Tls(String),
 }

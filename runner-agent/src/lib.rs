@@ -24,7 +24,7 @@ use std::future::Future;
 
 use tracing::Instrument;
 
-pub use crate::config::{AgentConfig, ConfigError, Credential, default_state_dir};
+pub use crate::config::{AgentConfig, ConfigError, Credential, TlsOptions, default_state_dir};
 pub use crate::error::AgentError;
 
 /// Runs the agent until `shutdown` resolves.
@@ -37,13 +37,23 @@ pub use crate::error::AgentError;
 /// it returns `Ok(())`.
 ///
 /// # Errors
-/// [`AgentError::Config`] or [`AgentError::Journal`] before anything starts, and
-/// [`AgentError::Refused`] when nexus refuses the hello with a final word such as
-/// `unauthorized`.
+/// [`AgentError::Config`] or [`AgentError::Journal`] before anything starts (an unreadable or
+/// invalid TLS file is [`ConfigError::TlsFile`], naming it), [`AgentError::Refused`] when nexus
+/// refuses the hello with a final word such as `unauthorized`, and [`AgentError::Tls`] when TLS
+/// with nexus fails for a reason retrying cannot mend (an untrusted server certificate, a refused
+/// or missing client certificate).
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+    install_crypto_provider();
     let span = tracing::info_span!("runner", runner_id = %config.runner_id);
     let agent = span.in_scope(|| agent::Agent::new(config))?;
     agent.run(shutdown).instrument(span).await
+}
+
+/// Makes ring the process-wide rustls crypto provider; [`run`] calls it, and a second call (or a
+/// provider installed earlier by the embedding program) leaves the installed one in place.
+pub fn install_crypto_provider() {
+    // Err means a default is already installed; keeping it is the point.
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// Sleeps until `at`, or forever when there is nothing to wait for.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use nexus_runner_agent::config::{DEFAULT_SLOTS, DEFAULT_TOOL_TIMEOUT_MS};
-use nexus_runner_agent::{AgentConfig, Credential, default_state_dir};
+use nexus_runner_agent::{AgentConfig, Credential, TlsOptions, default_state_dir};
 use tracing_subscriber::EnvFilter;
 use uuid::Uuid;
 
@@ -14,7 +14,7 @@ use uuid::Uuid;
 #[derive(Debug, Parser)]
 #[command(name = "runner-agent", version)]
 struct Cli {
-    /// The nexus gRPC endpoint, e.g. http://127.0.0.1:7300.
+    /// The nexus gRPC endpoint, e.g. http://127.0.0.1:7300, or https://HOST:PORT with --tls-ca.
     #[arg(long, env = "NEXUS_RUNNER_NEXUS")]
     nexus: String,
     /// This runner's executor public id.
@@ -36,6 +36,20 @@ struct Cli {
     /// The timeout announced for bash, in milliseconds.
     #[arg(long, env = "NEXUS_RUNNER_TOOL_TIMEOUT_MS", default_value_t = DEFAULT_TOOL_TIMEOUT_MS)]
     tool_timeout_ms: u64,
+    /// CA certificates (PEM) that nexus's certificate must chain to; required for https://.
+    /// Platform roots are not trusted implicitly: for a publicly signed nexus pass the system
+    /// bundle, e.g. /etc/ssl/certs/ca-certificates.crt.
+    #[arg(long, env = "NEXUS_RUNNER_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// This runner's certificate chain (PEM) for mutual TLS; needs --tls-key.
+    #[arg(long, env = "NEXUS_RUNNER_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// This runner's private key (PEM: PKCS#8, PKCS#1 or SEC1); needs --tls-cert.
+    #[arg(long, env = "NEXUS_RUNNER_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The name nexus's certificate must carry, when it is not the URL's host.
+    #[arg(long, env = "NEXUS_RUNNER_TLS_SERVER_NAME")]
+    tls_server_name: Option<String>,
     /// Log filter (a level such as info or debug, or a tracing directive).
     #[arg(long, env = "NEXUS_RUNNER_LOG", default_value = "info")]
     log: String,
@@ -43,6 +57,7 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    nexus_runner_agent::install_crypto_provider();
     let cli = Cli::parse();
     let filter = EnvFilter::try_new(&cli.log).with_context(|| format!("invalid --log {:?}", cli.log))?;
     tracing_subscriber::fmt()
@@ -56,6 +71,7 @@ async fn main() -> anyhow::Result<()> {
     config.state_dir = cli.state_dir.unwrap_or_else(|| default_state_dir(cli.runner_id));
     config.slots = cli.slots;
     config.tool_timeout_ms = cli.tool_timeout_ms;
+    config.tls = TlsOptions { ca: cli.tls_ca, cert: cli.tls_cert, key: cli.tls_key, server_name: cli.tls_server_name };
 
     nexus_runner_agent::run(config, shutdown_signal()).await.inspect_err(|err| {
         tracing::error!(error = %err, "runner-agent stopped");

@@ -13,4 +13,7 @@ pub mod server;
 pub use http::{Answer, Http};
 pub use proxy::TcpProxy;
 pub use raw_runner::{RawRunner, Reply};
-pub use server::{Minted, TestServer, nexus_binary, runner_agent_binary, wait_until};
+pub use server::{
+    DEFAULT_TEST_POSTGRES_URL, Minted, TestDatabase, TestServer, nexus_binary, runner_agent_binary, test_store_backend,
+    wait_until,
+};

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::Value;
+use sqlx::{Connection, Executor, PgConnection};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 use uuid::Uuid;
@@ -13,7 +14,7 @@ use nexus_actors::admin::{MemberKind, create_member, create_runner};
 use nexus_actors::api::Caller;
 use nexus_actors::config::ServerConfig;
 use nexus_actors::model::{ModelRegistry, Script};
-use nexus_actors::store::Store;
+use nexus_actors::store::{Store, StoreBackend};
 use nexus_actors::{RunningServer, start_with_models};
 
 /// A credential minted for a test: the subject's id and its bearer token.
@@ -25,13 +26,108 @@ pub struct Minted {
     pub token: String,
 }
 
-/// nexus running in this process on 127.0.0.1:0 with its own temporary data dir.
+/// nexus running in this process on 127.0.0.1:0 with its own temporary data dir, and its own
+/// PostgreSQL database when the suite runs on PostgreSQL (see [`test_store_backend`]).
 #[derive(Debug)]
 pub struct TestServer {
     /// The running server.
     pub server: RunningServer,
     /// Keeps the data dir alive for the test's duration.
     pub data_dir: TempDir,
+    /// The server's PostgreSQL database, dropped after the server (fields drop in order);
+    /// `None` on SQLite.
+    pub database: Option<TestDatabase>,
+}
+
+/// The backend the integration suites run on: `NEXUS_TEST_STORE=postgres` selects PostgreSQL,
+/// a fresh database per [`TestServer`] on the server that `NEXUS_TEST_POSTGRES_URL` names
+/// (default [`DEFAULT_TEST_POSTGRES_URL`]); unset, or `sqlite`, is the embedded SQLite store in
+/// the server's temporary data dir.
+///
+/// # Panics
+/// On any other value, so that a typo never runs the suite on the wrong backend silently.
+pub fn test_store_backend() -> StoreBackend {
+    match std::env::var("NEXUS_TEST_STORE").as_deref() {
+        Err(_) | Ok("" | "sqlite") => StoreBackend::Sqlite,
+        Ok("postgres" | "postgresql") => StoreBackend::Postgres,
+        Ok(other) => panic!("NEXUS_TEST_STORE={other}: expected sqlite or postgres"),
+    }
+}
+
+/// The PostgreSQL server the suites use unless `NEXUS_TEST_POSTGRES_URL` names another; the
+/// role must be allowed to create databases.
+pub const DEFAULT_TEST_POSTGRES_URL: &str = "postgres://root@127.0.0.1:5432/postgres";
+
+/// A PostgreSQL database made for one test, `nexus_test_<uuid>`, dropped (connections and all)
+/// when this value drops.
+#[derive(Debug)]
+pub struct TestDatabase {
+    admin_url: String,
+    name: String,
+    url: String,
+}
+
+impl TestDatabase {
+    /// Creates a fresh, empty database on the test PostgreSQL server.
+    ///
+    /// # Panics
+    /// When the server cannot be reached or refuses; the message names the URL and the variable
+    /// that changes it.
+    pub async fn create() -> TestDatabase {
+        let admin_url =
+            std::env::var("NEXUS_TEST_POSTGRES_URL").unwrap_or_else(|_| DEFAULT_TEST_POSTGRES_URL.to_owned());
+        let name = format!("nexus_test_{}", Uuid::new_v4().simple());
+        let mut admin = PgConnection::connect(&admin_url).await.unwrap_or_else(|e| {
+            panic!("NEXUS_TEST_STORE=postgres: cannot connect to {admin_url} (set NEXUS_TEST_POSTGRES_URL): {e}")
+        });
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .await
+            .unwrap_or_else(|e| panic!("cannot create the test database {name} on {admin_url}: {e}"));
+        let _ = admin.close().await;
+        let url = with_database(&admin_url, &name);
+        TestDatabase { admin_url, name, url }
+    }
+
+    /// The database's URL, for `store.database_url`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        // Drop runs inside the test's runtime, which cannot be blocked on: a short-lived thread
+        // with its own runtime does the work. FORCE ends the sessions a server left open.
+        let admin_url = self.admin_url.clone();
+        let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async {
+                let mut admin = PgConnection::connect(&admin_url).await?;
+                admin.execute(sqlx::AssertSqlSafe(sql)).await?;
+                admin.close().await?;
+                Ok::<_, anyhow::Error>(())
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop the test database {}; drop it by hand", self.name);
+        }
+    }
+}
+
+/// `url` with its database (the path) replaced by `database`; the query is kept.
+fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = url.split_once('?').map_or((url, None), |(base, query)| (base, Some(query)));
+    let authority_start = base.find("://").map_or(0, |i| i + 3);
+    let authority_end = base[authority_start..].find('/').map_or(base.len(), |i| authority_start + i);
+    let mut out = format!("{}/{database}", &base[..authority_end]);
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(query);
+    }
+    out
 }
 
 /// Installs a quiet tracing subscriber once (set `RUST_LOG` to see logs).
@@ -48,11 +144,17 @@ impl TestServer {
         Self::start_with(scripts, |_| {}).await
     }
 
-    /// Starts a server after `adjust` edits its configuration.
+    /// Starts a server after `adjust` edits its configuration. On PostgreSQL
+    /// ([`test_store_backend`]) the configuration already names the server's fresh database.
     pub async fn start_with(scripts: &[(&str, Value)], adjust: impl FnOnce(&mut ServerConfig)) -> TestServer {
         init_tracing();
         let data_dir = tempfile::tempdir().expect("temp dir");
         let mut config = ServerConfig { data_dir: data_dir.path().to_owned(), ..ServerConfig::default() };
+        let database = match test_store_backend() {
+            StoreBackend::Postgres => Some(TestDatabase::create().await),
+            _ => None,
+        };
+        config.store.database_url = database.as_ref().map(|d| d.url().to_owned());
         adjust(&mut config);
         let mut models = ModelRegistry::new(config.providers.clone(), |_| None).expect("provider table");
         for (name, script) in scripts {
@@ -61,10 +163,16 @@ impl TestServer {
         }
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let server = start_with_models(listener, config, Some(models)).await.expect("server starts");
-        TestServer { server, data_dir }
+        TestServer { server, data_dir, database }
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// The running server's configuration: start another server with it (after this one stops)
+    /// to restart on the same store, SQLite data dir or PostgreSQL database alike.
+    pub fn config(&self) -> ServerConfig {
+        self.server.api.fabric.config.clone()
+    }
+
+    /// `http://127.0.0.1:<port>`, or `https://...` when the config turned TLS on.
     pub fn url(&self) -> String {
         self.server.url()
     }
@@ -151,4 +259,21 @@ fn workspace_binary(name: &str) -> PathBuf {
     let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(path.is_file(), "{} is missing; run the tests with `cargo test --workspace`", path.display());
     path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_test_database_url_keeps_everything_but_the_database() {
+        let rows = [
+            ("postgres://root@127.0.0.1:5432/postgres", "postgres://root@127.0.0.1:5432/nexus_test_x"),
+            ("postgres://u:p@h/db?sslmode=disable", "postgres://u:p@h/nexus_test_x?sslmode=disable"),
+            ("postgres://root@127.0.0.1:5432", "postgres://root@127.0.0.1:5432/nexus_test_x"),
+        ];
+        for (url, expected) in rows {
+            assert_eq!(with_database(url, "nexus_test_x"), expected, "{url}");
+        }
+    }
 }

@@ -1,16 +1,21 @@
-//! Opening one stream: TCP/HTTP2 channel, `Connect`, `hello`, and waiting for `welcome`.
+//! Opening one stream: TCP/HTTP2 channel (plaintext, or TLS verified against `--tls-ca`),
+//! `Connect`, `hello`, and waiting for `welcome`.
 
+use std::path::Path;
 use std::time::Duration;
 
 use nexus_proto::runner::v1::runner_service_client::RunnerServiceClient;
 use nexus_proto::runner::v1::{Hello, NexusFrame, Pong, RunnerFrame, Welcome, nexus_frame, runner_frame};
 use nexus_proto::{ErrorCode, Refusal};
+use rustls::RootCertStore;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
-use tonic::transport::Endpoint;
+use tonic::transport::{ClientTlsConfig, Endpoint, Identity};
 
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, ConfigError, TlsOptions};
 use crate::retry;
 
 /// The request id of `hello`; `welcome` or the refusal repeats it.
@@ -61,6 +66,77 @@ impl ConnectError {
             _ => None,
         }
     }
+
+    /// A TLS failure that retrying cannot mend (nexus's certificate is not trusted, or nexus
+    /// refused this runner's certificate or its lack of one), described for the operator.
+    pub(super) fn tls_failure(&self, tls: &TlsOptions) -> Option<String> {
+        let error = match self {
+            ConnectError::Transport(error) => certificate_error(error),
+            ConnectError::Status(status) => certificate_error(status),
+            _ => None,
+        }?;
+        let ca = tls.ca.as_deref().map_or_else(|| "(none)".to_owned(), |path| path.display().to_string());
+        let cert = tls.cert.as_deref().map_or_else(|| "(none)".to_owned(), |path| path.display().to_string());
+        match error {
+            rustls::Error::InvalidCertificate(reason) => Some(format!(
+                "nexus's certificate was refused ({reason}): it must chain to a CA in --tls-ca {ca} and name the URL's host (or --tls-server-name)"
+            )),
+            rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired) => {
+                Some("nexus requires a client certificate: start runner-agent with --tls-cert and --tls-key".to_owned())
+            }
+            rustls::Error::AlertReceived(alert) => Some(format!(
+                "nexus refused this runner's client certificate --tls-cert {cert} (alert {alert:?}): it must chain to nexus's tls.client_ca"
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Alerts from nexus that refuse this runner's certificate, or its lack of one.
+const CERTIFICATE_ALERTS: [rustls::AlertDescription; 8] = [
+    rustls::AlertDescription::CertificateRequired,
+    rustls::AlertDescription::BadCertificate,
+    rustls::AlertDescription::UnsupportedCertificate,
+    rustls::AlertDescription::CertificateRevoked,
+    rustls::AlertDescription::CertificateExpired,
+    rustls::AlertDescription::CertificateUnknown,
+    rustls::AlertDescription::UnknownCA,
+    rustls::AlertDescription::AccessDenied,
+];
+
+/// The certificate error somewhere in `error`'s causes: an untrusted server certificate, or a
+/// certificate alert from nexus. An `io::Error` hides the error it wraps from `source()`, so each
+/// one is opened too. An alert that arrives after the client's half of a TLS 1.3 handshake (how
+/// a refused client certificate shows) passes through h2, which keeps only its text, so that
+/// text is compared with rustls's own rendering of each certificate alert.
+fn certificate_error(error: &(dyn std::error::Error + 'static)) -> Option<rustls::Error> {
+    let mut cause = Some(error);
+    while let Some(current) = cause {
+        if let Some(found) = current.downcast_ref::<rustls::Error>() {
+            return is_certificate_error(found).then(|| found.clone());
+        }
+        if let Some(inner) = current.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref) {
+            if let Some(found) = certificate_error(inner) {
+                return Some(found);
+            }
+            let text = inner.to_string();
+            if let Some(alert) =
+                CERTIFICATE_ALERTS.into_iter().find(|alert| rustls::Error::AlertReceived(*alert).to_string() == text)
+            {
+                return Some(rustls::Error::AlertReceived(alert));
+            }
+        }
+        cause = current.source();
+    }
+    None
+}
+
+fn is_certificate_error(error: &rustls::Error) -> bool {
+    match error {
+        rustls::Error::InvalidCertificate(_) => true,
+        rustls::Error::AlertReceived(alert) => CERTIFICATE_ALERTS.contains(alert),
+        _ => false,
+    }
 }
 
 /// An error with its causes, `outer: inner: innermost` (tonic's own message is only "transport
@@ -77,14 +153,88 @@ fn chain(error: &dyn std::error::Error) -> String {
 }
 
 /// The endpoint for `nexus_url`, with keepalive on (HTTP/2 PINGs only prove the next hop alive;
-/// the application ping proves nexus).
-pub(super) fn endpoint(config: &AgentConfig) -> Result<Endpoint, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(config.nexus_url.clone())?
+/// the application ping proves nexus), and TLS when the URL is `https://`: nexus is verified
+/// against `--tls-ca` only, and `--tls-cert`/`--tls-key` are presented for mutual TLS. The TLS
+/// files are read here, once.
+pub(super) fn endpoint(config: &AgentConfig) -> Result<Endpoint, ConfigError> {
+    let invalid_url = |error: tonic::transport::Error| ConfigError::InvalidUrl {
+        url: config.nexus_url.clone(),
+        reason: chain(&error),
+    };
+    let endpoint = Endpoint::from_shared(config.nexus_url.clone())
+        .map_err(invalid_url)?
         .connect_timeout(config.connect_timeout)
         .http2_keep_alive_interval(Duration::from_secs(15))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true)
-        .tcp_nodelay(true))
+        .tcp_nodelay(true);
+    let Some(tls) = client_tls(config)? else { return Ok(endpoint) };
+    // The files parsed, so what rustls can still refuse is the pair (a key of another certificate).
+    endpoint.tls_config(tls).map_err(|error| {
+        let reason = match (&config.tls.cert, &config.tls.key) {
+            (Some(cert), Some(key)) => {
+                format!("cannot use --tls-cert {} with --tls-key {}: {}", cert.display(), key.display(), chain(&error))
+            }
+            _ => chain(&error),
+        };
+        ConfigError::Tls { reason }
+    })
+}
+
+/// The client TLS settings, or `None` for a plaintext URL. Each file is checked here so that a
+/// bad one is named (tonic skips certificates it cannot parse).
+fn client_tls(config: &AgentConfig) -> Result<Option<ClientTlsConfig>, ConfigError> {
+    let options = &config.tls;
+    let Some(ca_path) = &options.ca else { return Ok(None) };
+    let mut roots = RootCertStore::empty();
+    for (index, certificate) in read_certificates("--tls-ca", ca_path)?.into_iter().enumerate() {
+        roots.add(certificate).map_err(|error| ConfigError::TlsFile {
+            what: "--tls-ca",
+            path: ca_path.clone(),
+            reason: format!("certificate {} is not a usable CA certificate: {error}", index + 1),
+        })?;
+    }
+    let mut tls = ClientTlsConfig::new().trust_anchors(roots.roots).timeout(config.connect_timeout);
+    if let Some(name) = &options.server_name {
+        ServerName::try_from(name.as_str()).map_err(|error| ConfigError::Tls {
+            reason: format!("--tls-server-name {name:?} is not a DNS name or IP address: {error}"),
+        })?;
+        tls = tls.domain_name(name.clone());
+    }
+    if let (Some(cert_path), Some(key_path)) = (&options.cert, &options.key) {
+        read_certificates("--tls-cert", cert_path)?;
+        let key = read_file("--tls-key", key_path)?;
+        PrivateKeyDer::from_pem_slice(&key).map_err(|error| ConfigError::TlsFile {
+            what: "--tls-key",
+            path: key_path.clone(),
+            reason: match error {
+                rustls::pki_types::pem::Error::NoItemsFound => {
+                    "no PRIVATE KEY block (PKCS#8, PKCS#1 or SEC1)".to_owned()
+                }
+                other => format!("not PEM: {other}"),
+            },
+        })?;
+        let cert = read_file("--tls-cert", cert_path)?;
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    Ok(Some(tls))
+}
+
+fn read_file(what: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path).map_err(|error| ConfigError::TlsFile { what, path: path.to_owned(), reason: error.to_string() })
+}
+
+/// Every certificate of a PEM file (at least one).
+fn read_certificates(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+    let pem = read_file(what, path)?;
+    let invalid = |reason: String| ConfigError::TlsFile { what, path: path.to_owned(), reason };
+    let certificates = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| invalid(format!("not PEM: {error}")))?;
+    if certificates.is_empty() {
+        return Err(invalid("no CERTIFICATE block".to_owned()));
+    }
+    Ok(certificates)
 }
 
 /// Waits `delay`, opens a stream, says hello and waits for `welcome`, answering pings meanwhile.
@@ -135,5 +285,40 @@ pub(super) async fn open(
             Some(_) => return Err(ConnectError::Unexpected("another frame")),
             None => return Err(ConnectError::Unexpected("an empty frame")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+
+    fn io_error(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidData, error)
+    }
+
+    #[test]
+    fn certificate_failures_are_final_and_other_failures_are_not() {
+        let untrusted = io_error(rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer));
+        assert!(matches!(certificate_error(&untrusted), Some(rustls::Error::InvalidCertificate(_))));
+        // h2 hands an alert on as text only.
+        let required =
+            io_error(rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired).to_string());
+        let status = ConnectError::Status(tonic::Status::from_error(Box::new(required)));
+        let options = TlsOptions { ca: Some("ca.pem".into()), ..TlsOptions::default() };
+        assert!(status.tls_failure(&options).is_some_and(|reason| reason.contains("--tls-cert")));
+        let unknown_ca = io_error(rustls::Error::AlertReceived(rustls::AlertDescription::UnknownCA).to_string());
+        assert!(certificate_error(&unknown_ca).is_some());
+
+        for transient in [
+            io::Error::new(io::ErrorKind::ConnectionReset, "connection reset by peer"),
+            io_error(rustls::Error::AlertReceived(rustls::AlertDescription::HandshakeFailure)),
+            io_error("received corrupt message of type InvalidContentType"),
+        ] {
+            assert!(certificate_error(&transient).is_none(), "{transient}");
+        }
+        let status = ConnectError::Status(tonic::Status::unavailable("nexus is restarting"));
+        assert!(status.tls_failure(&options).is_none());
     }
 }

@@ -1,0 +1,131 @@
+//! The store on the backend the suite runs on (`NEXUS_TEST_STORE`): the claim is single-winner
+//! at the database, so two nexus nodes sharing one PostgreSQL database can never both grant it.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use tempfile::TempDir;
+use tokio::sync::Barrier;
+use uuid::Uuid;
+
+use nexus_actors::config::StoreConfig;
+use nexus_actors::store::{InputRow, Store, StoreBackend, StoreError, TaskRow, now_ms};
+use nexus_tests::{TestDatabase, test_store_backend};
+
+/// A store on the suite's backend; the data dir and database live as long as the returned guards.
+async fn open_store() -> (Store, StoreConfig, TempDir, Option<TestDatabase>) {
+    let data_dir = tempfile::tempdir().expect("temp dir");
+    let database = match test_store_backend() {
+        StoreBackend::Postgres => Some(TestDatabase::create().await),
+        _ => None,
+    };
+    let config = StoreConfig { database_url: database.as_ref().map(|d| d.url().to_owned()), ..StoreConfig::default() };
+    let store = Store::connect(data_dir.path(), &config).await.expect("store opens");
+    assert_eq!(store.backend(), test_store_backend());
+    (store, config, data_dir, database)
+}
+
+fn task(run: Uuid, runner: Uuid) -> TaskRow {
+    let now = now_ms();
+    TaskRow {
+        run_public_id: run,
+        task_key: "r1t0".into(),
+        kind: "tool_call".into(),
+        round: 1,
+        callable_name: "probe".into(),
+        tool_name: "probe".into(),
+        tool_input: json!({"depth": 1}),
+        tool_call_id: "c1".into(),
+        target_executor_public_id: Some(runner),
+        effect_profile: None,
+        timeout_ms: 60_000,
+        status: "dispatched".into(),
+        claimed: false,
+        claim_token_digest: None,
+        started_at: now,
+        deadline_at: now + 60_000,
+        result: None,
+        error_key: None,
+        settled_at: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_is_granted_once_across_nodes_sharing_the_store() {
+    let (store, config, data_dir, _database) = open_store().await;
+    let input = InputRow {
+        public_id: Uuid::new_v4(),
+        conversation_public_id: Uuid::new_v4(),
+        member_public_id: Uuid::new_v4(),
+        text: "probe".into(),
+        execution_declaration: None,
+        runner_executor_public_id: None,
+        tool_names: None,
+    };
+    let run = Uuid::new_v4();
+    store.admit_input(&input, true, run).await.expect("admit");
+    let execution = store.execution(run).await.expect("read").expect("execution");
+    let open = task(run, Uuid::new_v4());
+    store.save_execution(&execution, std::slice::from_ref(&open), &[]).await.expect("dispatch");
+
+    // A second node: its own pool on the same database (on SQLite, the same file).
+    let other = Store::connect(data_dir.path(), &config).await.expect("second node");
+    let barrier = Arc::new(Barrier::new(2));
+    let claims = [(store.clone(), "token-a"), (other.clone(), "token-b")].map(|(node, token)| {
+        let barrier = barrier.clone();
+        // Both nodes saw the task unclaimed.
+        let mut granted = open.clone();
+        granted.claimed = true;
+        granted.claim_token_digest = Some(nexus_actors::auth::digest(token));
+        tokio::spawn(async move {
+            barrier.wait().await;
+            node.update_task(&granted).await
+        })
+    });
+    let mut won = Vec::new();
+    for (claim, token) in claims.into_iter().zip(["token-a", "token-b"]) {
+        match claim.await.expect("claim task") {
+            Ok(()) => won.push(token),
+            Err(StoreError::Conflict(_)) => {}
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert_eq!(won.len(), 1, "exactly one node wins the claim: {won:?}");
+    let stored = store.task(run, "r1t0").await.expect("read").expect("task");
+    assert_eq!(stored.claim_token_digest, Some(nexus_actors::auth::digest(won[0])));
+
+    // A stale copy (still unclaimed) can neither settle nor re-grant the claimed task; the
+    // claimant's own writes go through.
+    let mut stale = open.clone();
+    stale.status = "timed_out".into();
+    stale.settled_at = Some(now_ms());
+    assert!(matches!(other.update_task(&stale).await, Err(StoreError::Conflict(_))));
+    let mut settled = stored.clone();
+    settled.status = "completed".into();
+    settled.result = Some(json!({"content": "ok"}));
+    settled.settled_at = Some(now_ms());
+    store.update_task(&settled).await.expect("the claimant commits");
+    assert_eq!(other.task(run, "r1t0").await.expect("read").expect("task"), settled);
+    // Writing a task that does not exist stays a no-op.
+    other.update_task(&task(Uuid::new_v4(), Uuid::new_v4())).await.expect("no row, no error");
+    other.close().await;
+    store.close().await;
+}
+
+#[tokio::test]
+async fn an_existing_store_is_required_where_one_is_expected() {
+    let data_dir = tempfile::tempdir().expect("temp dir");
+    let database = match test_store_backend() {
+        StoreBackend::Postgres => Some(TestDatabase::create().await),
+        _ => None,
+    };
+    let config = StoreConfig { database_url: database.as_ref().map(|d| d.url().to_owned()), ..StoreConfig::default() };
+    let refused = Store::connect_existing(data_dir.path(), &config).await.expect_err("nothing there yet");
+    assert!(refused.to_string().contains("nexus serve"), "{refused}");
+    let store = Store::connect(data_dir.path(), &config).await.expect("created");
+    let fingerprint = store.fingerprint().await.expect("fingerprint");
+    store.close().await;
+    let existing = Store::connect_existing(data_dir.path(), &config).await.expect("found");
+    assert_eq!(existing.fingerprint().await.expect("fingerprint"), fingerprint, "reopening wrote nothing");
+    existing.close().await;
+}
