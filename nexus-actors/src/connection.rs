@@ -121,6 +121,7 @@ impl Actor for ConnectionActor {
                 }
             }
         });
+        args.fabric.connections.fetch_add(1, Ordering::Relaxed);
         Ok(ConnectionState {
             fabric: args.fabric,
             root: args.root,
@@ -141,6 +142,7 @@ impl Actor for ConnectionActor {
     ) -> Result<(), ActorProcessingErr> {
         state.reader.abort();
         state.ticker.abort();
+        state.fabric.connections.fetch_sub(1, Ordering::Relaxed);
         if let Some((_, executor)) = &state.executor {
             let _ = executor.cast(ExecutorMsg::Detach { conn_id: state.id });
         }

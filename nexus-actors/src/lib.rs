@@ -161,7 +161,8 @@ pub async fn start_with_models(
         Some(models) => models,
         None => ModelRegistry::new(config.providers.clone(), |name| std::env::var(name).ok())?,
     };
-    let fabric = Arc::new(Fabric { store, config, models, events: EventBus::default() });
+    let fabric =
+        Arc::new(Fabric { store, config, models, events: EventBus::default(), connections: Default::default() });
     let (root_ref, _) = ractor::Actor::spawn(None, RootActor, RootArgs { fabric: fabric.clone() })
         .await
         .map_err(|e| ServeError::Actor(e.to_string()))?;
@@ -232,7 +233,13 @@ pub async fn start_with_models(
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stop_accepting))
         }
     };
-    tracing::info!(%addr, tls, data_dir = %fabric.config.data_dir.display(), "nexus serving gRPC and HTTP");
+    tracing::info!(
+        %addr,
+        tls,
+        data_dir = %fabric.config.data_dir.display(),
+        store = fabric.store.backend().as_str(),
+        "nexus serving gRPC and HTTP"
+    );
     Ok(RunningServer { addr, api, tls, shutdown: Some(shutdown_tx), transport, _data_dir_lock: data_dir_lock })
 }
 

@@ -34,6 +34,21 @@ pub struct Fabric {
     pub models: ModelRegistry,
     /// Wake-ups for event followers.
     pub events: EventBus,
+    /// Live runner streams (ConnectionActors), for the census.
+    pub connections: std::sync::atomic::AtomicUsize,
+}
+
+/// How many actors of each kind are alive: chaos tests check that counts return to baseline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Census {
+    /// ExecutorActors (runner inboxes).
+    pub executors: usize,
+    /// ExecutionActors.
+    pub executions: usize,
+    /// ProfileActors.
+    pub profiles: usize,
+    /// ConnectionActors (live runner streams).
+    pub connections: usize,
 }
 
 /// Per-execution wake-ups: the last durable event sequence. Followers read the store; this only
@@ -73,6 +88,8 @@ pub enum RootMsg {
     Execution(Uuid, RpcReplyPort<Result<ActorRef<ExecutionMsg>, Refusal>>),
     /// Finds or spawns the ProfileActor of an Agent member.
     Profile(Uuid, RpcReplyPort<Result<ActorRef<ProfileMsg>, Refusal>>),
+    /// Counts the live actors.
+    Census(RpcReplyPort<Census>),
 }
 
 /// Root's arguments.
@@ -135,6 +152,14 @@ impl RootHandle {
     /// `unavailable` during shutdown.
     pub async fn profile(&self, member: Uuid) -> Result<ActorRef<ProfileMsg>, Refusal> {
         ractor::call!(self.actor, RootMsg::Profile, member).map_err(|_| gone("server"))?
+    }
+
+    /// Counts the live actors.
+    ///
+    /// # Errors
+    /// `unavailable` during shutdown.
+    pub async fn census(&self) -> Result<Census, Refusal> {
+        ractor::call!(self.actor, RootMsg::Census).map_err(|_| gone("server"))
     }
 
     /// Stops Root and, through supervision, every actor.
@@ -210,6 +235,14 @@ impl Actor for RootActor {
                     state.executions.insert(id, actor.clone());
                 }
                 let _ = reply.send(result);
+            }
+            RootMsg::Census(reply) => {
+                let _ = reply.send(Census {
+                    executors: state.executors.len(),
+                    executions: state.executions.len(),
+                    profiles: state.profiles.len(),
+                    connections: state.fabric.connections.load(std::sync::atomic::Ordering::Relaxed),
+                });
             }
             RootMsg::Profile(id, reply) => {
                 if let Some(found) = state.profiles.get(&id) {
