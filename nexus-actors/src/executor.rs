@@ -545,7 +545,14 @@ async fn claim(
     granted.claim_token_digest = Some(digest(&token));
     // Claiming restarts the park clock: the holder gets a full deadline.
     granted.deadline_at = now + granted.timeout_ms;
-    state.fabric.store.update_task(&granted).await.map_err(internal)?;
+    // The store's conditional write is the last word: another node that won the row first makes
+    // this grant lose.
+    state.fabric.store.update_task(&granted).await.map_err(|e| match e {
+        crate::store::StoreError::Conflict(_) => {
+            Refusal::new(ErrorCode::AlreadyClaimed, "this task was claimed once; a claim is never re-granted")
+        }
+        other => internal(other),
+    })?;
     let id = (run, task_key);
     schedule_expiry(myself, state, &id, granted.deadline_at);
     tracing::info!(runner_id = %state.row.public_id, run_id = %run, task_key = %id.1, "task claimed");

@@ -4,8 +4,8 @@
 //! Everything that must survive a restart is written here before it is acknowledged (DESIGN.md,
 //! "Durability"). Both backends run the same migrations from `migrations/`, which are portable
 //! SQL (TEXT and BIGINT only), and the same statement texts through sqlx's `Any` driver; only the
-//! opening and the catalog queries differ ([`backend`]). Times are Unix milliseconds; booleans
-//! are 0/1.
+//! opening and the catalog queries differ (the `backend` submodule). Times are Unix milliseconds;
+//! booleans are 0/1.
 
 mod backend;
 
