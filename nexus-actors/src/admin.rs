@@ -63,6 +63,37 @@ pub async fn create_member(store: &Store, kind: MemberKind, handle: &str) -> Res
     Ok(json!({"public_id": member.public_id, "kind": member.kind, "handle": member.handle, "token": token}))
 }
 
+/// Pairs a runner again (REFERENCE.md 6.1, "Re-pairing keeps the same public_id and bumps
+/// credential_epoch"): mints a new transport token under the next epoch. Streams, tokens and
+/// claims of older epochs are fenced; a live old stream is closed within one ping interval.
+///
+/// Returns `{"runner_executor_public_id", "credential_epoch", "token"}`.
+///
+/// # Errors
+/// 404 `not_found` for an unknown runner.
+pub async fn repair_runner(store: &Store, runner: Uuid) -> Result<Value, Refusal> {
+    let (token, credential) = mint(Plane::ExecutorTransport, runner);
+    let epoch = store
+        .repair_executor(runner, &credential)
+        .await
+        .map_err(store_refusal)?
+        .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no runner {runner}")))?;
+    Ok(json!({"runner_executor_public_id": runner, "credential_epoch": epoch, "token": token}))
+}
+
+/// Revokes a runner: it stays in the store, but is no longer eligible for claims or new work.
+///
+/// Returns `{"runner_executor_public_id", "status": "revoked"}`.
+///
+/// # Errors
+/// 404 `not_found` for an unknown runner.
+pub async fn revoke_runner(store: &Store, runner: Uuid) -> Result<Value, Refusal> {
+    if !store.revoke_executor(runner).await.map_err(store_refusal)? {
+        return Err(Refusal::new(ErrorCode::NotFound, format!("no runner {runner}")));
+    }
+    Ok(json!({"runner_executor_public_id": runner, "status": "revoked"}))
+}
+
 /// Creates a runner executor with an executor-transport token.
 ///
 /// Returns `{"runner_executor_public_id", "name", "token"}`.

@@ -211,6 +211,44 @@ impl Api {
         ractor::call!(profile, |reply| ProfileMsg::EditSlot(slot.to_owned(), body, reply)).map_err(|_| unavailable())?
     }
 
+    /// `GET /agent_api/v1/executors[?kind=runner|tools_provider]` (REFERENCE.md 6.2): the
+    /// eligible executors, `{executors:[{public_id, kind, display_name, status, assignment_scope,
+    /// served_tools, environment, served_documents, presence, last_seen_at, connected_at}]}`.
+    /// Discovery filters by eligibility, never by presence.
+    ///
+    /// # Errors
+    /// 400 `parameter_invalid` for another `kind`.
+    pub async fn executors(&self, _caller: &Caller, kind: Option<&str>) -> Result<Value, Refusal> {
+        let kind = match kind {
+            None | Some("runner") => "runner",
+            Some("tools_provider" | "tool_provider") => "tool_provider",
+            Some(other) => {
+                return Err(Refusal::new(
+                    ErrorCode::ParameterInvalid,
+                    format!("kind {other} is not listed here; use runner or tools_provider"),
+                ));
+            }
+        };
+        let rows = self.fabric.store.executors().await.map_err(internal)?;
+        let listed: Vec<Value> = rows
+            .iter()
+            .filter(|row| row.status == "active" && row.kind == kind)
+            .map(crate::executor::executor_json)
+            .collect();
+        Ok(json!({"executors": listed}))
+    }
+
+    /// `GET /agent_api/v1/executors/{id}`: one eligible executor.
+    ///
+    /// # Errors
+    /// 404 `not_found` for an unknown, malformed or ineligible id.
+    pub async fn executor(&self, _caller: &Caller, id: &str) -> Result<Value, Refusal> {
+        let missing = || Refusal::new(ErrorCode::NotFound, format!("no eligible executor {id}"));
+        let id = Uuid::parse_str(id).map_err(|_| missing())?;
+        let row = self.fabric.store.executor(id).await.map_err(internal)?.filter(|row| row.status == "active");
+        row.map(|row| crate::executor::executor_json(&row)).ok_or_else(missing)
+    }
+
     /// `GET /agent_api/v1/profile/agents`: the Agent's live named definitions.
     ///
     /// # Errors

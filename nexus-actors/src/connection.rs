@@ -53,6 +53,8 @@ pub struct ConnectionState {
     id: u64,
     outbound: Outbound,
     executor: Option<(Uuid, ActorRef<ExecutorMsg>)>,
+    /// The epoch of the credential that said Hello.
+    credential_epoch: i64,
     last_inbound: Instant,
     nonce: u64,
     reader: JoinHandle<()>,
@@ -128,6 +130,7 @@ impl Actor for ConnectionActor {
             id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
             outbound: args.outbound,
             executor: None,
+            credential_epoch: 0,
             last_inbound: Instant::now(),
             nonce: 0,
             reader,
@@ -172,6 +175,22 @@ impl Actor for ConnectionActor {
                     tracing::warn!(conn = state.id, "no frame within the liveness bound; closing the stream as dead");
                     myself.stop(Some("liveness timeout".into()));
                     return Ok(());
+                }
+                if let Some((runner, executor)) = state.executor.clone() {
+                    // Presence is refreshed each ping, and a re-pairing or revocation done by
+                    // `nexus admin` in another process fences this stream within one interval.
+                    let store = &state.fabric.store;
+                    if let Err(e) = store.touch_executor(runner, crate::store::PresenceEvent::Seen).await {
+                        tracing::debug!(error = %e, "could not record presence");
+                    }
+                    if let Ok(Some(row)) = store.executor(runner).await
+                        && (row.credential_epoch != state.credential_epoch || row.status != "active")
+                    {
+                        tracing::info!(conn = state.id, runner_id = %runner, "stream fenced: the runner was paired again or revoked");
+                        let _ = executor.cast(ExecutorMsg::Refresh);
+                        myself.stop(Some("fenced".into()));
+                        return Ok(());
+                    }
                 }
                 state.nonce += 1;
                 let ping =
@@ -281,6 +300,7 @@ async fn hello_frame(
     })
     .map_err(|_| Refusal::new(ErrorCode::Unavailable, "the runner's inbox is restarting; reconnect"))?;
     attached?;
+    state.credential_epoch = epoch;
     state.executor = Some((subject, executor));
     Ok(())
 }

@@ -31,7 +31,7 @@ use crate::auth::digest;
 use crate::connection::ConnectionMsg;
 use crate::execution::ExecutionMsg;
 use crate::root::{Fabric, RootHandle};
-use crate::store::{ExecutorRow, TaskRow, now_ms};
+use crate::store::{ExecutorRow, PresenceEvent, TaskRow, now_ms};
 
 use self::commit::CommitRefusal;
 
@@ -147,6 +147,8 @@ pub enum ExecutorMsg {
         /// The task key.
         task_key: String,
     },
+    /// The stored row changed behind the actor (re-paired or revoked by `nexus admin`): reread it.
+    Refresh,
     /// A deadline timer fired.
     Expire {
         /// The execution.
@@ -296,7 +298,9 @@ impl Actor for ExecutorActor {
                 if state.connection.as_ref().is_some_and(|c| c.id == conn_id) {
                     state.connection = None;
                     tracing::info!(runner_id = %state.row.public_id, "runner stream closed");
-                    if let Err(e) = state.fabric.store.touch_executor(state.row.public_id, false).await {
+                    if let Err(e) =
+                        state.fabric.store.touch_executor(state.row.public_id, PresenceEvent::Detached).await
+                    {
                         tracing::warn!(error = %e, "could not record last_seen_at");
                     }
                 }
@@ -313,7 +317,7 @@ impl Actor for ExecutorActor {
                         claim_status(state, run, &task_key, &claim_token).await
                     }
                     RunnerRequest::Extend { run, task_key, claim_token, timeout_ms } => {
-                        extend(&myself, state, run, task_key, &claim_token, timeout_ms).await
+                        extend_checked(&myself, state, run, task_key, &claim_token, timeout_ms).await
                     }
                     RunnerRequest::Commit { run, task_key, claim_token, body_json } => {
                         commit(state, run, task_key, &claim_token, &body_json).await
@@ -328,8 +332,18 @@ impl Actor for ExecutorActor {
                 };
                 push(state, frame);
             }
+            ExecutorMsg::Refresh => {
+                if let Some(row) = state.fabric.store.executor(state.row.public_id).await? {
+                    state.row = row;
+                }
+            }
             ExecutorMsg::Offer { run, task_key } => {
                 let id = (run, task_key);
+                // Eligibility is checked at dispatch: a revoked runner gets no new work, and the
+                // call fails at once rather than waiting out its park.
+                if let Some(row) = state.fabric.store.executor(state.row.public_id).await? {
+                    state.row = row;
+                }
                 if !state.open.contains_key(&id) {
                     match state.fabric.store.task(run, &id.1).await? {
                         Some(task) if !task.is_settled() => {
@@ -338,6 +352,10 @@ impl Actor for ExecutorActor {
                         }
                         _ => return Ok(()),
                     }
+                }
+                if state.row.status != "active" {
+                    settle(state, &id, "failed", None, Some("executor_revoked")).await?;
+                    return Ok(());
                 }
                 if let Some(task) = state.open.get(&id) {
                     let frame = work_available(task);
@@ -433,7 +451,7 @@ async fn attach(
         tracing::info!(runner_id = %state.row.public_id, "a new stream fences the old one");
         old.actor.stop(Some("fenced by a newer stream".into()));
     }
-    state.fabric.store.touch_executor(state.row.public_id, true).await.map_err(internal)?;
+    state.fabric.store.touch_executor(state.row.public_id, PresenceEvent::Attached).await.map_err(internal)?;
     state.connection = Some(Connection { id: conn_id, actor: connection, outbound });
     push(
         state,
@@ -466,18 +484,28 @@ async fn announce(state: &mut ExecutorState, body_json: &str) -> Result<Frame, R
     state.row.announcement = canonical;
     state.row.announced_at = Some(now_ms());
     tracing::info!(runner_id = %state.row.public_id, tools = state.row.announcement["tools"].as_array().map_or(0, Vec::len), "announcement stored");
-    Ok(Frame::Announced(Announced { executor_json: executor_json(&state.row, state.connection.is_some()).to_string() }))
+    Ok(Frame::Announced(Announced { executor_json: executor_json(&state.row).to_string() }))
 }
 
-/// An executor's description as discovery shows it (REFERENCE.md 6.2): presence is display only.
-pub fn executor_json(row: &ExecutorRow, online: bool) -> Value {
-    let presence = if online {
-        "online"
-    } else if row.connected_at.is_none() {
-        "not_yet_seen"
-    } else {
-        "offline"
-    };
+/// A stream whose `last_seen_at` is older than this is shown `offline`, in milliseconds.
+pub const PRESENCE_WINDOW_MS: i64 = 30_000;
+
+/// An executor's presence (REFERENCE.md 6.1): `online` while a stream is attached and was seen
+/// within [`PRESENCE_WINDOW_MS`], `not_yet_seen` before any stream, else `offline`. Display only,
+/// never a gate.
+pub fn presence(row: &ExecutorRow, now: i64) -> &'static str {
+    match (row.connected_at, row.last_seen_at) {
+        (_, None) => "not_yet_seen",
+        (Some(_), Some(seen)) if now - seen <= PRESENCE_WINDOW_MS => "online",
+        _ => "offline",
+    }
+}
+
+/// An executor's description as discovery shows it (REFERENCE.md 6.2): `{public_id, kind,
+/// display_name, status, assignment_scope, credential_epoch, served_tools, environment,
+/// served_documents, presence, last_seen_at, connected_at}`.
+pub fn executor_json(row: &ExecutorRow) -> Value {
+    let presence = presence(row, now_ms());
     json!({
         "public_id": row.public_id,
         "kind": row.kind,
@@ -516,6 +544,16 @@ fn token_matches(task: &TaskRow, token: &str) -> bool {
     task.claim_token_digest.as_deref().is_some_and(|d| d == digest(token))
 }
 
+/// Whether a claim token was granted under the runner's current credential epoch (tokens are
+/// `e<epoch>.<random>`); a re-paired runner's older claims are fenced.
+fn token_current(state: &ExecutorState, token: &str) -> bool {
+    token
+        .strip_prefix('e')
+        .and_then(|rest| rest.split_once('.'))
+        .and_then(|(epoch, _)| epoch.parse::<i64>().ok())
+        .is_some_and(|epoch| epoch == state.row.credential_epoch)
+}
+
 async fn claim(
     myself: &ActorRef<ExecutorMsg>,
     state: &mut ExecutorState,
@@ -538,7 +576,8 @@ async fn claim(
     if state.row.status != "active" {
         return Err(Refusal::new(ErrorCode::NotEligible, "this runner is no longer eligible"));
     }
-    let token = crate::auth::random_token();
+    // The token names the credential epoch it was granted under, so re-pairing fences it.
+    let token = format!("e{}.{}", state.row.credential_epoch, crate::auth::random_token());
     let now = now_ms();
     let mut granted = task;
     granted.claimed = true;
@@ -567,11 +606,25 @@ async fn claim(
 
 async fn claim_status(state: &ExecutorState, run: Uuid, task_key: &str, token: &str) -> Result<Frame, Refusal> {
     let task = find(state, run, task_key).await?;
-    if !token_matches(&task, token) {
+    if !token_matches(&task, token) || !token_current(state, token) {
         return Err(Refusal::new(ErrorCode::NotClaimant, "this token does not hold the claim"));
     }
     let active = !task.is_settled() && now_ms() < task.deadline_at;
     Ok(Frame::ClaimState(ClaimState { active }))
+}
+
+async fn extend_checked(
+    myself: &ActorRef<ExecutorMsg>,
+    state: &mut ExecutorState,
+    run: Uuid,
+    task_key: String,
+    token: &str,
+    timeout_ms: i64,
+) -> Result<Frame, Refusal> {
+    if !token_current(state, token) {
+        return Err(Refusal::new(ErrorCode::NotClaimant, "this claim was fenced when the runner was paired again"));
+    }
+    extend(myself, state, run, task_key, token, timeout_ms).await
 }
 
 async fn extend(
@@ -636,6 +689,9 @@ async fn commit(
     if !token_matches(&task, token) {
         return Err(Refusal::new(ErrorCode::StaleClaim, "this token was rotated or never held the claim"));
     }
+    if !token_current(state, token) {
+        return Err(Refusal::new(ErrorCode::StaleClaim, "this claim was fenced when the runner was paired again"));
+    }
     let id = (run, task_key);
     if now_ms() >= task.deadline_at {
         // The deadline wins: the content is discarded and the task settles by the expiry rule.
@@ -668,7 +724,7 @@ fn progress(
     let Some(task) = state.open.get(&id) else {
         return Err(Refusal::new(ErrorCode::NotClaimant, "no live claim on this task"));
     };
-    if !token_matches(task, token) {
+    if !token_matches(task, token) || !token_current(state, token) {
         return Err(Refusal::new(ErrorCode::NotClaimant, "this token does not hold the claim"));
     }
     if frame_json.len() > PROGRESS_FRAME_BOUND {

@@ -13,9 +13,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use nexus_proto::agent::v1::agent_service_server::AgentService;
 use nexus_proto::agent::v1::{
-    CreateInputReply, CreateInputRequest, DeclareProfileRequest, Execution, ExecutionEvent, GetExecutionRequest,
-    GetProfileRequest, JsonReply, JsonRequest, NamedDefinitionRequest, ProfileReply, PromptDocumentRequest,
-    StopExecutionRequest, StreamEventsRequest,
+    CreateInputReply, CreateInputRequest, DeclareProfileRequest, Execution, ExecutionEvent, ExecutorRequest,
+    GetExecutionRequest, GetProfileRequest, JsonReply, JsonRequest, NamedDefinitionRequest, ProfileReply,
+    PromptDocumentRequest, StopExecutionRequest, StreamEventsRequest,
 };
 use nexus_proto::runner::v1::runner_service_server::RunnerService;
 use nexus_proto::runner::v1::{NexusFrame, RunnerFrame};
@@ -252,6 +252,18 @@ impl AgentService for AgentGrpc {
         let caller = self.caller(&request).await?;
         let body = body_of(&request.get_ref().body_json)?;
         Ok(reply(&self.api.assembly_preview(&caller, &body).await.map_err(|r| r.to_status())?))
+    }
+
+    async fn list_executors(&self, request: Request<JsonRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = json_arg(&request.get_ref().body_json, "body_json")?.unwrap_or_default();
+        let kind = body.get("kind").and_then(serde_json::Value::as_str);
+        Ok(reply(&self.api.executors(&caller, kind).await.map_err(|r| r.to_status())?))
+    }
+
+    async fn get_executor(&self, request: Request<ExecutorRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        Ok(reply(&self.api.executor(&caller, &request.get_ref().executor_public_id).await.map_err(|r| r.to_status())?))
     }
 
     async fn list_models(&self, request: Request<JsonRequest>) -> Result<Response<JsonReply>, Status> {

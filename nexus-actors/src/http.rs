@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -64,6 +64,8 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/agent_api/v1/profile/agents/{name}", put(put_agent).delete(delete_agent))
         .route("/agent_api/v1/profile/prompt_documents/{slot}", get(get_prompt_document).put(put_prompt_document))
         .route("/agent_api/v1/tools", get(get_tools))
+        .route("/agent_api/v1/executors", get(get_executors))
+        .route("/agent_api/v1/executors/{id}", get(get_executor))
         .route("/agent_api/v1/tools/assembly", post(post_assembly))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
@@ -126,6 +128,21 @@ async fn put_prompt_document(
     let caller = caller(&api, &headers).await?;
     let body = json_body(body)?;
     Ok(axum::Json(api.put_prompt_document(&caller, &slot, body).await?))
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct KindQuery {
+    kind: Option<String>,
+}
+
+async fn get_executors(State(api): State<Arc<Api>>, headers: HeaderMap, Query(query): Query<KindQuery>) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    Ok(axum::Json(api.executors(&caller, query.kind.as_deref()).await?))
+}
+
+async fn get_executor(State(api): State<Arc<Api>>, Path(id): Path<String>, headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    Ok(axum::Json(api.executor(&caller, &id).await?))
 }
 
 async fn get_agents(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {

@@ -115,6 +115,23 @@ enum RunnerCommand {
         #[arg(long)]
         name: String,
     },
+    /// Pair a runner again: a new token under a new credential epoch; the old token, its
+    /// stream and its claims are fenced. Prints {runner_executor_public_id, credential_epoch, token}.
+    Repair {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The runner's UUID.
+        #[arg(long)]
+        runner_id: uuid::Uuid,
+    },
+    /// Revoke a runner for good: no new claims or dispatch. Prints {runner_executor_public_id, status}.
+    Revoke {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The runner's UUID.
+        #[arg(long)]
+        runner_id: uuid::Uuid,
+    },
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -194,6 +211,14 @@ async fn main() -> anyhow::Result<()> {
                 AdminCommand::Runner { command: RunnerCommand::Create { store, name } } => {
                     let store = open_existing(store).await?;
                     create_runner(&store, &name).await
+                }
+                AdminCommand::Runner { command: RunnerCommand::Repair { store, runner_id } } => {
+                    let store = open_existing(store).await?;
+                    nexus_actors::admin::repair_runner(&store, runner_id).await
+                }
+                AdminCommand::Runner { command: RunnerCommand::Revoke { store, runner_id } } => {
+                    let store = open_existing(store).await?;
+                    nexus_actors::admin::revoke_runner(&store, runner_id).await
                 }
             };
             match output {

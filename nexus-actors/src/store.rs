@@ -88,6 +88,17 @@ pub struct MemberRow {
     pub display_name: String,
 }
 
+/// A presence change of a runner stream (display only, never a gate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PresenceEvent {
+    /// A stream said Hello: `connected_at` and `last_seen_at` become now.
+    Attached,
+    /// The stream is alive: `last_seen_at` becomes now.
+    Seen,
+    /// The stream ended: `connected_at` clears, `last_seen_at` becomes now.
+    Detached,
+}
+
 /// An executor (runner) row.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExecutorRow {
@@ -107,7 +118,7 @@ pub struct ExecutorRow {
     pub announcement: Value,
     /// When the last announcement was stored, if ever.
     pub announced_at: Option<i64>,
-    /// When the current or last stream said Hello.
+    /// When the current stream said Hello; `None` while no stream is attached.
     pub connected_at: Option<i64>,
     /// When a frame last arrived.
     pub last_seen_at: Option<i64>,
@@ -750,18 +761,70 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`] on a database failure.
-    pub async fn touch_executor(&self, public_id: Uuid, connected: bool) -> StoreResult<()> {
-        let now = now_ms();
-        let connected_at = connected.then_some(now);
-        sqlx::query(
-            "UPDATE executors SET connected_at = COALESCE($1, connected_at), last_seen_at = $2 WHERE public_id = $3",
-        )
-        .bind(connected_at)
-        .bind(now)
-        .bind(public_id.to_string())
-        .execute(&self.pool)
-        .await?;
+    pub async fn touch_executor(&self, public_id: Uuid, presence: PresenceEvent) -> StoreResult<()> {
+        let sql = match presence {
+            PresenceEvent::Attached => "UPDATE executors SET connected_at = $1, last_seen_at = $1 WHERE public_id = $2",
+            PresenceEvent::Seen => "UPDATE executors SET last_seen_at = $1 WHERE public_id = $2",
+            PresenceEvent::Detached => {
+                "UPDATE executors SET connected_at = NULL, last_seen_at = $1 WHERE public_id = $2"
+            }
+        };
+        sqlx::query(sql).bind(now_ms()).bind(public_id.to_string()).execute(&self.pool).await?;
         Ok(())
+    }
+
+    /// Every executor, oldest first.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn executors(&self) -> StoreResult<Vec<ExecutorRow>> {
+        let rows =
+            sqlx::query("SELECT public_id FROM executors ORDER BY created_at, public_id").fetch_all(&self.pool).await?;
+        let mut executors = Vec::with_capacity(rows.len());
+        for row in rows {
+            if let Some(executor) = self.executor(uuid_of(&row.try_get::<String, _>("public_id")?)?).await? {
+                executors.push(executor);
+            }
+        }
+        Ok(executors)
+    }
+
+    /// Re-pairs a runner: bumps its `credential_epoch`, which fences every older credential and
+    /// claim, and stores the new credential under the new epoch. Returns the new epoch, or `None`
+    /// for an unknown runner.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn repair_executor(&self, public_id: Uuid, credential: &Credential) -> StoreResult<Option<i64>> {
+        let mut tx = self.pool.begin().await?;
+        let bumped = sqlx::query("UPDATE executors SET credential_epoch = credential_epoch + 1 WHERE public_id = $1")
+            .bind(public_id.to_string())
+            .execute(&mut *tx)
+            .await?;
+        if bumped.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let row = sqlx::query("SELECT credential_epoch FROM executors WHERE public_id = $1")
+            .bind(public_id.to_string())
+            .fetch_one(&mut *tx)
+            .await?;
+        let epoch: i64 = row.try_get("credential_epoch")?;
+        insert_credential(&mut tx, credential, epoch).await?;
+        tx.commit().await?;
+        Ok(Some(epoch))
+    }
+
+    /// Revokes a runner for good: it is no longer eligible for claims or dispatch. Returns `false`
+    /// for an unknown runner.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn revoke_executor(&self, public_id: Uuid) -> StoreResult<bool> {
+        let done = sqlx::query("UPDATE executors SET status = 'revoked' WHERE public_id = $1")
+            .bind(public_id.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     // ---- conversations, inputs, executions -----------------------------------------------------

@@ -155,6 +155,9 @@ impl TestServer {
             _ => None,
         };
         config.store.database_url = database.as_ref().map(|d| d.url().to_owned());
+        // Tests poll the doors freely; the budget tests set their own.
+        config.doors.requests_per_minute = 1_000_000;
+        config.doors.burst = 100_000;
         adjust(&mut config);
         let mut models = ModelRegistry::new(config.providers.clone(), |_| None).expect("provider table");
         for (name, script) in scripts {

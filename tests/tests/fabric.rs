@@ -458,3 +458,91 @@ async fn health_and_reflection_are_served() {
         assert!(names.iter().any(|n| n == expected), "{expected} missing from {names:?}");
     }
 }
+
+#[tokio::test]
+async fn repairing_fences_the_old_stream_token_and_claims() {
+    let server = TestServer::start_with(&[("probe", probe_script())], |config| {
+        config.runner.ping_interval_ms = 100;
+        config.runner.liveness_timeout_ms = 2_000;
+    })
+    .await;
+    let agent = server.agent("agent").await;
+    let runner = server.runner("runner-a").await;
+    let (mut old, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
+    assert!(hello.code().is_none());
+    old.announce(&json!({"tools": [probe_tool(effect("read_only", "intrinsic"), 60_000)]})).await;
+    declare(&server, &agent, runner.id, "scripted/probe").await;
+    let _run = admit(&server, &agent, "probe it").await;
+    let work = old.next_work(WAIT).await.expect("work");
+    let (old_token, _) = old.claim(&work.run_public_id, &work.task_key).await.granted().expect("claim");
+
+    let repaired = nexus_actors::admin::repair_runner(server.store(), runner.id).await.expect("repaired");
+    assert_eq!(repaired["credential_epoch"], 1);
+    let new_credential = repaired["token"].as_str().expect("token").to_owned();
+    // The old stream is closed within a ping interval, and its credential no longer says Hello.
+    wait_until("the old stream to be fenced", WAIT, || async {
+        (old.claim_status(&work.run_public_id, &work.task_key, &old_token).await == Reply::Lost).then_some(())
+    })
+    .await;
+    let (_stale, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
+    assert_eq!(hello.code(), Some("unauthorized"));
+    // The new credential connects, and the claim granted under the old epoch is fenced.
+    let (fresh, hello) = RawRunner::connect(&server.url(), runner.id, &new_credential).await;
+    assert!(hello.code().is_none(), "{hello:?}");
+    let commit = fresh.commit(&work.run_public_id, &work.task_key, &old_token, &json!({"content": "late"})).await;
+    assert_eq!(commit.code(), Some("stale_claim"));
+    assert_eq!(fresh.extend(&work.run_public_id, &work.task_key, &old_token, 1_000).await.code(), Some("not_claimant"));
+}
+
+#[tokio::test]
+async fn a_revoked_runner_gets_no_new_work_and_leaves_discovery() {
+    let mut s = setup(probe_tool(effect("read_only", "intrinsic"), 60_000)).await;
+    let http = nexus_tests::Http::new(&s.server.url(), Some(&s.agent.token));
+    let listed = http.get("/agent_api/v1/executors").await;
+    assert_eq!(listed.status, 200);
+    assert_eq!(listed.body["executors"][0]["public_id"], json!(s.runner.id));
+    assert_eq!(listed.body["executors"][0]["presence"], "online");
+    assert_eq!(listed.body["executors"][0]["served_tools"][0]["name"], "probe");
+
+    nexus_actors::admin::revoke_runner(s.server.store(), s.runner.id).await.expect("revoked");
+    let run = admit(&s.server, &s.agent, "probe it").await;
+    // Eligibility is checked at acceptance: the selected runner is revoked, so nothing is frozen
+    // or dispatched.
+    let row = wait_status(&s.server, &s.agent, run, "canceled").await;
+    assert_eq!(row["error_key"], "runner_not_eligible");
+    assert_eq!(row["tasks"], json!([]));
+    assert!(s.raw.next_work(Duration::from_millis(300)).await.is_none(), "no work is offered to a revoked runner");
+    assert_eq!(http.get("/agent_api/v1/executors").await.body["executors"], json!([]));
+    assert_eq!(http.get(&format!("/agent_api/v1/executors/{}", s.runner.id)).await.status, 404);
+}
+
+#[tokio::test]
+async fn discovery_shows_presence_and_refuses_other_kinds() {
+    let server = TestServer::start(&[]).await;
+    let agent = server.agent("agent").await;
+    let never = server.runner("never").await;
+    let gone = server.runner("gone").await;
+    let here = server.runner("here").await;
+    let (_here, _) = RawRunner::connect(&server.url(), here.id, &here.token).await;
+    {
+        let (_gone, _) = RawRunner::connect(&server.url(), gone.id, &gone.token).await;
+    }
+    let http = nexus_tests::Http::new(&server.url(), Some(&agent.token));
+    let presence = |id: uuid::Uuid| {
+        let http = http.clone();
+        async move { http.get(&format!("/agent_api/v1/executors/{id}")).await.body["presence"].as_str().map(str::to_owned) }
+    };
+    wait_until("the dropped stream to show offline", WAIT, || async {
+        (presence(gone.id).await.as_deref() == Some("offline")).then_some(())
+    })
+    .await;
+    assert_eq!(presence(never.id).await.as_deref(), Some("not_yet_seen"));
+    assert_eq!(presence(here.id).await.as_deref(), Some("online"));
+    let all = http.get("/agent_api/v1/executors?kind=runner").await;
+    assert_eq!(all.body["executors"].as_array().map(Vec::len), Some(3));
+    let wrong = http.get("/agent_api/v1/executors?kind=agent_application").await;
+    assert_eq!((wrong.status, wrong.code()), (400, Some("parameter_invalid")));
+    assert_eq!(http.get("/agent_api/v1/executors/not-a-uuid").await.status, 404);
+    let transport = nexus_tests::Http::new(&server.url(), Some(&here.token)).get("/agent_api/v1/executors").await;
+    assert_eq!((transport.status, transport.code()), (401, Some("unauthorized")));
+}
