@@ -239,7 +239,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let read_back = measure(|| runtime.block_on(store.profile(member)).expect("the store reads"));
     let member_row = runtime.block_on(store.member(member))?.ok_or("the bench member vanished")?;
     let profile_row = runtime.block_on(store.profile(member))?.ok_or("the bench profile vanished")?;
-    let reply = measure(|| serde_json::to_vec(&profile_json(&member_row, Some(&profile_row))).expect("serializes"));
+    let reply =
+        measure(|| serde_json::to_vec(&profile_json(&member_row, Some(profile_row.clone()))).expect("serializes"));
 
     // 4. The whole PUT through HTTP, on a server of its own.
     let server_dir = tempfile::tempdir()?;

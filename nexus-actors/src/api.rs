@@ -160,7 +160,7 @@ impl Api {
     /// `internal` on a store failure.
     pub async fn profile(&self, caller: &Caller) -> Result<Value, Refusal> {
         let profile = self.fabric.store.profile(caller.member.public_id).await.map_err(internal)?;
-        Ok(profile_json(&caller.member, profile.as_ref()))
+        Ok(profile_json(&caller.member, profile))
     }
 
     /// `PUT /agent_api/v1/profile/configuration`, serialized on the Agent's ProfileActor.

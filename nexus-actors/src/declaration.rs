@@ -243,11 +243,15 @@ fn validate_fields(
     let field = |name: &str| format!("{prefix}.{name}");
     let mut out = Map::new();
     for name in CONFIGURATION_FIELDS {
-        out.insert(name.to_owned(), source.get(name).cloned().unwrap_or(Value::Null));
+        // The tool list (up to 1 MiB) is replaced by its canonical form below: never copy it here.
+        let value =
+            if name == "tool_definitions" { Value::Null } else { source.get(name).cloned().unwrap_or(Value::Null) };
+        out.insert(name.to_owned(), value);
     }
     let tool_definitions =
         canonical_tool_definitions(source.get("tool_definitions")).map_err(|r| at_prefix(r, prefix))?;
-    out.insert("tool_definitions".into(), tool_definitions.clone());
+    let tools_declared = non_empty_array(Some(&tool_definitions));
+    out.insert("tool_definitions".into(), tool_definitions);
     validate_kernel_tools(source.get("kernel_tools")).map_err(|r| at_prefix(r, prefix))?;
     validate_runner_ids(source.get("runner_executor_public_ids")).map_err(|r| at_prefix(r, prefix))?;
     validate_runner_tool_names(source.get("runner_tool_names")).map_err(|r| at_prefix(r, prefix))?;
@@ -259,10 +263,7 @@ fn validate_fields(
     let hooks_declared = hooks::validate_hooks(source.get("lifecycle_hooks"), &field("lifecycle_hooks"))?;
     let runner_imports = non_empty_array(source.get("runner_executor_public_ids"))
         && source.get("runner_tool_names").and_then(Value::as_array).is_none_or(|n| !n.is_empty());
-    let mode_needed = non_empty_array(Some(&tool_definitions))
-        || non_empty_array(source.get("kernel_tools"))
-        || hooks_declared
-        || runner_imports;
+    let mode_needed = tools_declared || non_empty_array(source.get("kernel_tools")) || hooks_declared || runner_imports;
     approval::validate_mode(source.get("approval_mode"), &field("approval_mode"), mode_needed)?;
     approval::validate_rules(source.get("approval_rules"), &field("approval_rules"))?;
     let variables = template::validate_prompt(

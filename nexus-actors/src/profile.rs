@@ -123,7 +123,7 @@ async fn declare(state: &ProfileState, body: &Value) -> Result<Value, Refusal> {
         .await
         .map_err(internal)?;
     tracing::info!(member = %state.member, "profile declared");
-    Ok(profile_json(&member, Some(&profile)))
+    Ok(profile_json(&member, Some(profile)))
 }
 
 async fn edit_slot(state: &ProfileState, slot: &str, body: &Value) -> Result<Value, Refusal> {
@@ -252,7 +252,7 @@ pub fn named_definition_json(row: &crate::store::NamedDefinitionRow) -> Value {
 /// `{member:{public_id, handle, kind, role, display_name}, credential:{plane, expires_at},
 /// configuration?, measured_at}`. `configuration` appears only for an Agent; until it declares,
 /// every field is null and `tool_definitions` is `[]`.
-pub fn profile_json(member: &MemberRow, profile: Option<&ProfileRow>) -> Value {
+pub fn profile_json(member: &MemberRow, profile: Option<ProfileRow>) -> Value {
     let mut body = json!({
         "member": {
             "public_id": member.public_id,
@@ -265,7 +265,9 @@ pub fn profile_json(member: &MemberRow, profile: Option<&ProfileRow>) -> Value {
         "measured_at": now_ms(),
     });
     if member.kind == "agent" {
-        let configuration = profile.and_then(|p| p.configuration.clone()).unwrap_or_else(|| {
+        let mut row = profile.unwrap_or_default();
+        // Moved, not copied: the configuration may be a megabyte.
+        let configuration = row.configuration.take().unwrap_or_else(|| {
             let mut empty = serde_json::Map::new();
             for field in CONFIGURATION_FIELDS {
                 empty.insert(field.to_owned(), Value::Null);
@@ -278,8 +280,6 @@ pub fn profile_json(member: &MemberRow, profile: Option<&ProfileRow>) -> Value {
             Some(doc) => json!({"content": doc["content"], "role": doc["role"], "version": version}),
             None => Value::Null,
         };
-        let default = ProfileRow::default();
-        let row = profile.unwrap_or(&default);
         body["configuration"] = configuration;
         body["prompt_documents"] = json!({
             "system_prompt": slot(row.system_prompt.as_ref(), row.system_prompt_version),

@@ -539,19 +539,30 @@ impl Store {
         system_prompt: Option<&Value>,
         summarizer: Option<&Value>,
     ) -> StoreResult<ProfileRow> {
-        sqlx::query(
+        let declared_at = now_ms();
+        // The new versions come back from the write itself: no read-back of the (up to 1 MiB)
+        // configuration that was just written.
+        let versions = sqlx::query(
             "UPDATE profiles SET configuration = $1, system_prompt = $2, summarizer = $3, \
              system_prompt_version = system_prompt_version + 1, summarizer_version = summarizer_version + 1, \
-             declared_at = $4 WHERE member_public_id = $5",
+             declared_at = $4 WHERE member_public_id = $5 RETURNING system_prompt_version, summarizer_version",
         )
-        .bind(configuration.to_string())
+        .bind(serde_json::to_string(configuration)?)
         .bind(system_prompt.map(Value::to_string))
         .bind(summarizer.map(Value::to_string))
-        .bind(now_ms())
+        .bind(declared_at)
         .bind(member.to_string())
-        .execute(&self.pool)
-        .await?;
-        self.profile(member).await?.ok_or_else(|| StoreError::Conflict("profile vanished".into()))
+        .fetch_optional(&self.pool)
+        .await?
+        .ok_or_else(|| StoreError::Conflict("profile vanished".into()))?;
+        Ok(ProfileRow {
+            configuration: Some(configuration.clone()),
+            system_prompt: system_prompt.cloned(),
+            system_prompt_version: versions.try_get("system_prompt_version")?,
+            summarizer: summarizer.cloned(),
+            summarizer_version: versions.try_get("summarizer_version")?,
+            declared_at: Some(declared_at),
+        })
     }
 
     /// Rewrites one prompt-document slot (`system_prompt` or `summarizer`) and advances its

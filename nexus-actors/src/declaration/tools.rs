@@ -141,12 +141,37 @@ pub fn canonical_tool_definitions_at(field: &str, value: Option<&Value>) -> Resu
         }
         stored.push(entry.clone());
     }
-    stored.sort_by_cached_key(|entry| (entry_name(entry).unwrap_or_default().to_owned(), entry.to_string()));
+    // Sort key `[name, entry.to_json]`: names are unique by now, so the JSON text only breaks ties
+    // that cannot occur; compare it lazily rather than serializing every entry.
+    stored.sort_by(|a, b| {
+        entry_name(a)
+            .unwrap_or_default()
+            .cmp(entry_name(b).unwrap_or_default())
+            .then_with(|| a.to_string().cmp(&b.to_string()))
+    });
     let canonical = Value::Array(stored);
-    if canonical.to_string().len() > TOOL_DEFINITIONS_BOUND {
+    if json_len(&canonical) > TOOL_DEFINITIONS_BOUND {
         return Err(invalid(field, "tool_definitions_bound: over 1048576 bytes of canonical JSON"));
     }
     Ok(canonical)
+}
+
+/// The length of a value's compact JSON text, in bytes, without building the text.
+pub fn json_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a `Value` to an in-memory sink cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 /// A plain entry on a kernel name: equal (ignoring `defer_loading`, flat or nested) to the
