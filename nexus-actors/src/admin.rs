@@ -57,10 +57,28 @@ pub async fn create_member(store: &Store, kind: MemberKind, handle: &str) -> Res
         kind: kind.as_str().to_owned(),
         handle: handle.to_owned(),
         display_name: handle.to_owned(),
+        status: "active".to_owned(),
     };
     let (token, credential) = mint(Plane::Member, member.public_id);
     store.create_member(&member, &credential).await.map_err(store_refusal)?;
     Ok(json!({"public_id": member.public_id, "kind": member.kind, "handle": member.handle, "token": token}))
+}
+
+/// Suspends or reinstates a member (`active` or `suspended`). A suspended Agent keeps its
+/// credentials but its declaration doors answer 403 `not_authorized`.
+///
+/// Returns `{"public_id", "status"}`.
+///
+/// # Errors
+/// 404 `not_found` for an unknown member; 422 `validation_failed` for another status.
+pub async fn set_member_status(store: &Store, member: Uuid, status: &str) -> Result<Value, Refusal> {
+    if !matches!(status, "active" | "suspended") {
+        return Err(Refusal::new(ErrorCode::ValidationFailed, "status: must be active or suspended"));
+    }
+    if !store.set_member_status(member, status).await.map_err(store_refusal)? {
+        return Err(Refusal::new(ErrorCode::NotFound, format!("no member {member}")));
+    }
+    Ok(json!({"public_id": member, "status": status}))
 }
 
 /// Pairs a runner again (REFERENCE.md 6.1, "Re-pairing keeps the same public_id and bumps

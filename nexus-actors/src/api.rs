@@ -12,6 +12,7 @@ use uuid::Uuid;
 use nexus_proto::{ErrorCode, Refusal};
 
 use crate::auth::{Plane, authenticate};
+use crate::declaration::tools::RunnerSelection;
 use crate::declaration::validate_configuration;
 use crate::execution::{ExecutionMsg, run_status_is_quiescent};
 use crate::profile::{ProfileMsg, profile_json};
@@ -340,7 +341,8 @@ impl Api {
         fields.insert("approval_mode".into(), json!("bypass"));
         let configuration = validate_configuration(&fields, &|_| Ok(()))?;
         let runners = crate::execution::runner_facts(&self.fabric.store, &configuration).await?;
-        let frozen = crate::declaration::freeze(&configuration, None, selected, &runners, None)?;
+        let selection = selected.map_or(RunnerSelection::NoRunner, RunnerSelection::Named);
+        let frozen = crate::declaration::freeze(&configuration, None, selection, &runners, None)?;
         let executors: Vec<Value> = runners
             .iter()
             .map(|r| json!({"runner_executor_public_id": r.public_id, "display_name": r.display_name, "environment": r.announcement["environment"]}))

@@ -22,6 +22,7 @@ use uuid::Uuid;
 
 use nexus_proto::{ErrorCode, Refusal};
 
+use crate::declaration::tools::RunnerSelection;
 use crate::declaration::{FrozenDeclaration, RunnerFacts, freeze, validate_execution_declaration, wire_projection};
 use crate::executor::ExecutorMsg;
 use crate::executor::commit::model_text;
@@ -340,11 +341,16 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
     let runners = runner_facts(store, &configuration).await.map_err(|r| r.message)?;
     let tool_names: Option<Vec<String>> =
         input.tool_names.as_ref().and_then(|v| serde_json::from_value(v.clone()).ok());
-    let frozen =
-        match freeze(&configuration, system_prompt, input.runner_executor_public_id, &runners, tool_names.as_deref()) {
-            Ok(frozen) => frozen,
-            Err(refusal) => return end_refused(state, &refusal).await,
-        };
+    let frozen = match freeze(
+        &configuration,
+        system_prompt,
+        RunnerSelection::or_first_eligible(input.runner_executor_public_id),
+        &runners,
+        tool_names.as_deref(),
+    ) {
+        Ok(frozen) => frozen,
+        Err(refusal) => return end_refused(state, &refusal).await,
+    };
     if frozen.default_model.is_none() {
         let refusal = Refusal::new(ErrorCode::ValidationFailed, "default_model: the declaration names no model to run");
         return end_refused(state, &refusal).await;

@@ -103,6 +103,23 @@ enum MemberCommand {
         #[arg(long)]
         handle: String,
     },
+    /// Suspend an Agent: it keeps its credentials, but its declaration doors answer 403
+    /// not_authorized. Prints {public_id, status}.
+    Suspend {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The member's UUID.
+        #[arg(long)]
+        member_id: uuid::Uuid,
+    },
+    /// Reinstate a suspended member. Prints {public_id, status}.
+    Reinstate {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The member's UUID.
+        #[arg(long)]
+        member_id: uuid::Uuid,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -211,6 +228,14 @@ async fn main() -> anyhow::Result<()> {
                 AdminCommand::Runner { command: RunnerCommand::Create { store, name } } => {
                     let store = open_existing(store).await?;
                     create_runner(&store, &name).await
+                }
+                AdminCommand::Member { command: MemberCommand::Suspend { store, member_id } } => {
+                    let store = open_existing(store).await?;
+                    nexus_actors::admin::set_member_status(&store, member_id, "suspended").await
+                }
+                AdminCommand::Member { command: MemberCommand::Reinstate { store, member_id } } => {
+                    let store = open_existing(store).await?;
+                    nexus_actors::admin::set_member_status(&store, member_id, "active").await
                 }
                 AdminCommand::Runner { command: RunnerCommand::Repair { store, runner_id } } => {
                     let store = open_existing(store).await?;

@@ -104,6 +104,13 @@ async fn agent_member(state: &ProfileState, refusal: &str) -> Result<MemberRow, 
     if member.kind != "agent" {
         return Err(Refusal::new(ErrorCode::NotAgent, refusal));
     }
+    // Eligibility is judged when the declaration lock is held, here in the Agent's own actor.
+    if member.status != "active" {
+        return Err(Refusal::new(
+            ErrorCode::NotAuthorized,
+            "this Agent is suspended and may not declare; ask an operator to reinstate it",
+        ));
+    }
     Ok(member)
 }
 
@@ -128,6 +135,7 @@ async fn declare(state: &ProfileState, body: &Value) -> Result<Value, Refusal> {
 
 async fn edit_slot(state: &ProfileState, slot: &str, body: &Value) -> Result<Value, Refusal> {
     let store = &state.fabric.store;
+    agent_member(state, "only an Agent member has prompt documents").await?;
     let profile = store
         .profile(state.member)
         .await

@@ -23,7 +23,6 @@ use crate::admin::{MemberKind, create_member, create_runner};
 use crate::api::{Caller, CreateInput};
 use crate::config::ServerConfig;
 use crate::model::{ModelRegistry, Script};
-use crate::store::MemberRow;
 
 /// The display name of the quickstart's runner.
 pub const RUNNER_NAME: &str = "quickstart-runner";
@@ -148,16 +147,10 @@ async fn drive(
 
     let result = async {
         wait_for_announcement(server, &runner_id, &mut child, options.timeout).await?;
-        let member_id = Uuid::parse_str(agent["public_id"].as_str().unwrap_or_default())
-            .map_err(|e| step("read the agent id")(e.to_string()))?;
-        let caller = Caller {
-            member: MemberRow {
-                public_id: member_id,
-                kind: "agent".into(),
-                handle: "quickstart".into(),
-                display_name: "quickstart".into(),
-            },
-        };
+        let caller = api
+            .member(agent["token"].as_str().unwrap_or_default())
+            .await
+            .map_err(|r| step("authenticate the agent")(r.message))?;
         let declaration = json!({
             "configuration": {
                 "runner_executor_public_ids": [runner_id],

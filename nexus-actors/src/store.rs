@@ -86,6 +86,9 @@ pub struct MemberRow {
     pub handle: String,
     /// Display name.
     pub display_name: String,
+    /// `active`, or `suspended`: a suspended Agent keeps its credentials but is not eligible to
+    /// declare (403 `not_authorized`).
+    pub status: String,
 }
 
 /// A presence change of a runner stream (display only, never a gate).
@@ -485,7 +488,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] on a database failure.
     pub async fn member(&self, public_id: Uuid) -> StoreResult<Option<MemberRow>> {
-        let row = sqlx::query("SELECT public_id, kind, handle, display_name FROM members WHERE public_id = $1")
+        let row = sqlx::query("SELECT public_id, kind, handle, display_name, status FROM members WHERE public_id = $1")
             .bind(public_id.to_string())
             .fetch_optional(&self.pool)
             .await?;
@@ -495,9 +498,23 @@ impl Store {
                 kind: row.try_get("kind")?,
                 handle: row.try_get("handle")?,
                 display_name: row.try_get("display_name")?,
+                status: row.try_get("status")?,
             })
         })
         .transpose()
+    }
+
+    /// Sets a member's standing (`active` or `suspended`). Returns `false` for an unknown member.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn set_member_status(&self, public_id: Uuid, status: &str) -> StoreResult<bool> {
+        let done = sqlx::query("UPDATE members SET status = $1 WHERE public_id = $2")
+            .bind(status)
+            .bind(public_id.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     // ---- profiles ------------------------------------------------------------------------------

@@ -8,8 +8,6 @@
 //! through the in-process API, the door the HTTP and gRPC edges share.
 //!
 //! Requirements no door can observe yet, so no test asserts them:
-//! - R9 `not_authorized`: nothing makes an Agent ineligible between authentication and the
-//!   declaration lock (see `spec000_every_word_and_status`).
 //! - R36's intersection and R38's freezing of memory bindings, Speaker and reach: there are no
 //!   memory doors or memory tools in-process, so the effective context is invisible (R36 checks
 //!   the stored limit instead).
@@ -2321,9 +2319,7 @@ async fn spec000_every_word_and_status() {
     let anonymous = Http::new(&server.url(), None);
     let person = Http::new(&server.url(), Some(&human.token));
     let good = json!({"configuration": {}});
-    // 403 not_authorized ("the Agent is no longer eligible when its declaration lock is acquired")
-    // has no reachable trigger: no door revokes or suspends an Agent between authentication and
-    // the ProfileActor's write.
+    // 403 not_authorized is pinned by `r09_a_suspended_agent_is_not_authorized_at_the_lock`.
     let rows: Vec<(&str, &Http, Value, u16, Option<&str>)> = vec![
         ("200: declared", &http, good.clone(), 200, None),
         ("400: bad root", &http, json!({"configuration": []}), 400, Some("parameter_missing")),
@@ -2387,4 +2383,25 @@ async fn spec000_every_word_and_status() {
     let seconds: u64 =
         limited.retry_after.as_deref().and_then(|s| s.parse().ok()).expect("Retry-After in whole seconds");
     assert!((1..=60).contains(&seconds), "{seconds}");
+}
+
+#[tokio::test]
+async fn r09_a_suspended_agent_is_not_authorized_at_the_lock() {
+    let d = door().await;
+    d.seed().await;
+    let before = d.snapshot().await;
+    // The operator suspends the Agent: its credential still authenticates, but it is no longer
+    // eligible when the ProfileActor takes the declaration lock.
+    nexus_actors::admin::set_member_status(d.server.store(), d.agent.id, "suspended").await.expect("suspended");
+    let answer = d.http.declare(&json!({"configuration": {}})).await;
+    assert_eq!((answer.status, answer.code()), (403, Some("not_authorized")), "{:?}", answer.body);
+    let slot = d.http.put("/agent_api/v1/profile/prompt_documents/system_prompt", &json!({"content": "x"})).await;
+    assert_eq!((slot.status, slot.code()), (403, Some("not_authorized")));
+    let definition = json!({"scope": "instance", "description": "d", "configuration": {}});
+    let named = d.http.put("/agent_api/v1/profile/agents/helper", &definition).await;
+    assert_eq!((named.status, named.code()), (403, Some("not_authorized")));
+    assert_eq!(d.snapshot().await.0, before.0, "nothing changed");
+    assert_eq!(d.http.profile().await.status, 200, "reading stays open");
+    nexus_actors::admin::set_member_status(d.server.store(), d.agent.id, "active").await.expect("reinstated");
+    assert_eq!(d.http.declare(&json!({"configuration": {}})).await.status, 200);
 }

@@ -440,16 +440,40 @@ pub fn qualified_name(runner: Uuid, served: &str) -> String {
 /// `{runner_executor_public_id, display_name, environment}`.
 pub type Assembly = (Vec<FrozenTool>, Option<Uuid>, Vec<Value>);
 
+/// Which Runner an assembly imports from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunnerSelection {
+    /// This Runner: it must be a declared candidate and eligible.
+    Named(Uuid),
+    /// No Runner: no Runner tools are imported (the preview's explicit `null`).
+    NoRunner,
+    /// The host's convenience default for an input that names none: the first eligible candidate
+    /// in declaration order, or no Runner when none is eligible.
+    FirstEligible,
+}
+
+impl RunnerSelection {
+    /// `Named` for `Some`, the convenience default for `None`.
+    pub fn or_first_eligible(id: Option<Uuid>) -> Self {
+        id.map_or(RunnerSelection::FirstEligible, RunnerSelection::Named)
+    }
+}
+
 /// Assembles the tool set of a configuration (canonical form) for the selected Runner.
 ///
 /// `runners` holds the facts of every runner the configuration names (candidates and explicit
-/// route targets) that exists; `selected` is the input's choice, else the first candidate.
+/// route targets) that exists. Only the selected Runner contributes imports; an ineligible named
+/// Runner is refused, never silently replaced (REFERENCE.md 8).
 ///
 /// # Errors
 /// 422 `runner_not_declared` (selected runner not a candidate), `runner_not_eligible`,
 /// `tool_not_served` (an explicit route to a tool its target does not serve) and
 /// `validation_failed` (`duplicate_tool_name` that remains after qualification).
-pub fn assemble(configuration: &Value, selected: Option<Uuid>, runners: &[RunnerFacts]) -> Result<Assembly, Refusal> {
+pub fn assemble(
+    configuration: &Value,
+    selection: RunnerSelection,
+    runners: &[RunnerFacts],
+) -> Result<Assembly, Refusal> {
     let candidates: Vec<Uuid> = configuration["runner_executor_public_ids"]
         .as_array()
         .into_iter()
@@ -457,15 +481,18 @@ pub fn assemble(configuration: &Value, selected: Option<Uuid>, runners: &[Runner
         .filter_map(|v| v.as_str().and_then(|s| Uuid::parse_str(s).ok()))
         .collect();
     let facts_of = |id: Uuid| runners.iter().find(|r| r.public_id == id);
-    let selected = match selected {
-        Some(id) if !candidates.contains(&id) => {
+    let selected = match selection {
+        RunnerSelection::Named(id) if !candidates.contains(&id) => {
             return Err(Refusal::new(
                 ErrorCode::RunnerNotDeclared,
                 format!("runner {id} is not among the declaration's runner_executor_public_ids"),
             ));
         }
-        Some(id) => Some(id),
-        None => candidates.first().copied(),
+        RunnerSelection::Named(id) => Some(id),
+        RunnerSelection::NoRunner => None,
+        RunnerSelection::FirstEligible => {
+            candidates.iter().copied().find(|id| facts_of(*id).is_some_and(|f| f.eligible))
+        }
     };
     if let Some(id) = selected
         && !facts_of(id).is_some_and(|f| f.eligible)
@@ -619,11 +646,11 @@ pub fn narrow(tools: Vec<FrozenTool>, tool_names: Option<&[String]>) -> Result<V
 pub fn freeze(
     configuration: &Value,
     system_prompt: Option<Value>,
-    selected: Option<Uuid>,
+    selection: RunnerSelection,
     runners: &[RunnerFacts],
     tool_names: Option<&[String]>,
 ) -> Result<FrozenDeclaration, Refusal> {
-    let (tools, selected, runner_candidates) = assemble(configuration, selected, runners)?;
+    let (tools, selected, runner_candidates) = assemble(configuration, selection, runners)?;
     let tools = narrow(tools, tool_names)?;
     let strings = |v: &Value| -> Vec<String> {
         v.as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect()
@@ -766,7 +793,7 @@ mod tests {
     }
 
     fn frozen_tools(cfg: Value, runners: &[RunnerFacts]) -> Vec<FrozenTool> {
-        freeze(&config(cfg), None, None, runners, None).expect("frozen").tools
+        freeze(&config(cfg), None, RunnerSelection::FirstEligible, runners, None).expect("frozen").tools
     }
 
     /// One row per refusal, each named after its requirement: (row, list, path, word).
@@ -1252,7 +1279,7 @@ mod tests {
         let cfg = config(
             json!({"runner_executor_public_ids": [id], "runner_tool_names": ["bash", "logs"], "approval_mode": "bypass"}),
         );
-        let frozen = freeze(&cfg, None, None, &[facts], None).expect("frozen");
+        let frozen = freeze(&cfg, None, RunnerSelection::FirstEligible, &[facts], None).expect("frozen");
         assert_eq!(frozen.tools.len(), 1, "read_file is not allowed and logs is invisible");
         assert_eq!(frozen.tools[0].name, "bash");
         assert_eq!(frozen.tools[0].definition["defer_loading"], json!(true));
@@ -1313,17 +1340,51 @@ mod tests {
         let other = Uuid::new_v4();
         let cfg = config(json!({"runner_executor_public_ids": [id], "approval_mode": "bypass"}));
         let code = |r: Result<FrozenDeclaration, Refusal>| r.expect_err("refused").code;
-        assert_eq!(code(freeze(&cfg, None, Some(other), &[runner(id, json!([]))], None)), "runner_not_declared");
+        assert_eq!(
+            code(freeze(&cfg, None, RunnerSelection::Named(other), &[runner(id, json!([]))], None)),
+            "runner_not_declared"
+        );
         let mut revoked = runner(id, json!([]));
         revoked.eligible = false;
-        assert_eq!(code(freeze(&cfg, None, None, &[revoked], None)), "runner_not_eligible");
+        assert_eq!(code(freeze(&cfg, None, RunnerSelection::Named(id), &[revoked], None)), "runner_not_eligible");
         assert_eq!(
-            code(freeze(&cfg, None, None, &[runner(id, json!([visible("bash")]))], Some(&["nope".to_owned()]))),
+            code(freeze(
+                &cfg,
+                None,
+                RunnerSelection::FirstEligible,
+                &[runner(id, json!([visible("bash")]))],
+                Some(&["nope".to_owned()])
+            )),
             "tool_not_declared"
         );
         let routed = config(json!({"approval_mode": "bypass", "tool_definitions": [
             {"type":"function","function":{"name":"deploy"},"route":{"kind":"runner","runner_executor_public_id": id, "tool_name": "deploy"}}
         ]}));
-        assert_eq!(code(freeze(&routed, None, None, &[runner(id, json!([visible("bash")]))], None)), "tool_not_served");
+        assert_eq!(
+            code(freeze(&routed, None, RunnerSelection::FirstEligible, &[runner(id, json!([visible("bash")]))], None)),
+            "tool_not_served"
+        );
+    }
+
+    #[test]
+    fn selection_first_eligible_named_and_none() {
+        let gone = Uuid::new_v4();
+        let here = Uuid::new_v4();
+        let cfg = config(json!({"runner_executor_public_ids": [gone, here], "approval_mode": "bypass"}));
+        let mut revoked = runner(gone, json!([visible("old")]));
+        revoked.eligible = false;
+        let runners = [revoked, runner(here, json!([visible("bash")]))];
+        // The convenience default skips an ineligible first candidate.
+        let frozen = freeze(&cfg, None, RunnerSelection::FirstEligible, &runners, None).expect("frozen");
+        assert_eq!(frozen.default_runner_executor_public_id, Some(here));
+        assert_eq!(frozen.tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["bash"]);
+        // An explicit null imports no Runner tools at all.
+        let none = freeze(&cfg, None, RunnerSelection::NoRunner, &runners, None).expect("frozen");
+        assert_eq!(none.default_runner_executor_public_id, None);
+        assert!(none.tools.is_empty());
+        assert_eq!(none.runner_candidates.len(), 2, "the candidates are still reported");
+        // A named ineligible runner is refused, never replaced.
+        let refused = freeze(&cfg, None, RunnerSelection::Named(gone), &runners, None).expect_err("refused");
+        assert_eq!(refused.code, "runner_not_eligible");
     }
 }
