@@ -149,7 +149,13 @@ impl Refusal {
     /// in the `nexus-error-code` metadata entry.
     pub fn to_status(&self) -> tonic::Status {
         let grpc = self.error_code().map_or(tonic::Code::Unknown, ErrorCode::grpc_code);
-        let mut status = tonic::Status::new(grpc, format!("{}: {}", self.code, self.message));
+        // The word leads the message for generic clients, unless the message already names it.
+        let message = if self.message.contains(self.code.as_str()) {
+            self.message.clone()
+        } else {
+            format!("{}: {}", self.code, self.message)
+        };
+        let mut status = tonic::Status::new(grpc, message);
         if let Ok(value) = self.code.parse() {
             status.metadata_mut().insert("nexus-error-code", value);
         }
@@ -199,5 +205,7 @@ mod tests {
         assert_eq!(back, refusal, "the word, the message and no retry hint survive");
         let limited = Refusal::rate_limited(7);
         assert_eq!(Refusal::from_status(&limited.to_status()).retry_after, Some(7));
+        let named = Refusal::new(ErrorCode::ValidationFailed, "configuration.x: validation_failed: y");
+        assert_eq!(named.to_status().message(), "configuration.x: validation_failed: y", "the word is not repeated");
     }
 }
