@@ -126,14 +126,25 @@ impl Actor for ExecutionActor {
                 _ => None,
             })
             .collect();
-        let pending = store
-            .tasks_of(args.public_id)
+        let tasks = store.tasks_of(args.public_id).await?;
+        // A task settles in its executor first and is narrated here after; a crash between the
+        // two leaves a settled task with no `task_status` event. Recovery writes what is missing,
+        // so every settlement reaches the feed exactly once.
+        let narrated: HashSet<String> = store
+            .events_after(args.public_id, 0, i64::MAX)
             .await?
+            .into_iter()
+            .filter(|e| e.event_type == "task_status" && e.data["status"].as_str().is_some_and(task_status_is_settled))
+            .filter_map(|e| e.data["task_key"].as_str().map(str::to_owned))
+            .collect();
+        let unnarrated: Vec<TaskRow> =
+            tasks.iter().filter(|t| t.is_settled() && !narrated.contains(&t.task_key)).cloned().collect();
+        let pending = tasks
             .into_iter()
             .filter(|t| t.round == row.round && !answered.contains(t.tool_call_id.as_str()))
             .map(|t| (t.task_key.clone(), t))
             .collect();
-        Ok(ExecutionState {
+        let mut state = ExecutionState {
             fabric: args.fabric,
             root: args.root,
             row,
@@ -143,14 +154,21 @@ impl Actor for ExecutionActor {
             events: Vec::new(),
             model_call: None,
             model_index: 0,
-        })
+        };
+        for task in &unnarrated {
+            emit(&mut state, "task_status", task_status_data(task));
+        }
+        Ok(state)
     }
 
     async fn post_start(
         &self,
         myself: ActorRef<ExecutionMsg>,
-        _state: &mut ExecutionState,
+        state: &mut ExecutionState,
     ) -> Result<(), ActorProcessingErr> {
+        if !state.events.is_empty() {
+            save(state, &[]).await?;
+        }
         myself.cast(ExecutionMsg::Advance)?;
         Ok(())
     }

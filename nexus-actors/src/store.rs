@@ -398,14 +398,9 @@ impl Store {
     /// # Errors
     /// [`StoreError::Conflict`] when the handle is taken.
     pub async fn create_member(&self, member: &MemberRow, credential: &Credential) -> StoreResult<()> {
+        // Write first: a transaction that reads and then writes cannot upgrade its SQLite lock
+        // while another writer commits ("database is locked"), so the UNIQUE index decides.
         let mut tx = self.pool.begin().await?;
-        let taken = sqlx::query("SELECT 1 FROM members WHERE handle = $1")
-            .bind(&member.handle)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if taken.is_some() {
-            return Err(StoreError::Conflict(format!("the handle {} is taken", member.handle)));
-        }
         let now = now_ms();
         sqlx::query(
             "INSERT INTO members (public_id, kind, handle, display_name, created_at) VALUES ($1, $2, $3, $4, $5)",
@@ -418,7 +413,6 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(|e| match e {
-            // Two admins (or nodes) racing past the check above: the UNIQUE index decides.
             sqlx::Error::Database(db) if db.is_unique_violation() => {
                 StoreError::Conflict(format!("the handle {} is taken", member.handle))
             }
@@ -644,29 +638,27 @@ impl Store {
     /// [`StoreError`] on a database failure.
     pub async fn put_named_definition(&self, member: Uuid, definition: &NamedDefinitionRow) -> StoreResult<bool> {
         let now = now_ms();
+        // Write first (replace, else insert): a read-then-write transaction cannot upgrade its
+        // SQLite lock while another writer commits.
         let mut tx = self.pool.begin().await?;
-        let existing = sqlx::query("SELECT 1 FROM named_definitions WHERE member_public_id = $1 AND name = $2")
-            .bind(member.to_string())
-            .bind(&definition.name)
-            .fetch_optional(&mut *tx)
-            .await?;
-        if existing.is_some() {
-            sqlx::query(
-                "UPDATE named_definitions SET identifier = $1, scope = $2, description = $3, configuration = $4, display_name = $5, \
-                 system_prompt = $6, updated_at = $7, deleted_at = NULL WHERE member_public_id = $8 AND name = $9",
-            )
-            .bind(&definition.identifier)
-            .bind(&definition.scope)
-            .bind(&definition.description)
-            .bind(definition.configuration.to_string())
-            .bind(&definition.display_name)
-            .bind(definition.system_prompt.as_ref().map(Value::to_string))
-            .bind(now)
-            .bind(member.to_string())
-            .bind(&definition.name)
-            .execute(&mut *tx)
-            .await?;
-        } else {
+        let replaced = sqlx::query(
+            "UPDATE named_definitions SET identifier = $1, scope = $2, description = $3, configuration = $4, display_name = $5, \
+             system_prompt = $6, updated_at = $7, deleted_at = NULL WHERE member_public_id = $8 AND name = $9",
+        )
+        .bind(&definition.identifier)
+        .bind(&definition.scope)
+        .bind(&definition.description)
+        .bind(definition.configuration.to_string())
+        .bind(&definition.display_name)
+        .bind(definition.system_prompt.as_ref().map(Value::to_string))
+        .bind(now)
+        .bind(member.to_string())
+        .bind(&definition.name)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            > 0;
+        if !replaced {
             sqlx::query(
                 "INSERT INTO named_definitions (member_public_id, name, identifier, scope, description, configuration, \
                  display_name, system_prompt, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
@@ -685,7 +677,7 @@ impl Store {
             .await?;
         }
         tx.commit().await?;
-        Ok(existing.is_none())
+        Ok(!replaced)
     }
 
     /// Deletes a named definition. Returns `false` when there was no live one.

@@ -2,16 +2,21 @@
 //!
 //! Owns: [`TestServer`] (nexus in-process with a temporary data dir and scripted models),
 //! [`RawRunner`] (a scripted fake runner that speaks the stream frame by frame), [`TcpProxy`]
-//! (cuts streams on demand), and helpers to find and start the `runner-agent` binary. Production
-//! code lives elsewhere; nothing here is used by the server.
+//! (cuts, black-holes or delays streams on demand), helpers to find and start the `runner-agent`
+//! and `nexus` binaries ([`processes`]), and the chaos suite's seed, fault plans and observing
+//! runner ([`chaos`]) with the invariants every chaos scenario ends with ([`invariants`]).
+//! Production code lives elsewhere; nothing here is used by the server.
 
+pub mod chaos;
 pub mod http;
+pub mod invariants;
+pub mod processes;
 pub mod proxy;
 pub mod raw_runner;
 pub mod server;
 
 pub use http::{Answer, Http};
-pub use proxy::TcpProxy;
+pub use proxy::{Direction, TcpProxy};
 pub use raw_runner::{RawRunner, Reply};
 pub use server::{
     DEFAULT_TEST_POSTGRES_URL, Minted, TestDatabase, TestServer, nexus_binary, runner_agent_binary, test_store_backend,

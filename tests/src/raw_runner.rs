@@ -151,6 +151,12 @@ impl RawRunner {
         if self.outbound.send(RunnerFrame { request_id, frame: Some(frame) }).await.is_err() {
             return Reply::Lost;
         }
+        // The reader fails every waiter when the stream ends; one registered after that would
+        // otherwise wait out the whole timeout.
+        if self.reader.is_finished() {
+            self.waiters.lock().expect("waiters").remove(&request_id);
+            return Reply::Lost;
+        }
         tokio::time::timeout(Duration::from_secs(10), rx).await.ok().and_then(Result::ok).unwrap_or(Reply::Lost)
     }
 

@@ -129,3 +129,35 @@ async fn an_existing_store_is_required_where_one_is_expected() {
     assert_eq!(existing.fingerprint().await.expect("fingerprint"), fingerprint, "reopening wrote nothing");
     existing.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_beside_a_busy_writer_never_fail_as_locked() {
+    let (store, _config, _dir, _database) = open_store().await;
+    let runner = Uuid::new_v4();
+    let (_, credential) = nexus_actors::auth::mint(nexus_actors::auth::Plane::ExecutorTransport, runner);
+    store.create_executor(runner, "busy", &credential).await.expect("runner");
+    let busy = store.clone();
+    let writer = tokio::spawn(async move {
+        for i in 0..200 {
+            busy.set_announcement(runner, &json!({"tools": [], "environment": {"i": i}, "documents": []}))
+                .await
+                .expect("announce");
+        }
+    });
+    let mut minted = Vec::new();
+    for i in 0..40 {
+        let store = store.clone();
+        minted.push(tokio::spawn(async move {
+            nexus_actors::admin::create_member(&store, nexus_actors::admin::MemberKind::Agent, &format!("agent-{i}"))
+                .await
+        }));
+    }
+    for handle in minted {
+        let member = handle.await.expect("joins");
+        assert!(member.is_ok(), "a write beside a busy writer failed: {member:?}");
+    }
+    writer.await.expect("writer");
+    // A taken handle is still refused by the unique index.
+    let again = nexus_actors::admin::create_member(&store, nexus_actors::admin::MemberKind::Agent, "agent-0").await;
+    assert_eq!(again.map_err(|r| r.code).err().as_deref(), Some("validation_failed"));
+}

@@ -1,0 +1,216 @@
+//! The workspace's binaries as child processes: `nexus serve` on a data dir (killed with SIGKILL
+//! and restarted on the same dir and port), `nexus admin`, and `runner-agent`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use crate::server::{Minted, nexus_binary, runner_agent_binary};
+
+/// A free loopback port, for a server that must come back on the same address after a restart.
+/// (Another process could take it between this call and the bind; on a test machine it does not.)
+pub fn free_loopback_addr() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("local addr")
+}
+
+/// Where a `nexus` child keeps its store: the data dir, and a PostgreSQL URL when the suite runs
+/// on PostgreSQL.
+#[derive(Clone, Debug)]
+pub struct StoreLocation {
+    /// The data dir (always: it holds the lock file, and the SQLite store when there is no URL).
+    pub data_dir: PathBuf,
+    /// `--database-url`, on PostgreSQL.
+    pub database_url: Option<String>,
+}
+
+impl StoreLocation {
+    fn args(&self) -> Vec<String> {
+        let mut args = vec!["--data-dir".to_owned(), self.data_dir.display().to_string()];
+        if let Some(url) = &self.database_url {
+            args.extend(["--database-url".to_owned(), url.clone()]);
+        }
+        args
+    }
+}
+
+/// `nexus serve` as a child process.
+#[derive(Debug)]
+pub struct NexusProcess {
+    child: Child,
+    /// The address it serves.
+    pub addr: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl NexusProcess {
+    /// Starts `nexus serve --config <config> --listen <listen>` on `store` and waits (30 s at
+    /// most) for the log line that names its address.
+    ///
+    /// # Panics
+    /// When it does not start, with its log.
+    pub async fn serve(store: &StoreLocation, listen: SocketAddr, config: &Path) -> NexusProcess {
+        let mut child = Command::new(nexus_binary())
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .arg("--listen")
+            .arg(listen.to_string())
+            .args(store.args())
+            .env("NEXUS_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("nexus serve starts");
+        let stderr = child.stderr.take().expect("stderr");
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (addr_tx, addr_rx) = oneshot::channel();
+        let lines = log.clone();
+        // Drains stderr for the child's whole life, so that a full pipe never blocks it.
+        tokio::spawn(async move {
+            let mut addr_tx = Some(addr_tx);
+            let mut reader = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                if let Some(addr) = line.split("addr=").nth(1).and_then(|rest| rest.split_whitespace().next())
+                    && let Some(tx) = addr_tx.take()
+                {
+                    let _ = tx.send(addr.to_owned());
+                }
+                lines.lock().expect("log").push(line);
+            }
+        });
+        let addr = match tokio::time::timeout(Duration::from_secs(30), addr_rx).await {
+            Ok(Ok(addr)) => addr.parse().expect("the logged address parses"),
+            _ => panic!("nexus serve did not log its address; log:\n{}", log.lock().expect("log").join("\n")),
+        };
+        NexusProcess { child, addr, log }
+    }
+
+    /// `http://<addr>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The log lines so far.
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().expect("log").clone()
+    }
+
+    /// SIGKILL, and reap.
+    pub async fn sigkill(mut self) {
+        self.child.start_kill().expect("SIGKILL nexus");
+        self.child.wait().await.expect("reap nexus");
+    }
+
+    /// SIGTERM (what systemd sends), and wait up to `limit` for the exit.
+    ///
+    /// # Panics
+    /// When it does not exit in time.
+    pub async fn sigterm(mut self, limit: Duration) -> ExitStatus {
+        let pid = self.child.id().expect("a live child has a pid");
+        let sent = Command::new("kill").arg("-TERM").arg(pid.to_string()).status().await.expect("kill runs");
+        assert!(sent.success(), "kill -TERM {pid} failed");
+        match tokio::time::timeout(limit, self.child.wait()).await {
+            Ok(status) => status.expect("reap nexus"),
+            Err(_) => panic!("nexus did not exit within {limit:?} of SIGTERM; log:\n{}", self.log().join("\n")),
+        }
+    }
+}
+
+/// Runs `nexus admin <args>` against `store` and returns its JSON output.
+///
+/// # Panics
+/// When the command fails.
+pub async fn nexus_admin(store: &StoreLocation, args: &[&str]) -> Value {
+    let out = Command::new(nexus_binary())
+        .arg("admin")
+        .args(args)
+        .args(store.args())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("nexus admin runs");
+    assert!(out.status.success(), "nexus admin {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("nexus admin prints JSON")
+}
+
+/// Mints a runner with `nexus admin runner create`.
+pub async fn admin_runner(store: &StoreLocation, name: &str) -> Minted {
+    let value = nexus_admin(store, &["runner", "create", "--name", name]).await;
+    Minted {
+        id: Uuid::parse_str(value["runner_executor_public_id"].as_str().expect("id")).expect("uuid"),
+        token: value["token"].as_str().expect("token").to_owned(),
+    }
+}
+
+/// Mints an Agent member with `nexus admin member create`.
+pub async fn admin_agent(store: &StoreLocation, handle: &str) -> Minted {
+    let value = nexus_admin(store, &["member", "create", "--kind", "agent", "--handle", handle]).await;
+    Minted {
+        id: Uuid::parse_str(value["public_id"].as_str().expect("id")).expect("uuid"),
+        token: value["token"].as_str().expect("token").to_owned(),
+    }
+}
+
+/// How to start one `runner-agent` process.
+#[derive(Clone, Debug)]
+pub struct RunnerAgentProcess {
+    /// `--nexus`.
+    pub nexus_url: String,
+    /// The runner's id and token.
+    pub runner: Minted,
+    /// `--token-file` (written by [`RunnerAgentProcess::spawn`]).
+    pub token_file: PathBuf,
+    /// `--workdir`.
+    pub workdir: PathBuf,
+    /// `--state-dir` (keep it across restarts: it holds the journal).
+    pub state_dir: PathBuf,
+    /// `--tool-timeout-ms`.
+    pub tool_timeout_ms: u64,
+}
+
+impl RunnerAgentProcess {
+    /// Starts the process (killed when the handle drops).
+    ///
+    /// # Panics
+    /// When it cannot start.
+    pub fn spawn(&self) -> Child {
+        std::fs::write(&self.token_file, &self.runner.token).expect("token file");
+        Command::new(runner_agent_binary())
+            .arg("--nexus")
+            .arg(&self.nexus_url)
+            .arg("--runner-id")
+            .arg(self.runner.id.to_string())
+            .arg("--token-file")
+            .arg(&self.token_file)
+            .arg("--workdir")
+            .arg(&self.workdir)
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .arg("--tool-timeout-ms")
+            .arg(self.tool_timeout_ms.to_string())
+            .arg("--log")
+            .arg("error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("runner-agent starts")
+    }
+}
+
+/// SIGKILLs a child and reaps it.
+pub async fn sigkill(child: &mut Child) {
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+}
