@@ -317,7 +317,7 @@ impl Actor for ExecutorActor {
                         claim_status(state, run, &task_key, &claim_token).await
                     }
                     RunnerRequest::Extend { run, task_key, claim_token, timeout_ms } => {
-                        extend_checked(&myself, state, run, task_key, &claim_token, timeout_ms).await
+                        extend(&myself, state, run, task_key, &claim_token, timeout_ms).await
                     }
                     RunnerRequest::Commit { run, task_key, claim_token, body_json } => {
                         commit(state, run, task_key, &claim_token, &body_json).await
@@ -613,20 +613,6 @@ async fn claim_status(state: &ExecutorState, run: Uuid, task_key: &str, token: &
     Ok(Frame::ClaimState(ClaimState { active }))
 }
 
-async fn extend_checked(
-    myself: &ActorRef<ExecutorMsg>,
-    state: &mut ExecutorState,
-    run: Uuid,
-    task_key: String,
-    token: &str,
-    timeout_ms: i64,
-) -> Result<Frame, Refusal> {
-    if !token_current(state, token) {
-        return Err(Refusal::new(ErrorCode::NotClaimant, "this claim was fenced when the runner was paired again"));
-    }
-    extend(myself, state, run, task_key, token, timeout_ms).await
-}
-
 async fn extend(
     myself: &ActorRef<ExecutorMsg>,
     state: &mut ExecutorState,
@@ -636,7 +622,7 @@ async fn extend(
     timeout_ms: i64,
 ) -> Result<Frame, Refusal> {
     let task = find(state, run, &task_key).await?;
-    if !token_matches(&task, token) {
+    if !token_matches(&task, token) || !token_current(state, token) {
         return Err(Refusal::new(ErrorCode::NotClaimant, "this token does not hold the claim"));
     }
     if timeout_ms <= 0 {
