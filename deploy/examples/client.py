@@ -25,9 +25,15 @@ def main() -> int:
     parser.add_argument("--runner-id", required=True, help="runner_executor_public_id to import")
     parser.add_argument("--model", default="scripted/quickstart", help="provider/model")
     parser.add_argument("--text", default="How many lines of Rust are in this repository?")
+    parser.add_argument("--ca", help="PEM CA file: connect over TLS and verify nexus against it")
     args = parser.parse_args()
 
-    channel = grpc.insecure_channel(args.nexus)
+    if args.ca:
+        with open(args.ca, "rb") as ca:
+            credentials = grpc.ssl_channel_credentials(root_certificates=ca.read())
+        channel = grpc.secure_channel(args.nexus, credentials)
+    else:
+        channel = grpc.insecure_channel(args.nexus)
     pool = descriptor_pool.DescriptorPool(ProtoReflectionDescriptorDatabase(channel))
     service = pool.FindServiceByName("nexus.agent.v1.AgentService")
     metadata = [("authorization", f"Bearer {args.token}")]
