@@ -114,12 +114,22 @@ impl Actor for ConnectionActor {
         });
         let interval = args.fabric.config.runner.ping_interval();
         let ticker_target = myself.clone();
+        let mut closing = args.fabric.closing.subscribe();
         let ticker = tokio::spawn(async move {
             let mut ticks = tokio::time::interval_at(Instant::now() + interval, interval);
             loop {
-                ticks.tick().await;
-                if ticker_target.cast(ConnectionMsg::Tick).is_err() {
-                    return;
+                tokio::select! {
+                    _ = ticks.tick() => {
+                        if ticker_target.cast(ConnectionMsg::Tick).is_err() {
+                            return;
+                        }
+                    }
+                    changed = closing.wait_for(|closing| *closing) => {
+                        if changed.is_ok() {
+                            ticker_target.stop(Some("server shutting down".into()));
+                        }
+                        return;
+                    }
                 }
             }
         });

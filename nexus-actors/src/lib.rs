@@ -120,6 +120,9 @@ impl RunningServer {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
+        // Long-lived runner streams would hold the drain open: close them (runners reconnect to
+        // the next server and are offered their inbox again), then let the rest drain.
+        self.api.fabric.closing.send_replace(true);
         let transport = tokio::time::timeout(Duration::from_secs(10), &mut self.transport).await;
         self.api.root.stop();
         match transport {
@@ -161,8 +164,14 @@ pub async fn start_with_models(
         Some(models) => models,
         None => ModelRegistry::new(config.providers.clone(), |name| std::env::var(name).ok())?,
     };
-    let fabric =
-        Arc::new(Fabric { store, config, models, events: EventBus::default(), connections: Default::default() });
+    let fabric = Arc::new(Fabric {
+        store,
+        config,
+        models,
+        events: EventBus::default(),
+        connections: Default::default(),
+        closing: tokio::sync::watch::channel(false).0,
+    });
     let (root_ref, _) = ractor::Actor::spawn(None, RootActor, RootArgs { fabric: fabric.clone() })
         .await
         .map_err(|e| ServeError::Actor(e.to_string()))?;

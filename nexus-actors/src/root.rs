@@ -36,6 +36,9 @@ pub struct Fabric {
     pub events: EventBus,
     /// Live runner streams (ConnectionActors), for the census.
     pub connections: std::sync::atomic::AtomicUsize,
+    /// Turns `true` when the server shuts down: runner streams close first, so the transport's
+    /// drain does not wait on them.
+    pub closing: watch::Sender<bool>,
 }
 
 /// How many actors of each kind are alive: chaos tests check that counts return to baseline.

@@ -1293,7 +1293,7 @@ const SOAK_RUNNERS: usize = 20;
 const SOAK_RUNS: usize = 40;
 const SOAK_ROUNDS: usize = 5;
 const SOAK_CALLS: usize = 10;
-const SOAK_TIMEOUT_MS: u64 = 3_000;
+const SOAK_TIMEOUT_MS: u64 = 10_000;
 
 /// What a soak runner does with one task, drawn from the seed per (run ordinal, task key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -547,3 +547,16 @@ async fn discovery_shows_presence_and_refuses_other_kinds() {
     let transport = nexus_tests::Http::new(&server.url(), Some(&here.token)).get("/agent_api/v1/executors").await;
     assert_eq!((transport.status, transport.code()), (401, Some("unauthorized")));
 }
+
+#[tokio::test]
+async fn shutdown_closes_runner_streams_first() {
+    let server = TestServer::start(&[]).await;
+    let runner = server.runner("runner").await;
+    let (raw, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
+    assert!(hello.code().is_none());
+    assert_eq!(server.server.api.root.census().await.expect("census").connections, 1);
+    let TestServer { server: running, data_dir: _keep, .. } = server;
+    running.shutdown().await.expect("a clean shutdown");
+    // The runner sees its stream end (it would reconnect to the next server).
+    assert_eq!(raw.claim(&Uuid::new_v4().to_string(), "r1t0").await, Reply::Lost);
+}

@@ -1,0 +1,643 @@
+//! The fabric's figures side by side from one run (issue 4, item 7): latency, throughput, memory
+//! and recovery, each beside its target.
+//!
+//! A benchmark, not a test: it prints a table and which targets hold, and it never fails on a
+//! target. `cargo test` does not run it; run it with `cargo bench -p nexus-tests --bench fabric`.
+//!
+//! Knobs (environment):
+//! - `NEXUS_BENCH_POSTGRES_URL`: also measure throughput on PostgreSQL, in a fresh database made
+//!   on that server (e.g. `postgres://root@127.0.0.1:5432/postgres`) and dropped afterwards.
+//! - `NEXUS_BENCH_SECONDS`: the timed throughput window per backend (default 5).
+//! - `NEXUS_BENCH_RECOVERY_TASKS`: open tasks before the restart (default 100,000), spread over
+//!   runners with `NEXUS_BENCH_RECOVERY_PER_RUNNER` each (default 500, one execution per runner).
+//!   A runner's stream offers all its unclaimed open tasks on attach into an outbound buffer of
+//!   1,024 frames, so more than that on one runner drops its stream instead of taking claims.
+//! - `NEXUS_BENCH_IDLE_RUNNERS` / `NEXUS_BENCH_IDLE_EXECUTIONS`: how many idle runners (default
+//!   1,000) and idle executions (default 1,000) the memory figures divide by.
+//!
+//! Everything runs in this one process: the server, its store, and the fake runners (a lean
+//! state machine on the runner stream: claim on `work_available`, commit on the grant, at most
+//! `slots` tasks in flight). Memory figures are the process's VmRSS delta, so they include the
+//! client half of each connection and the store's cache growth: an upper bound on the server's
+//! cost.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+use serde_json::{Value, json};
+use sqlx::{Connection, Executor, PgConnection};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, mpsc};
+use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
+use tonic::transport::Endpoint;
+use uuid::Uuid;
+
+use nexus_actors::api::{Caller, CreateInput};
+use nexus_proto::runner::v1::runner_service_client::RunnerServiceClient;
+use nexus_proto::runner::v1::runner_service_server::{RunnerService, RunnerServiceServer};
+use nexus_proto::runner::v1::{
+    Announce, Claim, Commit, Hello, NexusFrame, Ping, Pong, RunnerFrame, nexus_frame, runner_frame,
+};
+use nexus_tests::{Minted, RawRunner, TestServer};
+
+/// Sequential samples for each latency row.
+const ECHO_SAMPLES: usize = 2_000;
+const FSYNC_SAMPLES: usize = 2_000;
+const FABRIC_SAMPLES: usize = 300;
+const RUNNERS: usize = 64;
+const SLOTS: usize = 8;
+/// Tool calls each throughput execution fans out in its one tool round.
+const FAN_OUT: usize = 8;
+/// Calls admitted but not yet settled, per runner, that the throughput driver keeps.
+const WINDOW: u64 = 32;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn noop_tool(timeout_ms: u64) -> Value {
+    json!({"name": "noop", "description": "Does nothing.", "input_schema": {"type": "object"},
+           "effect_profile": {"kind": "read_only", "destructive": false, "effect_scope": "closed",
+                              "idempotency": "intrinsic", "reconciliation": "none"},
+           "timeout_ms": timeout_ms})
+}
+
+fn fan_script(calls: usize) -> Value {
+    let calls: Vec<Value> = (0..calls).map(|i| json!({"id": format!("c{i}"), "name": "noop"})).collect();
+    json!({"rounds": [{"tool_calls": calls}, {"final": "done"}]})
+}
+
+fn scripts() -> Vec<(&'static str, Value)> {
+    vec![("one", fan_script(1)), ("fan", fan_script(FAN_OUT))]
+}
+
+fn rss_kib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// `(p50, p99)` in microseconds.
+fn p50_p99(mut samples: Vec<Duration>) -> (f64, f64) {
+    samples.sort_unstable();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    (us(percentile(&samples, 0.50)), us(percentile(&samples, 0.99)))
+}
+
+// ---- a raw tonic bidi echo ---------------------------------------------------------------------
+
+struct Echo;
+
+type EchoStream = Pin<Box<dyn Stream<Item = Result<NexusFrame, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl RunnerService for Echo {
+    type ConnectStream = EchoStream;
+
+    async fn connect(
+        &self,
+        request: tonic::Request<tonic::Streaming<RunnerFrame>>,
+    ) -> Result<tonic::Response<EchoStream>, tonic::Status> {
+        let inbound = request.into_inner();
+        let outbound = inbound.map(|frame| {
+            frame.map(|f| {
+                let nonce = match f.frame {
+                    Some(runner_frame::Frame::Pong(p)) => p.nonce,
+                    _ => 0,
+                };
+                NexusFrame { request_id: f.request_id, frame: Some(nexus_frame::Frame::Ping(Ping { nonce })) }
+            })
+        });
+        Ok(tonic::Response::new(Box::pin(outbound)))
+    }
+}
+
+async fn echo_latency() -> Vec<Duration> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let incoming = TcpListenerStream::new(listener).map(|socket| {
+        if let Ok(socket) = &socket {
+            let _ = socket.set_nodelay(true);
+        }
+        socket
+    });
+    let server = tokio::spawn(
+        tonic::transport::Server::builder().add_service(RunnerServiceServer::new(Echo)).serve_with_incoming(incoming),
+    );
+    let channel = Endpoint::from_shared(format!("http://{addr}")).expect("url").connect().await.expect("connect");
+    let mut client = RunnerServiceClient::new(channel);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut inbound = client.connect(UnboundedReceiverStream::new(rx)).await.expect("stream").into_inner();
+    let mut samples = Vec::with_capacity(ECHO_SAMPLES);
+    for i in 0..(ECHO_SAMPLES + 200) {
+        let nonce = i as u64;
+        let started = Instant::now();
+        let frame = RunnerFrame { request_id: nonce + 1, frame: Some(runner_frame::Frame::Pong(Pong { nonce })) };
+        tx.send(frame).expect("send");
+        let reply = inbound.message().await.expect("echo").expect("frame");
+        assert_eq!(reply.request_id, nonce + 1);
+        if i >= 200 {
+            samples.push(started.elapsed());
+        }
+    }
+    drop(tx);
+    server.abort();
+    samples
+}
+
+// ---- fdatasync of a 512 B append on the data disk ----------------------------------------------
+
+fn fsync_latency(dir: &std::path::Path) -> Vec<Duration> {
+    let path = dir.join("fsync-probe");
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("probe file");
+    let block = [0x5a_u8; 512];
+    let mut samples = Vec::with_capacity(FSYNC_SAMPLES);
+    for i in 0..(FSYNC_SAMPLES + 50) {
+        let started = Instant::now();
+        file.write_all(&block).expect("append");
+        file.sync_data().expect("fdatasync");
+        if i >= 50 {
+            samples.push(started.elapsed());
+        }
+    }
+    let _ = std::fs::remove_file(path);
+    samples
+}
+
+// ---- a lean fake runner ------------------------------------------------------------------------
+
+/// Counters a [`FastRunner`] shares with the driver.
+#[derive(Default)]
+struct Counters {
+    /// `work_available` pushes received.
+    received: AtomicU64,
+    /// Commits answered `committed` (settled and durable).
+    settled: AtomicU64,
+    /// Claims or commits refused.
+    refused: AtomicU64,
+    /// Push-to-committed times, when recording.
+    latencies: Mutex<Vec<Duration>>,
+    /// Signalled on each settle.
+    notify: Notify,
+}
+
+/// A runner stream driven by a state machine in its reader task: claim on each push (at most
+/// `slots` tasks in flight; with 0 slots it only counts pushes), commit on each grant.
+struct FastRunner {
+    counters: Arc<Counters>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FastRunner {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+enum Stage {
+    Claim { run: String, key: String, at: Instant },
+    Commit { at: Instant },
+}
+
+impl FastRunner {
+    async fn connect(url: &str, runner: &Minted, tool: &Value, slots: usize, record: bool) -> FastRunner {
+        let channel = Endpoint::from_shared(url.to_owned()).expect("url").connect().await.expect("connect");
+        let mut client = RunnerServiceClient::new(channel);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let hello = Hello {
+            executor_public_id: runner.id.to_string(),
+            credential: runner.token.clone(),
+            protocol_version: nexus_proto::RUNNER_PROTOCOL_VERSION,
+        };
+        tx.send(RunnerFrame { request_id: 1, frame: Some(runner_frame::Frame::Hello(hello)) }).expect("hello");
+        let mut inbound = client.connect(UnboundedReceiverStream::new(rx)).await.expect("stream").into_inner();
+        let welcome = inbound.message().await.expect("welcome").expect("frame");
+        assert!(matches!(welcome.frame, Some(nexus_frame::Frame::Welcome(_))), "{welcome:?}");
+        let announce = Announce { body_json: json!({"tools": [tool]}).to_string() };
+        tx.send(RunnerFrame { request_id: 2, frame: Some(runner_frame::Frame::Announce(announce)) }).expect("announce");
+        loop {
+            let frame = inbound.message().await.expect("announced").expect("frame");
+            if frame.request_id == 2 {
+                assert!(matches!(frame.frame, Some(nexus_frame::Frame::Announced(_))), "{frame:?}");
+                break;
+            }
+        }
+        let counters = Arc::new(Counters::default());
+        let shared = counters.clone();
+        let reader = tokio::spawn(async move {
+            let mut next_id = 3_u64;
+            let mut queue: VecDeque<(String, String, Instant)> = VecDeque::new();
+            let mut inflight: HashMap<u64, Stage> = HashMap::new();
+            while let Ok(Some(frame)) = inbound.message().await {
+                let Some(body) = frame.frame else { continue };
+                match (frame.request_id, body) {
+                    (0, nexus_frame::Frame::Ping(ping)) => {
+                        let pong = runner_frame::Frame::Pong(Pong { nonce: ping.nonce });
+                        let _ = tx.send(RunnerFrame { request_id: 0, frame: Some(pong) });
+                    }
+                    (0, nexus_frame::Frame::WorkAvailable(work)) => {
+                        shared.received.fetch_add(1, Ordering::Relaxed);
+                        if slots > 0 {
+                            queue.push_back((work.run_public_id, work.task_key, Instant::now()));
+                        }
+                    }
+                    (0, _) => {}
+                    (id, body) => match (inflight.remove(&id), body) {
+                        (Some(Stage::Claim { run, key, at }), nexus_frame::Frame::ClaimGranted(grant)) => {
+                            let commit = Commit {
+                                run_public_id: run,
+                                task_key: key,
+                                claim_token: grant.claim_token,
+                                body_json: r#"{"content":"ok"}"#.to_owned(),
+                            };
+                            let id = next_id;
+                            next_id += 1;
+                            inflight.insert(id, Stage::Commit { at });
+                            let _ = tx
+                                .send(RunnerFrame { request_id: id, frame: Some(runner_frame::Frame::Commit(commit)) });
+                        }
+                        (Some(Stage::Commit { at }), nexus_frame::Frame::Committed(_)) => {
+                            if record {
+                                shared.latencies.lock().expect("latencies").push(at.elapsed());
+                            }
+                            shared.settled.fetch_add(1, Ordering::Relaxed);
+                            shared.notify.notify_one();
+                        }
+                        (Some(_), _) => {
+                            shared.refused.fetch_add(1, Ordering::Relaxed);
+                            shared.notify.notify_one();
+                        }
+                        (None, _) => {}
+                    },
+                }
+                while inflight.len() < slots {
+                    let Some((run, key, at)) = queue.pop_front() else { break };
+                    let id = next_id;
+                    next_id += 1;
+                    let claim = Claim { run_public_id: run.clone(), task_key: key.clone() };
+                    inflight.insert(id, Stage::Claim { run, key, at });
+                    let _ = tx.send(RunnerFrame { request_id: id, frame: Some(runner_frame::Frame::Claim(claim)) });
+                }
+            }
+        });
+        FastRunner { counters, reader }
+    }
+}
+
+/// An Agent whose profile names one runner and whose default model is `scripted/<model>`.
+async fn agent_for(server: &TestServer, handle: &str, runner: Uuid, model: &str) -> Caller {
+    let agent = server.agent(handle).await;
+    let caller = server.caller(&agent).await;
+    let body = json!({"configuration": {"runner_executor_public_ids": [runner], "approval_mode": "bypass",
+                                         "default_model": format!("scripted/{model}")}});
+    server.server.api.declare(&caller, body).await.expect("declared");
+    caller
+}
+
+async fn admit(server: &TestServer, caller: &Caller) -> Uuid {
+    let input = CreateInput { text: "go".to_owned(), ..CreateInput::default() };
+    server.server.api.create_input(caller, input).await.expect("admitted").execution_public_id
+}
+
+async fn wait_count(counter: &AtomicU64, notify: &Notify, target: u64, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while counter.load(Ordering::Relaxed) < target {
+        if Instant::now() > deadline {
+            return false;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(5), notify.notified()).await;
+    }
+    true
+}
+
+// ---- fabric latency ----------------------------------------------------------------------------
+
+async fn fabric_latency(server: &TestServer) -> Vec<Duration> {
+    let runner = server.runner("latency").await;
+    let fast = FastRunner::connect(&server.url(), &runner, &noop_tool(60_000), 1, true).await;
+    let caller = agent_for(server, "latency", runner.id, "one").await;
+    for i in 0..(FABRIC_SAMPLES + 20) as u64 {
+        admit(server, &caller).await;
+        assert!(
+            wait_count(&fast.counters.settled, &fast.counters.notify, i + 1, Duration::from_secs(10)).await,
+            "fabric latency: call {i} did not settle"
+        );
+    }
+    let all = fast.counters.latencies.lock().expect("latencies").clone();
+    all[20..].to_vec()
+}
+
+// ---- throughput --------------------------------------------------------------------------------
+
+/// Settled calls per second with [`RUNNERS`] runners of [`SLOTS`] slots, and refusals seen.
+async fn throughput(server: &TestServer, seconds: u64) -> (f64, u64) {
+    let url = server.url();
+    let mut runners = Vec::with_capacity(RUNNERS);
+    for i in 0..RUNNERS {
+        let runner = server.runner(&format!("tp-{i}")).await;
+        let fast = FastRunner::connect(&url, &runner, &noop_tool(60_000), SLOTS, false).await;
+        let caller = agent_for(server, &format!("tp-{i}"), runner.id, "fan").await;
+        runners.push((fast, caller));
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let api_server: &TestServer = server;
+    let drivers = runners.iter().map(|(fast, caller)| {
+        let stop = stop.clone();
+        async move {
+            let mut admitted = 0_u64;
+            while !stop.load(Ordering::Relaxed) {
+                let done =
+                    fast.counters.settled.load(Ordering::Relaxed) + fast.counters.refused.load(Ordering::Relaxed);
+                if admitted.saturating_sub(done) + FAN_OUT as u64 > WINDOW {
+                    let _ = tokio::time::timeout(Duration::from_millis(5), fast.counters.notify.notified()).await;
+                    continue;
+                }
+                admit(api_server, caller).await;
+                admitted += FAN_OUT as u64;
+            }
+        }
+    });
+    let total = || runners.iter().map(|(f, _)| f.counters.settled.load(Ordering::Relaxed)).sum::<u64>();
+    let timer = async {
+        // One second of warm-up, then the timed window.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (start, at) = (total(), Instant::now());
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        let (end, elapsed) = (total(), at.elapsed());
+        stop.store(true, Ordering::Relaxed);
+        (end - start) as f64 / elapsed.as_secs_f64()
+    };
+    let (rate, _) = tokio::join!(timer, futures::future::join_all(drivers));
+    let refused = runners.iter().map(|(f, _)| f.counters.refused.load(Ordering::Relaxed)).sum();
+    (rate, refused)
+}
+
+/// A fresh database on the PostgreSQL server `admin_url` names; returns its URL and name.
+async fn create_database(admin_url: &str) -> (String, String) {
+    let name = format!("nexus_bench_{}", Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(admin_url).await.expect("NEXUS_BENCH_POSTGRES_URL: connect");
+    admin.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).await.expect("create database");
+    let _ = admin.close().await;
+    let (base, query) = admin_url.split_once('?').map_or((admin_url, None), |(b, q)| (b, Some(q)));
+    let authority_start = base.find("://").map_or(0, |i| i + 3);
+    let authority_end = base[authority_start..].find('/').map_or(base.len(), |i| authority_start + i);
+    let mut url = format!("{}/{name}", &base[..authority_end]);
+    if let Some(query) = query {
+        url.push('?');
+        url.push_str(query);
+    }
+    (url, name)
+}
+
+async fn drop_database(admin_url: &str, name: &str) {
+    if let Ok(mut admin) = PgConnection::connect(admin_url).await {
+        let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+        if admin.execute(sqlx::AssertSqlSafe(sql)).await.is_err() {
+            eprintln!("could not drop {name}; drop it by hand");
+        }
+        let _ = admin.close().await;
+    }
+}
+
+// ---- memory ------------------------------------------------------------------------------------
+
+/// KiB of RSS per idle connected runner.
+async fn memory_per_runner(server: &TestServer, count: usize) -> f64 {
+    let mut minted = Vec::with_capacity(count);
+    for i in 0..count {
+        minted.push(server.runner(&format!("idle-{i}")).await);
+    }
+    let url = server.url();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = rss_kib();
+    let mut connected = Vec::with_capacity(count);
+    for chunk in minted.chunks(50) {
+        let batch = futures::future::join_all(chunk.iter().map(|m| RawRunner::connect(&url, m.id, &m.token))).await;
+        for (raw, hello) in batch {
+            assert!(hello.code().is_none(), "{hello:?}");
+            connected.push(raw);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = rss_kib();
+    drop(connected);
+    (after - before) / count as f64
+}
+
+/// KiB of RSS per idle execution actor (parked on a call its runner never claims).
+async fn memory_per_execution(server: &TestServer, count: usize) -> f64 {
+    let runner = server.runner("parked").await;
+    let fast = FastRunner::connect(&server.url(), &runner, &noop_tool(3_600_000), 0, false).await;
+    let caller = agent_for(server, "parked", runner.id, "one").await;
+    // One first, so one-time costs (the model, caches) are not counted.
+    admit(server, &caller).await;
+    wait_count(&fast.counters.received, &fast.counters.notify, 1, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = rss_kib();
+    for _ in 0..count {
+        admit(server, &caller).await;
+    }
+    let parked = wait_until_count(&fast.counters.received, count as u64 + 1, Duration::from_secs(60)).await;
+    assert!(parked, "not every execution parked");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = rss_kib();
+    (after - before) / count as f64
+}
+
+async fn wait_until_count(counter: &AtomicU64, target: u64, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while counter.load(Ordering::Relaxed) < target {
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
+}
+
+// ---- recovery ----------------------------------------------------------------------------------
+
+/// `(server start, start until a claim is granted or refused, granted)` after a restart with
+/// `open` open tasks spread over runners of at most `per_runner` each (one execution per runner).
+async fn recovery(open: usize, per_runner: usize) -> (Duration, Duration, bool) {
+    let first = TestServer::start(&scripts()).await;
+    let store = first.store().clone();
+    let mut seeded = Vec::new();
+    let mut left = open;
+    let mut index = 0;
+    while left > 0 {
+        let count = left.min(per_runner.max(1));
+        left -= count;
+        let runner = first.runner(&format!("recovery-{index}")).await;
+        let fast = FastRunner::connect(&first.url(), &runner, &noop_tool(3_600_000), 0, false).await;
+        let caller = agent_for(&first, &format!("recovery-{index}"), runner.id, "one").await;
+        let run = admit(&first, &caller).await;
+        assert!(wait_until_count(&fast.counters.received, 1, Duration::from_secs(10)).await, "recovery: no dispatch");
+        let execution = store.execution(run).await.expect("execution").expect("row");
+        let task = store.task(run, "r1t0").await.expect("task").expect("row");
+        let clones: Vec<_> = (1..count)
+            .map(|i| {
+                let mut t = task.clone();
+                t.task_key = format!("r1t{i}");
+                t.tool_call_id = format!("c{i}");
+                t
+            })
+            .collect();
+        for chunk in clones.chunks(5_000) {
+            store.save_execution(&execution, chunk, &[]).await.expect("seed tasks");
+        }
+        seeded.push((runner, run, count));
+        index += 1;
+    }
+    eprintln!("recovery: seeded {open} open tasks over {} runners", seeded.len());
+    let config = first.config();
+    let TestServer { server, data_dir, database } = first;
+    server.shutdown().await.expect("shutdown");
+
+    let started = Instant::now();
+    let second = TestServer::start_with(&scripts(), |c| *c = config).await;
+    let start = started.elapsed();
+    let (runner, run, count) = &seeded[0];
+    let (raw, hello) = RawRunner::connect(&second.url(), runner.id, &runner.token).await;
+    let granted = if hello.code().is_none() {
+        let reply = raw.claim(&run.to_string(), &format!("r1t{}", count / 2)).await;
+        if reply.granted().is_none() {
+            eprintln!("recovery: claim after restart: {reply:?}");
+        }
+        reply.granted().is_some()
+    } else {
+        eprintln!("recovery: hello after restart: {hello:?}");
+        false
+    };
+    let until_claim = started.elapsed();
+    drop(raw);
+    second.shutdown().await;
+    drop(data_dir);
+    drop(database);
+    (start, until_claim, granted)
+}
+
+// ---- the table ---------------------------------------------------------------------------------
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "holds" } else { "MISSED" }
+}
+
+async fn run() {
+    let seconds = env_usize("NEXUS_BENCH_SECONDS", 5) as u64;
+    let open = env_usize("NEXUS_BENCH_RECOVERY_TASKS", 100_000);
+    let recovery_per_runner = env_usize("NEXUS_BENCH_RECOVERY_PER_RUNNER", 500);
+    let idle_runners = env_usize("NEXUS_BENCH_IDLE_RUNNERS", 1_000);
+    let idle_executions = env_usize("NEXUS_BENCH_IDLE_EXECUTIONS", 1_000);
+    let postgres = std::env::var("NEXUS_BENCH_POSTGRES_URL").ok().filter(|u| !u.is_empty());
+
+    // Memory first, while the heap has no freed space from other phases to reuse (which would
+    // hide growth from VmRSS); executions before runners for the same reason.
+    eprintln!("memory...");
+    let server = TestServer::start(&scripts()).await;
+    let per_execution = memory_per_execution(&server, idle_executions).await;
+    let per_runner = memory_per_runner(&server, idle_runners).await;
+    server.shutdown().await;
+
+    eprintln!("latency...");
+    let (echo50, echo99) = p50_p99(echo_latency().await);
+    let server = TestServer::start(&scripts()).await;
+    let (fsync50, fsync99) = p50_p99(fsync_latency(server.data_dir.path()));
+    let (fabric50, fabric99) = p50_p99(fabric_latency(&server).await);
+    eprintln!("throughput on SQLite ({seconds} s)...");
+    let (sqlite_rate, sqlite_refused) = throughput(&server, seconds).await;
+    server.shutdown().await;
+
+    let pg_rate = match &postgres {
+        Some(admin_url) => {
+            eprintln!("throughput on PostgreSQL ({seconds} s)...");
+            let (url, name) = create_database(admin_url).await;
+            let pg_url = url.clone();
+            let server = TestServer::start_with(&scripts(), move |c| c.store.database_url = Some(pg_url)).await;
+            let rate = throughput(&server, seconds).await;
+            server.shutdown().await;
+            drop_database(admin_url, &name).await;
+            Some(rate)
+        }
+        None => None,
+    };
+
+    eprintln!("recovery with {open} open tasks...");
+    let (start, until_claim, granted) = recovery(open, recovery_per_runner).await;
+
+    let fabric_target = 2.0 * (echo50 + fsync50);
+    println!();
+    println!("nexus fabric benchmark (one process, release build; µs unless marked)");
+    println!();
+    println!("| figure | p50 | p99 | target | verdict |");
+    println!("| --- | ---: | ---: | --- | --- |");
+    println!("| tonic bidi echo, one stream | {echo50:.0} | {echo99:.0} | | |");
+    println!("| fdatasync, 512 B append, data dir | {fsync50:.0} | {fsync99:.0} | | |");
+    println!(
+        "| fabric tool call, dispatch to settled (SQLite) | {fabric50:.0} | {fabric99:.0} | p50 <= {fabric_target:.0} = 2 x (echo + fdatasync) | {} |",
+        verdict(fabric50 <= fabric_target)
+    );
+    println!();
+    println!("| figure | value | target | verdict |");
+    println!("| --- | ---: | --- | --- |");
+    println!(
+        "| settled calls/s, SQLite, {RUNNERS} runners x {SLOTS} slots, no-op | {sqlite_rate:.0} | >= 20000 | {} |",
+        verdict(sqlite_rate >= 20_000.0)
+    );
+    match pg_rate {
+        Some((rate, _)) => println!(
+            "| settled calls/s, PostgreSQL, {RUNNERS} runners x {SLOTS} slots, no-op | {rate:.0} | >= 5000 | {} |",
+            verdict(rate >= 5_000.0)
+        ),
+        None => println!("| settled calls/s, PostgreSQL | not run (set NEXUS_BENCH_POSTGRES_URL) | >= 5000 | |"),
+    }
+    println!(
+        "| RSS per idle connected runner ({idle_runners}) | {per_runner:.1} KiB | <= 64 KiB | {} |",
+        verdict(per_runner <= 64.0)
+    );
+    println!(
+        "| RSS per idle execution ({idle_executions}) | {per_execution:.1} KiB | <= 32 KiB | {} |",
+        verdict(per_execution <= 32.0)
+    );
+    let scaled = if open < 100_000 { " (SCALED DOWN from 100000)" } else { "" };
+    println!(
+        "| restart with {open} open tasks{scaled}, {recovery_per_runner} per runner: server up | {:.2} s | | |",
+        start.as_secs_f64()
+    );
+    println!(
+        "| restart with {open} open tasks{scaled}: until a claim is {} | {:.2} s | < 3 s | {} |",
+        if granted { "granted" } else { "answered: NOT GRANTED (see stderr)" },
+        until_claim.as_secs_f64(),
+        verdict(granted && until_claim < Duration::from_secs(3))
+    );
+    println!();
+    println!(
+        "Throughput window {seconds} s after 1 s of warm-up; refusals during it: SQLite {sqlite_refused}{}.",
+        pg_rate.map(|(_, r)| format!(", PostgreSQL {r}")).unwrap_or_default()
+    );
+    println!(
+        "Memory is this process's VmRSS delta: it includes the client half of each stream and store cache growth."
+    );
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    runtime.block_on(run());
+}
