@@ -90,6 +90,20 @@ async fn events(
     tokio::time::timeout(WAIT, stream.map(|e| e.expect("event")).collect::<Vec<_>>()).await.expect("stream ends")
 }
 
+/// Polls `GetExecution` until the execution is `completed`.
+async fn wait_completed(
+    client: &AgentServiceClient<Channel>,
+    agent: &Minted,
+    execution: &str,
+) -> nexus_proto::agent::v1::Execution {
+    wait_until("the execution to complete", WAIT, || async {
+        let request = authed(GetExecutionRequest { execution_public_id: execution.to_owned() }, agent);
+        let row = client.clone().get_execution(request).await.ok()?.into_inner();
+        (row.status == "completed").then_some(row)
+    })
+    .await
+}
+
 #[tokio::test]
 async fn end_to_end_execution_over_grpc_with_a_real_runner_agent() {
     let script = json!({"rounds": [
@@ -181,16 +195,7 @@ async fn sigkill_of_runner_agent_mid_execution_settles_by_the_rules() {
     // Start it again on the same state dir: it must not run the claimed tool a second time.
     let _again = spawn_runner_agent(&server, &runner, workdir.path(), state.path(), 1_500);
 
-    let row = wait_until("the execution to finish", WAIT, || async {
-        let reply = client
-            .clone()
-            .get_execution(authed(GetExecutionRequest { execution_public_id: execution.clone() }, &agent))
-            .await
-            .ok()?;
-        let row = reply.into_inner();
-        (row.status == "completed").then_some(row)
-    })
-    .await;
+    let row = wait_completed(&client, &agent, &execution).await;
     let detail: Value = serde_json::from_str(&row.execution_json).expect("json");
     // bash is not replayable: a claim that lapsed without a result is uncertain, never re-run.
     assert_eq!(detail["tasks"][0]["status"], "uncertain");
@@ -351,16 +356,7 @@ async fn admission_bounds_and_runner_selection() {
     };
     let execution =
         client.create_input(authed(inline, &agent)).await.expect("admitted").into_inner().execution_public_id;
-    let row = wait_until("the inline execution", WAIT, || async {
-        let reply = client
-            .clone()
-            .get_execution(authed(GetExecutionRequest { execution_public_id: execution.clone() }, &agent))
-            .await
-            .ok()?;
-        let row = reply.into_inner();
-        (row.status == "completed").then_some(row)
-    })
-    .await;
+    let row = wait_completed(&client, &agent, &execution).await;
     assert!(row.final_text.contains("echo me"), "{}", row.final_text);
     // Stopping a finished execution answers its row.
     let stopped = client
