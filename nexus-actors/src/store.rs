@@ -8,18 +8,23 @@
 //! booleans are 0/1.
 
 mod backend;
+mod writer;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde_json::Value;
 use sqlx::any::AnyRow;
-use sqlx::{Any, AnyPool, Row};
+use sqlx::{Any, AnyConnection, AnyPool, Row};
 use uuid::Uuid;
 
 use crate::auth::{Credential, Plane};
 use crate::config::StoreConfig;
 
 pub use backend::{StoreBackend, is_postgres_url, redact as redact_url};
+pub use writer::{GroupCommitStats, MAX_BATCH as GROUP_COMMIT_MAX_BATCH};
+
+use writer::Writer;
 
 /// The task columns, as a literal so that queries stay static strings.
 macro_rules! task_select {
@@ -287,6 +292,8 @@ pub struct EventRow {
 pub struct Store {
     pool: AnyPool,
     backend: StoreBackend,
+    /// The group-commit writer of the hot-path writes (tasks, executions, inputs, presence).
+    writer: Writer,
 }
 
 fn json_opt(text: Option<String>) -> StoreResult<Option<Value>> {
@@ -343,7 +350,8 @@ impl Store {
             let pool = backend::open_postgres(url, config.pool_size(), config.acquire_timeout())
                 .await
                 .map_err(|e| open_failed(e.to_string()))?;
-            let store = Store { pool, backend: StoreBackend::Postgres };
+            let writer = Writer::start(pool.clone(), StoreBackend::Postgres);
+            let store = Store { pool, backend: StoreBackend::Postgres, writer };
             if !create && !store.has_schema().await.map_err(|e| open_failed(e.to_string()))? {
                 return Err(open_failed(
                     "the database holds no nexus store; start `nexus serve` on it once to create it".into(),
@@ -367,7 +375,13 @@ impl Store {
             .await
             .map_err(|e| open_failed(e.to_string()))?;
         migrator.run(&pool).await.map_err(|e| open_failed(e.to_string()))?;
-        Ok(Store { pool, backend: StoreBackend::Sqlite })
+        let writer = Writer::start(pool.clone(), StoreBackend::Sqlite);
+        Ok(Store { pool, backend: StoreBackend::Sqlite, writer })
+    }
+
+    /// What group commit has done since the store opened (writes and the transactions they took).
+    pub fn group_commit_stats(&self) -> GroupCommitStats {
+        self.writer.stats()
     }
 
     /// Which database serves this store.
@@ -789,8 +803,16 @@ impl Store {
                 "UPDATE executors SET connected_at = NULL, last_seen_at = $1 WHERE public_id = $2"
             }
         };
-        sqlx::query(sql).bind(now_ms()).bind(public_id.to_string()).execute(&self.pool).await?;
-        Ok(())
+        let at = now_ms();
+        // Group-committed: presence is touched on every ping of every stream.
+        self.writer
+            .write(move |connection| {
+                Box::pin(async move {
+                    sqlx::query(sql).bind(at).bind(public_id.to_string()).execute(&mut *connection).await?;
+                    Ok(())
+                })
+            })
+            .await
     }
 
     /// Every executor, oldest first.
@@ -860,44 +882,17 @@ impl Store {
         new_conversation: bool,
         execution_public_id: Uuid,
     ) -> StoreResult<()> {
+        // Group-committed: answered once the batch holding this write is durable.
+        let input = Arc::new(input.clone());
         let now = now_ms();
-        let mut tx = self.pool.begin().await?;
-        if new_conversation {
-            sqlx::query("INSERT INTO conversations (public_id, member_public_id, created_at) VALUES ($1, $2, $3)")
-                .bind(input.conversation_public_id.to_string())
-                .bind(input.member_public_id.to_string())
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-        }
-        sqlx::query(
-            "INSERT INTO inputs (public_id, conversation_public_id, member_public_id, text, execution_declaration, \
-             runner_executor_public_id, tool_names, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        )
-        .bind(input.public_id.to_string())
-        .bind(input.conversation_public_id.to_string())
-        .bind(input.member_public_id.to_string())
-        .bind(&input.text)
-        .bind(input.execution_declaration.as_ref().map(Value::to_string))
-        .bind(input.runner_executor_public_id.map(|u| u.to_string()))
-        .bind(input.tool_names.as_ref().map(Value::to_string))
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO executions (public_id, conversation_public_id, input_public_id, member_public_id, status, \
-             transcript, round, event_seq, created_at, updated_at) VALUES ($1, $2, $3, $4, 'pending', '[]', 0, 0, $5, $6)",
-        )
-        .bind(execution_public_id.to_string())
-        .bind(input.conversation_public_id.to_string())
-        .bind(input.public_id.to_string())
-        .bind(input.member_public_id.to_string())
-        .bind(now)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
+        self.writer
+            .write(move |connection| {
+                let input = input.clone();
+                Box::pin(
+                    async move { admit_input_in(connection, &input, new_conversation, execution_public_id, now).await },
+                )
+            })
+            .await
     }
 
     /// Whether a conversation exists and belongs to the member.
@@ -996,38 +991,17 @@ impl Store {
         new_tasks: &[TaskRow],
         new_events: &[EventRow],
     ) -> StoreResult<()> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "UPDATE executions SET status = $1, attention_reason = $2, declaration = $3, transcript = $4, round = $5, \
-             final_text = $6, error_key = $7, event_seq = $8, updated_at = $9 WHERE public_id = $10",
-        )
-        .bind(&execution.status)
-        .bind(&execution.attention_reason)
-        .bind(execution.declaration.as_ref().map(Value::to_string))
-        .bind(execution.transcript.to_string())
-        .bind(execution.round)
-        .bind(&execution.final_text)
-        .bind(&execution.error_key)
-        .bind(execution.event_seq)
-        .bind(now_ms())
-        .bind(execution.public_id.to_string())
-        .execute(&mut *tx)
-        .await?;
-        for task in new_tasks {
-            insert_task(&mut tx, task).await?;
-        }
-        for event in new_events {
-            sqlx::query("INSERT INTO events (execution_public_id, seq, type, data, at) VALUES ($1, $2, $3, $4, $5)")
-                .bind(execution.public_id.to_string())
-                .bind(event.seq)
-                .bind(&event.event_type)
-                .bind(event.data.to_string())
-                .bind(event.at)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        // Group-committed: answered once the batch holding this write is durable.
+        let write = Arc::new((execution.clone(), new_tasks.to_vec(), new_events.to_vec()));
+        self.writer
+            .write(move |connection| {
+                let write = write.clone();
+                Box::pin(async move {
+                    let (execution, new_tasks, new_events) = &*write;
+                    save_execution_in(connection, execution, new_tasks, new_events).await
+                })
+            })
+            .await
     }
 
     /// Events after `after_seq`, oldest first, at most `limit`.
@@ -1125,30 +1099,135 @@ impl Store {
     /// [`StoreError::Conflict`] when the row holds another claim; [`StoreError`] on a database
     /// failure.
     pub async fn update_task(&self, task: &TaskRow) -> StoreResult<()> {
-        let written = sqlx::query(
-            "UPDATE tasks SET status = $1, claimed = $2, claim_token_digest = $3, deadline_at = $4, result = $5, \
-             error_key = $6, settled_at = $7 WHERE run_public_id = $8 AND task_key = $9 \
-             AND (claim_token_digest IS NULL OR claim_token_digest = $3)",
-        )
-        .bind(&task.status)
-        .bind(i64::from(task.claimed))
-        .bind(&task.claim_token_digest)
-        .bind(task.deadline_at)
-        .bind(task.result.as_ref().map(Value::to_string))
-        .bind(&task.error_key)
-        .bind(task.settled_at)
-        .bind(task.run_public_id.to_string())
-        .bind(&task.task_key)
-        .execute(&self.pool)
-        .await?;
-        if written.rows_affected() == 0 && self.task(task.run_public_id, &task.task_key).await?.is_some() {
-            return Err(StoreError::Conflict(format!(
-                "task {} of run {} holds another claim; this write came from a stale copy",
-                task.task_key, task.run_public_id
-            )));
-        }
-        Ok(())
+        // Group-committed: answered once the batch holding this write is durable.
+        let task = Arc::new(task.clone());
+        self.writer
+            .write(move |connection| {
+                let task = task.clone();
+                Box::pin(async move { update_task_in(connection, &task).await })
+            })
+            .await
     }
+}
+
+/// [`Store::update_task`]'s statements, on the writer's transaction.
+async fn update_task_in(connection: &mut AnyConnection, task: &TaskRow) -> StoreResult<()> {
+    let written = sqlx::query(
+        "UPDATE tasks SET status = $1, claimed = $2, claim_token_digest = $3, deadline_at = $4, result = $5, \
+         error_key = $6, settled_at = $7 WHERE run_public_id = $8 AND task_key = $9 \
+         AND (claim_token_digest IS NULL OR claim_token_digest = $3)",
+    )
+    .bind(&task.status)
+    .bind(i64::from(task.claimed))
+    .bind(&task.claim_token_digest)
+    .bind(task.deadline_at)
+    .bind(task.result.as_ref().map(Value::to_string))
+    .bind(&task.error_key)
+    .bind(task.settled_at)
+    .bind(task.run_public_id.to_string())
+    .bind(&task.task_key)
+    .execute(&mut *connection)
+    .await?;
+    if written.rows_affected() == 0 && task_exists(connection, task.run_public_id, &task.task_key).await? {
+        return Err(StoreError::Conflict(format!(
+            "task {} of run {} holds another claim; this write came from a stale copy",
+            task.task_key, task.run_public_id
+        )));
+    }
+    Ok(())
+}
+
+/// [`Store::save_execution`]'s statements, on the writer's transaction.
+async fn save_execution_in(
+    connection: &mut AnyConnection,
+    execution: &ExecutionRow,
+    new_tasks: &[TaskRow],
+    new_events: &[EventRow],
+) -> StoreResult<()> {
+    sqlx::query(
+        "UPDATE executions SET status = $1, attention_reason = $2, declaration = $3, transcript = $4, round = $5, \
+         final_text = $6, error_key = $7, event_seq = $8, updated_at = $9 WHERE public_id = $10",
+    )
+    .bind(&execution.status)
+    .bind(&execution.attention_reason)
+    .bind(execution.declaration.as_ref().map(Value::to_string))
+    .bind(execution.transcript.to_string())
+    .bind(execution.round)
+    .bind(&execution.final_text)
+    .bind(&execution.error_key)
+    .bind(execution.event_seq)
+    .bind(now_ms())
+    .bind(execution.public_id.to_string())
+    .execute(&mut *connection)
+    .await?;
+    for task in new_tasks {
+        insert_task(connection, task).await?;
+    }
+    for event in new_events {
+        sqlx::query("INSERT INTO events (execution_public_id, seq, type, data, at) VALUES ($1, $2, $3, $4, $5)")
+            .bind(execution.public_id.to_string())
+            .bind(event.seq)
+            .bind(&event.event_type)
+            .bind(event.data.to_string())
+            .bind(event.at)
+            .execute(&mut *connection)
+            .await?;
+    }
+    Ok(())
+}
+
+/// [`Store::admit_input`]'s statements, on the writer's transaction.
+async fn admit_input_in(
+    connection: &mut AnyConnection,
+    input: &InputRow,
+    new_conversation: bool,
+    execution_public_id: Uuid,
+    now: i64,
+) -> StoreResult<()> {
+    if new_conversation {
+        sqlx::query("INSERT INTO conversations (public_id, member_public_id, created_at) VALUES ($1, $2, $3)")
+            .bind(input.conversation_public_id.to_string())
+            .bind(input.member_public_id.to_string())
+            .bind(now)
+            .execute(&mut *connection)
+            .await?;
+    }
+    sqlx::query(
+        "INSERT INTO inputs (public_id, conversation_public_id, member_public_id, text, execution_declaration, \
+         runner_executor_public_id, tool_names, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(input.public_id.to_string())
+    .bind(input.conversation_public_id.to_string())
+    .bind(input.member_public_id.to_string())
+    .bind(&input.text)
+    .bind(input.execution_declaration.as_ref().map(Value::to_string))
+    .bind(input.runner_executor_public_id.map(|u| u.to_string()))
+    .bind(input.tool_names.as_ref().map(Value::to_string))
+    .bind(now)
+    .execute(&mut *connection)
+    .await?;
+    sqlx::query(
+        "INSERT INTO executions (public_id, conversation_public_id, input_public_id, member_public_id, status, \
+         transcript, round, event_seq, created_at, updated_at) VALUES ($1, $2, $3, $4, 'pending', '[]', 0, 0, $5, $6)",
+    )
+    .bind(execution_public_id.to_string())
+    .bind(input.conversation_public_id.to_string())
+    .bind(input.public_id.to_string())
+    .bind(input.member_public_id.to_string())
+    .bind(now)
+    .bind(now)
+    .execute(&mut *connection)
+    .await?;
+    Ok(())
+}
+
+async fn task_exists(connection: &mut AnyConnection, run: Uuid, task_key: &str) -> StoreResult<bool> {
+    let row = sqlx::query("SELECT 1 FROM tasks WHERE run_public_id = $1 AND task_key = $2")
+        .bind(run.to_string())
+        .bind(task_key)
+        .fetch_optional(&mut *connection)
+        .await?;
+    Ok(row.is_some())
 }
 
 fn task_of(row: &AnyRow) -> StoreResult<TaskRow> {
@@ -1175,7 +1254,7 @@ fn task_of(row: &AnyRow) -> StoreResult<TaskRow> {
     })
 }
 
-async fn insert_task(tx: &mut sqlx::Transaction<'_, Any>, task: &TaskRow) -> StoreResult<()> {
+async fn insert_task(connection: &mut AnyConnection, task: &TaskRow) -> StoreResult<()> {
     sqlx::query(
         "INSERT INTO tasks (run_public_id, task_key, kind, round, callable_name, tool_name, tool_input, tool_call_id, \
          target_executor_public_id, effect_profile, timeout_ms, status, claimed, claim_token_digest, started_at, \
@@ -1200,7 +1279,7 @@ async fn insert_task(tx: &mut sqlx::Transaction<'_, Any>, task: &TaskRow) -> Sto
     .bind(task.result.as_ref().map(Value::to_string))
     .bind(&task.error_key)
     .bind(task.settled_at)
-    .execute(&mut **tx)
+    .execute(&mut *connection)
     .await?;
     Ok(())
 }
