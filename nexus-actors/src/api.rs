@@ -14,10 +14,11 @@ use nexus_proto::{ErrorCode, Refusal};
 use crate::auth::{Plane, authenticate};
 use crate::declaration::tools::RunnerSelection;
 use crate::declaration::validate_configuration;
+use crate::execution::approval::{Adjudication, Adjudicator, NEEDS_APPROVAL};
 use crate::execution::{ExecutionMsg, run_status_is_quiescent};
 use crate::profile::{ProfileMsg, profile_json};
 use crate::root::{Fabric, RootHandle};
-use crate::store::{EventRow, InputRow, MemberRow};
+use crate::store::{EventRow, InputRow, MemberRow, TaskRow};
 
 /// The prefix of event cursors (REFERENCE.md 7, "Events").
 pub const CURSOR_PREFIX: &str = "cvei_";
@@ -477,19 +478,100 @@ impl Api {
             "event_cursor": format!("{CURSOR_PREFIX}{}", row.event_seq),
             "created_at": row.created_at,
             "updated_at": row.updated_at,
-            "tasks": tasks.iter().map(|t| json!({
-                "task_key": t.task_key,
-                "tool_name": t.callable_name,
-                "served_name": t.tool_name,
-                "status": t.status,
-                "claimed": t.claimed,
-                "runner_executor_public_id": t.target_executor_public_id,
-                "timeout_ms": t.timeout_ms,
-                "deadline_at": t.deadline_at,
-                "error_key": t.error_key,
-                "result": t.result,
-            })).collect::<Vec<_>>(),
+            "tasks": tasks.iter().map(task_view).collect::<Vec<_>>(),
         }))
+    }
+
+    /// `POST /agent_api/v1/executions/{execution_id}/tasks/{task_key}/approve` (gRPC
+    /// `ApproveTask`): a task parked in `needs_approval` runs on its frozen target, or is parked
+    /// again when its runner's effect profile changed under the park (REFERENCE.md 10). Answers
+    /// the task as the execution shows it, with its `approval` fact.
+    ///
+    /// # Errors
+    /// 404 `not_found` for an unknown execution or task; 403 `not_authorized` when the caller does
+    /// not own the execution (write standing); 409 `not_awaiting_approval` when the task is not
+    /// parked, `not_adjudicable` when the execution is not running.
+    pub async fn approve_task(&self, caller: &Caller, id: Uuid, task_key: &str) -> Result<Value, Refusal> {
+        self.adjudicate(caller, id, task_key, Adjudication::Approve).await
+    }
+
+    /// `POST /agent_api/v1/executions/{execution_id}/tasks/{task_key}/deny` with body
+    /// `{reason?}` (gRPC `DenyTask`): the parked task fails `approval_denied`, the reason's first
+    /// 256 bytes become `error.detail`, and the model reads the origin's tool-use error.
+    ///
+    /// # Errors
+    /// 400 `parameter_invalid` for a body that is not an object or a `reason` that is not a
+    /// string; otherwise as [`Api::approve_task`].
+    pub async fn deny_task(&self, caller: &Caller, id: Uuid, task_key: &str, body: &Value) -> Result<Value, Refusal> {
+        let reason = match body {
+            Value::Null => None,
+            Value::Object(fields) => match fields.get("reason") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(reason)) => Some(reason.clone()),
+                Some(_) => return Err(Refusal::new(ErrorCode::ParameterInvalid, "reason must be a string")),
+            },
+            _ => return Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be an object {reason?}")),
+        };
+        self.adjudicate(caller, id, task_key, Adjudication::Deny { reason }).await
+    }
+
+    async fn adjudicate(
+        &self,
+        caller: &Caller,
+        id: Uuid,
+        task_key: &str,
+        adjudication: Adjudication,
+    ) -> Result<Value, Refusal> {
+        let store = &self.fabric.store;
+        let row = store
+            .execution(id)
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))?;
+        if row.member_public_id != caller.member.public_id {
+            return Err(Refusal::new(
+                ErrorCode::NotAuthorized,
+                format!("only the member that owns execution {id} may approve or deny its tasks"),
+            ));
+        }
+        let task = store
+            .task(id, task_key)
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no task {task_key} in execution {id}")))?;
+        if task.status != NEEDS_APPROVAL {
+            return Err(Refusal::new(
+                ErrorCode::NotAwaitingApproval,
+                format!("task {task_key} is {}, not needs_approval; only a parked task takes a decision", task.status),
+            ));
+        }
+        if row.status != "running" {
+            return Err(Refusal::new(
+                ErrorCode::NotAdjudicable,
+                format!("execution {id} is {}; only a running execution takes decisions", row.status),
+            ));
+        }
+        let by = Adjudicator::new(caller.member.public_id, &caller.member.kind);
+        // A quiet execution's actor may be stopping just now: Root forgets it within moments and
+        // the next lookup starts a fresh one from the store.
+        let mut attempts = 0;
+        loop {
+            let actor = self.root.execution(id).await?;
+            let outcome = ractor::call!(actor, |reply| ExecutionMsg::Adjudicate {
+                task_key: task_key.to_owned(),
+                adjudication: adjudication.clone(),
+                by: by.clone(),
+                reply,
+            });
+            match outcome {
+                Ok(decided) => return decided.map(|task| task_view(&task)),
+                Err(_) if attempts < 10 => {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(_) => return Err(unavailable()),
+            }
+        }
     }
 
     /// Stops an execution.
@@ -532,7 +614,7 @@ impl Api {
         id: Uuid,
         after: &str,
         follow: bool,
-    ) -> Result<impl Stream<Item = Result<Event, Refusal>> + Send + 'static, Refusal> {
+    ) -> Result<impl Stream<Item = Result<Event, Refusal>> + Send + 'static + use<>, Refusal> {
         let cursor = parse_cursor(after)?;
         let row = self.execution(caller, id).await?;
         // A quiet execution writes no more events: a follower reads to the end and stops.
@@ -542,6 +624,26 @@ impl Api {
             Follower { fabric: self.fabric.clone(), id, cursor, follow, wake, buffer: VecDeque::new(), done: false };
         Ok(futures::stream::unfold(follower, Follower::next))
     }
+}
+
+/// A task as the execution doors show it: `{task_key, tool_name (the callable), served_name,
+/// status, claimed, runner_executor_public_id, effect_profile, timeout_ms, deadline_at (for a
+/// parked task, the end of its approval hold), error_key, result, approval}`.
+pub fn task_view(task: &TaskRow) -> Value {
+    json!({
+        "task_key": task.task_key,
+        "tool_name": task.callable_name,
+        "served_name": task.tool_name,
+        "status": task.status,
+        "claimed": task.claimed,
+        "runner_executor_public_id": task.target_executor_public_id,
+        "effect_profile": task.effect_profile,
+        "timeout_ms": task.timeout_ms,
+        "deadline_at": task.deadline_at,
+        "error_key": task.error_key,
+        "result": task.result,
+        "approval": task.approval,
+    })
 }
 
 struct Follower {

@@ -97,9 +97,17 @@ pub struct ExecutionConfig {
     pub model_retry_min_delay_ms: u64,
     /// Cap of the model retry delay, in milliseconds. Default 10000.
     pub model_retry_max_delay_ms: u64,
+    /// Longest `Retry-After` of a provider's 429 that a model call waits out before its next
+    /// attempt, in milliseconds; a longer one waits this long (REFERENCE.md 15: a 429 retries
+    /// within budget and never falls back). Default 60000.
+    pub model_retry_after_max_ms: u64,
     /// Park of a runner task whose tool announced no `timeout_ms`, in milliseconds.
     /// Default 600000 (the kernel default of 10 minutes).
     pub default_task_timeout_ms: u64,
+    /// How long a task parked in `needs_approval` waits for a decision before it settles
+    /// `timed_out` with `approval_expired`, in milliseconds (REFERENCE.md 10, "Park").
+    /// Default 86400000 (24 hours, [`crate::execution::approval::APPROVAL_HOLD_MS`]).
+    pub approval_hold_ms: u64,
 }
 
 impl Default for ExecutionConfig {
@@ -108,7 +116,9 @@ impl Default for ExecutionConfig {
             model_attempts: 3,
             model_retry_min_delay_ms: 500,
             model_retry_max_delay_ms: 10_000,
+            model_retry_after_max_ms: 60_000,
             default_task_timeout_ms: crate::declaration::DEFAULT_TIMEOUT_MS,
+            approval_hold_ms: crate::execution::approval::APPROVAL_HOLD_MS,
         }
     }
 }
@@ -315,6 +325,9 @@ impl ServerConfig {
         }
         if self.execution.default_task_timeout_ms == 0 {
             return invalid("execution.default_task_timeout_ms", "must be positive");
+        }
+        if self.execution.approval_hold_ms == 0 {
+            return invalid("execution.approval_hold_ms", "must be positive");
         }
         if self.doors.requests_per_minute == 0 || self.doors.burst == 0 {
             return invalid("doors", "requests_per_minute and burst must be positive");

@@ -8,13 +8,12 @@
 //! round's expansion (its tasks, the transcript and the events narrating it) is one store
 //! transaction, and the actor rebuilds itself from the store after a restart.
 
+pub mod approval;
 pub mod kernel;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
@@ -22,12 +21,14 @@ use uuid::Uuid;
 
 use nexus_proto::{ErrorCode, Refusal};
 
+use crate::declaration::approval::CallOrigin;
 use crate::declaration::tools::RunnerSelection;
 use crate::declaration::{FrozenDeclaration, RunnerFacts, freeze, validate_execution_declaration, wire_projection};
 use crate::executor::ExecutorMsg;
 use crate::executor::commit::model_text;
-use crate::model::{ChatMessage, ModelError, ModelRequest, ModelResponse, ToolCall};
-use crate::root::{Fabric, RootHandle};
+use crate::model::retry::call_with_retries;
+use crate::model::{ChatMessage, DeltaSink, ModelFailure, ModelRequest, ModelResponse, ResolvedModel, RetryPolicy, ToolCall};
+use crate::root::{Fabric, RootHandle, TranscriptEvent};
 use crate::store::{EventRow, ExecutionRow, TaskRow, now_ms};
 
 /// The largest tool input, in bytes (`tool_input_too_large`).
@@ -57,7 +58,7 @@ pub enum ExecutionMsg {
         /// The model reference that answered.
         model: String,
         /// The answer.
-        result: Result<ModelResponse, ModelError>,
+        result: Result<ModelResponse, ModelFailure>,
     },
     /// A task settled (durably) in its executor.
     TaskSettled(Box<TaskRow>),
@@ -72,6 +73,25 @@ pub enum ExecutionMsg {
     },
     /// Stop the execution: open tasks are canceled and it ends `canceled`.
     Stop(RpcReplyPort<Result<ExecutionRow, Refusal>>),
+    /// A person approved or denied a task parked in `needs_approval` (REFERENCE.md 10). Answers
+    /// the task as it now stands, or 409 `not_awaiting_approval` / `not_adjudicable`.
+    Adjudicate {
+        /// The parked task.
+        task_key: String,
+        /// Approve, or deny with a reason.
+        adjudication: approval::Adjudication,
+        /// Who decided.
+        by: approval::Adjudicator,
+        /// The task after the decision.
+        reply: RpcReplyPort<Result<TaskRow, Refusal>>,
+    },
+    /// A parked task's approval hold ran out.
+    HoldExpired {
+        /// The parked task.
+        task_key: String,
+        /// The hold's deadline the timer was set for; a moved deadline makes it stale.
+        deadline_at: i64,
+    },
 }
 
 /// Arguments: which execution.
@@ -96,7 +116,10 @@ pub struct ExecutionState {
     /// Events written with the next save.
     events: Vec<EventRow>,
     model_call: Option<JoinHandle<()>>,
-    /// Index into `[default_model] + fallback_models` of the model in use.
+    /// The approval hold timer of each parked task, by task key.
+    holds: HashMap<String, JoinHandle<()>>,
+    /// Index into [`model_chain`] where each round starts looking for an available route: 0, or
+    /// the route the last `model_change` switched to (restored from the event log).
     model_index: usize,
 }
 
@@ -110,7 +133,7 @@ impl Actor for ExecutionActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<ExecutionMsg>,
+        myself: ActorRef<ExecutionMsg>,
         args: ExecutionArgs,
     ) -> Result<ExecutionState, ActorProcessingErr> {
         let store = &args.fabric.store;
@@ -130,13 +153,14 @@ impl Actor for ExecutionActor {
         // A task settles in its executor first and is narrated here after; a crash between the
         // two leaves a settled task with no `task_status` event. Recovery writes what is missing,
         // so every settlement reaches the feed exactly once.
-        let narrated: HashSet<String> = store
-            .events_after(args.public_id, 0, i64::MAX)
-            .await?
-            .into_iter()
+        let history = store.events_after(args.public_id, 0, i64::MAX).await?;
+        let narrated: HashSet<String> = history
+            .iter()
             .filter(|e| e.event_type == "task_status" && e.data["status"].as_str().is_some_and(task_status_is_settled))
             .filter_map(|e| e.data["task_key"].as_str().map(str::to_owned))
             .collect();
+        // A switch of the fallback chain is durable: a restart keeps the model it switched to.
+        let model_index = declaration.as_ref().map_or(0, |d| switched_index(d, &history));
         let unnarrated: Vec<TaskRow> =
             tasks.iter().filter(|t| t.is_settled() && !narrated.contains(&t.task_key)).cloned().collect();
         let pending = tasks
@@ -153,11 +177,14 @@ impl Actor for ExecutionActor {
             pending,
             events: Vec::new(),
             model_call: None,
-            model_index: 0,
+            holds: HashMap::new(),
+            model_index,
         };
         for task in &unnarrated {
             emit(&mut state, "task_status", task_status_data(task));
         }
+        // Parked tasks keep their durable holds across a restart.
+        approval::rearm(&myself, &mut state);
         Ok(state)
     }
 
@@ -180,6 +207,9 @@ impl Actor for ExecutionActor {
     ) -> Result<(), ActorProcessingErr> {
         if let Some(call) = state.model_call.take() {
             call.abort();
+        }
+        for (_, hold) in state.holds.drain() {
+            hold.abort();
         }
         Ok(())
     }
@@ -230,6 +260,24 @@ impl Actor for ExecutionActor {
                     myself.stop(None);
                 }
             }
+            ExecutionMsg::Adjudicate { task_key, adjudication, by, reply } => {
+                let result = approval::adjudicate(&myself, state, &task_key, adjudication, &by).await;
+                match result {
+                    Ok(answer) => {
+                        let _ = reply.send(answer);
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(Refusal::new(
+                            ErrorCode::Internal,
+                            format!("could not record the decision: {e}; read the task and retry"),
+                        )));
+                        return Err(e);
+                    }
+                }
+            }
+            ExecutionMsg::HoldExpired { task_key, deadline_at } => {
+                approval::expire(&myself, state, &task_key, deadline_at).await?;
+            }
         }
         if run_status_is_quiescent(&state.row.status) && state.pending.values().all(TaskRow::is_settled) {
             myself.stop(None);
@@ -266,6 +314,7 @@ fn task_status_data(task: &TaskRow) -> Value {
         "tool_call_id": task.tool_call_id,
         "runner_executor_public_id": task.target_executor_public_id,
         "error_key": task.error_key,
+        "approval": task.approval,
     });
     if task.is_settled() {
         data["content"] = json!(result_text(task));
@@ -281,6 +330,8 @@ fn result_text(task: &TaskRow) -> String {
     let content = task.result.as_ref().map(model_text).unwrap_or_default();
     match (task.status.as_str(), task.error_key.as_deref()) {
         ("completed", _) => content,
+        // The approval stage's results are the origin's tool-use errors, as written.
+        (_, Some("approval_denied" | "approval_expired")) => content,
         ("timed_out", _) => {
             format!("tool_timeout: {} did not finish within its deadline ({} ms)", task.callable_name, task.timeout_ms)
         }
@@ -446,7 +497,8 @@ async fn end_refused(state: &mut ExecutionState, refusal: &Refusal) -> Result<bo
 }
 
 /// The routes an execution may use, in order: the default model, then the captured fallbacks,
-/// each route visited once.
+/// each route visited once (REFERENCE.md 16, `fallback_models`: the default is not appended,
+/// duplicates are visited once).
 fn model_chain(declaration: &FrozenDeclaration) -> Vec<String> {
     let mut chain: Vec<String> = Vec::new();
     for route in declaration.default_model.iter().chain(declaration.fallback_models.iter()) {
@@ -457,59 +509,69 @@ fn model_chain(declaration: &FrozenDeclaration) -> Vec<String> {
     chain
 }
 
+/// Where the chain stands after the durable `model_change` events: the last switch's `to`, or 0.
+fn switched_index(declaration: &FrozenDeclaration, history: &[EventRow]) -> usize {
+    let chain = model_chain(declaration);
+    history
+        .iter()
+        .rev()
+        .filter(|e| e.event_type == "model_change")
+        .find_map(|e| e.data["to"].as_str().and_then(|to| chain.iter().position(|route| route == to)))
+        .unwrap_or(0)
+}
+
+/// The first route of `chain` at or after `from` that resolves now. Availability is judged live
+/// and without provider I/O: a disabled provider or model, or a missing credential, is skipped
+/// and counts as no attempt (REFERENCE.md 16, R42).
+fn next_available(state: &ExecutionState, chain: &[String], from: usize) -> Option<(usize, ResolvedModel)> {
+    chain.iter().enumerate().skip(from).find_map(|(index, route)| match state.fabric.models.resolve(route) {
+        Ok(model) => Some((index, model)),
+        Err(e) => {
+            tracing::warn!(execution_id = %state.row.public_id, model = %route, word = e.word(), "model route unavailable; skipping");
+            None
+        }
+    })
+}
+
 async fn start_round(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Result<(), ActorProcessingErr> {
     let Some(declaration) = &state.declaration else { return Err("a round before materialization".into()) };
     let chain = model_chain(declaration);
-    // Availability is judged live: an unavailable route is skipped without provider I/O.
-    let mut resolved = None;
-    while state.model_index < chain.len() {
-        match state.fabric.models.resolve(&chain[state.model_index]) {
-            Ok(model) => {
-                resolved = Some(model);
-                break;
-            }
-            Err(e) => {
-                tracing::warn!(execution_id = %state.row.public_id, model = %chain[state.model_index], word = e.word(), "model route unavailable; skipping");
-                state.model_index += 1;
-            }
-        }
-    }
-    let Some(model) = resolved else {
+    let tools = wire_projection(&declaration.tools);
+    let Some((_, model)) = next_available(state, &chain, state.model_index) else {
         return halt(state, "provider_model_unavailable", "no model in the declaration's chain is available").await;
-    };
-    let request = ModelRequest {
-        model: model.model.clone(),
-        messages: state.transcript.clone(),
-        tools: wire_projection(&declaration.tools),
     };
     state.row.round += 1;
     let round = state.row.round;
     emit(state, "round_started", json!({"round": round, "model": model.reference}));
     save(state, &[]).await?;
 
-    let cfg = &state.fabric.config.execution;
-    let backoff = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(cfg.model_retry_min_delay_ms))
-        .with_max_delay(Duration::from_millis(cfg.model_retry_max_delay_ms))
-        .with_max_times(cfg.model_attempts.saturating_sub(1))
-        .with_jitter();
+    // Deltas are ephemeral: published as they arrive, never stored; `round_result` settles them.
+    let execution_id = state.row.public_id;
+    let deltas = {
+        let fabric = Arc::clone(&state.fabric);
+        let reference = model.reference.clone();
+        DeltaSink::new(move |delta| {
+            fabric.events.publish_transcript(TranscriptEvent {
+                execution_public_id: execution_id,
+                round,
+                model: reference.clone(),
+                delta,
+            });
+        })
+    };
+    let request =
+        ModelRequest { model: model.model.clone(), messages: state.transcript.clone(), tools, deltas: Some(deltas) };
+    let policy = RetryPolicy::from_config(&state.fabric.config.execution);
     let actor = myself.clone();
     let reference = model.reference.clone();
-    let execution_id = state.row.public_id;
-    state.model_call = Some(tokio::spawn(async move {
-        let client = model.client;
-        let call = || {
-            let request = request.clone();
-            let client = client.clone();
-            async move { client.complete(request).await }
-        };
-        let result = call
-            .retry(backoff)
-            .when(ModelError::retryable)
-            .notify(|e, wait| tracing::info!(%execution_id, error = %e, ?wait, "model call failed; retrying"))
-            .await;
-        let _ = actor.cast(ExecutionMsg::ModelDone { round, model: reference, result });
-    }));
+    let span = tracing::info_span!("model_call", %execution_id, round, model = %reference);
+    state.model_call = Some(tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            let result = call_with_retries(model.client, request, &policy).await;
+            let _ = actor.cast(ExecutionMsg::ModelDone { round, model: reference, result });
+        },
+        span,
+    )));
     Ok(())
 }
 
@@ -527,21 +589,11 @@ async fn model_done(
     myself: &ActorRef<ExecutionMsg>,
     state: &mut ExecutionState,
     model: &str,
-    result: Result<ModelResponse, ModelError>,
+    result: Result<ModelResponse, ModelFailure>,
 ) -> Result<(), ActorProcessingErr> {
     let response = match result {
         Ok(response) => response,
-        Err(error) => {
-            // The fallback advances on a classifier refusal or exhausted retryable failures.
-            let chain_len = state.declaration.as_ref().map_or(0, |d| model_chain(d).len());
-            if (error.key() == "model_refused" || error.retryable()) && state.model_index + 1 < chain_len {
-                state.model_index += 1;
-                emit(state, "model_change", json!({"from": model, "reason": error.key()}));
-                state.row.round -= 1;
-                return start_round(myself, state).await;
-            }
-            return halt(state, error.key(), &error.to_string()).await;
-        }
+        Err(failure) => return model_failed(myself, state, model, failure).await,
     };
     let round = state.row.round;
     if let Some(usage) = &response.usage {
@@ -591,16 +643,8 @@ async fn model_done(
     for task in &tasks {
         state.pending.insert(task.task_key.clone(), task.clone());
     }
-    if tasks.iter().any(|t| t.status == "needs_approval") {
-        state.row.status = "needs_attention".into();
-        state.row.attention_reason = Some("approval_required".into());
-        emit(
-            state,
-            "attention_required",
-            json!({"reason": "approval_required",
-            "blocked_task_keys": tasks.iter().filter(|t| t.status == "needs_approval").map(|t| t.task_key.clone()).collect::<Vec<_>>()}),
-        );
-    }
+    // Parked calls wait for a person while the run stays `running` (REFERENCE.md 10, "Park").
+    approval::announce_parks(myself, state, &tasks);
     save(state, &tasks).await?;
     for task in tasks.iter().filter(|t| t.status == "dispatched") {
         let Some(target) = task.target_executor_public_id else { continue };
@@ -617,8 +661,48 @@ async fn model_done(
     advance(myself, state).await
 }
 
-/// Turns one model tool call into a task row: dispatched to its frozen runner target, or settled
-/// at once with the per-call failure word.
+/// A failed model step: the chain advances to the next available route when the failure allows
+/// it (a classifier refusal, or retryable transport/server failures that spent the budget; never a
+/// content block, a request error or a 429), emitting `model_change {from, to, reason,
+/// category?}` and replacing the step with the same transcript, so completed tool results stay
+/// (REFERENCE.md 15, 16; R41-R44). Otherwise the failure stands and the execution halts with
+/// its key; a refusal at the end of the chain stands as `model_refused`.
+async fn model_failed(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+    model: &str,
+    failure: ModelFailure,
+) -> Result<(), ActorProcessingErr> {
+    let chain = state.declaration.as_ref().map(model_chain).unwrap_or_default();
+    let next = match (failure.advance, chain.iter().position(|route| route == model)) {
+        (Some(reason), Some(position)) => next_available(state, &chain, position + 1).map(|(index, _)| (reason, index)),
+        _ => None,
+    };
+    if let Some((reason, index)) = next {
+        let round = state.row.round;
+        let mut data = json!({
+            "round": round, "from": model, "to": chain[index], "reason": reason.word(), "error_key": failure.key,
+        });
+        if let Some(category) = failure.category {
+            data["category"] = json!(category);
+        }
+        tracing::info!(execution_id = %state.row.public_id, from = model, to = %chain[index], reason = reason.word(), "model fallback");
+        emit(state, "model_change", data);
+        state.model_index = index;
+        // The same round again, on the next route.
+        state.row.round -= 1;
+        return start_round(myself, state).await;
+    }
+    let mut message = format!("{model}: {} (after {} attempt(s))", failure.error, failure.attempts);
+    if let Some(quality) = failure.error.finish_quality() {
+        message.push_str(&format!("; finish_quality {quality}"));
+    }
+    halt(state, failure.key, &message).await
+}
+
+/// Turns one model tool call into a task row: settled at once with a per-call failure word, or
+/// resolved to its target and passed through the approval stage ([`approval::admit`]), which
+/// dispatches it, runs it in-process, parks it in `needs_approval` or denies it.
 fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCall) -> TaskRow {
     let now = now_ms();
     let default_timeout = i64::try_from(state.fabric.config.execution.default_task_timeout_ms).unwrap_or(i64::MAX);
@@ -646,6 +730,7 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
         result: None,
         error_key: None,
         settled_at: Some(now),
+        approval: None,
     };
     let fail = |mut task: TaskRow, key: &str, message: String| {
         task.error_key = Some(key.to_owned());
@@ -673,42 +758,18 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
     let resolved = tool.resolve_call(&input);
     task.tool_name = resolved.wire_name;
     task.tool_input = resolved.input;
-    let mode = state.declaration.as_ref().and_then(|d| d.approval_mode.as_deref()).unwrap_or("bypass");
-    let Some(route) = &tool.route else {
-        let in_process = state.declaration.as_ref().and_then(|d| kernel::run(d, &task.tool_name, &task.tool_input));
-        return match in_process {
-            Some(_) if mode != "bypass" => {
-                task.status = "needs_approval".into();
-                task.settled_at = None;
-                task
-            }
-            Some(Ok(result)) => {
-                task.status = "completed".into();
-                task.result = Some(
-                    json!({"content": result.to_string(), "structured_content": result, "is_error": false, "outcome": "completed"}),
-                );
-                task
-            }
-            Some(Err(message)) => {
-                task.status = "completed".into();
-                task.result = Some(json!({"content": message, "is_error": true, "outcome": "completed"}));
-                task
-            }
-            None => fail(
-                task,
-                "tool_not_served",
-                format!("{} has no runner route and no in-process implementation here", call.name),
-            ),
-        };
-    };
-    task.target_executor_public_id = Some(route.runner_executor_public_id);
+    // The concrete target is persisted before the approval stage (REFERENCE.md 8); the stage then
+    // grants and routes the call, parks it, or denies it (REFERENCE.md 10).
     task.effect_profile = tool.effect_profile.clone();
-    if let Some(timeout) = tool.timeout_ms {
-        task.timeout_ms = i64::try_from(timeout).unwrap_or(i64::MAX);
+    if let Some(route) = &tool.route {
+        task.target_executor_public_id = Some(route.runner_executor_public_id);
+        if let Some(timeout) = tool.timeout_ms {
+            task.timeout_ms = i64::try_from(timeout).unwrap_or(i64::MAX);
+        }
     }
-    task.deadline_at = now.saturating_add(task.timeout_ms);
-    task.settled_at = None;
-    task.status = if mode == "bypass" { "dispatched".into() } else { "needs_approval".into() };
+    if let Some(declaration) = &state.declaration {
+        approval::admit(declaration, &mut task, CallOrigin::Model, now, approval::hold_ms(state));
+    }
     task
 }
 

@@ -6,11 +6,22 @@
 //! commit and progress. Every state change is durable before it is answered. Settlements are
 //! reported to the execution as messages.
 //!
+//! Offers (`work_available`) go out through an [offer window](OFFER_WINDOW): at most that many are
+//! outstanding on a stream, and the rest of the claimable inbox waits here in `(started_at,
+//! task_key)` order until earlier offers are claimed or settle. A new stream starts a fresh window
+//! over the whole inbox, so the push stays level-triggered (REFERENCE.md 6.5, 6.11) while a runner
+//! with thousands of open tasks never overflows its stream's outbound buffer.
+//!
+//! In debug builds the actor asserts the fabric's invariants as it can see them locally (a task
+//! settles at most once, a claim is never granted on a claimed row, open tasks are unsettled and
+//! timed, the window keeps its bound, a settled task's token never takes effect); the chaos
+//! suite checks the same facts from the outside (`nexus_tests::invariants`).
+//!
 //! [`ConnectionActor`]: crate::connection::ConnectionActor
 
 pub mod commit;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,8 +53,23 @@ pub const PROGRESS_INTERVAL_MS: i64 = 250;
 /// The largest progress frame, in bytes.
 pub const PROGRESS_FRAME_BOUND: usize = 65_536;
 
-/// Frames to one runner stream. A full or closed channel drops the stream: the runner reconnects
-/// and the level-triggered inbox is offered again in full.
+/// The most `work_available` offers outstanding on one runner stream: offered and not yet claimed,
+/// settled (committed, canceled, expired). Further claimable tasks wait in the executor, oldest
+/// `(started_at, task_key)` first, and are offered as earlier offers leave the window.
+///
+/// Kept well below the stream's outbound buffer ([`OUTBOUND_BUFFER`](crate::grpc::OUTBOUND_BUFFER)
+/// frames) so that offers can never fill it: answers, Welcome and `work_canceled` always find room,
+/// and only a runner that stops reading its answers loses its stream. A runner-agent queues the
+/// hints it cannot claim yet, so the window bounds the frames in flight, not the runner's
+/// parallelism.
+pub const OFFER_WINDOW: usize = 256;
+
+// Offers may take at most half the outbound buffer; the rest is for control frames.
+const _: () = assert!(OFFER_WINDOW >= 1 && OFFER_WINDOW * 2 <= crate::grpc::OUTBOUND_BUFFER);
+
+/// Frames to one runner stream. A control frame (an answer, Welcome, `work_canceled`) that cannot
+/// be queued drops the stream: the runner reconnects and the level-triggered inbox is offered
+/// again. An offer that cannot be queued waits in the [offer window](OFFER_WINDOW) instead.
 pub type Outbound = mpsc::Sender<Result<NexusFrame, tonic::Status>>;
 
 /// A request read from the stream, after Hello.
@@ -178,6 +204,23 @@ struct Connection {
 
 type TaskId = (Uuid, String);
 
+/// Where a task waits for its offer: `(started_at, task_key, run)`, the inbox's offer order.
+type OfferKey = (i64, String, Uuid);
+
+fn offer_key(id: &TaskId, started_at: i64) -> OfferKey {
+    (started_at, id.1.clone(), id.0)
+}
+
+/// The offers of the current stream (see [`OFFER_WINDOW`]). Both sets hold only open, claimable
+/// tasks, never the same one twice, and are empty while no stream is attached.
+#[derive(Default)]
+struct OfferWindow {
+    /// Offered on this stream and still claimable; at most [`OFFER_WINDOW`].
+    offered: HashSet<TaskId>,
+    /// Claimable and not yet offered on this stream, in offer order.
+    waiting: BTreeSet<OfferKey>,
+}
+
 /// The ExecutorActor's state.
 pub struct ExecutorState {
     fabric: Arc<Fabric>,
@@ -187,10 +230,35 @@ pub struct ExecutorState {
     open: HashMap<TaskId, TaskRow>,
     timers: HashMap<TaskId, JoinHandle<()>>,
     progress_at: HashMap<TaskId, i64>,
+    window: OfferWindow,
 }
 
 /// The ExecutorActor.
 pub struct ExecutorActor;
+
+#[cfg(debug_assertions)]
+impl ExecutorState {
+    /// Asserts, after every message, the invariants that stay cheap to check however large the
+    /// inbox is; the ones about a single task are asserted where it changes (`hold`, `claim`,
+    /// `settle`, `fill_window`).
+    fn check_invariants(&self) {
+        let window = &self.window;
+        assert!(window.offered.len() <= OFFER_WINDOW, "{} offers outstanding, over the window", window.offered.len());
+        assert!(
+            window.offered.len() + window.waiting.len() <= self.open.len(),
+            "the offer window holds tasks that are not open ({} offered, {} waiting, {} open)",
+            window.offered.len(),
+            window.waiting.len(),
+            self.open.len()
+        );
+        assert!(
+            self.connection.is_some() || (window.offered.is_empty() && window.waiting.is_empty()),
+            "an offer window outlived its stream"
+        );
+        assert_eq!(self.timers.len(), self.open.len(), "every open task has exactly one expiry timer");
+        assert!(self.progress_at.len() <= self.open.len(), "progress throttles outlive their tasks");
+    }
+}
 
 fn internal(e: impl std::fmt::Display) -> Refusal {
     Refusal::new(ErrorCode::Internal, format!("the inbox store failed: {e}"))
@@ -261,13 +329,16 @@ impl Actor for ExecutorActor {
             open: HashMap::new(),
             timers: HashMap::new(),
             progress_at: HashMap::new(),
+            window: OfferWindow::default(),
         };
         // The park clock resumes: every open task gets its timer back.
         for task in state.fabric.store.open_tasks_for(args.public_id).await? {
             let id = (task.run_public_id, task.task_key.clone());
             schedule_expiry(&myself, &mut state, &id, task.deadline_at);
-            state.open.insert(id, task);
+            hold(&mut state, id, task);
         }
+        #[cfg(debug_assertions)]
+        state.check_invariants();
         tracing::debug!(runner_id = %args.public_id, open = state.open.len(), "executor loaded");
         Ok(state)
     }
@@ -289,111 +360,123 @@ impl Actor for ExecutorActor {
         msg: ExecutorMsg,
         state: &mut ExecutorState,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            ExecutorMsg::Attach { conn_id, hello_request_id, connection, outbound, credential_epoch, reply } => {
-                let result = attach(state, conn_id, hello_request_id, connection, outbound, credential_epoch).await;
-                let _ = reply.send(result);
-            }
-            ExecutorMsg::Detach { conn_id } => {
-                if state.connection.as_ref().is_some_and(|c| c.id == conn_id) {
-                    state.connection = None;
-                    tracing::info!(runner_id = %state.row.public_id, "runner stream closed");
-                    if let Err(e) =
-                        state.fabric.store.touch_executor(state.row.public_id, PresenceEvent::Detached).await
-                    {
-                        tracing::warn!(error = %e, "could not record last_seen_at");
-                    }
+        let handled = handle_msg(&myself, msg, state).await;
+        // Whatever left the window (a claim, a settlement) or joined the inbox makes room for the
+        // next offers; they queue after this message's answer.
+        fill_window(state);
+        #[cfg(debug_assertions)]
+        state.check_invariants();
+        handled
+    }
+}
+
+async fn handle_msg(
+    myself: &ActorRef<ExecutorMsg>,
+    msg: ExecutorMsg,
+    state: &mut ExecutorState,
+) -> Result<(), ActorProcessingErr> {
+    match msg {
+        ExecutorMsg::Attach { conn_id, hello_request_id, connection, outbound, credential_epoch, reply } => {
+            let result = attach(state, conn_id, hello_request_id, connection, outbound, credential_epoch).await;
+            let _ = reply.send(result);
+        }
+        ExecutorMsg::Detach { conn_id } => {
+            if state.connection.as_ref().is_some_and(|c| c.id == conn_id) {
+                state.connection = None;
+                state.window = OfferWindow::default();
+                tracing::info!(runner_id = %state.row.public_id, "runner stream closed");
+                if let Err(e) = state.fabric.store.touch_executor(state.row.public_id, PresenceEvent::Detached).await {
+                    tracing::warn!(error = %e, "could not record last_seen_at");
                 }
-            }
-            ExecutorMsg::Request { conn_id, request_id, request } => {
-                if state.connection.as_ref().is_none_or(|c| c.id != conn_id) {
-                    tracing::debug!(runner_id = %state.row.public_id, "dropping a request from a fenced stream");
-                    return Ok(());
-                }
-                let answer = match request {
-                    RunnerRequest::Announce(body) => announce(state, &body).await,
-                    RunnerRequest::Claim { run, task_key } => claim(&myself, state, run, task_key).await,
-                    RunnerRequest::ClaimStatus { run, task_key, claim_token } => {
-                        claim_status(state, run, &task_key, &claim_token).await
-                    }
-                    RunnerRequest::Extend { run, task_key, claim_token, timeout_ms } => {
-                        extend(&myself, state, run, task_key, &claim_token, timeout_ms).await
-                    }
-                    RunnerRequest::Commit { run, task_key, claim_token, body_json } => {
-                        commit(state, run, task_key, &claim_token, &body_json).await
-                    }
-                    RunnerRequest::Progress { run, task_key, claim_token, frame_json } => {
-                        progress(state, run, task_key, &claim_token, &frame_json)
-                    }
-                };
-                let frame = match answer {
-                    Ok(frame) => NexusFrame { request_id, frame: Some(frame) },
-                    Err(refusal) => refusal_frame(request_id, &refusal),
-                };
-                push(state, frame);
-            }
-            ExecutorMsg::Refresh => {
-                if let Some(row) = state.fabric.store.executor(state.row.public_id).await? {
-                    state.row = row;
-                }
-            }
-            ExecutorMsg::Offer { run, task_key } => {
-                let id = (run, task_key);
-                // Eligibility is checked at dispatch: a revoked runner gets no new work, and the
-                // call fails at once rather than waiting out its park.
-                if let Some(row) = state.fabric.store.executor(state.row.public_id).await? {
-                    state.row = row;
-                }
-                if !state.open.contains_key(&id) {
-                    match state.fabric.store.task(run, &id.1).await? {
-                        Some(task) if !task.is_settled() => {
-                            schedule_expiry(&myself, state, &id, task.deadline_at);
-                            state.open.insert(id.clone(), task);
-                        }
-                        _ => return Ok(()),
-                    }
-                }
-                if state.row.status != "active" {
-                    settle(state, &id, "failed", None, Some("executor_revoked")).await?;
-                    return Ok(());
-                }
-                if let Some(task) = state.open.get(&id) {
-                    let frame = work_available(task);
-                    push(state, frame);
-                }
-            }
-            ExecutorMsg::Cancel { run, task_key } => {
-                let id = (run, task_key);
-                if let Some(task) = state.open.get(&id) {
-                    let claimed = task.claimed;
-                    settle(state, &id, "canceled", None, Some("task_canceled")).await?;
-                    if claimed {
-                        push(
-                            state,
-                            NexusFrame {
-                                request_id: 0,
-                                frame: Some(Frame::WorkCanceled(WorkCanceled {
-                                    run_public_id: run.to_string(),
-                                    task_key: id.1,
-                                })),
-                            },
-                        );
-                    }
-                }
-            }
-            ExecutorMsg::Expire { run, task_key, deadline_at } => {
-                let id = (run, task_key);
-                let Some(task) = state.open.get(&id) else { return Ok(()) };
-                if task.deadline_at != deadline_at {
-                    return Ok(());
-                }
-                let (status, error_key) = expiry_outcome(task);
-                tracing::info!(runner_id = %state.row.public_id, run_id = %run, task_key = %id.1, status, "task expired");
-                settle(state, &id, status, None, Some(error_key)).await?;
             }
         }
-        Ok(())
+        ExecutorMsg::Request { conn_id, request_id, request } => {
+            if state.connection.as_ref().is_none_or(|c| c.id != conn_id) {
+                tracing::debug!(runner_id = %state.row.public_id, "dropping a request from a fenced stream");
+                return Ok(());
+            }
+            let answer = match request {
+                RunnerRequest::Announce(body) => announce(state, &body).await,
+                RunnerRequest::Claim { run, task_key } => claim(myself, state, run, task_key).await,
+                RunnerRequest::ClaimStatus { run, task_key, claim_token } => {
+                    claim_status(state, run, &task_key, &claim_token).await
+                }
+                RunnerRequest::Extend { run, task_key, claim_token, timeout_ms } => {
+                    extend(myself, state, run, task_key, &claim_token, timeout_ms).await
+                }
+                RunnerRequest::Commit { run, task_key, claim_token, body_json } => {
+                    commit(state, run, task_key, &claim_token, &body_json).await
+                }
+                RunnerRequest::Progress { run, task_key, claim_token, frame_json } => {
+                    progress(state, run, task_key, &claim_token, &frame_json)
+                }
+            };
+            let frame = match answer {
+                Ok(frame) => NexusFrame { request_id, frame: Some(frame) },
+                Err(refusal) => refusal_frame(request_id, &refusal),
+            };
+            push(state, frame);
+        }
+        ExecutorMsg::Refresh => {
+            if let Some(row) = state.fabric.store.executor(state.row.public_id).await? {
+                state.row = row;
+            }
+        }
+        ExecutorMsg::Offer { run, task_key } => {
+            let id = (run, task_key);
+            // Eligibility is checked at dispatch: a revoked runner gets no new work, and the
+            // call fails at once rather than waiting out its park.
+            if let Some(row) = state.fabric.store.executor(state.row.public_id).await? {
+                state.row = row;
+            }
+            if !state.open.contains_key(&id) {
+                match state.fabric.store.task(run, &id.1).await? {
+                    Some(task) if !task.is_settled() => {
+                        schedule_expiry(myself, state, &id, task.deadline_at);
+                        hold(state, id.clone(), task);
+                    }
+                    _ => return Ok(()),
+                }
+            }
+            if state.row.status != "active" {
+                settle(state, &id, "failed", None, Some("executor_revoked")).await?;
+                return Ok(());
+            }
+            // Offered when the window has room; a repeated offer of a task already offered on
+            // this stream is not sent twice.
+            enqueue_offer(state, &id);
+        }
+        ExecutorMsg::Cancel { run, task_key } => {
+            let id = (run, task_key);
+            if let Some(task) = state.open.get(&id) {
+                let claimed = task.claimed;
+                settle(state, &id, "canceled", None, Some("task_canceled")).await?;
+                if claimed {
+                    push(
+                        state,
+                        NexusFrame {
+                            request_id: 0,
+                            frame: Some(Frame::WorkCanceled(WorkCanceled {
+                                run_public_id: run.to_string(),
+                                task_key: id.1,
+                            })),
+                        },
+                    );
+                }
+            }
+        }
+        ExecutorMsg::Expire { run, task_key, deadline_at } => {
+            let id = (run, task_key);
+            let Some(task) = state.open.get(&id) else { return Ok(()) };
+            if task.deadline_at != deadline_at {
+                return Ok(());
+            }
+            let (status, error_key) = expiry_outcome(task);
+            tracing::info!(runner_id = %state.row.public_id, run_id = %run, task_key = %id.1, status, "task expired");
+            settle(state, &id, status, None, Some(error_key)).await?;
+        }
     }
+    Ok(())
 }
 
 fn work_available(task: &TaskRow) -> NexusFrame {
@@ -408,12 +491,91 @@ fn work_available(task: &TaskRow) -> NexusFrame {
     }
 }
 
+/// Queues a control frame (an answer, Welcome, `work_canceled`). One that cannot be queued drops
+/// the stream: the runner stopped reading, and reconnects to a fresh window.
 fn push(state: &mut ExecutorState, frame: NexusFrame) {
     let Some(connection) = &state.connection else { return };
     if let Err(e) = connection.outbound.try_send(Ok(frame)) {
         tracing::warn!(runner_id = %state.row.public_id, error = %e, "runner stream cannot take frames; dropping it");
         connection.actor.stop(Some("outbound full or closed".into()));
         state.connection = None;
+        state.window = OfferWindow::default();
+    }
+}
+
+/// Whether the runner may claim the task now, so that it belongs in the offer window.
+fn claimable(task: &TaskRow) -> bool {
+    !task.claimed && task.status == "dispatched"
+}
+
+/// Holds an open task: it is addressed here, unsettled, and has its expiry timer.
+fn hold(state: &mut ExecutorState, id: TaskId, task: TaskRow) {
+    debug_assert!(!task.is_settled(), "an open task is never settled: {id:?} is {}", task.status);
+    debug_assert_eq!(
+        task.target_executor_public_id,
+        Some(state.row.public_id),
+        "an executor holds only the tasks addressed to it: {id:?}"
+    );
+    debug_assert!(state.timers.contains_key(&id), "every open task has its expiry timer: {id:?}");
+    state.open.insert(id, task);
+}
+
+/// Starts a fresh offer window for a new stream over the whole claimable inbox.
+fn reset_window(state: &mut ExecutorState) {
+    state.window = OfferWindow::default();
+    if state.connection.is_none() {
+        return;
+    }
+    state.window.waiting = state
+        .open
+        .iter()
+        .filter(|(_, task)| claimable(task))
+        .map(|(id, task)| offer_key(id, task.started_at))
+        .collect();
+}
+
+/// Puts an open, claimable task in line for an offer on the current stream, unless it was
+/// offered there already.
+fn enqueue_offer(state: &mut ExecutorState, id: &TaskId) {
+    if state.connection.is_none() || state.window.offered.contains(id) {
+        return;
+    }
+    if let Some(task) = state.open.get(id).filter(|task| claimable(task)) {
+        state.window.waiting.insert(offer_key(id, task.started_at));
+    }
+}
+
+/// Takes a task out of the window (claimed or settled), making room for the next offer.
+fn withdraw_offer(state: &mut ExecutorState, id: &TaskId, started_at: i64) {
+    state.window.offered.remove(id);
+    state.window.waiting.remove(&offer_key(id, started_at));
+}
+
+/// Offers waiting tasks, oldest first, while the window has room. An offer that the outbound
+/// channel cannot take now waits for the next message; offers never drop the stream.
+fn fill_window(state: &mut ExecutorState) {
+    let Some(connection) = &state.connection else { return };
+    while state.window.offered.len() < OFFER_WINDOW {
+        let Some(key) = state.window.waiting.pop_first() else { return };
+        let id = (key.2, key.1.clone());
+        debug_assert!(
+            state.open.get(&id).is_some_and(claimable),
+            "only open, claimable tasks wait for an offer: {id:?}"
+        );
+        let Some(task) = state.open.get(&id).filter(|task| claimable(task)) else { continue };
+        match connection.outbound.try_send(Ok(work_available(task))) {
+            Ok(()) => {
+                let fresh = state.window.offered.insert(id);
+                debug_assert!(fresh, "a task is offered once per stream: {key:?}");
+            }
+            Err(_) => {
+                // Full: only answers can fill the buffer (offers take at most OFFER_WINDOW of it),
+                // and the next answer that finds it full drops the stream. Closed: the stream is
+                // gone and its Detach clears the window. Either way the task keeps its place.
+                state.window.waiting.insert(key);
+                return;
+            }
+        }
     }
 }
 
@@ -450,6 +612,7 @@ async fn attach(
     if let Some(old) = state.connection.take() {
         tracing::info!(runner_id = %state.row.public_id, "a new stream fences the old one");
         old.actor.stop(Some("fenced by a newer stream".into()));
+        state.window = OfferWindow::default();
     }
     state.fabric.store.touch_executor(state.row.public_id, PresenceEvent::Attached).await.map_err(internal)?;
     state.connection = Some(Connection { id: conn_id, actor: connection, outbound });
@@ -466,13 +629,9 @@ async fn attach(
         },
     );
     tracing::info!(runner_id = %state.row.public_id, open = state.open.len(), "runner stream attached");
-    // The inbox is level-triggered: everything still claimable is offered again in full.
-    let mut offers: Vec<&TaskRow> = state.open.values().filter(|t| !t.claimed && t.status == "dispatched").collect();
-    offers.sort_by(|a, b| (a.started_at, &a.task_key).cmp(&(b.started_at, &b.task_key)));
-    let frames: Vec<NexusFrame> = offers.into_iter().map(work_available).collect();
-    for frame in frames {
-        push(state, frame);
-    }
+    // The inbox is level-triggered: everything still claimable is offered again, through a fresh
+    // window (filled after Welcome, when this message is handled).
+    reset_window(state);
     Ok(())
 }
 
@@ -525,6 +684,9 @@ pub fn executor_json(row: &ExecutorRow) -> Value {
 /// Finds a task: open here, or settled (or addressed elsewhere) in the store.
 async fn find(state: &ExecutorState, run: Uuid, task_key: &str) -> Result<TaskRow, Refusal> {
     if let Some(task) = state.open.get(&(run, task_key.to_owned())) {
+        // Tokens are checked against this copy: a settled one here would let a settled task's
+        // token extend, commit or report progress.
+        debug_assert!(!task.is_settled(), "an open task is never settled: {run}/{task_key} is {}", task.status);
         return Ok(task.clone());
     }
     let task = state
@@ -576,6 +738,10 @@ async fn claim(
     if state.row.status != "active" {
         return Err(Refusal::new(ErrorCode::NotEligible, "this runner is no longer eligible"));
     }
+    debug_assert!(
+        task.claim_token_digest.is_none(),
+        "a claim is granted only on a row that never held a token: {run}/{task_key}"
+    );
     // The token names the credential epoch it was granted under, so re-pairing fences it.
     let token = format!("e{}.{}", state.row.credential_epoch, crate::auth::random_token());
     let now = now_ms();
@@ -600,7 +766,8 @@ async fn claim(
         claim_token: token,
         deadline_at_ms: granted.deadline_at,
     });
-    state.open.insert(id, granted);
+    withdraw_offer(state, &id, granted.started_at);
+    hold(state, id, granted);
     Ok(frame)
 }
 
@@ -649,7 +816,7 @@ async fn extend(
     let id = (run, task_key);
     schedule_expiry(myself, state, &id, extended.deadline_at);
     let deadline_at = extended.deadline_at;
-    state.open.insert(id.clone(), extended);
+    hold(state, id.clone(), extended);
     notify(state, run, ExecutionMsg::DeadlineExtended { task_key: id.1, deadline_at, timeout_ms }).await;
     Ok(Frame::Extended(Extended { deadline_at_ms: deadline_at }))
 }
@@ -710,6 +877,7 @@ fn progress(
     let Some(task) = state.open.get(&id) else {
         return Err(Refusal::new(ErrorCode::NotClaimant, "no live claim on this task"));
     };
+    debug_assert!(!task.is_settled(), "a settled task's token never reports progress: {run}/{}", id.1);
     if !token_matches(task, token) || !token_current(state, token) {
         return Err(Refusal::new(ErrorCode::NotClaimant, "this token does not hold the claim"));
     }
@@ -739,6 +907,8 @@ async fn settle(
     error_key: Option<&str>,
 ) -> Result<(), crate::store::StoreError> {
     let Some(mut task) = state.open.get(id).cloned() else { return Ok(()) };
+    debug_assert!(!task.is_settled(), "a task settles at most once: {id:?} is already {}", task.status);
+    debug_assert!(crate::execution::task_status_is_settled(status), "{status} is not a settled status");
     task.status = status.to_owned();
     task.result = result;
     task.error_key = error_key.map(str::to_owned);
@@ -746,7 +916,10 @@ async fn settle(
     state.fabric.store.update_task(&task).await?;
     state.open.remove(id);
     state.progress_at.remove(id);
-    if let Some(timer) = state.timers.remove(id) {
+    withdraw_offer(state, id, task.started_at);
+    let timer = state.timers.remove(id);
+    debug_assert!(timer.is_some(), "every open task has its expiry timer: {id:?}");
+    if let Some(timer) = timer {
         timer.abort();
     }
     tracing::info!(runner_id = %state.row.public_id, run_id = %id.0, task_key = %id.1, status, "task settled");

@@ -15,7 +15,7 @@ use nexus_proto::agent::v1::agent_service_server::AgentService;
 use nexus_proto::agent::v1::{
     CreateInputReply, CreateInputRequest, DeclareProfileRequest, Execution, ExecutionEvent, ExecutorRequest,
     GetExecutionRequest, GetProfileRequest, JsonReply, JsonRequest, NamedDefinitionRequest, ProfileReply,
-    PromptDocumentRequest, StopExecutionRequest, StreamEventsRequest,
+    PromptDocumentRequest, StopExecutionRequest, StreamEventsRequest, TaskDecisionRequest,
 };
 use nexus_proto::runner::v1::runner_service_server::RunnerService;
 use nexus_proto::runner::v1::{NexusFrame, RunnerFrame};
@@ -25,7 +25,10 @@ use crate::api::{Api, Caller, CreateInput};
 use crate::auth::bearer;
 use crate::connection::{ConnectionActor, ConnectionArgs};
 
-/// Frames buffered towards one runner before the stream is dropped as too slow.
+/// Frames buffered towards one runner before the stream is dropped as too slow. Offers take at
+/// most [`OFFER_WINDOW`](crate::executor::OFFER_WINDOW) of them (checked at compile time), so the
+/// rest is always free for answers, Welcome and `work_canceled`; only a runner that stops reading
+/// its answers fills it.
 pub const OUTBOUND_BUFFER: usize = 1024;
 
 /// `RunnerService`: one [`ConnectionActor`] per stream.
@@ -110,6 +113,16 @@ fn uuid_arg(text: &str, field: &str) -> Result<Option<uuid::Uuid>, Status> {
 fn required_uuid(text: &str, field: &str) -> Result<uuid::Uuid, Status> {
     uuid_arg(text, field)?
         .ok_or_else(|| Refusal::new(ErrorCode::ParameterMissing, format!("{field} is required")).to_status())
+}
+
+/// The execution of an approve or deny request: required; a malformed id names no execution (404,
+/// as on the HTTP door).
+fn decision_execution(text: &str) -> Result<uuid::Uuid, Status> {
+    if text.trim().is_empty() {
+        return Err(Refusal::new(ErrorCode::ParameterMissing, "execution_public_id is required").to_status());
+    }
+    uuid::Uuid::parse_str(text.trim())
+        .map_err(|_| Refusal::new(ErrorCode::NotFound, format!("no execution {text}")).to_status())
 }
 
 fn execution_message(value: &serde_json::Value) -> Execution {
@@ -276,5 +289,23 @@ impl AgentService for AgentGrpc {
         let id = required_uuid(&request.get_ref().execution_public_id, "execution_public_id")?;
         let execution = self.api.stop(&caller, id).await.map_err(|r| r.to_status())?;
         Ok(Response::new(execution_message(&execution)))
+    }
+
+    async fn approve_task(&self, request: Request<TaskDecisionRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        let id = decision_execution(&body.execution_public_id)?;
+        if !matches!(json_arg(&body.body_json, "body_json")?, None | Some(serde_json::Value::Object(_))) {
+            return Err(Refusal::new(ErrorCode::ParameterInvalid, "body_json must be empty or an object").to_status());
+        }
+        Ok(reply(&self.api.approve_task(&caller, id, &body.task_key).await.map_err(|r| r.to_status())?))
+    }
+
+    async fn deny_task(&self, request: Request<TaskDecisionRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        let id = decision_execution(&body.execution_public_id)?;
+        let decision = json_arg(&body.body_json, "body_json")?.unwrap_or_default();
+        Ok(reply(&self.api.deny_task(&caller, id, &body.task_key, &decision).await.map_err(|r| r.to_status())?))
     }
 }

@@ -3,6 +3,9 @@
 //! Errors are JSON `{"code", "message"}` with the spec's status (spec/REFERENCE.md 3, "Status
 //! codes"). Bodies are read as bytes and parsed here so that every failure has a spec word.
 
+pub mod approval;
+pub mod executions;
+
 use std::sync::Arc;
 
 use axum::Router;
@@ -67,6 +70,8 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/agent_api/v1/executors", get(get_executors))
         .route("/agent_api/v1/executors/{id}", get(get_executor))
         .route("/agent_api/v1/tools/assembly", post(post_assembly))
+        .merge(executions::routes())
+        .merge(approval::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(api)

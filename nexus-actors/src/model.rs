@@ -1,29 +1,44 @@
 //! Model providers: the `provider/model` resolver and the clients behind it.
 //!
 //! Owns the internal chat transcript shape ([`ChatMessage`]), the provider-neutral request and
-//! answer ([`ModelRequest`], [`ModelResponse`]), the provider error keys ([`ModelError`], spec
+//! answer ([`ModelRequest`], [`ModelResponse`]), the streamed transcript deltas
+//! ([`TranscriptDelta`], [`DeltaSink`]), the provider error keys ([`ModelError`], spec
 //! REFERENCE.md §7 "Error keys"), the provider table from config ([`ProviderTable`]), the resolver
 //! that turns a reference such as `openrouter/z-ai/glm-5.3` into a client ([`ModelRegistry`],
-//! resolver words of §3 `default_model` and §16 `fallback_models`), and two clients:
-//! [`scripted::ScriptedProvider`] (deterministic, for tests and `nexus quickstart`) and
-//! [`openai::OpenAiCompatibleProvider`] (chat completions over HTTPS with rustls).
+//! resolver words of §3 `default_model` and §16 `fallback_models`), the attempt budget of one
+//! model step and its classification ([`retry`], §15), and three clients:
+//! [`scripted::ScriptedProvider`] (deterministic, for tests and `nexus quickstart`),
+//! [`openai::OpenAiCompatibleProvider`] (chat completions) and [`anthropic::AnthropicProvider`]
+//! (Messages), the last two streaming over HTTPS with rustls ([`sse`]).
 //!
-//! Does not own: retries, fallback order, budgets and lane floors (the execution actor decides
-//! using [`ModelError::key`], [`ModelError::retryable`] and [`ModelError::status`]), the tool
-//! wire projection (the declaration module builds [`ModelRequest::tools`]), or persistence.
+//! Does not own: the fallback order and the `model_change` event (the execution actor walks the
+//! chain using [`retry::ModelFailure::advance`]), the tool wire projection (the declaration
+//! module builds [`ModelRequest::tools`]), the event feed that carries the deltas, or
+//! persistence.
 
+pub mod anthropic;
 pub mod config;
+#[cfg(test)]
+mod fake_http;
 pub mod openai;
 pub mod registry;
+pub mod retry;
 pub mod scripted;
+pub mod sse;
+mod wire;
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
 pub use self::config::{ModelConfig, ProviderConfig, ProviderKind, ProviderTable};
 pub use self::registry::{ConfigError, ModelRegistry, ResolveError, ResolvedModel};
+pub use self::retry::{ModelFailure, RetryPolicy};
 pub use self::scripted::{Script, ScriptError};
 
 /// A boxed, sendable future borrowed for `'a` (the trait below is object safe without
@@ -87,8 +102,126 @@ pub struct ModelRequest {
     pub messages: Vec<ChatMessage>,
     /// Provider wire projection entries, e.g.
     /// `{"type":"function","function":{name,description,parameters},"strict":false}`; sent as
-    /// given. Empty means no tools are offered.
+    /// given to OpenAI-compatible providers and projected to `{name, description, input_schema}`
+    /// for Anthropic. Empty means no tools are offered.
     pub tools: Vec<serde_json::Value>,
+    /// Where a streaming client reports the answer as it arrives ([`TranscriptDelta`]). `None`
+    /// drops the deltas; the final [`ModelResponse`] is the same either way.
+    pub deltas: Option<DeltaSink>,
+}
+
+/// One streamed piece of a model answer, or a reset of what was streamed
+/// (REFERENCE.md §7 "Events", transcript deltas). Ephemeral: never stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TranscriptDelta {
+    /// `text_delta {text}`: more answer text.
+    Text {
+        /// The new text (never empty).
+        text: String,
+    },
+    /// `tool_call_started {index, tool_call_id, name}`: the model began a tool call.
+    ToolCallStarted {
+        /// 0-based position of the call in the answer's tool calls.
+        index: usize,
+        /// The provider's call id (`call_{index}` when it sent none).
+        tool_call_id: String,
+        /// The tool's wire name.
+        name: String,
+    },
+    /// `tool_call_arguments_delta {index, delta}`: more of a call's JSON argument text.
+    ToolCallArguments {
+        /// The call's [`TranscriptDelta::ToolCallStarted::index`].
+        index: usize,
+        /// The new argument text (never empty).
+        delta: String,
+    },
+    /// `stream_reset {reason}`: discard what this model step streamed so far. Sent by
+    /// [`retry::call_with_retries`], never by a client.
+    StreamReset {
+        /// `retry` (another attempt follows), `refused` (the classifier declined; a fallback may
+        /// follow) or `failed` (the step failed).
+        reason: ResetReason,
+    },
+}
+
+/// Why streamed text is discarded (`stream_reset.reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResetReason {
+    /// `retry`: the attempt failed and is repeated.
+    Retry,
+    /// `refused`: the classifier declined the answer.
+    Refused,
+    /// `failed`: the model step failed.
+    Failed,
+}
+
+impl ResetReason {
+    /// The spec's word.
+    #[must_use]
+    pub fn word(self) -> &'static str {
+        match self {
+            Self::Retry => "retry",
+            Self::Refused => "refused",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+impl TranscriptDelta {
+    /// The event type: `text_delta`, `tool_call_started`, `tool_call_arguments_delta` or
+    /// `stream_reset`.
+    #[must_use]
+    pub fn event_type(&self) -> &'static str {
+        match self {
+            Self::Text { .. } => "text_delta",
+            Self::ToolCallStarted { .. } => "tool_call_started",
+            Self::ToolCallArguments { .. } => "tool_call_arguments_delta",
+            Self::StreamReset { .. } => "stream_reset",
+        }
+    }
+
+    /// The event's data: `{text}`, `{index, tool_call_id, name}`, `{index, delta}` or `{reason}`.
+    #[must_use]
+    pub fn data(&self) -> Value {
+        match self {
+            Self::Text { text } => json!({"text": text}),
+            Self::ToolCallStarted { index, tool_call_id, name } => {
+                json!({"index": index, "tool_call_id": tool_call_id, "name": name})
+            }
+            Self::ToolCallArguments { index, delta } => json!({"index": index, "delta": delta}),
+            Self::StreamReset { reason } => json!({"reason": reason.word()}),
+        }
+    }
+}
+
+/// A callback receiving [`TranscriptDelta`]s, called from the task running the model call. It
+/// must not block (publish to a channel). Cloning shares the callback; two sinks are equal when
+/// they share it.
+#[derive(Clone)]
+pub struct DeltaSink(Arc<dyn Fn(TranscriptDelta) + Send + Sync>);
+
+impl DeltaSink {
+    /// A sink calling `deliver` for each delta.
+    pub fn new(deliver: impl Fn(TranscriptDelta) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(deliver))
+    }
+
+    /// Delivers one delta.
+    pub fn send(&self, delta: TranscriptDelta) {
+        (self.0)(delta);
+    }
+}
+
+impl fmt::Debug for DeltaSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DeltaSink")
+    }
+}
+
+impl PartialEq for DeltaSink {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// A successful model answer.
@@ -98,9 +231,12 @@ pub struct ModelResponse {
     pub text: Option<String>,
     /// Tool calls to run; empty for a final answer.
     pub tool_calls: Vec<ToolCall>,
-    /// The provider's finish reason as sent (`stop`, `tool_calls`, `length`, …). When the
-    /// provider sends none: `tool_calls` if there are tool calls, else `stop`.
-    /// `content_filter` never appears here: it is [`ModelError::Refused`].
+    /// The finish reason in the OpenAI words: `stop`, `tool_calls`, `length`, or another word
+    /// the provider sent as is. Anthropic's `end_turn`/`stop_sequence`/`pause_turn` are `stop`,
+    /// `tool_use` is `tool_calls`, `max_tokens`/`model_context_window_exceeded` are `length`.
+    /// When the provider sends none: `tool_calls` if there are tool calls, else `stop`.
+    /// `content_filter` and `refusal` never appear here: they are [`ModelError::Blocked`] and
+    /// [`ModelError::Refused`].
     pub finish_reason: String,
     /// Token counts, when the provider reports them.
     pub usage: Option<Usage>,
@@ -109,29 +245,45 @@ pub struct ModelResponse {
 /// Token counts of one model call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
-    /// Prompt tokens (OpenAI `usage.prompt_tokens`).
+    /// Prompt tokens (OpenAI `usage.prompt_tokens`; Anthropic `usage.input_tokens` plus its
+    /// cache creation and cache read tokens).
     pub input_tokens: u64,
-    /// Generated tokens (OpenAI `usage.completion_tokens`).
+    /// Generated tokens (OpenAI `usage.completion_tokens`, Anthropic `usage.output_tokens`).
     pub output_tokens: u64,
 }
 
-/// Why a model call failed. [`ModelError::key`] gives the spec's error key (REFERENCE.md §7).
+/// Why one model call failed. [`ModelError::key`] gives the spec's error key (REFERENCE.md §7),
+/// [`ModelError::retryable`] whether the same request may be sent again, and
+/// [`ModelError::finish_quality`] the origin's finish quality of an answer that came back unusable.
+/// What a failure means for the model step after its retries (and for the fallback chain) is
+/// decided in [`retry`].
 #[non_exhaustive]
 #[derive(thiserror::Error, Debug)]
 pub enum ModelError {
-    /// The request never got an HTTP answer (connect, TLS, timeout, reset, body read).
+    /// The request never got a whole answer: connect, TLS, timeout, reset, body read, or a stream
+    /// that ended before the answer finished (no `[DONE]`/finish reason, no `message_stop`).
     /// Key `provider_http_error`; retryable.
     #[error("provider transport failure: {message}")]
     Transport {
         /// What failed (never contains the credential).
         message: String,
     },
-    /// An HTTP error status not covered by a more specific variant (400, 408, 429, 500, …).
-    /// Key `provider_http_error`; retryable for 429 and 5xx.
+    /// An HTTP error status not covered by a more specific variant (400, 408, 413, 500, 502, …),
+    /// or an error object of that status inside a 2xx body or a stream.
+    /// Key `provider_http_error`; retryable for 5xx.
     #[error("provider answered http {status}: {message}")]
     Http {
         /// The HTTP status.
         status: u16,
+        /// The provider's error text, shortened.
+        message: String,
+    },
+    /// 429 (or Anthropic `rate_limit_error`): the lane's budget is spent for now. Key
+    /// `provider_http_error`; retryable after `retry_after`; never a reason to fall back.
+    #[error("provider rate limited the call (http 429): {message}")]
+    RateLimited {
+        /// The provider's `Retry-After` (whole seconds, or an HTTP date), when it sent one.
+        retry_after: Option<Duration>,
         /// The provider's error text, shortened.
         message: String,
     },
@@ -144,16 +296,18 @@ pub enum ModelError {
         /// The provider's error text, shortened.
         message: String,
     },
-    /// 503, 529, or an `overloaded_error` body. Key `provider_overloaded`; retryable.
+    /// 503, 529, or an `overloaded_error` (in an error body or as a stream `error` event). Key
+    /// `provider_overloaded`; retryable.
     #[error("provider overloaded (http {status:?}): {message}")]
     Overloaded {
-        /// The HTTP status, `None` when an otherwise successful body said `overloaded_error`.
+        /// The HTTP status, `None` when an otherwise successful answer said `overloaded_error`.
         status: Option<u16>,
         /// The provider's error text, shortened.
         message: String,
     },
-    /// The prompt does not fit the model (an error body with code `context_length_exceeded`).
-    /// Key `provider_context_overflow`; not retryable.
+    /// The prompt does not fit the model: an error with code `context_length_exceeded`, or whose
+    /// text says `prompt is too long` / `maximum context length`. Key
+    /// `provider_context_overflow`; not retryable.
     #[error("provider context overflow (http {status}): {message}")]
     ContextOverflow {
         /// The HTTP status.
@@ -162,18 +316,27 @@ pub enum ModelError {
         message: String,
     },
     /// A malformed or abnormal answer (bad JSON, no choice, `finish_reason: error`, an empty
-    /// answer), or a scripted provider failure (exhausted script, missing tool result).
-    /// Key `provider_error`; not retryable.
+    /// answer, a nameless tool call), or a scripted provider failure (exhausted script, missing
+    /// tool result). Key `provider_error`, finish quality `error`; not retryable.
     #[error("provider error: {message}")]
     Provider {
         /// What was wrong.
         message: String,
     },
-    /// The provider's classifier declined (`finish_reason: content_filter`, or a `refusal`).
-    /// Key `model_refused`; not retryable (the fallback list may advance on it).
+    /// The provider's content filter withheld the answer (OpenAI `finish_reason:
+    /// content_filter` without a `refusal`): a content block, finish quality `blocked`. Key
+    /// `provider_error`; not retryable, and never a reason to fall back (REFERENCE.md §15, §16).
+    #[error("content blocked by the provider: {message}")]
+    Blocked {
+        /// The finish reason, or the provider's text.
+        message: String,
+    },
+    /// The provider's classifier declined (an OpenAI `refusal`, an Anthropic `stop_reason:
+    /// refusal`): finish quality `refused`. Key `model_refused`; not retryable (the fallback list
+    /// advances on it).
     #[error("model refused: {message}")]
     Refused {
-        /// The refusal text, or the finish reason.
+        /// The refusal text, or the stop reason.
         message: String,
     },
 }
@@ -184,25 +347,26 @@ impl ModelError {
     #[must_use]
     pub fn key(&self) -> &'static str {
         match self {
-            Self::Transport { .. } | Self::Http { .. } => "provider_http_error",
+            Self::Transport { .. } | Self::Http { .. } | Self::RateLimited { .. } => "provider_http_error",
             Self::ModelUnavailable { .. } => "provider_model_unavailable",
             Self::Overloaded { .. } => "provider_overloaded",
             Self::ContextOverflow { .. } => "provider_context_overflow",
-            Self::Provider { .. } => "provider_error",
+            Self::Provider { .. } | Self::Blocked { .. } => "provider_error",
             Self::Refused { .. } => "model_refused",
         }
     }
 
     /// Whether repeating the same request may succeed: transport failures, 429, and every 5xx
-    /// (including 503/529 overload). The caller owns the budget and the 429 floor.
+    /// (including 503/529 overload). [`retry`] owns the budget and the 429 floor.
     #[must_use]
     pub fn retryable(&self) -> bool {
         match self {
-            Self::Transport { .. } | Self::Overloaded { .. } => true,
+            Self::Transport { .. } | Self::Overloaded { .. } | Self::RateLimited { .. } => true,
             Self::Http { status, .. } => *status == 429 || *status >= 500,
             Self::ModelUnavailable { .. }
             | Self::ContextOverflow { .. }
             | Self::Provider { .. }
+            | Self::Blocked { .. }
             | Self::Refused { .. } => false,
         }
     }
@@ -214,8 +378,21 @@ impl ModelError {
             Self::Http { status, .. }
             | Self::ModelUnavailable { status, .. }
             | Self::ContextOverflow { status, .. } => Some(*status),
+            Self::RateLimited { .. } => Some(429),
             Self::Overloaded { status, .. } => *status,
-            Self::Transport { .. } | Self::Provider { .. } | Self::Refused { .. } => None,
+            Self::Transport { .. } | Self::Provider { .. } | Self::Blocked { .. } | Self::Refused { .. } => None,
+        }
+    }
+
+    /// The origin's `finish_quality` of an answer that came back but cannot be used: `refused`,
+    /// `blocked` or `error`; `None` for a failure that produced no answer.
+    #[must_use]
+    pub fn finish_quality(&self) -> Option<&'static str> {
+        match self {
+            Self::Refused { .. } => Some("refused"),
+            Self::Blocked { .. } => Some("blocked"),
+            Self::Provider { .. } => Some("error"),
+            _ => None,
         }
     }
 }
@@ -223,8 +400,9 @@ impl ModelError {
 /// A client for one provider. Stateless per call: everything the provider needs is in the
 /// request, so a call may be repeated or sent to another provider.
 pub trait ModelProvider: Send + Sync + std::fmt::Debug {
-    /// Sends one request and returns the answer. Bounded by the provider's
-    /// `request_timeout_ms`.
+    /// Sends one request and returns the whole answer, reporting it piece by piece to
+    /// [`ModelRequest::deltas`] when the client streams. Bounded by the provider's
+    /// `request_timeout_ms`. One call is one attempt: retries belong to [`retry`].
     fn complete<'a>(&'a self, request: ModelRequest) -> BoxFuture<'a, Result<ModelResponse, ModelError>>;
 }
 
@@ -241,6 +419,8 @@ mod tests {
             (ModelError::Transport { message: msg() }, "provider_http_error", true, None),
             (ModelError::Http { status: 400, message: msg() }, "provider_http_error", false, Some(400)),
             (ModelError::Http { status: 429, message: msg() }, "provider_http_error", true, Some(429)),
+            (ModelError::RateLimited { retry_after: None, message: msg() }, "provider_http_error", true, Some(429)),
+            (ModelError::Blocked { message: msg() }, "provider_error", false, None),
             (ModelError::Http { status: 500, message: msg() }, "provider_http_error", true, Some(500)),
             (
                 ModelError::ModelUnavailable { status: 404, message: msg() },
@@ -264,6 +444,44 @@ mod tests {
             assert_eq!(error.retryable(), retryable, "{error:?}");
             assert_eq!(error.status(), status, "{error:?}");
         }
+        let quality = |error: ModelError| error.finish_quality();
+        assert_eq!(quality(ModelError::Refused { message: msg() }), Some("refused"));
+        assert_eq!(quality(ModelError::Blocked { message: msg() }), Some("blocked"));
+        assert_eq!(quality(ModelError::Provider { message: msg() }), Some("error"));
+        assert_eq!(quality(ModelError::Overloaded { status: Some(503), message: msg() }), None);
+    }
+
+    #[test]
+    fn delta_events_carry_the_spec_words() {
+        let rows = [
+            (TranscriptDelta::Text { text: "hi".into() }, "text_delta", json!({"text": "hi"})),
+            (
+                TranscriptDelta::ToolCallStarted { index: 1, tool_call_id: "c".into(), name: "bash".into() },
+                "tool_call_started",
+                json!({"index": 1, "tool_call_id": "c", "name": "bash"}),
+            ),
+            (
+                TranscriptDelta::ToolCallArguments { index: 1, delta: "{\"a".into() },
+                "tool_call_arguments_delta",
+                json!({"index": 1, "delta": "{\"a"}),
+            ),
+            (TranscriptDelta::StreamReset { reason: ResetReason::Retry }, "stream_reset", json!({"reason": "retry"})),
+            (TranscriptDelta::StreamReset { reason: ResetReason::Refused }, "stream_reset", json!({"reason": "refused"})),
+            (TranscriptDelta::StreamReset { reason: ResetReason::Failed }, "stream_reset", json!({"reason": "failed"})),
+        ];
+        for (delta, event_type, data) in rows {
+            assert_eq!(delta.event_type(), event_type);
+            assert_eq!(delta.data(), data, "{event_type}");
+        }
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = {
+            let seen = Arc::clone(&seen);
+            DeltaSink::new(move |delta| seen.lock().expect("lock").push(delta))
+        };
+        assert_eq!(sink, sink.clone());
+        assert_ne!(sink, DeltaSink::new(|_| {}));
+        sink.send(TranscriptDelta::Text { text: "x".into() });
+        assert_eq!(seen.lock().expect("lock").len(), 1);
     }
 
     #[test]

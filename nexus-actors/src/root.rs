@@ -55,10 +55,32 @@ pub struct Census {
 }
 
 /// Per-execution wake-ups: the last durable event sequence. Followers read the store; this only
-/// tells them when to look.
+/// tells them when to look. Also the ephemeral transcript feed ([`TranscriptEvent`]): deltas of
+/// streamed model answers, never stored.
 #[derive(Debug, Default)]
 pub struct EventBus {
     feeds: Mutex<HashMap<Uuid, watch::Sender<i64>>>,
+    /// Made by the first subscriber; until then deltas are dropped at no cost.
+    transcript: std::sync::OnceLock<tokio::sync::broadcast::Sender<TranscriptEvent>>,
+}
+
+/// How many transcript events a subscriber may fall behind before it is told it lagged.
+pub const TRANSCRIPT_FEED_CAPACITY: usize = 4096;
+
+/// One ephemeral transcript delta of an execution's model step (REFERENCE.md 7, "Events":
+/// `text_delta`, `tool_call_started`, `tool_call_arguments_delta`, `stream_reset`). Not durable:
+/// a subscriber that connects later never sees it, and the settled `round_result` event carries
+/// the same answer durably.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TranscriptEvent {
+    /// The execution.
+    pub execution_public_id: Uuid,
+    /// The round whose model step streamed it.
+    pub round: i64,
+    /// The model reference streaming it.
+    pub model: String,
+    /// The delta.
+    pub delta: crate::model::TranscriptDelta,
 }
 
 impl EventBus {
@@ -80,6 +102,21 @@ impl EventBus {
     pub fn close(&self, execution: Uuid) {
         let mut feeds = self.feeds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         feeds.remove(&execution);
+    }
+
+    /// A receiver of every execution's transcript deltas from now on (filter by
+    /// [`TranscriptEvent::execution_public_id`]). A receiver more than
+    /// [`TRANSCRIPT_FEED_CAPACITY`] events behind gets `RecvError::Lagged`: an explicit resync
+    /// signal (read the durable events), never a silent gap.
+    pub fn subscribe_transcript(&self) -> tokio::sync::broadcast::Receiver<TranscriptEvent> {
+        self.transcript.get_or_init(|| tokio::sync::broadcast::channel(TRANSCRIPT_FEED_CAPACITY).0).subscribe()
+    }
+
+    /// Publishes one transcript delta to the current subscribers; without any it is dropped.
+    pub fn publish_transcript(&self, event: TranscriptEvent) {
+        if let Some(feed) = self.transcript.get() {
+            let _ = feed.send(event);
+        }
     }
 }
 

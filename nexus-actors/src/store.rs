@@ -31,7 +31,7 @@ macro_rules! task_select {
     () => {
         "SELECT run_public_id, task_key, kind, round, callable_name, tool_name, tool_input, \
     tool_call_id, target_executor_public_id, effect_profile, timeout_ms, status, claimed, claim_token_digest, \
-    started_at, deadline_at, result, error_key, settled_at FROM tasks"
+    started_at, deadline_at, result, error_key, settled_at, approval FROM tasks"
     };
 }
 
@@ -265,6 +265,9 @@ pub struct TaskRow {
     pub error_key: Option<String>,
     /// When it settled.
     pub settled_at: Option<i64>,
+    /// The approval fact `{origin, decided_by?, decided_at}` (REFERENCE.md 10); `None` while
+    /// parked or when the call failed before the approval stage.
+    pub approval: Option<Value>,
 }
 
 impl TaskRow {
@@ -1108,6 +1111,44 @@ impl Store {
             })
             .await
     }
+
+    /// Writes the approval stage's decision on a parked task (REFERENCE.md 10): its status,
+    /// effect profile, start, deadline, result, error key, settlement and approval fact.
+    ///
+    /// The write is conditional: it applies only while the stored row is `needs_approval`, so of
+    /// two deciders (an approval and an expiry, or two nexus nodes) exactly one wins. Answers
+    /// whether this one did.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn decide_task(&self, task: &TaskRow) -> StoreResult<bool> {
+        let task = Arc::new(task.clone());
+        self.writer
+            .write(move |connection| {
+                let task = task.clone();
+                Box::pin(async move {
+                    let written = sqlx::query(
+                        "UPDATE tasks SET status = $1, effect_profile = $2, started_at = $3, deadline_at = $4, \
+                         result = $5, error_key = $6, settled_at = $7, approval = $8 \
+                         WHERE run_public_id = $9 AND task_key = $10 AND status = 'needs_approval'",
+                    )
+                    .bind(&task.status)
+                    .bind(task.effect_profile.as_ref().map(Value::to_string))
+                    .bind(task.started_at)
+                    .bind(task.deadline_at)
+                    .bind(task.result.as_ref().map(Value::to_string))
+                    .bind(&task.error_key)
+                    .bind(task.settled_at)
+                    .bind(task.approval.as_ref().map(Value::to_string))
+                    .bind(task.run_public_id.to_string())
+                    .bind(&task.task_key)
+                    .execute(&mut *connection)
+                    .await?;
+                    Ok(written.rows_affected() == 1)
+                })
+            })
+            .await
+    }
 }
 
 /// [`Store::update_task`]'s statements, on the writer's transaction.
@@ -1251,6 +1292,7 @@ fn task_of(row: &AnyRow) -> StoreResult<TaskRow> {
         result: json_opt(row.try_get("result")?)?,
         error_key: row.try_get("error_key")?,
         settled_at: row.try_get("settled_at")?,
+        approval: json_opt(row.try_get("approval")?)?,
     })
 }
 
@@ -1258,7 +1300,7 @@ async fn insert_task(connection: &mut AnyConnection, task: &TaskRow) -> StoreRes
     sqlx::query(
         "INSERT INTO tasks (run_public_id, task_key, kind, round, callable_name, tool_name, tool_input, tool_call_id, \
          target_executor_public_id, effect_profile, timeout_ms, status, claimed, claim_token_digest, started_at, \
-         deadline_at, result, error_key, settled_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)",
+         deadline_at, result, error_key, settled_at, approval) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
     )
     .bind(task.run_public_id.to_string())
     .bind(&task.task_key)
@@ -1279,6 +1321,7 @@ async fn insert_task(connection: &mut AnyConnection, task: &TaskRow) -> StoreRes
     .bind(task.result.as_ref().map(Value::to_string))
     .bind(&task.error_key)
     .bind(task.settled_at)
+    .bind(task.approval.as_ref().map(Value::to_string))
     .execute(&mut *connection)
     .await?;
     Ok(())

@@ -92,6 +92,12 @@ error_codes! {
     ProtocolViolation => ("protocol_violation", 400, InvalidArgument),
     // Runs (7).
     RunNotStoppable => ("run_not_stoppable", 409, FailedPrecondition),
+    // Approval (10): the approve and deny doors.
+    NotAwaitingApproval => ("not_awaiting_approval", 409, FailedPrecondition),
+    NotAdjudicable => ("not_adjudicable", 409, FailedPrecondition),
+    // Approval (10): task error keys. A task settles with them; no door refuses with them today.
+    ApprovalDenied => ("approval_denied", 403, PermissionDenied),
+    ApprovalExpired => ("approval_expired", 408, DeadlineExceeded),
     // Tool assembly (4).
     RunnerNotDeclared => ("runner_not_declared", 422, InvalidArgument),
     RunnerNotEligible => ("runner_not_eligible", 422, InvalidArgument),

@@ -10,16 +10,14 @@
 //! - `NEXUS_BENCH_SECONDS`: the timed throughput window per backend (default 5).
 //! - `NEXUS_BENCH_RECOVERY_TASKS`: open tasks before the restart (default 100,000), spread over
 //!   runners with `NEXUS_BENCH_RECOVERY_PER_RUNNER` each (default 500, one execution per runner).
-//!   A runner's stream offers all its unclaimed open tasks on attach into an outbound buffer of
-//!   1,024 frames, so more than that on one runner drops its stream instead of taking claims.
 //! - `NEXUS_BENCH_IDLE_RUNNERS` / `NEXUS_BENCH_IDLE_EXECUTIONS`: how many idle runners (default
 //!   1,000) and idle executions (default 1,000) the memory figures divide by.
 //!
-//! Everything runs in this one process: the server, its store, and the fake runners (a lean
-//! state machine on the runner stream: claim on `work_available`, commit on the grant, at most
-//! `slots` tasks in flight). Memory figures are the process's VmRSS delta, so they include the
-//! client half of each connection and the store's cache growth: an upper bound on the server's
-//! cost.
+//! Latency, throughput and recovery run in this one process: the server, its store, and the fake
+//! runners (a lean state machine on the runner stream: claim on `work_available`, commit on the
+//! grant, at most `slots` tasks in flight). The memory figures are read off a `nexus serve` child
+//! process (its VmRSS before and after), so the clients' half of each connection is not counted;
+//! build it first with `cargo build --release -p nexus-actors --bin nexus`.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
@@ -43,7 +41,8 @@ use nexus_proto::runner::v1::runner_service_server::{RunnerService, RunnerServic
 use nexus_proto::runner::v1::{
     Announce, Claim, Commit, Hello, NexusFrame, Ping, Pong, RunnerFrame, nexus_frame, runner_frame,
 };
-use nexus_tests::{Minted, RawRunner, TestServer};
+use nexus_tests::processes::{NexusProcess, StoreLocation, free_loopback_addr};
+use nexus_tests::{Http, Minted, RawRunner, TestServer};
 
 /// Sequential samples for each latency row.
 const ECHO_SAMPLES: usize = 2_000;
@@ -74,16 +73,6 @@ fn fan_script(calls: usize) -> Value {
 
 fn scripts() -> Vec<(&'static str, Value)> {
     vec![("one", fan_script(1)), ("fan", fan_script(FAN_OUT))]
-}
-
-fn rss_kib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -418,17 +407,83 @@ async fn drop_database(admin_url: &str, name: &str) {
 
 // ---- memory ------------------------------------------------------------------------------------
 
-/// KiB of RSS per idle connected runner.
-async fn memory_per_runner(server: &TestServer, count: usize) -> f64 {
-    let mut minted = Vec::with_capacity(count);
-    for i in 0..count {
-        minted.push(server.runner(&format!("idle-{i}")).await);
+/// VmRSS of process `pid`, in KiB.
+fn rss_kib_of(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// `(KiB per idle connected runner, KiB per idle execution)` of a `nexus serve` child process.
+///
+/// The identities are minted in this process on the child's store first; then the child serves
+/// them. Idle runners are Hello'd streams that announce nothing more; an idle execution is parked
+/// on a call its runner (0 slots) never claims.
+async fn memory_of_a_nexus_process(runners: usize, executions: usize) -> (f64, f64) {
+    let mint = TestServer::start(&scripts()).await;
+    let mut idle = Vec::with_capacity(runners);
+    for i in 0..runners {
+        idle.push(mint.runner(&format!("idle-{i}")).await);
     }
-    let url = server.url();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = rss_kib();
-    let mut connected = Vec::with_capacity(count);
-    for chunk in minted.chunks(50) {
+    let parked = mint.runner("parked").await;
+    let agent = mint.agent("parked").await;
+    let caller = mint.caller(&agent).await;
+    let body = json!({"configuration": {"runner_executor_public_ids": [parked.id], "approval_mode": "bypass",
+                                         "default_model": "scripted/one"}});
+    mint.server.api.declare(&caller, body).await.expect("declared");
+    let TestServer { server, data_dir, database } = mint;
+    server.shutdown().await.expect("shutdown");
+
+    let script = data_dir.path().join("one.json");
+    std::fs::write(&script, fan_script(1).to_string()).expect("script");
+    let config = data_dir.path().join("bench.toml");
+    std::fs::write(
+        &config,
+        format!("[providers.scripted]\nkind = \"scripted\"\n\n[providers.scripted.models.one]\nscript = {script:?}\n"),
+    )
+    .expect("config");
+    let at = StoreLocation {
+        data_dir: data_dir.path().to_owned(),
+        database_url: database.as_ref().map(|d| d.url().to_owned()),
+    };
+    let nexus = NexusProcess::serve(&at, free_loopback_addr(), &config).await;
+    let pid = nexus.pid().expect("nexus runs");
+    let url = nexus.url();
+    let http = Http::new(&url, Some(&agent.token));
+    let fast = FastRunner::connect(&url, &parked, &noop_tool(3_600_000), 0, false).await;
+    let input = json!({"text": "go"});
+    let admit = |n: usize| {
+        let (http, input) = (&http, &input);
+        async move {
+            for chunk in (0..n).collect::<Vec<_>>().chunks(50) {
+                let answers =
+                    futures::future::join_all(chunk.iter().map(|_| http.post("/agent_api/v1/inputs", &input))).await;
+                for answer in answers {
+                    assert_eq!(answer.status, 201, "admission: {answer:?}");
+                }
+            }
+        }
+    };
+    // One first, so one-time costs (the model, caches, the HTTP stack) are not counted.
+    admit(1).await;
+    assert!(wait_until_count(&fast.counters.received, 1, Duration::from_secs(10)).await, "no dispatch");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let before = rss_kib_of(pid);
+    admit(executions).await;
+    let parked_all = wait_until_count(&fast.counters.received, executions as u64 + 1, Duration::from_secs(120)).await;
+    assert!(parked_all, "not every execution parked");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = rss_kib_of(pid);
+    let per_execution = (after - before) / executions as f64;
+
+    let before = rss_kib_of(pid);
+    let mut connected = Vec::with_capacity(runners);
+    for chunk in idle.chunks(50) {
         let batch = futures::future::join_all(chunk.iter().map(|m| RawRunner::connect(&url, m.id, &m.token))).await;
         for (raw, hello) in batch {
             assert!(hello.code().is_none(), "{hello:?}");
@@ -436,29 +491,14 @@ async fn memory_per_runner(server: &TestServer, count: usize) -> f64 {
         }
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let after = rss_kib();
+    let after = rss_kib_of(pid);
+    let per_runner = (after - before) / runners as f64;
     drop(connected);
-    (after - before) / count as f64
-}
-
-/// KiB of RSS per idle execution actor (parked on a call its runner never claims).
-async fn memory_per_execution(server: &TestServer, count: usize) -> f64 {
-    let runner = server.runner("parked").await;
-    let fast = FastRunner::connect(&server.url(), &runner, &noop_tool(3_600_000), 0, false).await;
-    let caller = agent_for(server, "parked", runner.id, "one").await;
-    // One first, so one-time costs (the model, caches) are not counted.
-    admit(server, &caller).await;
-    wait_count(&fast.counters.received, &fast.counters.notify, 1, Duration::from_secs(10)).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let before = rss_kib();
-    for _ in 0..count {
-        admit(server, &caller).await;
-    }
-    let parked = wait_until_count(&fast.counters.received, count as u64 + 1, Duration::from_secs(60)).await;
-    assert!(parked, "not every execution parked");
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let after = rss_kib();
-    (after - before) / count as f64
+    drop(fast);
+    nexus.sigterm(Duration::from_secs(30)).await;
+    drop(data_dir);
+    drop(database);
+    (per_runner, per_execution)
 }
 
 async fn wait_until_count(counter: &AtomicU64, target: u64, limit: Duration) -> bool {
@@ -550,11 +590,8 @@ async fn run() {
 
     // Memory first, while the heap has no freed space from other phases to reuse (which would
     // hide growth from VmRSS); executions before runners for the same reason.
-    eprintln!("memory...");
-    let server = TestServer::start(&scripts()).await;
-    let per_execution = memory_per_execution(&server, idle_executions).await;
-    let per_runner = memory_per_runner(&server, idle_runners).await;
-    server.shutdown().await;
+    eprintln!("memory (a nexus serve child process)...");
+    let (per_runner, per_execution) = memory_of_a_nexus_process(idle_runners, idle_executions).await;
 
     eprintln!("latency...");
     let (echo50, echo99) = p50_p99(echo_latency().await);
@@ -632,9 +669,7 @@ async fn run() {
         "Throughput window {seconds} s after 1 s of warm-up; refusals during it: SQLite {sqlite_refused}{}.",
         pg_rate.map(|(_, r)| format!(", PostgreSQL {r}")).unwrap_or_default()
     );
-    println!(
-        "Memory is this process's VmRSS delta: it includes the client half of each stream and store cache growth."
-    );
+    println!("Memory is the VmRSS delta of a `nexus serve` child process (server only, store cache included).");
 }
 
 fn main() {

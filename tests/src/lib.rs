@@ -3,11 +3,13 @@
 //! Owns: [`TestServer`] (nexus in-process with a temporary data dir and scripted models),
 //! [`RawRunner`] (a scripted fake runner that speaks the stream frame by frame), [`TcpProxy`]
 //! (cuts, black-holes or delays streams on demand), helpers to find and start the `runner-agent`
-//! and `nexus` binaries ([`processes`]), and the chaos suite's seed, fault plans and observing
-//! runner ([`chaos`]) with the invariants every chaos scenario ends with ([`invariants`]).
+//! and `nexus` binaries ([`processes`]), the chaos suite's seed, fault plans and observing
+//! runner ([`chaos`]) with the invariants every chaos scenario ends with ([`invariants`]), and a
+//! fake model provider speaking the OpenAI and Anthropic wires ([`FakeProvider`]).
 //! Production code lives elsewhere; nothing here is used by the server.
 
 pub mod chaos;
+pub mod fake_provider;
 pub mod http;
 pub mod invariants;
 pub mod processes;
@@ -15,9 +17,10 @@ pub mod proxy;
 pub mod raw_runner;
 pub mod server;
 
+pub use fake_provider::{Act, FakeProvider, FakeRequest, Wire};
 pub use http::{Answer, Http};
 pub use proxy::{Direction, TcpProxy};
-pub use raw_runner::{RawRunner, Reply};
+pub use raw_runner::{OfferTally, RawRunner, Reply};
 pub use server::{
     DEFAULT_TEST_POSTGRES_URL, Minted, TestDatabase, TestServer, nexus_binary, runner_agent_binary, test_store_backend,
     wait_until,

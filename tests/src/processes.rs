@@ -101,6 +101,11 @@ impl NexusProcess {
         format!("http://{}", self.addr)
     }
 
+    /// The child's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// The log lines so far.
     pub fn log(&self) -> Vec<String> {
         self.log.lock().expect("log").clone()

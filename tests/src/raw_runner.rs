@@ -1,7 +1,8 @@
 //! A scripted fake runner: speaks `nexus.runner.v1` frame by frame so tests can hold a claim,
-//! commit twice, use a wrong token or never answer.
+//! commit twice, use a wrong token or never answer. It also keeps an [`OfferTally`] of the
+//! offers outstanding on its stream, counted in the order the frames arrive.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -64,6 +65,48 @@ impl Reply {
 
 type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Reply>>>>;
 
+/// The offers (`work_available`) one stream received, counted by its reader in arrival order:
+/// an offer is outstanding from its arrival until a claim of that task is granted on the stream
+/// or nexus sends `work_canceled` for it. Settlements the runner does not see (an expiry) are not
+/// subtracted, so `outstanding` is an upper bound of what nexus counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OfferTally {
+    /// Offers received.
+    pub received: usize,
+    /// Offers outstanding now.
+    pub outstanding: usize,
+    /// The most offers that were ever outstanding at once.
+    pub high_water: usize,
+    /// Offers of a task that was already outstanding on this stream.
+    pub repeats: usize,
+}
+
+#[derive(Debug, Default)]
+struct OfferLedger {
+    tally: OfferTally,
+    outstanding: HashSet<(String, String)>,
+}
+
+impl OfferLedger {
+    fn offered(&mut self, run: &str, task_key: &str) {
+        self.tally.received += 1;
+        if !self.outstanding.insert((run.to_owned(), task_key.to_owned())) {
+            self.tally.repeats += 1;
+        }
+        self.settle_counts();
+    }
+
+    fn withdrawn(&mut self, run: &str, task_key: &str) {
+        self.outstanding.remove(&(run.to_owned(), task_key.to_owned()));
+        self.settle_counts();
+    }
+
+    fn settle_counts(&mut self) {
+        self.tally.outstanding = self.outstanding.len();
+        self.tally.high_water = self.tally.high_water.max(self.tally.outstanding);
+    }
+}
+
 /// One fake runner stream.
 #[derive(Debug)]
 pub struct RawRunner {
@@ -72,6 +115,7 @@ pub struct RawRunner {
     next_id: AtomicU64,
     pushes: mpsc::UnboundedReceiver<nexus_frame::Frame>,
     reader: tokio::task::JoinHandle<()>,
+    offers: Arc<Mutex<OfferLedger>>,
 }
 
 impl Drop for RawRunner {
@@ -103,6 +147,8 @@ impl RawRunner {
         let response = client.connect(ReceiverStream::new(receiver)).await;
         let reader_waiters = waiters.clone();
         let pong = outbound.clone();
+        let offers: Arc<Mutex<OfferLedger>> = Arc::default();
+        let reader_offers = offers.clone();
         let reader = tokio::spawn(async move {
             let Ok(response) = response else {
                 fail_all(&reader_waiters);
@@ -112,17 +158,35 @@ impl RawRunner {
             while let Ok(Some(frame)) = inbound.message().await {
                 let Some(body) = frame.frame else { continue };
                 if frame.request_id == 0 {
-                    if let nexus_frame::Frame::Ping(ping) = &body {
-                        let _ = pong
-                            .send(RunnerFrame {
-                                request_id: 0,
-                                frame: Some(runner_frame::Frame::Pong(Pong { nonce: ping.nonce })),
-                            })
-                            .await;
-                        continue;
+                    match &body {
+                        nexus_frame::Frame::Ping(ping) => {
+                            let _ = pong
+                                .send(RunnerFrame {
+                                    request_id: 0,
+                                    frame: Some(runner_frame::Frame::Pong(Pong { nonce: ping.nonce })),
+                                })
+                                .await;
+                            continue;
+                        }
+                        nexus_frame::Frame::WorkAvailable(work) => {
+                            reader_offers.lock().expect("offers").offered(&work.run_public_id, &work.task_key);
+                        }
+                        nexus_frame::Frame::WorkCanceled(canceled) => {
+                            reader_offers
+                                .lock()
+                                .expect("offers")
+                                .withdrawn(&canceled.run_public_id, &canceled.task_key);
+                        }
+                        _ => {}
                     }
                     let _ = push_tx.send(body);
                     continue;
+                }
+                if let nexus_frame::Frame::ClaimGranted(granted) = &body
+                    && let Ok(task) = serde_json::from_str::<Value>(&granted.task_json)
+                    && let (Some(run), Some(task_key)) = (task["run_public_id"].as_str(), task["task_key"].as_str())
+                {
+                    reader_offers.lock().expect("offers").withdrawn(run, task_key);
                 }
                 let reply = match body {
                     nexus_frame::Frame::Refusal(r) => Reply::Refused { code: r.code, http_status: r.http_status },
@@ -139,7 +203,7 @@ impl RawRunner {
             .ok()
             .and_then(Result::ok)
             .unwrap_or(Reply::Lost);
-        let runner = RawRunner { outbound, waiters, next_id: AtomicU64::new(2), pushes, reader };
+        let runner = RawRunner { outbound, waiters, next_id: AtomicU64::new(2), pushes, reader, offers };
         (runner, hello_reply)
     }
 
@@ -217,6 +281,28 @@ impl RawRunner {
     /// The next push of any kind, within `limit`.
     pub async fn next_push(&mut self, limit: Duration) -> Option<nexus_frame::Frame> {
         tokio::time::timeout(limit, self.pushes.recv()).await.ok()?
+    }
+
+    /// Every `work_available` push already received, without waiting; other pushes are skipped.
+    /// After an answer to a later request arrived, this holds every offer nexus sent before it.
+    pub fn received_work(&mut self) -> Vec<WorkAvailable> {
+        let mut work = Vec::new();
+        while let Ok(frame) = self.pushes.try_recv() {
+            if let nexus_frame::Frame::WorkAvailable(offer) = frame {
+                work.push(offer);
+            }
+        }
+        work
+    }
+
+    /// The offers this stream received so far, and how many were outstanding.
+    pub fn offer_tally(&self) -> OfferTally {
+        self.offers.lock().expect("offers").tally.clone()
+    }
+
+    /// Whether the stream is still open (its reader has not seen it end).
+    pub fn is_open(&self) -> bool {
+        !self.reader.is_finished()
     }
 }
 

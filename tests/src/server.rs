@@ -13,8 +13,9 @@ use uuid::Uuid;
 use nexus_actors::admin::{MemberKind, create_member, create_runner};
 use nexus_actors::api::Caller;
 use nexus_actors::config::ServerConfig;
+use nexus_actors::executor::ExecutorMsg;
 use nexus_actors::model::{ModelRegistry, Script};
-use nexus_actors::store::{Store, StoreBackend};
+use nexus_actors::store::{Store, StoreBackend, TaskRow};
 use nexus_actors::{RunningServer, start_with_models};
 
 /// A credential minted for a test: the subject's id and its bearer token.
@@ -147,6 +148,16 @@ impl TestServer {
     /// Starts a server after `adjust` edits its configuration. On PostgreSQL
     /// ([`test_store_backend`]) the configuration already names the server's fresh database.
     pub async fn start_with(scripts: &[(&str, Value)], adjust: impl FnOnce(&mut ServerConfig)) -> TestServer {
+        Self::start_with_env(scripts, |_| None, adjust).await
+    }
+
+    /// As [`TestServer::start_with`], with `env` standing for the process environment when the
+    /// providers' `api_key_env` variables are read (the tests never read or set the real one).
+    pub async fn start_with_env(
+        scripts: &[(&str, Value)],
+        env: impl Fn(&str) -> Option<String>,
+        adjust: impl FnOnce(&mut ServerConfig),
+    ) -> TestServer {
         init_tracing();
         let data_dir = tempfile::tempdir().expect("temp dir");
         let mut config = ServerConfig { data_dir: data_dir.path().to_owned(), ..ServerConfig::default() };
@@ -159,7 +170,7 @@ impl TestServer {
         config.doors.requests_per_minute = 1_000_000;
         config.doors.burst = 100_000;
         adjust(&mut config);
-        let mut models = ModelRegistry::new(config.providers.clone(), |_| None).expect("provider table");
+        let mut models = ModelRegistry::new(config.providers.clone(), env).expect("provider table");
         for (name, script) in scripts {
             let script = Script::from_json(&script.to_string()).expect("script");
             models = models.with_script("scripted", name, script);
@@ -213,6 +224,44 @@ impl TestServer {
         let path = self.data_dir.path().join(format!("{}.token", runner.id));
         std::fs::write(&path, &runner.token).expect("token file");
         path
+    }
+
+    /// Gives the runner of the open task `run`/`template` `count` more open tasks, the cheap way:
+    /// copies of the template written to the store in a few transactions (as one round's fan-out
+    /// is), then each offered to the runner's inbox as the execution offers its tasks (a burst of
+    /// `count` offers). The copies take the next keys of the template's round (`r<round>t<n>`) and
+    /// `started_at` two to a millisecond after the template's, so that offer order ties are broken
+    /// by `task_key`. The execution does not wait for the copies; its own tasks still decide when
+    /// it goes on. Returns the copies in key order.
+    ///
+    /// # Panics
+    /// When the template is missing, is not addressed to a runner, or a write fails.
+    pub async fn dispatch_copies(&self, run: Uuid, template: &str, count: usize) -> Vec<TaskRow> {
+        let store = self.store();
+        let execution = store.execution(run).await.expect("execution").expect("the execution exists");
+        let template = store.task(run, template).await.expect("task").expect("the template task exists");
+        let runner = template.target_executor_public_id.expect("the template is addressed to a runner");
+        let first = store.tasks_of(run).await.expect("tasks").len();
+        let copies: Vec<TaskRow> = (0..count)
+            .map(|i| {
+                let n = first + i;
+                let mut copy = template.clone();
+                copy.task_key = format!("r{}t{n}", template.round);
+                copy.tool_call_id = format!("copy-{n}");
+                copy.started_at = template.started_at + i64::try_from(i / 2 + 1).expect("count fits i64");
+                copy
+            })
+            .collect();
+        for chunk in copies.chunks(1_000) {
+            store.save_execution(&execution, chunk, &[]).await.expect("copies written");
+        }
+        let inbox = self.server.api.root.executor(runner).await.expect("the runner's inbox");
+        for copy in &copies {
+            inbox
+                .cast(ExecutorMsg::Offer { run, task_key: copy.task_key.clone() })
+                .expect("the runner's inbox takes offers");
+        }
+        copies
     }
 
     /// Stops the server.

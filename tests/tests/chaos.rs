@@ -246,6 +246,7 @@ fn row(key: &str, status: &str, claimed: Option<&str>, settled_at: i64) -> TaskR
         result: None,
         error_key: None,
         settled_at: Some(settled_at),
+        approval: None,
     }
 }
 

@@ -7,7 +7,9 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use nexus_actors::api::CreateInput;
-use nexus_proto::runner::v1::nexus_frame;
+use nexus_actors::executor::OFFER_WINDOW;
+use nexus_actors::store::TaskRow;
+use nexus_proto::runner::v1::{WorkAvailable, nexus_frame};
 use nexus_tests::{Minted, RawRunner, Reply, TcpProxy, TestServer, wait_until};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -559,4 +561,132 @@ async fn shutdown_closes_runner_streams_first() {
     running.shutdown().await.expect("a clean shutdown");
     // The runner sees its stream end (it would reconnect to the next server).
     assert_eq!(raw.claim(&Uuid::new_v4().to_string(), "r1t0").await, Reply::Lost);
+}
+
+/// The task keys of `tasks` in the inbox's offer order, `(started_at, task_key)`.
+fn offer_order<'a>(tasks: impl IntoIterator<Item = &'a TaskRow>) -> Vec<String> {
+    let mut order: Vec<(i64, String)> = tasks.into_iter().map(|t| (t.started_at, t.task_key.clone())).collect();
+    order.sort();
+    order.into_iter().map(|(_, key)| key).collect()
+}
+
+fn keys(work: &[WorkAvailable]) -> Vec<String> {
+    work.iter().map(|w| w.task_key.clone()).collect()
+}
+
+/// A request whose answer arrives after every frame nexus queued before it: once it is answered,
+/// [`RawRunner::received_work`] holds every offer sent so far. Asserts the stream is still open.
+async fn round_trip(raw: &RawRunner, run: Uuid) {
+    let answer = raw.claim_status(&run.to_string(), "r1t0", "not-a-token").await;
+    assert_eq!(answer.code(), Some("not_claimant"), "the stream still answers");
+}
+
+/// Claims every offered task at once and commits each, except `hold`, which is only claimed; its
+/// token is returned.
+async fn claim_and_commit(raw: &RawRunner, work: &[WorkAvailable], hold: Option<&str>) -> Option<String> {
+    let held = futures::future::join_all(work.iter().map(|w| async move {
+        let reply = raw.claim(&w.run_public_id, &w.task_key).await;
+        let Some((token, _)) = reply.granted() else { panic!("claim {}: {reply:?}", w.task_key) };
+        if hold == Some(w.task_key.as_str()) {
+            return Some(token);
+        }
+        let done = raw.commit(&w.run_public_id, &w.task_key, &token, &json!({"content": "ok"})).await;
+        assert_eq!(done.committed(), Some((false, "completed".to_owned())), "commit {}", w.task_key);
+        None
+    }))
+    .await;
+    held.into_iter().flatten().next()
+}
+
+#[tokio::test]
+async fn a_burst_of_offers_fills_the_offer_window_and_keeps_the_stream() {
+    let mut s = setup(probe_tool(effect("read_only", "intrinsic"), 600_000)).await;
+    let run = admit(&s.server, &s.agent, "probe it").await;
+    assert_eq!(s.raw.next_work(WAIT).await.expect("work").task_key, "r1t0");
+    // 2,999 more tasks offered at once: about three times the stream's outbound buffer.
+    let copies = s.server.dispatch_copies(run, "r1t0", 2_999).await;
+    round_trip(&s.raw, run).await;
+    // The window fills as the offers arrive, and no further.
+    let window = s.raw.received_work();
+    let dispatched: Vec<String> = copies.iter().map(|t| t.task_key.clone()).collect();
+    assert_eq!(keys(&window), dispatched[..OFFER_WINDOW - 1]);
+    let tally = s.raw.offer_tally();
+    assert_eq!((tally.outstanding, tally.high_water, tally.repeats), (OFFER_WINDOW, OFFER_WINDOW, 0));
+
+    // Each claim makes room for exactly one more offer, the oldest waiting.
+    let waiting = offer_order(&copies[OFFER_WINDOW - 1..]);
+    let claimed = &window[..10];
+    for work in claimed {
+        assert!(s.raw.claim(&work.run_public_id, &work.task_key).await.granted().is_some(), "{}", work.task_key);
+    }
+    round_trip(&s.raw, run).await;
+    assert_eq!(keys(&s.raw.received_work()), waiting[..10]);
+    let tally = s.raw.offer_tally();
+    assert_eq!((tally.outstanding, tally.high_water, tally.repeats), (OFFER_WINDOW, OFFER_WINDOW, 0));
+    assert!(s.raw.is_open(), "the burst never dropped the stream");
+    assert_eq!(s.server.server.api.root.census().await.expect("census").connections, 1);
+}
+
+#[tokio::test]
+async fn a_runner_with_thousands_of_open_tasks_reconnects_and_commits_them_all() {
+    let Setup { server, agent, runner, raw } = setup(probe_tool(effect("read_only", "intrinsic"), 600_000)).await;
+    let run = admit(&server, &agent, "probe it").await;
+    let mut raw = raw;
+    assert_eq!(raw.next_work(WAIT).await.expect("work").task_key, "r1t0");
+    // The runner goes away, and 2,999 more tasks arrive while it is gone.
+    drop(raw);
+    wait_until("the stream to close", WAIT, || async {
+        (server.server.api.root.census().await.ok()?.connections == 0).then_some(())
+    })
+    .await;
+    let mut inbox = server.dispatch_copies(run, "r1t0", 2_999).await;
+    inbox.push(server.store().task(run, "r1t0").await.expect("task").expect("r1t0"));
+    let expected = offer_order(&inbox);
+    assert_eq!(expected[0], "r1t0");
+
+    // It reconnects to a window over the whole inbox, oldest first, and stays connected.
+    let (mut first, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
+    assert!(matches!(hello, Reply::Frame(nexus_frame::Frame::Welcome(_))), "{hello:?}");
+    round_trip(&first, run).await;
+    let window = first.received_work();
+    assert_eq!(keys(&window), expected[..OFFER_WINDOW]);
+    // r1t0 is claimed now and committed last, so the execution waits for every copy.
+    let r1t0_token = claim_and_commit(&first, &window, Some("r1t0")).await.expect("r1t0 claimed");
+    round_trip(&first, run).await;
+    assert_eq!(first.offer_tally().high_water, OFFER_WINDOW);
+
+    // Another reconnect starts a fresh window over what is left: nothing claimed comes again.
+    let (mut second, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
+    assert!(hello.code().is_none(), "{hello:?}");
+    round_trip(&second, run).await;
+    let mut batch = second.received_work();
+    assert_eq!(keys(&batch), expected[OFFER_WINDOW..2 * OFFER_WINDOW]);
+    let mut committed = OFFER_WINDOW - 1;
+    while committed < 2_999 {
+        if batch.is_empty() {
+            batch.push(second.next_work(WAIT).await.unwrap_or_else(|| panic!("no offer after {committed} commits")));
+            batch.extend(second.received_work());
+        }
+        claim_and_commit(&second, &batch, None).await;
+        committed += batch.len();
+        let tally = second.offer_tally();
+        assert!(tally.high_water <= OFFER_WINDOW, "{tally:?}");
+        batch = second.received_work();
+    }
+    assert_eq!(committed, 2_999);
+    let done = second.commit(&run.to_string(), "r1t0", &r1t0_token, &json!({"content": "ok"})).await;
+    assert_eq!(done.committed(), Some((false, "completed".to_owned())));
+    let tally = second.offer_tally();
+    assert_eq!(
+        (tally.received, tally.outstanding, tally.high_water, tally.repeats),
+        (3_000 - OFFER_WINDOW, 0, OFFER_WINDOW, 0),
+        "every task left was offered once, never more than the window at a time"
+    );
+    assert!(second.is_open(), "the stream stayed open throughout");
+
+    let row = wait_status(&server, &agent, run, "completed").await;
+    assert_eq!(row["final_text"], "probe said ok");
+    let tasks = server.store().tasks_of(run).await.expect("tasks");
+    assert_eq!(tasks.len(), 3_000);
+    assert!(tasks.iter().all(|t| t.status == "completed" && t.claimed), "every task was claimed and committed");
 }

@@ -47,6 +47,7 @@ fn task(run: Uuid, runner: Uuid) -> TaskRow {
         result: None,
         error_key: None,
         settled_at: None,
+        approval: None,
     }
 }
 

@@ -306,7 +306,9 @@ fn rule_matches(rule: &serde_json::Map<String, Value>, tool_name: &str, input: &
     rule.get("match").and_then(Value::as_str).is_none_or(|glob| glob_match(glob, &text))
 }
 
-fn cut_reason(reason: &str) -> String {
+/// The first [`REASON_BOUND`] bytes of `reason`, cut back to a character boundary: what becomes
+/// `error.detail` (a deny rule's `reason`, or a person's denial reason).
+pub fn cut_reason(reason: &str) -> String {
     let mut end = reason.len().min(REASON_BOUND);
     while !reason.is_char_boundary(end) {
         end -= 1;

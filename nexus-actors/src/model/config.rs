@@ -25,6 +25,12 @@
 //! kind = "openai_compatible"
 //! base_url = "http://127.0.0.1:11434/v1"          # Ollama; no api_key_env: no Authorization header
 //! models = { "qwen3:8b" = {}, "llama3.1:8b" = { hidden = true } }
+//!
+//! [providers.anthropic]
+//! kind = "anthropic"                              # POST {base_url}/v1/messages
+//! api_key_env = "ANTHROPIC_API_KEY"               # required: sent as x-api-key
+//! allow_any_model = true                          # anthropic/claude-sonnet-4-5 and any other name
+//! max_tokens = 8192                               # the API requires one; this is the default
 //! ```
 //!
 //! A table that is present replaces the built-in one ([`ProviderTable::default`]) whole; nothing
@@ -94,6 +100,9 @@ impl ProviderTable {
     }
 }
 
+/// Default `base_url` of an `anthropic` provider.
+pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com";
+
 /// How nexus talks to a provider.
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
@@ -102,30 +111,36 @@ pub enum ProviderKind {
     #[serde(rename = "scripted")]
     Scripted,
     /// `openai_compatible`: `POST {base_url}/chat/completions` (OpenRouter, vLLM, llama.cpp
-    /// server, Ollama, OpenAI).
+    /// server, Ollama, OpenAI); see [`super::openai`].
     #[serde(rename = "openai_compatible")]
     OpenAiCompatible,
+    /// `anthropic`: `POST {base_url}/v1/messages` (the Anthropic Messages API); see
+    /// [`super::anthropic`].
+    #[serde(rename = "anthropic")]
+    Anthropic,
 }
 
 /// One provider of the table (`[providers.<name>]`).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
-    /// `kind`: `scripted` or `openai_compatible`. Required.
+    /// `kind`: `scripted`, `openai_compatible` or `anthropic`. Required.
     pub kind: ProviderKind,
     /// `enabled`: a disabled provider resolves to `provider_disabled`. Default `true`.
     #[serde(default = "default_true")]
     pub enabled: bool,
-    /// `base_url`: the API root, e.g. `https://openrouter.ai/api/v1` (a trailing `/` is ignored;
-    /// requests go to `{base_url}/chat/completions`). Required for `openai_compatible`, refused
-    /// for `scripted`. Default none.
+    /// `base_url`: the API root (a trailing `/` is ignored). `openai_compatible`: required, e.g.
+    /// `https://openrouter.ai/api/v1`; requests go to `{base_url}/chat/completions`.
+    /// `anthropic`: default [`ANTHROPIC_BASE_URL`]; requests go to `{base_url}/v1/messages` (a
+    /// `base_url` ending in `/v1` is accepted too). Refused for `scripted`. Default none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_url: Option<String>,
     /// `api_key_env`: the name of the environment variable holding the API key, sent as
-    /// `Authorization: Bearer <key>`. When set and the variable is unset or empty, every model of
-    /// the provider resolves to `missing_credential`. When absent no `Authorization` header is
-    /// sent (local servers). Refused for `scripted`. Default none. The key itself is never
-    /// written in config.
+    /// `Authorization: Bearer <key>` (`openai_compatible`) or `x-api-key: <key>` (`anthropic`).
+    /// When set and the variable is unset or empty, every model of the provider resolves to
+    /// `missing_credential`. `openai_compatible`: optional, absent sends no `Authorization`
+    /// header (local servers). `anthropic`: required. Refused for `scripted`. Default none. The
+    /// key itself is never written in config.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
     /// `models`: model name (the part after the first `/`, may itself contain `/`) -> options.
@@ -141,6 +156,22 @@ pub struct ProviderConfig {
     /// Unused by `scripted`.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// `stream`: ask for a streamed answer (server-sent events), so an execution publishes the
+    /// answer's transcript deltas as it arrives; `false` asks for whole answers (for a server
+    /// whose streaming is broken). The final answer is the same either way, and a server that
+    /// answers a stream request with a whole answer is accepted. Default `true`. Unused by
+    /// `scripted`.
+    #[serde(default = "default_true")]
+    pub stream: bool,
+    /// `max_tokens`: the most output tokens of one call, > 0. `openai_compatible`: sent as
+    /// `max_tokens` when set, default not sent (the server's own limit). `anthropic`: default
+    /// 8192 (the API requires a value). Refused for `scripted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// `anthropic_version`: `anthropic` only, the `anthropic-version` header. Default
+    /// `2023-06-01`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anthropic_version: Option<String>,
 }
 
 impl ProviderConfig {
@@ -155,6 +186,9 @@ impl ProviderConfig {
             models: BTreeMap::new(),
             allow_any_model: false,
             request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
+            stream: true,
+            max_tokens: None,
+            anthropic_version: None,
         }
     }
 }
@@ -216,10 +250,22 @@ request_timeout_ms = 120000
 kind = "openai_compatible"
 base_url = "http://127.0.0.1:11434/v1"
 models = { "qwen3:8b" = {}, "llama3.1:8b" = { hidden = true } }
+
+[providers.anthropic]
+kind = "anthropic"
+api_key_env = "ANTHROPIC_API_KEY"
+allow_any_model = true
+max_tokens = 8192
 "#;
         let file: ConfigFile = toml::from_str(text).expect("example parses");
         let table = file.providers;
-        assert_eq!(table.providers.len(), 3);
+        assert_eq!(table.providers.len(), 4);
+        let anthropic = &table.providers["anthropic"];
+        assert_eq!(anthropic.kind, ProviderKind::Anthropic);
+        assert_eq!(anthropic.base_url, None, "the default base_url applies at build time");
+        assert_eq!(anthropic.max_tokens, Some(8192));
+        assert!(anthropic.stream);
+        assert_eq!(anthropic.anthropic_version, None);
 
         let scripted = &table.providers["scripted"];
         assert_eq!(scripted.kind, ProviderKind::Scripted);

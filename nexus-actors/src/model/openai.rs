@@ -1,40 +1,57 @@
 //! The OpenAI-compatible chat-completions adapter (OpenRouter, vLLM, llama.cpp server, Ollama).
 //!
-//! Wire format, non-streaming:
+//! Wire format:
 //! - `POST {base_url}/chat/completions`, `Authorization: Bearer <key>` when the provider has a
-//!   key, body `{model, messages, tools?, tool_choice: "auto"?}` (`tools` and `tool_choice` only
-//!   when tools are offered).
+//!   key, body `{model, messages, tools?, tool_choice: "auto"?, max_tokens?, stream?,
+//!   stream_options?}` (`tools` and `tool_choice` only when tools are offered, `max_tokens` only
+//!   when configured; streaming adds `stream: true` and `stream_options: {include_usage: true}`).
 //! - Messages: `{role:"system"|"user", content}`,
 //!   `{role:"assistant", content|null, tool_calls?:[{id, type:"function", function:{name, arguments}}]}`
 //!   (`tool_calls` omitted when empty), `{role:"tool", tool_call_id, content}`.
-//! - Answer: `choices[0].message.content` (a string, or text parts that are concatenated),
-//!   `.tool_calls`, `choices[0].finish_reason`, `usage.prompt_tokens` / `usage.completion_tokens`.
+//! - A whole answer (`application/json`, also accepted when streaming was asked and the server
+//!   ignored it): `choices[0].message.content` (a string, or text parts that are concatenated),
+//!   `.refusal`, `.tool_calls`, `choices[0].finish_reason`, `usage.prompt_tokens` /
+//!   `usage.completion_tokens`.
+//! - A streamed answer (`text/event-stream`): `data: {choices:[{delta:{content?, refusal?,
+//!   tool_calls?:[{index, id?, function:{name?, arguments?}}]}, finish_reason?}], usage?}` chunks,
+//!   then `data: [DONE]`. Text is reported as `text_delta`, a call's first name as
+//!   `tool_call_started`, argument pieces as `tool_call_arguments_delta`; pieces are assembled
+//!   by `index` into the same [`ModelResponse`] a whole answer gives. A stream that ends with
+//!   neither a finish reason nor `[DONE]` was cut: `Transport` (retryable).
 //!
-//! Error mapping ([`ModelError`]): no HTTP answer or a timeout -> `Transport`; 503, 529 or an
-//! error body of type `overloaded_error` -> `Overloaded`; 401/403/404 -> `ModelUnavailable`; an
-//! error body with code `context_length_exceeded` -> `ContextOverflow`; any other non-2xx ->
-//! `Http`; a 2xx body that is not JSON, has no choice or message, has a nameless tool call, has
-//! neither content nor tool calls, or says `finish_reason: "error"` -> `Provider`; a 2xx body
-//! carrying an `error` object is mapped like an HTTP error when its `code` is a 4xx/5xx number,
-//! else `Provider`; `finish_reason: "content_filter"` or a `refusal` -> `Refused`.
+//! Error mapping ([`ModelError`]): no HTTP answer, a timeout or a cut stream -> `Transport`;
+//! non-2xx -> as in the shared wire rules (503/529/`overloaded_error` -> `Overloaded`, 429 ->
+//! `RateLimited` with `Retry-After`, 401/403/404 -> `ModelUnavailable`, context length ->
+//! `ContextOverflow`, else `Http`); an `error` object in a 2xx body or a stream chunk -> its
+//! numeric `code` as a status, else `Provider`; a non-empty `refusal` -> `Refused` (the
+//! classifier declined); `finish_reason: "content_filter"` without a refusal -> `Blocked` (a
+//! content block); `finish_reason: "error"`, malformed JSON, no choice, a nameless tool call, or
+//! neither content nor tool calls -> `Provider`.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use super::registry::ConfigError;
-use super::{BoxFuture, ChatMessage, ModelError, ModelProvider, ModelRequest, ModelResponse, ToolCall, Usage};
-
-/// Longest provider error text kept in a [`ModelError`] message, in bytes.
-const ERROR_TEXT_LIMIT: usize = 512;
+use super::wire::{
+    ErrorInfo, endpoint, error_answer, http_client, is_event_stream, provider_error, read_events, shorten, stream_cut,
+    transport_error,
+};
+use super::{
+    BoxFuture, ChatMessage, DeltaSink, ModelError, ModelProvider, ModelRequest, ModelResponse, ToolCall,
+    TranscriptDelta, Usage,
+};
 
 /// The client of one `openai_compatible` provider. One `reqwest` client (rustls) per provider,
-/// with the provider's `request_timeout_ms` as the whole-request timeout.
+/// with the provider's `request_timeout_ms` as the whole-request timeout (streamed body included).
 pub struct OpenAiCompatibleProvider {
     provider: String,
     endpoint: reqwest::Url,
     api_key: Option<String>,
+    stream: bool,
+    max_tokens: Option<u32>,
     http: reqwest::Client,
 }
 
@@ -44,14 +61,19 @@ impl fmt::Debug for OpenAiCompatibleProvider {
             .field("provider", &self.provider)
             .field("endpoint", &self.endpoint.as_str())
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("stream", &self.stream)
             .finish_non_exhaustive()
     }
 }
 
 impl OpenAiCompatibleProvider {
-    /// A client for `provider` at `base_url` (an absolute `http`/`https` URL; a trailing `/` is
-    /// ignored). `api_key`, when present, is sent as a bearer token. `request_timeout` bounds each
-    /// call from connect to the last byte of the answer.
+    /// A streaming client for `provider` at `base_url` (an absolute `http`/`https` URL; a trailing
+    /// `/` is ignored). `api_key`, when present, is sent as a bearer token. `request_timeout`
+    /// bounds each call from connect to the last byte of the answer.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] for a bad `base_url`, [`ConfigError::HttpClient`] when rustls
+    /// cannot be set up.
     pub fn new(
         provider: impl Into<String>,
         base_url: &str,
@@ -59,22 +81,23 @@ impl OpenAiCompatibleProvider {
         request_timeout: Duration,
     ) -> Result<Self, ConfigError> {
         let provider = provider.into();
-        let invalid = |reason: String| ConfigError::Invalid { provider: provider.clone(), reason };
-        let base = reqwest::Url::parse(base_url).map_err(|error| invalid(format!("base_url `{base_url}`: {error}")))?;
-        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
-            return Err(invalid(format!("base_url `{base_url}` must be an http or https URL")));
-        }
-        if base.query().is_some() || base.fragment().is_some() {
-            return Err(invalid(format!("base_url `{base_url}` must have no query or fragment")));
-        }
-        let endpoint = format!("{}/chat/completions", base.as_str().trim_end_matches('/'));
-        let endpoint =
-            reqwest::Url::parse(&endpoint).map_err(|error| invalid(format!("base_url `{base_url}`: {error}")))?;
-        let http = reqwest::Client::builder()
-            .timeout(request_timeout)
-            .build()
-            .map_err(|source| ConfigError::HttpClient { provider: provider.clone(), source })?;
-        Ok(Self { provider, endpoint, api_key, http })
+        let endpoint = endpoint(&provider, base_url, "chat/completions")?;
+        let http = http_client(&provider, request_timeout)?;
+        Ok(Self { provider, endpoint, api_key, stream: true, max_tokens: None, http })
+    }
+
+    /// Asks for a streamed answer (`true`, the default) or a whole one.
+    #[must_use]
+    pub fn with_stream(mut self, stream: bool) -> Self {
+        self.stream = stream;
+        self
+    }
+
+    /// Sends `max_tokens` (output tokens) with every request; `None` (the default) sends none.
+    #[must_use]
+    pub fn with_max_tokens(mut self, max_tokens: Option<u32>) -> Self {
+        self.max_tokens = max_tokens;
+        self
     }
 
     async fn call(&self, request: ModelRequest) -> Result<ModelResponse, ModelError> {
@@ -83,20 +106,26 @@ impl OpenAiCompatibleProvider {
             model = %request.model,
             messages = request.messages.len(),
             tools = request.tools.len(),
+            stream = self.stream,
             "chat completion request"
         );
-        let mut builder = self.http.post(self.endpoint.clone()).json(&wire_request(&request));
+        let mut builder = self.http.post(self.endpoint.clone()).json(&wire_request(&request, self.stream, self.max_tokens));
         if let Some(key) = &self.api_key {
             builder = builder.bearer_auth(key);
         }
         let response = builder.send().await.map_err(transport_error)?;
         let status = response.status().as_u16();
-        let body = response.bytes().await.map_err(transport_error)?;
-        tracing::debug!(provider = %self.provider, status, bytes = body.len(), "chat completion answer");
+        tracing::debug!(provider = %self.provider, status, "chat completion answer");
         if !(200..300).contains(&status) {
-            return Err(http_error(status, &ErrorInfo::from_body(&body)));
+            return Err(error_answer(response).await);
         }
-        parse_answer(&body)
+        if !is_event_stream(&response) {
+            let body = response.bytes().await.map_err(transport_error)?;
+            return parse_answer(&body);
+        }
+        let mut stream = StreamAnswer::new(request.deltas.clone());
+        read_events(response, |event| stream.event(&event.data)).await?;
+        stream.finish()
     }
 }
 
@@ -107,12 +136,19 @@ impl ModelProvider for OpenAiCompatibleProvider {
 }
 
 /// The request body (module docs).
-fn wire_request(request: &ModelRequest) -> Value {
+fn wire_request(request: &ModelRequest, stream: bool, max_tokens: Option<u32>) -> Value {
     let messages: Vec<Value> = request.messages.iter().map(wire_message).collect();
     let mut body = json!({"model": request.model, "messages": messages});
     if !request.tools.is_empty() {
         body["tools"] = Value::Array(request.tools.clone());
         body["tool_choice"] = json!("auto");
+    }
+    if let Some(max_tokens) = max_tokens {
+        body["max_tokens"] = json!(max_tokens);
+    }
+    if stream {
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
     }
     body
 }
@@ -143,94 +179,12 @@ fn wire_message(message: &ChatMessage) -> Value {
     }
 }
 
-fn transport_error(error: reqwest::Error) -> ModelError {
-    let mut message = if error.is_timeout() { format!("timed out: {error}") } else { error.to_string() };
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    ModelError::Transport { message }
-}
-
-/// What an error body says, from `{"error": {"message", "type", "code"}}`, `{"error": "text"}`
-/// or `{"message"}`; the raw text when it is not JSON.
-#[derive(Debug, Default)]
-struct ErrorInfo {
-    message: String,
-    kind: Option<String>,
-    code: Option<String>,
-    numeric_code: Option<u16>,
-}
-
-impl ErrorInfo {
-    fn from_body(body: &[u8]) -> Self {
-        match serde_json::from_slice::<Value>(body) {
-            Ok(value) => Self::from_value(&value),
-            Err(_) => Self { message: shorten(&String::from_utf8_lossy(body)), ..Self::default() },
-        }
-    }
-
-    fn from_value(value: &Value) -> Self {
-        let error = value.get("error").unwrap_or(value);
-        let message = match error {
-            Value::String(text) => text.clone(),
-            _ => error.get("message").and_then(Value::as_str).map_or_else(|| value.to_string(), str::to_owned),
-        };
-        let code = error.get("code");
-        Self {
-            message: shorten(&message),
-            kind: error.get("type").and_then(Value::as_str).map(str::to_owned),
-            code: code.and_then(Value::as_str).map(str::to_owned),
-            numeric_code: code.and_then(Value::as_u64).and_then(|code| u16::try_from(code).ok()),
-        }
-    }
-}
-
-fn http_error(status: u16, info: &ErrorInfo) -> ModelError {
-    let message = info.message.clone();
-    if matches!(status, 503 | 529) || info.kind.as_deref() == Some("overloaded_error") {
-        return ModelError::Overloaded { status: Some(status), message };
-    }
-    if matches!(status, 401 | 403 | 404) {
-        return ModelError::ModelUnavailable { status, message };
-    }
-    if info.code.as_deref() == Some("context_length_exceeded") {
-        return ModelError::ContextOverflow { status, message };
-    }
-    ModelError::Http { status, message }
-}
-
-fn shorten(text: &str) -> String {
-    let text = text.trim();
-    if text.len() <= ERROR_TEXT_LIMIT {
-        return text.to_owned();
-    }
-    let mut end = ERROR_TEXT_LIMIT;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
-}
-
-fn provider_error(message: impl Into<String>) -> ModelError {
-    ModelError::Provider { message: message.into() }
-}
-
-/// Parses a 2xx body (module docs).
+/// Parses a whole 2xx body (module docs).
 fn parse_answer(body: &[u8]) -> Result<ModelResponse, ModelError> {
     let value: Value =
         serde_json::from_slice(body).map_err(|error| provider_error(format!("answer is not JSON: {error}")))?;
     if let Some(error) = value.get("error").filter(|error| !error.is_null()) {
-        let info = ErrorInfo::from_value(&json!({"error": error}));
-        return Err(match info.numeric_code {
-            Some(code) if code >= 400 => http_error(code, &info),
-            _ if info.kind.as_deref() == Some("overloaded_error") => {
-                ModelError::Overloaded { status: None, message: info.message }
-            }
-            _ => provider_error(format!("answer carries an error: {}", info.message)),
-        });
+        return Err(ErrorInfo::in_answer(error));
     }
     let choice = value
         .get("choices")
@@ -241,35 +195,54 @@ fn parse_answer(body: &[u8]) -> Result<ModelResponse, ModelError> {
         .get("message")
         .filter(|message| message.is_object())
         .ok_or_else(|| provider_error("choices[0] has no message"))?;
-    let finish_reason = match choice.get("finish_reason") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(reason)) => Some(reason.clone()),
-        Some(other) => {
-            return Err(provider_error(format!("finish_reason is not a string: {other}")));
-        }
-    };
-    if let Some(refusal) = message.get("refusal").and_then(Value::as_str).filter(|text| !text.is_empty()) {
-        return Err(ModelError::Refused { message: shorten(refusal) });
-    }
-    match finish_reason.as_deref() {
-        Some("content_filter") => {
-            return Err(ModelError::Refused { message: "finish_reason content_filter".to_owned() });
-        }
-        Some("error") => return Err(provider_error("finish_reason error")),
-        _ => {}
-    }
+    let finish_reason = parse_finish_reason(choice.get("finish_reason"))?;
+    let refusal = message.get("refusal").and_then(Value::as_str).unwrap_or_default();
+    judge_finish(refusal, finish_reason.as_deref())?;
     let text = parse_content(message.get("content"))?;
     let tool_calls = parse_tool_calls(message.get("tool_calls"))?;
+    answer(text, tool_calls, finish_reason, value.get("usage").and_then(parse_usage))
+}
+
+fn parse_finish_reason(value: Option<&Value>) -> Result<Option<String>, ModelError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(reason)) => Ok(Some(reason.clone())),
+        Some(other) => Err(provider_error(format!("finish_reason is not a string: {other}"))),
+    }
+}
+
+/// A refusal is the classifier's word and wins over the finish reason; a content filter without
+/// one is a content block.
+fn judge_finish(refusal: &str, finish_reason: Option<&str>) -> Result<(), ModelError> {
+    if !refusal.trim().is_empty() {
+        return Err(ModelError::Refused { message: shorten(refusal) });
+    }
+    match finish_reason {
+        Some("content_filter") => Err(ModelError::Blocked { message: "finish_reason content_filter".to_owned() }),
+        Some("error") => Err(provider_error("finish_reason error")),
+        _ => Ok(()),
+    }
+}
+
+fn answer(
+    text: Option<String>,
+    tool_calls: Vec<ToolCall>,
+    finish_reason: Option<String>,
+    usage: Option<Usage>,
+) -> Result<ModelResponse, ModelError> {
     if text.is_none() && tool_calls.is_empty() {
         return Err(provider_error("answer has neither content nor tool calls"));
     }
     let finish_reason =
         finish_reason.unwrap_or_else(|| if tool_calls.is_empty() { "stop" } else { "tool_calls" }.to_owned());
-    let usage = value.get("usage").filter(|usage| usage.is_object()).map(|usage| Usage {
+    Ok(ModelResponse { text, tool_calls, finish_reason, usage })
+}
+
+fn parse_usage(usage: &Value) -> Option<Usage> {
+    usage.is_object().then(|| Usage {
         input_tokens: usage.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0),
         output_tokens: usage.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0),
-    });
-    Ok(ModelResponse { text, tool_calls, finish_reason, usage })
+    })
 }
 
 fn parse_content(content: Option<&Value>) -> Result<Option<String>, ModelError> {
@@ -308,126 +281,223 @@ fn parse_tool_calls(tool_calls: Option<&Value>) -> Result<Vec<ToolCall>, ModelEr
                 .and_then(Value::as_str)
                 .filter(|name| !name.is_empty())
                 .ok_or_else(|| provider_error(format!("tool_calls[{index}] has no function name")))?;
-            let id = call
-                .get("id")
-                .and_then(Value::as_str)
-                .filter(|id| !id.is_empty())
-                .map_or_else(|| format!("call_{index}"), str::to_owned);
             let arguments = match function.get("arguments") {
                 None | Some(Value::Null) => "{}".to_owned(),
                 Some(Value::String(text)) => text.clone(),
                 Some(other) => other.to_string(),
             };
-            Ok(ToolCall { id, name: name.to_owned(), arguments })
+            Ok(ToolCall { id: call_id(call.get("id"), index), name: name.to_owned(), arguments })
         })
         .collect()
 }
 
+fn call_id(id: Option<&Value>, index: usize) -> String {
+    id.and_then(Value::as_str).filter(|id| !id.is_empty()).map_or_else(|| format!("call_{index}"), str::to_owned)
+}
+
+/// A tool call being assembled from stream chunks.
+#[derive(Debug, Default)]
+struct PartialCall {
+    id: String,
+    name: String,
+    arguments: String,
+    started: bool,
+}
+
+/// The assembly of one streamed answer (module docs).
+#[derive(Debug)]
+struct StreamAnswer {
+    deltas: Option<DeltaSink>,
+    text: Option<String>,
+    refusal: String,
+    /// By the provider's `index`, which orders the calls.
+    calls: BTreeMap<u64, PartialCall>,
+    finish_reason: Option<String>,
+    usage: Option<Usage>,
+    done: bool,
+}
+
+impl StreamAnswer {
+    fn new(deltas: Option<DeltaSink>) -> Self {
+        Self {
+            deltas,
+            text: None,
+            refusal: String::new(),
+            calls: BTreeMap::new(),
+            finish_reason: None,
+            usage: None,
+            done: false,
+        }
+    }
+
+    fn emit(&self, delta: TranscriptDelta) {
+        if let Some(sink) = &self.deltas {
+            sink.send(delta);
+        }
+    }
+
+    /// One `data:` payload; `Ok(true)` at `[DONE]`.
+    fn event(&mut self, data: &str) -> Result<bool, ModelError> {
+        let data = data.trim();
+        if data == "[DONE]" {
+            self.done = true;
+            return Ok(true);
+        }
+        if data.is_empty() {
+            return Ok(false);
+        }
+        let chunk: Value = serde_json::from_str(data)
+            .map_err(|error| provider_error(format!("stream chunk is not JSON: {error}")))?;
+        if let Some(error) = chunk.get("error").filter(|error| !error.is_null()) {
+            return Err(ErrorInfo::in_answer(error));
+        }
+        if let Some(usage) = chunk.get("usage").and_then(parse_usage) {
+            self.usage = Some(usage);
+        }
+        let Some(choice) = chunk.get("choices").and_then(|choices| choices.get(0)) else {
+            return Ok(false);
+        };
+        if let Some(reason) = parse_finish_reason(choice.get("finish_reason"))? {
+            self.finish_reason = Some(reason);
+        }
+        let Some(delta) = choice.get("delta").filter(|delta| delta.is_object()) else {
+            return Ok(false);
+        };
+        if let Some(text) = delta.get("content").and_then(Value::as_str) {
+            self.text.get_or_insert_with(String::new).push_str(text);
+            if !text.is_empty() {
+                self.emit(TranscriptDelta::Text { text: text.to_owned() });
+            }
+        }
+        if let Some(refusal) = delta.get("refusal").and_then(Value::as_str) {
+            self.refusal.push_str(refusal);
+        }
+        match delta.get("tool_calls") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(calls)) => {
+                for (position, call) in calls.iter().enumerate() {
+                    self.tool_call_piece(position, call);
+                }
+            }
+            Some(_) => return Err(provider_error("stream delta tool_calls is not an array")),
+        }
+        Ok(false)
+    }
+
+    fn tool_call_piece(&mut self, position: usize, piece: &Value) {
+        let index = piece.get("index").and_then(Value::as_u64).unwrap_or(position as u64);
+        let ordinal = self.calls.range(..index).count();
+        let call = self.calls.entry(index).or_default();
+        if let Some(id) = piece.get("id").and_then(Value::as_str).filter(|id| !id.is_empty()) {
+            id.clone_into(&mut call.id);
+        }
+        let function = piece.get("function");
+        if let Some(name) = function.and_then(|f| f.get("name")).and_then(Value::as_str) {
+            if !call.started {
+                call.name.push_str(name);
+            }
+        }
+        let arguments = match function.and_then(|f| f.get("arguments")) {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(text)) => text.clone(),
+            Some(other) => other.to_string(),
+        };
+        call.arguments.push_str(&arguments);
+        let mut deltas = Vec::new();
+        if !call.started && !call.name.is_empty() {
+            call.started = true;
+            if call.id.is_empty() {
+                call.id = format!("call_{ordinal}");
+            }
+            deltas.push(TranscriptDelta::ToolCallStarted {
+                index: ordinal,
+                tool_call_id: call.id.clone(),
+                name: call.name.clone(),
+            });
+            if !call.arguments.is_empty() {
+                deltas.push(TranscriptDelta::ToolCallArguments { index: ordinal, delta: call.arguments.clone() });
+            }
+        } else if call.started && !arguments.is_empty() {
+            deltas.push(TranscriptDelta::ToolCallArguments { index: ordinal, delta: arguments });
+        }
+        for delta in deltas {
+            self.emit(delta);
+        }
+    }
+
+    /// The assembled answer, judged as a whole answer is.
+    fn finish(self) -> Result<ModelResponse, ModelError> {
+        if !self.done && self.finish_reason.is_none() {
+            return Err(stream_cut("its finish_reason or [DONE]"));
+        }
+        judge_finish(&self.refusal, self.finish_reason.as_deref())?;
+        let tool_calls = self
+            .calls
+            .into_values()
+            .enumerate()
+            .map(|(ordinal, call)| {
+                if call.name.is_empty() {
+                    return Err(provider_error(format!("streamed tool call {ordinal} has no function name")));
+                }
+                let arguments = if call.arguments.trim().is_empty() { "{}".to_owned() } else { call.arguments };
+                let id = if call.id.is_empty() { format!("call_{ordinal}") } else { call.id };
+                Ok(ToolCall { id, name: call.name, arguments })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        answer(self.text, tool_calls, self.finish_reason, self.usage)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, VecDeque};
-    use std::net::SocketAddr;
+    use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex};
-
-    use axum::Router;
-    use axum::extract::State;
-    use axum::http::{HeaderMap, StatusCode, Uri, header};
-    use axum::response::{IntoResponse, Response};
 
     use super::*;
     use crate::model::config::{ModelConfig, ProviderConfig, ProviderKind, ProviderTable};
+    use crate::model::fake_http::{FakeServer, Reply};
     use crate::model::registry::ModelRegistry;
 
-    /// What the fake server answers next.
-    struct Reply {
-        status: u16,
-        body: String,
-        delay: Option<Duration>,
+    trait OpenAiFake {
+        fn base_url(&self) -> String;
+        fn provider(&self, api_key: Option<&str>, timeout: Duration) -> OpenAiCompatibleProvider;
     }
 
-    /// What the fake server received.
-    #[derive(Debug)]
-    struct Seen {
-        path: String,
-        authorization: Option<String>,
-        body: Value,
-    }
-
-    #[derive(Default)]
-    struct FakeState {
-        replies: Mutex<VecDeque<Reply>>,
-        seen: Mutex<Vec<Seen>>,
-    }
-
-    /// A chat-completions server on 127.0.0.1:0 answering queued replies in order.
-    struct FakeServer {
-        addr: SocketAddr,
-        state: Arc<FakeState>,
-        task: tokio::task::JoinHandle<()>,
-    }
-
-    impl Drop for FakeServer {
-        fn drop(&mut self) {
-            self.task.abort();
-        }
-    }
-
-    impl FakeServer {
-        async fn start() -> Self {
-            let state = Arc::new(FakeState::default());
-            let router = Router::new().fallback(answer).with_state(Arc::clone(&state));
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
-            let addr = listener.local_addr().expect("local addr");
-            let task = tokio::spawn(async move {
-                axum::serve(listener, router).await.expect("fake server runs");
-            });
-            Self { addr, state, task }
-        }
-
-        fn reply(&self, status: u16, body: impl Into<String>) {
-            self.push(Reply { status, body: body.into(), delay: None });
-        }
-
-        fn push(&self, reply: Reply) {
-            self.state.replies.lock().expect("lock").push_back(reply);
-        }
-
+    impl OpenAiFake for FakeServer {
         fn base_url(&self) -> String {
-            format!("http://{}/v1/", self.addr)
+            self.url("/v1/")
         }
 
+        /// A client asking for whole answers.
         fn provider(&self, api_key: Option<&str>, timeout: Duration) -> OpenAiCompatibleProvider {
             OpenAiCompatibleProvider::new("fake", &self.base_url(), api_key.map(str::to_owned), timeout)
                 .expect("client builds")
+                .with_stream(false)
         }
-
-        fn take_seen(&self) -> Vec<Seen> {
-            std::mem::take(&mut *self.state.seen.lock().expect("lock"))
-        }
-    }
-
-    async fn answer(State(state): State<Arc<FakeState>>, uri: Uri, headers: HeaderMap, body: String) -> Response {
-        let authorization =
-            headers.get(header::AUTHORIZATION).map(|value| value.to_str().expect("ascii header").to_owned());
-        let body = serde_json::from_str(&body).unwrap_or(Value::String(body));
-        state.seen.lock().expect("lock").push(Seen { path: uri.path().to_owned(), authorization, body });
-        let reply = state.replies.lock().expect("lock").pop_front();
-        let Some(reply) = reply else {
-            return (StatusCode::INTERNAL_SERVER_ERROR, "no reply queued").into_response();
-        };
-        if let Some(delay) = reply.delay {
-            tokio::time::sleep(delay).await;
-        }
-        let status = StatusCode::from_u16(reply.status).expect("valid status");
-        (status, [(header::CONTENT_TYPE, "application/json")], reply.body).into_response()
     }
 
     fn user_request(model: &str) -> ModelRequest {
         ModelRequest {
             model: model.to_owned(),
             messages: vec![ChatMessage::User { content: "hi".into() }],
-            tools: vec![],
+            ..ModelRequest::default()
         }
+    }
+
+    /// A sink that keeps what it is given.
+    fn recording_sink() -> (DeltaSink, Arc<Mutex<Vec<TranscriptDelta>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let keep = Arc::clone(&seen);
+        (DeltaSink::new(move |delta| keep.lock().expect("lock").push(delta)), seen)
+    }
+
+    /// An SSE body of `data:` lines.
+    fn sse(chunks: &[Value], done: bool) -> String {
+        let mut body: String = chunks.iter().map(|chunk| format!("data: {chunk}\n\n")).collect();
+        if done {
+            body.push_str("data: [DONE]\n\n");
+        }
+        body
     }
 
     #[tokio::test]
@@ -458,7 +528,7 @@ mod tests {
         let seen = server.take_seen();
         assert_eq!(seen.len(), 1);
         assert_eq!(seen[0].path, "/v1/chat/completions");
-        assert_eq!(seen[0].authorization.as_deref(), Some("Bearer sk-test"));
+        assert_eq!(seen[0].header("authorization"), Some("Bearer sk-test"));
         assert_eq!(seen[0].body, json!({"model": "z-ai/glm-5.3", "messages": [{"role": "user", "content": "hi"}]}));
     }
 
@@ -499,6 +569,7 @@ mod tests {
                 ChatMessage::User { content: "now ls".into() },
             ],
             tools: vec![tool.clone()],
+            deltas: None,
         };
         let provider = server.provider(None, Duration::from_secs(10));
         let answer = provider.complete(request).await.expect("answer");
@@ -514,7 +585,7 @@ mod tests {
         );
         let seen = server.take_seen();
         assert_eq!(seen.len(), 1);
-        assert_eq!(seen[0].authorization, None, "no key, no header");
+        assert_eq!(seen[0].header("authorization"), None, "no key, no header");
         assert_eq!(
             seen[0].body,
             json!({
@@ -567,7 +638,7 @@ mod tests {
                 "provider_error",
                 false,
             ),
-            ("content_filter", 200, ok_choice("content_filter"), "model_refused", false),
+            ("content_filter_is_a_content_block", 200, ok_choice("content_filter"), "provider_error", false),
             (
                 "refusal",
                 200,
@@ -609,7 +680,7 @@ mod tests {
     #[tokio::test]
     async fn timeout_is_a_retryable_transport_failure() {
         let server = FakeServer::start().await;
-        server.push(Reply { status: 200, body: "{}".into(), delay: Some(Duration::from_secs(30)) });
+        server.push(Reply { delay: Some(Duration::from_secs(30)), ..Reply::json(200, "{}") });
         let provider = server.provider(None, Duration::from_millis(200));
         let error = provider.complete(user_request("m")).await.expect_err("times out");
         assert!(matches!(error, ModelError::Transport { .. }), "{error:?}");
@@ -646,8 +717,149 @@ mod tests {
         assert_eq!(answer.finish_reason, "stop");
         let seen = server.take_seen();
         assert_eq!(seen.len(), 1);
-        assert_eq!(seen[0].authorization.as_deref(), Some("Bearer sk-fake"));
+        assert_eq!(seen[0].header("authorization"), Some("Bearer sk-fake"));
         assert_eq!(seen[0].body["model"], "org/model-1");
         assert!(!format!("{:?}", resolved.client).contains("sk-fake"));
+    }
+
+    fn streaming(server: &FakeServer) -> OpenAiCompatibleProvider {
+        OpenAiCompatibleProvider::new("fake", &server.base_url(), None, Duration::from_secs(10))
+            .expect("client builds")
+            .with_max_tokens(Some(256))
+    }
+
+    #[tokio::test]
+    async fn streamed_text_and_tool_calls_are_assembled_and_reported_as_deltas() {
+        let server = FakeServer::start().await;
+        let delta = |delta: Value| json!({"choices": [{"index": 0, "delta": delta, "finish_reason": null}]});
+        server.push(Reply::sse(sse(
+            &[
+                delta(json!({"role": "assistant", "content": ""})),
+                delta(json!({"content": "Let me "})),
+                delta(json!({"content": "look."})),
+                delta(json!({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                    "function": {"name": "bash", "arguments": ""}}]})),
+                delta(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"comm"}}]})),
+                delta(json!({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
+                    "function": {"name": "read_file", "arguments": "{\"path\":"}}]})),
+                delta(json!({"tool_calls": [{"index": 0, "function": {"arguments": "and\":\"ls\"}"}}]})),
+                delta(json!({"tool_calls": [{"index": 1, "function": {"arguments": "\"a.txt\"}"}}]})),
+                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}),
+                json!({"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 9}}),
+            ],
+            true,
+        )));
+        let (sink, seen) = recording_sink();
+        let request = ModelRequest { deltas: Some(sink), ..user_request("m") };
+        let answer = streaming(&server).complete(request).await.expect("answer");
+        assert_eq!(
+            answer,
+            ModelResponse {
+                text: Some("Let me look.".into()),
+                tool_calls: vec![
+                    ToolCall { id: "call_a".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into() },
+                    ToolCall { id: "call_b".into(), name: "read_file".into(), arguments: "{\"path\":\"a.txt\"}".into() },
+                ],
+                finish_reason: "tool_calls".into(),
+                usage: Some(Usage { input_tokens: 40, output_tokens: 9 }),
+            }
+        );
+        let text = |t: &str| TranscriptDelta::Text { text: t.into() };
+        let args = |index: usize, d: &str| TranscriptDelta::ToolCallArguments { index, delta: d.into() };
+        let started = |index: usize, id: &str, name: &str| TranscriptDelta::ToolCallStarted {
+            index,
+            tool_call_id: id.into(),
+            name: name.into(),
+        };
+        assert_eq!(
+            *seen.lock().expect("lock"),
+            vec![
+                text("Let me "),
+                text("look."),
+                started(0, "call_a", "bash"),
+                args(0, "{\"comm"),
+                started(1, "call_b", "read_file"),
+                args(1, "{\"path\":"),
+                args(0, "and\":\"ls\"}"),
+                args(1, "\"a.txt\"}"),
+            ]
+        );
+        let sent = server.take_seen();
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].body["stream"], json!(true));
+        assert_eq!(sent[0].body["stream_options"], json!({"include_usage": true}));
+        assert_eq!(sent[0].body["max_tokens"], json!(256));
+    }
+
+    #[tokio::test]
+    async fn a_streaming_request_accepts_a_whole_answer() {
+        let server = FakeServer::start().await;
+        server.reply(200, json!({"choices": [{"message": {"content": "whole"}, "finish_reason": "stop"}]}).to_string());
+        let (sink, seen) = recording_sink();
+        let answer =
+            streaming(&server).complete(ModelRequest { deltas: Some(sink), ..user_request("m") }).await.expect("answer");
+        assert_eq!(answer.text.as_deref(), Some("whole"));
+        assert!(seen.lock().expect("lock").is_empty(), "a whole answer streams nothing");
+    }
+
+    #[tokio::test]
+    async fn streamed_failures_map_to_spec_keys() {
+        let text = |t: &str| json!({"choices": [{"index": 0, "delta": {"content": t}, "finish_reason": null}]});
+        let finish = |reason: &str| json!({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]});
+        let rows: Vec<(&str, String, &str, bool, Option<&str>)> = vec![
+            (
+                "refusal_deltas",
+                sse(&[json!({"choices": [{"index": 0, "delta": {"refusal": "I can't"}, "finish_reason": null}]}),
+                    json!({"choices": [{"index": 0, "delta": {"refusal": " help."}, "finish_reason": null}]}), finish("stop")], true),
+                "model_refused",
+                false,
+                Some("refused"),
+            ),
+            ("content_filter", sse(&[text("par"), finish("content_filter")], true), "provider_error", false, Some("blocked")),
+            ("finish_error", sse(&[text("x"), finish("error")], true), "provider_error", false, Some("error")),
+            ("cut_mid_stream", sse(&[text("half an ans")], false), "provider_http_error", true, None),
+            ("cut_before_anything", String::new(), "provider_http_error", true, None),
+            (
+                "error_chunk_with_status",
+                sse(&[text("x"), json!({"error": {"code": 502, "message": "upstream"}})], false),
+                "provider_http_error",
+                true,
+                None,
+            ),
+            (
+                "overloaded_chunk",
+                sse(&[json!({"error": {"type": "overloaded_error", "message": "busy"}})], false),
+                "provider_overloaded",
+                true,
+                None,
+            ),
+            ("malformed_chunk", "data: {\"choices\": [\n\n".to_owned(), "provider_error", false, Some("error")),
+            ("empty_answer", sse(&[finish("stop")], true), "provider_error", false, Some("error")),
+        ];
+        let server = FakeServer::start().await;
+        let provider = streaming(&server);
+        for (name, body, key, retryable, quality) in rows {
+            server.push(Reply::sse(body));
+            let error = provider.complete(user_request("m")).await.expect_err(name);
+            assert_eq!(error.key(), key, "{name}: {error}");
+            assert_eq!(error.retryable(), retryable, "{name}: {error}");
+            assert_eq!(error.finish_quality(), quality, "{name}: {error}");
+        }
+    }
+
+    #[tokio::test]
+    async fn rate_limit_carries_retry_after() {
+        let server = FakeServer::start().await;
+        server.push(Reply {
+            headers: vec![("retry-after", "7".into())],
+            ..Reply::json(429, json!({"error": {"message": "slow down"}}).to_string())
+        });
+        let error = streaming(&server).complete(user_request("m")).await.expect_err("429");
+        assert!(
+            matches!(error, ModelError::RateLimited { retry_after: Some(wait), .. } if wait == Duration::from_secs(7)),
+            "{error:?}"
+        );
+        assert_eq!(error.status(), Some(429));
+        assert!(error.retryable());
     }
 }

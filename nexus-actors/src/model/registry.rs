@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::ModelProvider;
-use super::config::{ProviderConfig, ProviderKind, ProviderTable};
+use super::anthropic::{AnthropicProvider, DEFAULT_ANTHROPIC_MAX_TOKENS};
+use super::config::{ANTHROPIC_BASE_URL, ProviderConfig, ProviderKind, ProviderTable};
 use super::openai::OpenAiCompatibleProvider;
 use super::scripted::{Script, ScriptError, ScriptedProvider};
 
@@ -24,8 +25,10 @@ const SELECTOR_PREFIX: &str = "model_selector:";
 pub enum ConfigError {
     /// A provider entry breaks a rule: a provider name that is empty or holds `/` or whitespace,
     /// an empty model name, `base_url` missing (openai_compatible) or not an absolute http(s)
-    /// URL, `base_url`/`api_key_env` on a scripted provider, an empty `api_key_env`, `script`
-    /// on a non-scripted model, or `request_timeout_ms = 0`.
+    /// URL, `base_url`/`api_key_env`/`max_tokens` on a scripted provider, `api_key_env` missing
+    /// (anthropic) or empty, `anthropic_version` on a provider that is not anthropic, `script`
+    /// on a non-scripted model, `max_tokens = 0`, or `request_timeout_ms = 0`. The reason says
+    /// what to write instead.
     #[error("provider `{provider}`: {reason}")]
     Invalid {
         /// The provider name as written.
@@ -280,15 +283,33 @@ fn build_entry(
         return Err(invalid("a model name must be non-empty, without whitespace"));
     }
     if config.request_timeout_ms == 0 {
-        return Err(invalid("request_timeout_ms must be > 0"));
+        return Err(invalid("request_timeout_ms must be > 0 (milliseconds; omit it for 120000)"));
     }
     if config.api_key_env.as_deref().is_some_and(str::is_empty) {
-        return Err(invalid("api_key_env must name a variable"));
+        return Err(invalid("api_key_env must name a variable, e.g. api_key_env = \"OPENROUTER_API_KEY\""));
     }
+    if config.max_tokens == Some(0) {
+        return Err(invalid("max_tokens must be > 0 (output tokens; omit it for the default)"));
+    }
+    if config.anthropic_version.is_some() && config.kind != ProviderKind::Anthropic {
+        return Err(invalid("anthropic_version is for kind = \"anthropic\" only; remove it"));
+    }
+    if config.kind != ProviderKind::Scripted && config.models.values().any(|model_config| model_config.script.is_some())
+    {
+        return Err(invalid("`script` is for scripted providers only"));
+    }
+    let timeout = Duration::from_millis(config.request_timeout_ms);
+    // The key is read once, here; a blank variable counts as unset.
+    let api_key =
+        config.api_key_env.as_deref().and_then(env).map(|key| key.trim().to_owned()).filter(|key| !key.is_empty());
+    let missing_credential = match (&config.api_key_env, &api_key) {
+        (Some(variable), None) => Some(variable.clone()),
+        _ => None,
+    };
     match config.kind {
         ProviderKind::Scripted => {
-            if config.base_url.is_some() || config.api_key_env.is_some() {
-                return Err(invalid("a scripted provider takes no base_url or api_key_env"));
+            if config.base_url.is_some() || config.api_key_env.is_some() || config.max_tokens.is_some() {
+                return Err(invalid("a scripted provider takes no base_url, api_key_env or max_tokens; remove them"));
             }
             let mut scripts = BTreeMap::new();
             for (model, model_config) in &config.models {
@@ -313,28 +334,34 @@ fn build_entry(
             Ok(ProviderEntry { missing_credential: None, scripts, client })
         }
         ProviderKind::OpenAiCompatible => {
-            if config.models.values().any(|model_config| model_config.script.is_some()) {
-                return Err(invalid("`script` is for scripted providers only"));
-            }
             let Some(base_url) = &config.base_url else {
-                return Err(invalid("an openai_compatible provider needs base_url"));
+                return Err(invalid(
+                    "an openai_compatible provider needs base_url, the API root before /chat/completions, \
+                     e.g. base_url = \"http://127.0.0.1:11434/v1\"",
+                ));
             };
-            let api_key = config
-                .api_key_env
-                .as_deref()
-                .and_then(env)
-                .map(|key| key.trim().to_owned())
-                .filter(|key| !key.is_empty());
-            let missing_credential = match (&config.api_key_env, &api_key) {
-                (Some(variable), None) => Some(variable.clone()),
-                _ => None,
-            };
-            let client = OpenAiCompatibleProvider::new(
-                name,
-                base_url,
-                api_key,
-                Duration::from_millis(config.request_timeout_ms),
-            )?;
+            let client = OpenAiCompatibleProvider::new(name, base_url, api_key, timeout)?
+                .with_stream(config.stream)
+                .with_max_tokens(config.max_tokens);
+            Ok(ProviderEntry { missing_credential, scripts: BTreeMap::new(), client: Arc::new(client) })
+        }
+        ProviderKind::Anthropic => {
+            if config.api_key_env.is_none() {
+                return Err(invalid(
+                    "an anthropic provider needs api_key_env, the variable holding the key sent as x-api-key, \
+                     e.g. api_key_env = \"ANTHROPIC_API_KEY\"",
+                ));
+            }
+            if config.anthropic_version.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                return Err(invalid("anthropic_version must not be empty; omit it for 2023-06-01"));
+            }
+            let base_url = config.base_url.as_deref().unwrap_or(ANTHROPIC_BASE_URL);
+            let mut client = AnthropicProvider::new(name, base_url, api_key, timeout)?
+                .with_stream(config.stream)
+                .with_max_tokens(config.max_tokens.unwrap_or(DEFAULT_ANTHROPIC_MAX_TOKENS));
+            if let Some(version) = &config.anthropic_version {
+                client = client.with_version(version.clone());
+            }
             Ok(ProviderEntry { missing_credential, scripts: BTreeMap::new(), client: Arc::new(client) })
         }
     }
@@ -368,6 +395,14 @@ mod tests {
             },
         );
         providers.insert(
+            "claude".into(),
+            ProviderConfig {
+                api_key_env: Some("ANTHROPIC_API_KEY".into()),
+                allow_any_model: true,
+                ..ProviderConfig::new(ProviderKind::Anthropic)
+            },
+        );
+        providers.insert(
             "local".into(),
             ProviderConfig {
                 base_url: Some("http://127.0.0.1:9/v1".into()),
@@ -384,7 +419,8 @@ mod tests {
     #[test]
     fn resolver_words_one_row_per_word() {
         let registry = ModelRegistry::new(table(), no_env).expect("valid table");
-        let rows: [(&str, &str, Expected); 14] = [
+        let rows: [(&str, &str, Expected); 15] = [
+            ("anthropic_without_its_key", "claude/claude-sonnet-4-5", Err("missing_credential")),
             ("listed_model", "scripted/default", Ok(("scripted", "default"))),
             ("listed_model_no_key_needed", "local/open", Ok(("local", "open"))),
             ("bare_word", "default", Err("unknown_model")),
@@ -410,6 +446,17 @@ mod tests {
                 (actual, expected) => panic!("{name}: got {actual:?}, expected {expected:?}"),
             }
         }
+    }
+
+    #[test]
+    fn an_anthropic_provider_with_its_key_resolves() {
+        let registry =
+            ModelRegistry::new(table(), |name| (name == "ANTHROPIC_API_KEY").then(|| "sk-ant-x".to_owned())).expect("valid");
+        let resolved = registry.resolve("claude/claude-sonnet-4-5").expect("resolves");
+        assert_eq!((resolved.provider.as_str(), resolved.model.as_str()), ("claude", "claude-sonnet-4-5"));
+        let debug = format!("{:?}", resolved.client);
+        assert!(debug.contains("AnthropicProvider") && debug.contains("https://api.anthropic.com/v1/messages"), "{debug}");
+        assert!(!debug.contains("sk-ant-x"), "the key never shows in Debug");
     }
 
     #[test]
@@ -471,6 +518,7 @@ mod tests {
             model: model.into(),
             messages: vec![ChatMessage::User { content: "bob".into() }],
             tools: vec![],
+            deltas: None,
         };
         for reference in ["scripted/quickstart", "scripted/default"] {
             let resolved = registry.resolve(reference).expect("scripted model");
@@ -498,6 +546,7 @@ mod tests {
                 model: resolved.model.clone(),
                 messages: vec![ChatMessage::User { content: "count".into() }],
                 tools: vec![],
+                deltas: None,
             })
             .await
             .expect("round 0");
@@ -522,6 +571,8 @@ mod tests {
             base_url: Some("http://127.0.0.1:8080/v1".into()),
             ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
         };
+        let anthropic =
+            || ProviderConfig { api_key_env: Some("ANTHROPIC_API_KEY".into()), ..ProviderConfig::new(ProviderKind::Anthropic) };
         let rows: Vec<(&str, &str, ProviderConfig)> = vec![
             ("slash_in_name", "a/b", ProviderConfig::new(ProviderKind::Scripted)),
             ("empty_name", "", ProviderConfig::new(ProviderKind::Scripted)),
@@ -551,6 +602,16 @@ mod tests {
                 "p",
                 ProviderConfig { models: BTreeMap::from([(String::new(), ModelConfig::default())]), ..openai() },
             ),
+            ("zero_max_tokens", "p", ProviderConfig { max_tokens: Some(0), ..openai() }),
+            ("anthropic_version_on_openai", "p", ProviderConfig { anthropic_version: Some("2023-06-01".into()), ..openai() }),
+            (
+                "max_tokens_on_scripted",
+                "p",
+                ProviderConfig { max_tokens: Some(10), ..ProviderConfig::new(ProviderKind::Scripted) },
+            ),
+            ("anthropic_without_key_env", "p", ProviderConfig::new(ProviderKind::Anthropic)),
+            ("anthropic_bad_base_url", "p", ProviderConfig { base_url: Some("api.anthropic.com".into()), ..anthropic() }),
+            ("anthropic_empty_version", "p", ProviderConfig { anthropic_version: Some(" ".into()), ..anthropic() }),
         ];
         for (name, provider, config) in rows {
             let table = ProviderTable { providers: BTreeMap::from([(provider.to_owned(), config)]) };
@@ -560,7 +621,7 @@ mod tests {
                 "{name}: {result:?}"
             );
         }
-        let fine = ProviderTable { providers: BTreeMap::from([("p".to_owned(), openai())]) };
+        let fine = ProviderTable { providers: BTreeMap::from([("p".to_owned(), openai()), ("a".to_owned(), anthropic())]) };
         assert!(ModelRegistry::new(fine, no_env).is_ok());
     }
 }

@@ -49,7 +49,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::{BoxFuture, ChatMessage, ModelError, ModelProvider, ModelRequest, ModelResponse, ToolCall};
+use super::{BoxFuture, ChatMessage, ModelError, ModelProvider, ModelRequest, ModelResponse, ToolCall, TranscriptDelta};
 
 /// Why a script was refused.
 #[non_exhaustive]
@@ -365,9 +365,27 @@ impl ScriptedProvider {
 
 impl ModelProvider for ScriptedProvider {
     /// Answers from the script of `request.model`; a model without a script answers
-    /// `<provider>/<model> has no script; input was: <input>`. Ready immediately.
+    /// `<provider>/<model> has no script; input was: <input>`. Ready immediately. With a delta
+    /// sink, the answer is also reported whole: one `text_delta`, then per call a
+    /// `tool_call_started` and one `tool_call_arguments_delta`.
     fn complete<'a>(&'a self, request: ModelRequest) -> BoxFuture<'a, Result<ModelResponse, ModelError>> {
-        Box::pin(std::future::ready(self.answer(&request)))
+        let answer = self.answer(&request);
+        if let (Some(sink), Ok(response)) = (&request.deltas, &answer) {
+            if let Some(text) = response.text.as_ref().filter(|text| !text.is_empty()) {
+                sink.send(TranscriptDelta::Text { text: text.clone() });
+            }
+            for (index, call) in response.tool_calls.iter().enumerate() {
+                sink.send(TranscriptDelta::ToolCallStarted {
+                    index,
+                    tool_call_id: call.id.clone(),
+                    name: call.name.clone(),
+                });
+                if !call.arguments.is_empty() {
+                    sink.send(TranscriptDelta::ToolCallArguments { index, delta: call.arguments.clone() });
+                }
+            }
+        }
+        Box::pin(std::future::ready(answer))
     }
 }
 
@@ -389,7 +407,7 @@ mod tests {
     }
 
     fn request(model: &str, messages: Vec<ChatMessage>) -> ModelRequest {
-        ModelRequest { model: model.to_owned(), messages, tools: vec![] }
+        ModelRequest { model: model.to_owned(), messages, ..ModelRequest::default() }
     }
 
     #[tokio::test]
@@ -444,6 +462,24 @@ mod tests {
         assert_eq!(answer.finish_reason, "stop");
         assert!(answer.tool_calls.is_empty());
         assert_eq!(answer.usage, None);
+    }
+
+    #[tokio::test]
+    async fn a_sink_hears_the_answer_whole() {
+        let provider = provider_with("count", QUICKSTART);
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let keep = Arc::clone(&seen);
+        let sink = crate::model::DeltaSink::new(move |delta| keep.lock().expect("lock").push(delta));
+        let first = ModelRequest { deltas: Some(sink), ..request("count", vec![user("lines?")]) };
+        let answer = provider.complete(first).await.expect("round 0");
+        let call = &answer.tool_calls[0];
+        assert_eq!(
+            *seen.lock().expect("lock"),
+            vec![
+                TranscriptDelta::ToolCallStarted { index: 0, tool_call_id: call.id.clone(), name: call.name.clone() },
+                TranscriptDelta::ToolCallArguments { index: 0, delta: call.arguments.clone() },
+            ]
+        );
     }
 
     #[test]

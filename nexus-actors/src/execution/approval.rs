@@ -1,0 +1,559 @@
+//! The approval stage of an execution (spec/REFERENCE.md 10; R67–R69).
+//!
+//! Every tool call passes the stage once its concrete target is resolved and before it runs
+//! (REFERENCE.md 8: the target is persisted "before scheduling or approval"). The rules are
+//! evaluated on the resolved served tool name (after alias and route resolution) and the resolved
+//! input, under the mode frozen on the execution, by [`crate::declaration::approval::decide`]:
+//! deny wins over ask, ask over allow. The stage grants (the call is routed at once: dispatched to
+//! its frozen runner, or run in-process), parks (`needs_approval`, with a hold of
+//! [`APPROVAL_HOLD_MS`] unless `[execution] approval_hold_ms` says otherwise) or denies (failed
+//! `approval_denied`).
+//!
+//! A parked task belongs to its ExecutionActor alone: no runner inbox lists it (inboxes list
+//! `dispatched` and `running` rows). The actor keeps one timer per hold; the hold's deadline is the
+//! task's durable `deadline_at`, so a restart re-arms it. A person decides at the approve and deny
+//! doors ([`Adjudication`]); an expired hold settles the task `timed_out` with `approval_expired`.
+//! The run stays `running` through a park and emits `approval_required` (REFERENCE.md 10, "Park").
+//!
+//! Kernel-authored rows (hooks, the summarizer) enter the same stage through [`admit`] with
+//! [`CallOrigin::Kernel`]: they are pre-approved unless a rule naming their origin denies them or
+//! says ask.
+
+use std::time::Duration;
+
+use ractor::{ActorProcessingErr, ActorRef};
+use serde_json::{Value, json};
+use tracing::Instrument;
+use uuid::Uuid;
+
+use nexus_proto::{ErrorCode, Refusal};
+
+use crate::declaration::FrozenDeclaration;
+use crate::declaration::approval::{
+    ApprovalMode, CallOrigin, Decision, RuleMatch, Verdict, cut_reason, decide, evaluate,
+};
+use crate::executor::ExecutorMsg;
+use crate::store::{TaskRow, now_ms};
+
+use super::{ExecutionMsg, ExecutionState, advance, emit, kernel, save, task_status_data};
+
+/// How long a parked task waits for a decision by default, in milliseconds: 24 hours
+/// (REFERENCE.md 10, "Park"). `[execution] approval_hold_ms` overrides it.
+pub const APPROVAL_HOLD_MS: u64 = 86_400_000;
+
+/// The task status of a parked call.
+pub const NEEDS_APPROVAL: &str = "needs_approval";
+
+/// What the approval stage said about one call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Staged {
+    /// Run it. The word is the approval fact's origin: `mode`, `rule`, `author` or `kernel`.
+    Granted(&'static str),
+    /// Park it in `needs_approval` until a person decides or the hold expires.
+    Parked,
+    /// Fail it with `approval_denied`.
+    Denied {
+        /// The approval fact's origin: `rule` for a deny rule, `mode` for an unmatched call under
+        /// `rules`.
+        origin: &'static str,
+        /// The deny rule's reason (at most 256 bytes), or `no approval rule allows NAME`.
+        reason: Option<String>,
+    },
+}
+
+/// A person's decision on a parked task, taken at the approve or deny door.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Adjudication {
+    /// Run it (or park it again when its runner's effect profile changed under the park).
+    Approve,
+    /// Fail it with `approval_denied`; the reason's first 256 bytes become `error.detail`.
+    Deny {
+        /// Why, as the person wrote it.
+        reason: Option<String>,
+    },
+}
+
+/// Who decided at a door: the member and the approval fact's origin word for its kind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Adjudicator {
+    /// The deciding member (`decided_by`).
+    pub member_public_id: Uuid,
+    /// `human` or `agent`.
+    pub origin: &'static str,
+}
+
+impl Adjudicator {
+    /// The adjudicator for a member of `kind` (`human` or `agent`).
+    pub fn new(member_public_id: Uuid, kind: &str) -> Adjudicator {
+        Adjudicator { member_public_id, origin: if kind == "human" { "human" } else { "agent" } }
+    }
+}
+
+/// Runs the stage for one call of `tool_name` (the resolved served name) with `input` (the
+/// resolved input) from `origin`, under the mode and rules frozen in `declaration`. A declaration
+/// without a mode (nothing needed approval when it was declared) behaves as `bypass`.
+pub fn stage(declaration: &FrozenDeclaration, tool_name: &str, input: &Value, origin: CallOrigin) -> Staged {
+    let mode = declaration.approval_mode.as_deref().and_then(ApprovalMode::parse).unwrap_or(ApprovalMode::Bypass);
+    match decide(mode, &declaration.approval_rules, tool_name, input, origin) {
+        Decision::Grant(grant) => Staged::Granted(grant.as_str()),
+        Decision::Park => Staged::Parked,
+        Decision::Deny { reason } => {
+            let by_rule = matches!(
+                evaluate(&declaration.approval_rules, tool_name, input, origin),
+                Some(RuleMatch { verdict: Verdict::Deny, .. })
+            );
+            Staged::Denied { origin: if by_rule { "rule" } else { "mode" }, reason }
+        }
+    }
+}
+
+/// The `approval` fact: `{origin, decided_by?, decided_at}` (REFERENCE.md 10), `decided_at` in
+/// Unix milliseconds.
+pub fn fact(origin: &str, decided_by: Option<Uuid>, decided_at: i64) -> Value {
+    let mut fact = json!({"origin": origin, "decided_at": decided_at});
+    if let Some(member) = decided_by {
+        fact["decided_by"] = json!(member);
+    }
+    fact
+}
+
+/// The tool result a model reads for a denied call (REFERENCE.md 10).
+pub fn denial_text(reason: Option<&str>) -> String {
+    match reason.filter(|r| !r.is_empty()) {
+        Some(reason) => {
+            format!(
+                "<tool_use_error>This tool call was declined by the approver (approval_denied) {reason}</tool_use_error>"
+            )
+        }
+        None => "<tool_use_error>This tool call was declined by the approver (approval_denied)</tool_use_error>".into(),
+    }
+}
+
+/// The tool result a model reads for a call whose hold expired undecided.
+pub fn expiry_text() -> String {
+    "<tool_use_error>This tool call was not approved before its approval hold expired (approval_expired)</tool_use_error>"
+        .into()
+}
+
+/// Passes a new task row through the stage and leaves it as the stage decided: granted and
+/// routed ([`route`]), parked (`needs_approval`, its `deadline_at` the end of a hold of `hold_ms`
+/// from `now`), or failed `approval_denied`. The row's target must already be resolved: a runner
+/// row carries its `target_executor_public_id`; a row without one runs in-process.
+///
+/// Model calls enter with [`CallOrigin::Model`]; kernel-authored rows (hooks, the summarizer) with
+/// [`CallOrigin::Kernel`]. A parked row must then be announced with `announce_parks` once it is
+/// in the actor's pending set.
+pub fn admit(
+    declaration: &FrozenDeclaration,
+    task: &mut TaskRow,
+    origin: CallOrigin,
+    now: i64,
+    hold_ms: i64,
+) -> Staged {
+    let staged = stage(declaration, &task.tool_name, &task.tool_input, origin);
+    match &staged {
+        Staged::Granted(by) => {
+            task.approval = Some(fact(by, None, now));
+            route(declaration, task, now);
+        }
+        Staged::Parked => park(task, now, hold_ms),
+        Staged::Denied { origin, reason } => deny(task, fact(origin, None, now), reason.as_deref(), now),
+    }
+    staged
+}
+
+/// Routes a granted row: a runner row becomes `dispatched` with its deadline `timeout_ms` from
+/// `now`; any other row runs in-process now (REFERENCE.md 5, "Behaviours") and settles, or fails
+/// `tool_not_served` when nothing here runs it.
+pub fn route(declaration: &FrozenDeclaration, task: &mut TaskRow, now: i64) {
+    task.started_at = now;
+    if task.target_executor_public_id.is_some() {
+        task.status = "dispatched".into();
+        task.deadline_at = now.saturating_add(task.timeout_ms);
+        task.settled_at = None;
+        return;
+    }
+    task.deadline_at = now;
+    task.settled_at = Some(now);
+    match kernel::run(declaration, &task.tool_name, &task.tool_input) {
+        Some(Ok(result)) => {
+            task.status = "completed".into();
+            task.result = Some(
+                json!({"content": result.to_string(), "structured_content": result, "is_error": false, "outcome": "completed"}),
+            );
+        }
+        Some(Err(message)) => {
+            task.status = "completed".into();
+            task.result = Some(json!({"content": message, "is_error": true, "outcome": "completed"}));
+        }
+        None => {
+            task.status = "failed".into();
+            task.error_key = Some(ErrorCode::ToolNotServed.as_str().into());
+            let message = format!("{} has no runner route and no in-process implementation here", task.callable_name);
+            task.result = Some(json!({"content": message, "is_error": true, "outcome": "failed"}));
+        }
+    }
+}
+
+fn park(task: &mut TaskRow, now: i64, hold_ms: i64) {
+    task.status = NEEDS_APPROVAL.into();
+    task.approval = None;
+    task.started_at = now;
+    task.deadline_at = now.saturating_add(hold_ms);
+    task.result = None;
+    task.error_key = None;
+    task.settled_at = None;
+}
+
+fn deny(task: &mut TaskRow, fact: Value, reason: Option<&str>, now: i64) {
+    let key = ErrorCode::ApprovalDenied.as_str();
+    task.status = "failed".into();
+    task.error_key = Some(key.into());
+    task.approval = Some(fact);
+    task.settled_at = Some(now);
+    task.result = Some(json!({
+        "content": denial_text(reason),
+        "is_error": true,
+        "outcome": "failed",
+        "error": {"key": key, "detail": reason},
+    }));
+}
+
+/// The hold of the execution's configuration, in milliseconds.
+pub(super) fn hold_ms(state: &ExecutionState) -> i64 {
+    i64::try_from(state.fabric.config.execution.approval_hold_ms).unwrap_or(i64::MAX)
+}
+
+/// `approval_required`'s data: the parked call as the approver sees it, with the frozen effect
+/// profile and the end of the hold (`hold_until`, Unix milliseconds).
+fn approval_required_data(task: &TaskRow, reparked: bool) -> Value {
+    json!({
+        "task_key": task.task_key,
+        "kind": "approval",
+        "tool_name": task.callable_name,
+        "served_name": task.tool_name,
+        "tool_call_id": task.tool_call_id,
+        "tool_input": task.tool_input,
+        "runner_executor_public_id": task.target_executor_public_id,
+        "effect_profile": task.effect_profile,
+        "hold_until": task.deadline_at,
+        "reparked": reparked,
+    })
+}
+
+/// Emits `approval_required` for every parked row of `tasks` and arms its hold. Call it once the
+/// rows are in the actor's pending set, before the `save` that writes them.
+pub(super) fn announce_parks(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, tasks: &[TaskRow]) {
+    for task in tasks.iter().filter(|t| t.status == NEEDS_APPROVAL) {
+        emit(state, "approval_required", approval_required_data(task, false));
+        arm(myself, state, &task.task_key, task.deadline_at);
+        tracing::info!(execution_id = %state.row.public_id, task_key = %task.task_key, tool = %task.tool_name, "call parked for approval");
+    }
+}
+
+/// Re-arms the hold of every parked task after a restart: the deadline is durable, so a hold that
+/// ran out while nexus was down expires at once.
+pub(super) fn rearm(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) {
+    let parked: Vec<(String, i64)> = state
+        .pending
+        .values()
+        .filter(|t| t.status == NEEDS_APPROVAL)
+        .map(|t| (t.task_key.clone(), t.deadline_at))
+        .collect();
+    for (task_key, deadline_at) in parked {
+        arm(myself, state, &task_key, deadline_at);
+    }
+}
+
+fn arm(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, task_key: &str, deadline_at: i64) {
+    let wait = Duration::from_millis(u64::try_from(deadline_at.saturating_sub(now_ms())).unwrap_or(0));
+    let actor = myself.clone();
+    let key = task_key.to_owned();
+    let span = tracing::debug_span!("approval_hold", execution_id = %state.row.public_id, task_key);
+    let timer = tokio::spawn(
+        async move {
+            tokio::time::sleep(wait).await;
+            let _ = actor.cast(ExecutionMsg::HoldExpired { task_key: key, deadline_at });
+        }
+        .instrument(span),
+    );
+    if let Some(old) = state.holds.insert(task_key.to_owned(), timer) {
+        old.abort();
+    }
+}
+
+fn disarm(state: &mut ExecutionState, task_key: &str) {
+    if let Some(timer) = state.holds.remove(task_key) {
+        timer.abort();
+    }
+}
+
+fn not_awaiting(task_key: &str) -> Refusal {
+    Refusal::new(
+        ErrorCode::NotAwaitingApproval,
+        format!("task {task_key} is not parked in needs_approval; read the execution for its status"),
+    )
+}
+
+/// The effect profile the task's runner announces now for its served tool, when it differs from
+/// the one frozen on the task. A runner that no longer announces the tool changes nothing here:
+/// the dispatch settles that by the inbox rules.
+async fn changed_effect_profile(state: &ExecutionState, task: &TaskRow) -> Result<Option<Value>, ActorProcessingErr> {
+    let Some(target) = task.target_executor_public_id else { return Ok(None) };
+    let Some(runner) = state.fabric.store.executor(target).await? else { return Ok(None) };
+    let announced = runner.announcement["tools"]
+        .as_array()
+        .and_then(|tools| tools.iter().find(|t| t["name"].as_str() == Some(task.tool_name.as_str())))
+        .and_then(|tool| tool.get("effect_profile"))
+        .cloned();
+    Ok(announced.filter(|profile| Some(profile) != task.effect_profile.as_ref()))
+}
+
+/// Tells the task's runner inbox that a dispatched row is waiting. The row is durable and
+/// addressed: an inbox that cannot be reached offers it when it next loads.
+async fn offer(state: &ExecutionState, task: &TaskRow) {
+    let Some(target) = task.target_executor_public_id else { return };
+    match state.root.executor(target).await {
+        Ok(executor) => {
+            let _ = executor.cast(ExecutorMsg::Offer { run: task.run_public_id, task_key: task.task_key.clone() });
+        }
+        Err(refusal) => {
+            tracing::warn!(runner_id = %target, code = %refusal.code, "cannot reach the runner's inbox now");
+        }
+    }
+}
+
+/// Applies a person's decision to a parked task: approval routes it (or parks it again with the
+/// runner's new effect profile), denial fails it `approval_denied`. The decision is durable before
+/// it is answered; a settled task lets the round continue.
+///
+/// Answers the task as it now stands, or 409 `not_awaiting_approval` (the task is not parked, or
+/// was decided elsewhere) or `not_adjudicable` (the execution is not running).
+///
+/// # Errors
+/// A store failure, which stops the actor (it reloads from the store on next use).
+pub(super) async fn adjudicate(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+    task_key: &str,
+    adjudication: Adjudication,
+    by: &Adjudicator,
+) -> Result<Result<TaskRow, Refusal>, ActorProcessingErr> {
+    let Some(mut task) = state.pending.get(task_key).filter(|t| t.status == NEEDS_APPROVAL).cloned() else {
+        return Ok(Err(not_awaiting(task_key)));
+    };
+    let declaration = match &state.declaration {
+        Some(declaration) if state.row.status == "running" => declaration.clone(),
+        _ => {
+            return Ok(Err(Refusal::new(
+                ErrorCode::NotAdjudicable,
+                format!(
+                    "execution {} is {}; only a running execution takes decisions",
+                    state.row.public_id, state.row.status
+                ),
+            )));
+        }
+    };
+    let now = now_ms();
+    let mut reparked = false;
+    match adjudication {
+        Adjudication::Approve => match changed_effect_profile(state, &task).await? {
+            Some(profile) => {
+                task.effect_profile = Some(profile);
+                park(&mut task, now, hold_ms(state));
+                reparked = true;
+            }
+            None => {
+                task.approval = Some(fact(by.origin, Some(by.member_public_id), now));
+                route(&declaration, &mut task, now);
+            }
+        },
+        Adjudication::Deny { reason } => {
+            let reason = reason.as_deref().map(cut_reason);
+            deny(&mut task, fact(by.origin, Some(by.member_public_id), now), reason.as_deref(), now);
+        }
+    }
+    if !state.fabric.store.decide_task(&task).await? {
+        return Ok(Err(not_awaiting(task_key)));
+    }
+    tracing::info!(execution_id = %state.row.public_id, task_key, status = %task.status, by = by.origin, "approval decided");
+    state.pending.insert(task.task_key.clone(), task.clone());
+    emit(state, "task_status", task_status_data(&task));
+    if reparked {
+        emit(state, "approval_required", approval_required_data(&task, true));
+        arm(myself, state, task_key, task.deadline_at);
+    } else {
+        disarm(state, task_key);
+    }
+    save(state, &[]).await?;
+    if task.status == "dispatched" {
+        offer(state, &task).await;
+    }
+    if task.is_settled() {
+        advance(myself, state).await?;
+    }
+    Ok(Ok(task))
+}
+
+/// Settles a parked task whose hold ran out undecided: `timed_out` with `approval_expired`. A
+/// stale timer (the task was decided, or parked again with a new deadline) does nothing.
+///
+/// # Errors
+/// A store failure, which stops the actor (it reloads from the store on next use).
+pub(super) async fn expire(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+    task_key: &str,
+    deadline_at: i64,
+) -> Result<(), ActorProcessingErr> {
+    let Some(mut task) =
+        state.pending.get(task_key).filter(|t| t.status == NEEDS_APPROVAL && t.deadline_at == deadline_at).cloned()
+    else {
+        return Ok(());
+    };
+    state.holds.remove(task_key);
+    let key = ErrorCode::ApprovalExpired.as_str();
+    task.status = "timed_out".into();
+    task.error_key = Some(key.into());
+    task.settled_at = Some(now_ms());
+    task.result =
+        Some(json!({"content": expiry_text(), "is_error": true, "outcome": "timed_out", "error": {"key": key}}));
+    if !state.fabric.store.decide_task(&task).await? {
+        return Ok(());
+    }
+    tracing::info!(execution_id = %state.row.public_id, task_key, "approval hold expired");
+    state.pending.insert(task.task_key.clone(), task.clone());
+    emit(state, "task_status", task_status_data(&task));
+    save(state, &[]).await?;
+    advance(myself, state).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn declaration(mode: Option<&str>, rules: Value) -> FrozenDeclaration {
+        let configuration = json!({"approval_mode": mode, "approval_rules": rules});
+        let selection = crate::declaration::tools::RunnerSelection::NoRunner;
+        crate::declaration::freeze(&configuration, None, selection, &[], None).expect("frozen")
+    }
+
+    fn row(tool: &str, input: Value, target: Option<Uuid>) -> TaskRow {
+        TaskRow {
+            run_public_id: Uuid::nil(),
+            task_key: "r1t0".into(),
+            kind: "tool_call".into(),
+            round: 1,
+            callable_name: tool.into(),
+            tool_name: tool.into(),
+            tool_input: input,
+            tool_call_id: "c".into(),
+            target_executor_public_id: target,
+            effect_profile: None,
+            timeout_ms: 1_000,
+            status: "failed".into(),
+            claimed: false,
+            claim_token_digest: None,
+            started_at: 0,
+            deadline_at: 0,
+            result: None,
+            error_key: None,
+            settled_at: Some(0),
+            approval: None,
+        }
+    }
+
+    #[test]
+    fn r67_the_stage_follows_the_mode_table_and_names_who_decided() {
+        let rules = json!([
+            {"tool": "bash", "path": "command", "match": "*rm -rf /*", "verdict": "deny", "reason": "not that"},
+            {"tool": "read_*", "verdict": "allow"},
+            {"tool": "bash", "verdict": "ask"},
+        ]);
+        let call = |mode: Option<&str>, tool: &str, command: &str| {
+            stage(&declaration(mode, rules.clone()), tool, &json!({"command": command}), CallOrigin::Model)
+        };
+        let denied = Staged::Denied { origin: "rule", reason: Some("not that".into()) };
+        let rows = [
+            (None, "bash", "ls", Staged::Granted("mode")),
+            (Some("bypass"), "bash", "rm -rf /", denied.clone()),
+            (Some("bypass"), "other", "ls", Staged::Granted("mode")),
+            (Some("ask"), "read_file", "ls", Staged::Granted("rule")),
+            (Some("ask"), "bash", "ls", Staged::Parked),
+            (Some("ask"), "other", "ls", Staged::Parked),
+            (Some("ask"), "bash", "sudo rm -rf / now", denied.clone()),
+            (Some("rules"), "read_file", "ls", Staged::Granted("rule")),
+            (Some("rules"), "bash", "ls", Staged::Parked),
+            (Some("rules"), "bash", "rm -rf /", denied),
+            (
+                Some("rules"),
+                "other",
+                "ls",
+                Staged::Denied { origin: "mode", reason: Some("no approval rule allows other".into()) },
+            ),
+        ];
+        for (mode, tool, command, expected) in rows {
+            assert_eq!(call(mode, tool, command), expected, "{mode:?} {tool} {command}");
+        }
+    }
+
+    #[test]
+    fn r69_kernel_rows_are_pre_approved_unless_a_rule_names_their_origin() {
+        let rules = json!([{"tool": "*", "verdict": "deny"}, {"tool": "review", "verdict": "ask", "origin": "kernel"}]);
+        let frozen = declaration(Some("rules"), rules);
+        assert_eq!(stage(&frozen, "format", &json!({}), CallOrigin::Kernel), Staged::Granted("kernel"));
+        assert_eq!(stage(&frozen, "review", &json!({}), CallOrigin::Kernel), Staged::Parked);
+        assert_eq!(
+            stage(&frozen, "format", &json!({}), CallOrigin::Model),
+            Staged::Denied { origin: "rule", reason: None }
+        );
+    }
+
+    #[test]
+    fn admission_parks_routes_and_denies_the_row() {
+        let runner = Uuid::new_v4();
+        let frozen = declaration(
+            Some("ask"),
+            json!([{"tool": "go", "verdict": "allow"}, {"tool": "no", "verdict": "deny", "reason": "never"}]),
+        );
+
+        let mut parked = row("bash", json!({}), Some(runner));
+        assert_eq!(admit(&frozen, &mut parked, CallOrigin::Model, 1_000, 50), Staged::Parked);
+        assert_eq!((parked.status.as_str(), parked.deadline_at, parked.settled_at), (NEEDS_APPROVAL, 1_050, None));
+        assert_eq!(parked.approval, None);
+
+        let mut granted = row("go", json!({}), Some(runner));
+        assert_eq!(admit(&frozen, &mut granted, CallOrigin::Model, 1_000, 50), Staged::Granted("rule"));
+        assert_eq!((granted.status.as_str(), granted.deadline_at), ("dispatched", 2_000));
+        assert_eq!(granted.approval, Some(json!({"origin": "rule", "decided_at": 1_000})));
+
+        let mut denied = row("no", json!({}), Some(runner));
+        admit(&frozen, &mut denied, CallOrigin::Model, 1_000, 50);
+        assert_eq!((denied.status.as_str(), denied.error_key.as_deref()), ("failed", Some("approval_denied")));
+        let result = denied.result.expect("a result the model reads");
+        assert_eq!(
+            result["content"],
+            "<tool_use_error>This tool call was declined by the approver (approval_denied) never</tool_use_error>"
+        );
+        assert_eq!(result["error"], json!({"key": "approval_denied", "detail": "never"}));
+
+        // A granted row without a runner runs in-process; nothing here serves `go`.
+        let mut local = row("go", json!({}), None);
+        admit(&frozen, &mut local, CallOrigin::Model, 1_000, 50);
+        assert_eq!((local.status.as_str(), local.error_key.as_deref()), ("failed", Some("tool_not_served")));
+    }
+
+    #[test]
+    fn the_fact_and_the_texts() {
+        let member = Uuid::new_v4();
+        assert_eq!(fact("human", Some(member), 7), json!({"origin": "human", "decided_by": member, "decided_at": 7}));
+        assert_eq!(fact("mode", None, 7), json!({"origin": "mode", "decided_at": 7}));
+        assert_eq!(
+            denial_text(None),
+            "<tool_use_error>This tool call was declined by the approver (approval_denied)</tool_use_error>"
+        );
+        assert_eq!(Adjudicator::new(member, "human").origin, "human");
+        assert_eq!(Adjudicator::new(member, "agent").origin, "agent");
+        assert!(expiry_text().contains("(approval_expired)"));
+    }
+}

@@ -1,0 +1,205 @@
+//! The execution doors on HTTP: admit an input, read an execution, stop it, and read or watch
+//! its event feed (spec/REFERENCE.md 7, "Events"; SPEC-004 "event feed"). They call the same
+//! [`Api`] as the gRPC twins (`CreateInput`, `GetExecution`, `StopExecution`, `StreamEvents`).
+//!
+//! - `POST /agent_api/v1/inputs` `{text, conversation_public_id?, execution_declaration?,
+//!   runner_executor_public_id?, tool_names?}` → 201 `{conversation_public_id,
+//!   input_public_id, execution_public_id}`.
+//! - `GET /agent_api/v1/executions/{id}` → the execution with its tasks.
+//! - `POST /agent_api/v1/executions/{id}/stop` → the execution after the stop.
+//! - `GET /agent_api/v1/executions/{id}/events?after=&limit=` → one page `{items:[{cursor, type,
+//!   data, at}], next_cursor}`; `limit` is 1 to 200, default 100; `after` is a `cvei_` cursor.
+//! - `GET /agent_api/v1/executions/{id}/events/stream?after=` → a live Server-Sent Events stream
+//!   (`id:` the cursor, `event:` the type, `data:` the JSON data). It resumes from `after`, or
+//!   from the standard `Last-Event-ID` header a reconnecting client sends, and ends once the
+//!   execution is quiescent and every event was sent.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::routing::{get, post};
+use futures::{Stream, StreamExt};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use nexus_proto::{ErrorCode, Refusal};
+
+use super::{HttpRefusal, HttpResult, caller, json_body};
+use crate::api::{Api, CreateInput, Event};
+
+/// The page size of `GET …/events` when `limit` is absent.
+pub const EVENTS_DEFAULT_LIMIT: usize = 100;
+/// The largest page of `GET …/events`.
+pub const EVENTS_MAX_LIMIT: usize = 200;
+
+/// The execution doors, merged into [`super::router`].
+pub fn routes() -> Router<Arc<Api>> {
+    Router::new()
+        .route("/agent_api/v1/inputs", post(post_input))
+        .route("/agent_api/v1/executions/{id}", get(get_execution))
+        .route("/agent_api/v1/executions/{id}/stop", post(post_stop))
+        .route("/agent_api/v1/executions/{id}/events", get(get_events))
+        .route("/agent_api/v1/executions/{id}/events/stream", get(get_event_stream))
+}
+
+fn uuid_param(name: &str, text: &str) -> Result<Uuid, Refusal> {
+    Uuid::parse_str(text).map_err(|_| Refusal::new(ErrorCode::ParameterInvalid, format!("{name} must be a UUID")))
+}
+
+fn optional_uuid(body: &Value, name: &str) -> Result<Option<Uuid>, Refusal> {
+    match &body[name] {
+        Value::Null => Ok(None),
+        Value::String(text) => uuid_param(name, text).map(Some),
+        _ => Err(Refusal::new(ErrorCode::ParameterInvalid, format!("{name} must be a UUID string"))),
+    }
+}
+
+/// Decodes `POST /agent_api/v1/inputs`.
+fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
+    let object = body.as_object().ok_or_else(|| Refusal::new(ErrorCode::ParameterMissing, "the body is an object"))?;
+    if let Some(unknown) = object.keys().find(|k| {
+        !matches!(
+            k.as_str(),
+            "text" | "conversation_public_id" | "execution_declaration" | "runner_executor_public_id" | "tool_names"
+        )
+    }) {
+        return Err(Refusal::new(ErrorCode::ParameterInvalid, format!("unknown field {unknown}")));
+    }
+    let text = match &body["text"] {
+        Value::String(text) => text.clone(),
+        Value::Null => return Err(Refusal::new(ErrorCode::ParameterMissing, "text is required")),
+        _ => return Err(Refusal::new(ErrorCode::ParameterInvalid, "text must be a string")),
+    };
+    Ok(CreateInput {
+        conversation_public_id: optional_uuid(body, "conversation_public_id")?,
+        text,
+        execution_declaration: object.get("execution_declaration").filter(|v| !v.is_null()).cloned(),
+        runner_executor_public_id: optional_uuid(body, "runner_executor_public_id")?,
+        tool_names: object.get("tool_names").filter(|v| !v.is_null()).cloned(),
+    })
+}
+
+async fn post_input(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, axum::Json<Value>), HttpRefusal> {
+    let caller = caller(&api, &headers).await?;
+    let input = create_input(&json_body(body)?)?;
+    let admitted = api.create_input(&caller, input).await?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(json!({
+            "conversation_public_id": admitted.conversation_public_id,
+            "input_public_id": admitted.input_public_id,
+            "execution_public_id": admitted.execution_public_id,
+        })),
+    ))
+}
+
+async fn get_execution(State(api): State<Arc<Api>>, Path(id): Path<String>, headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    Ok(axum::Json(api.execution(&caller, uuid_param("id", &id)?).await?))
+}
+
+async fn post_stop(State(api): State<Arc<Api>>, Path(id): Path<String>, headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    Ok(axum::Json(api.stop(&caller, uuid_param("id", &id)?).await?))
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct EventsQuery {
+    after: Option<String>,
+    limit: Option<String>,
+}
+
+/// `limit`: 1 to [`EVENTS_MAX_LIMIT`], default [`EVENTS_DEFAULT_LIMIT`].
+fn page_limit(limit: Option<&str>) -> Result<usize, Refusal> {
+    let Some(text) = limit else { return Ok(EVENTS_DEFAULT_LIMIT) };
+    text.parse::<usize>().ok().filter(|n| (1..=EVENTS_MAX_LIMIT).contains(n)).ok_or_else(|| {
+        Refusal::new(ErrorCode::ParameterInvalid, format!("limit must be an integer from 1 to {EVENTS_MAX_LIMIT}"))
+    })
+}
+
+fn event_json(event: &Event) -> Value {
+    json!({"cursor": event.cursor, "type": event.event_type, "data": event.data, "at": event.at})
+}
+
+async fn get_events(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Query(query): Query<EventsQuery>,
+) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    let id = uuid_param("id", &id)?;
+    let limit = page_limit(query.limit.as_deref())?;
+    let after = query.after.unwrap_or_default();
+    let events: Vec<Result<Event, Refusal>> = api.events(&caller, id, &after, false).await?.take(limit).collect().await;
+    let items = events.into_iter().collect::<Result<Vec<Event>, Refusal>>()?;
+    // The next read starts after the last item, or where this one started when nothing is new.
+    let next_cursor = items.last().map_or(after, |e| e.cursor.clone());
+    Ok(axum::Json(json!({"items": items.iter().map(event_json).collect::<Vec<_>>(), "next_cursor": next_cursor})))
+}
+
+async fn get_event_stream(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Query(query): Query<EventsQuery>,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, HttpRefusal> {
+    let caller = caller(&api, &headers).await?;
+    let id = uuid_param("id", &id)?;
+    // A reconnecting EventSource sends the last `id:` it saw; it wins over the query.
+    let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let after = resume.or(query.after).unwrap_or_default();
+    let events = api.events(&caller, id, &after, true).await?;
+    let frames = events.map(|event| {
+        Ok(match event {
+            Ok(event) => SseEvent::default()
+                .id(event.cursor.clone())
+                .event(event.event_type.clone())
+                .data(json!({"cursor": event.cursor, "data": event.data, "at": event.at}).to_string()),
+            // The feed cannot go on (the store failed): say so in the stream, then end it.
+            Err(refusal) => SseEvent::default()
+                .event("error")
+                .data(json!({"code": refusal.code, "message": refusal.message}).to_string()),
+        })
+    });
+    Ok(Sse::new(frames).keep_alive(KeepAlive::default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_limits_are_bounded() {
+        assert_eq!(page_limit(None).ok(), Some(EVENTS_DEFAULT_LIMIT));
+        assert_eq!(page_limit(Some("1")).ok(), Some(1));
+        assert_eq!(page_limit(Some("200")).ok(), Some(200));
+        for bad in ["0", "201", "-1", "ten", ""] {
+            assert_eq!(page_limit(Some(bad)).unwrap_err().code, "parameter_invalid", "{bad}");
+        }
+    }
+
+    #[test]
+    fn inputs_decode_with_clear_refusals() {
+        let input = create_input(&json!({"text": "hi", "tool_names": ["bash"]})).expect("decoded");
+        assert_eq!(input.text, "hi");
+        assert_eq!(input.tool_names, Some(json!(["bash"])));
+        assert_eq!(create_input(&json!({})).unwrap_err().code, "parameter_missing");
+        assert_eq!(create_input(&json!({"text": 3})).unwrap_err().code, "parameter_invalid");
+        assert_eq!(create_input(&json!({"text": "x", "txt": "y"})).unwrap_err().code, "parameter_invalid");
+        assert_eq!(
+            create_input(&json!({"text": "x", "conversation_public_id": "nope"})).unwrap_err().code,
+            "parameter_invalid"
+        );
+    }
+}
