@@ -379,8 +379,9 @@ mod tests {
         assert!(!config.tls.enabled());
         assert_eq!(config.data_dir, PathBuf::from("nexus-data"));
         let names: Vec<&str> = config.providers.providers.keys().map(String::as_str).collect();
-        assert_eq!(names, ["local", "openrouter", "scripted"]);
+        assert_eq!(names, ["anthropic", "local", "openrouter", "scripted"]);
         assert!(!config.providers.providers["local"].enabled);
+        assert_eq!(config.providers.providers["anthropic"].kind, crate::model::ProviderKind::Anthropic);
     }
 
     #[test]

@@ -466,7 +466,11 @@ mod tests {
                 json!({"index": 1, "delta": "{\"a"}),
             ),
             (TranscriptDelta::StreamReset { reason: ResetReason::Retry }, "stream_reset", json!({"reason": "retry"})),
-            (TranscriptDelta::StreamReset { reason: ResetReason::Refused }, "stream_reset", json!({"reason": "refused"})),
+            (
+                TranscriptDelta::StreamReset { reason: ResetReason::Refused },
+                "stream_reset",
+                json!({"reason": "refused"}),
+            ),
             (TranscriptDelta::StreamReset { reason: ResetReason::Failed }, "stream_reset", json!({"reason": "failed"})),
         ];
         for (delta, event_type, data) in rows {

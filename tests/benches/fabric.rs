@@ -461,7 +461,7 @@ async fn memory_of_a_nexus_process(runners: usize, executions: usize) -> (f64, f
         async move {
             for chunk in (0..n).collect::<Vec<_>>().chunks(50) {
                 let answers =
-                    futures::future::join_all(chunk.iter().map(|_| http.post("/agent_api/v1/inputs", &input))).await;
+                    futures::future::join_all(chunk.iter().map(|_| http.post("/agent_api/v1/inputs", input))).await;
                 for answer in answers {
                     assert_eq!(answer.status, 201, "admission: {answer:?}");
                 }

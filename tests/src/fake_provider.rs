@@ -219,13 +219,18 @@ fn json_answer(status: u16, body: Value) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
-/// A 200 event stream of `pieces`; with `cut`, the connection drops after them.
+/// A 200 event stream of `pieces`; with `cut`, the connection drops after them. Before the cut
+/// the body yields once, so the server writes out what it has and the client reads the pieces,
+/// then a connection that ends without the chunked terminator.
 fn event_stream(pieces: Vec<String>, cut: bool) -> Response {
-    let mut items: Vec<Result<Bytes, std::io::Error>> = pieces.into_iter().map(|p| Ok(Bytes::from(p))).collect();
-    if cut {
-        items.push(Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "fake provider cut the stream")));
-    }
-    let body = Body::from_stream(futures::stream::iter(items));
+    use futures::StreamExt;
+
+    let pieces = futures::stream::iter(pieces.into_iter().map(|p| Ok::<_, std::io::Error>(Bytes::from(p))));
+    let tail = futures::stream::iter(cut.then_some(())).then(|()| async {
+        tokio::task::yield_now().await;
+        Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "fake provider cut the stream"))
+    });
+    let body = Body::from_stream(pieces.chain(tail));
     (StatusCode::OK, [(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
 }
 
@@ -269,13 +274,18 @@ fn error_body(wire: Wire, status: u16) -> Value {
 }
 
 fn openai_answer(request: &FakeRequest, act: Act) -> Response {
-    let chunk = |delta: Value, finish: Value| json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
     let usage = json!({"id": "chatcmpl-fake", "choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 7}});
     let whole = |message: Value, finish: &str| {
-        json_answer(200, json!({"id": "chatcmpl-fake", "object": "chat.completion",
+        json_answer(
+            200,
+            json!({"id": "chatcmpl-fake", "object": "chat.completion",
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 11, "completion_tokens": 7}}))
+            "usage": {"prompt_tokens": 11, "completion_tokens": 7}}),
+        )
     };
     let text_stream = |text: &str, finish: &str| {
         let [a, b] = halves(text);
@@ -303,7 +313,10 @@ fn openai_answer(request: &FakeRequest, act: Act) -> Response {
                         "function": {"name": name, "arguments": a}}]}),
                     Value::Null,
                 )));
-                pieces.push(data(&chunk(json!({"tool_calls": [{"index": index, "function": {"arguments": b}}]}), Value::Null)));
+                pieces.push(data(&chunk(
+                    json!({"tool_calls": [{"index": index, "function": {"arguments": b}}]}),
+                    Value::Null,
+                )));
             }
             pieces.push(data(&chunk(json!({}), json!("tool_calls"))));
             pieces.push(data(&usage));
@@ -328,7 +341,9 @@ fn openai_answer(request: &FakeRequest, act: Act) -> Response {
             ],
             false,
         ),
-        Act::Refuse => whole(json!({"role": "assistant", "content": null, "refusal": "I can't help with that."}), "stop"),
+        Act::Refuse => {
+            whole(json!({"role": "assistant", "content": null, "refusal": "I can't help with that."}), "stop")
+        }
         Act::Block if request.stream => event_stream(
             vec![
                 data(&chunk(json!({"role": "assistant", "content": "Sure"}), Value::Null)),
@@ -353,7 +368,9 @@ fn openai_answer(request: &FakeRequest, act: Act) -> Response {
         }
         Act::ServerError => json_answer(500, error_body(Wire::OpenAi, 500)),
         Act::Status(status) => json_answer(status, error_body(Wire::OpenAi, status)),
-        Act::CutStream => event_stream(vec![data(&chunk(json!({"role": "assistant", "content": "Hel"}), Value::Null))], true),
+        Act::CutStream => {
+            event_stream(vec![data(&chunk(json!({"role": "assistant", "content": "Hel"}), Value::Null))], true)
+        }
     }
 }
 
@@ -368,8 +385,9 @@ fn anthropic_answer(request: &FakeRequest, act: Act) -> Response {
         ]
     };
     let text_block = |index: usize, pieces: &[String]| {
-        let mut out =
-            vec![named(&json!({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}))];
+        let mut out = vec![named(
+            &json!({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}),
+        )];
         for piece in pieces {
             out.push(named(
                 &json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": piece}}),
@@ -379,8 +397,11 @@ fn anthropic_answer(request: &FakeRequest, act: Act) -> Response {
         out
     };
     let whole = |content: Value, stop_reason: &str| {
-        json_answer(200, json!({"id": "msg_fake", "type": "message", "role": "assistant", "model": request.model,
-            "content": content, "stop_reason": stop_reason, "usage": {"input_tokens": 11, "output_tokens": 7}}))
+        json_answer(
+            200,
+            json!({"id": "msg_fake", "type": "message", "role": "assistant", "model": request.model,
+            "content": content, "stop_reason": stop_reason, "usage": {"input_tokens": 11, "output_tokens": 7}}),
+        )
     };
     let text_stream = |text: &str| {
         let mut pieces = vec![named(&start)];
@@ -412,7 +433,9 @@ fn anthropic_answer(request: &FakeRequest, act: Act) -> Response {
         Act::ToolCalls(calls) => {
             let mut content = vec![json!({"type": "text", "text": "Running it."})];
             content.extend(
-                calls.iter().map(|(id, name, arguments)| json!({"type": "tool_use", "id": id, "name": name, "input": arguments})),
+                calls.iter().map(
+                    |(id, name, arguments)| json!({"type": "tool_use", "id": id, "name": name, "input": arguments}),
+                ),
             );
             whole(Value::Array(content), "tool_use")
         }
@@ -427,9 +450,14 @@ fn anthropic_answer(request: &FakeRequest, act: Act) -> Response {
         Act::Overload => json_answer(529, error_body(Wire::Anthropic, 529)),
         Act::OverloadMidStream => {
             let mut pieces = vec![named(&start)];
-            pieces.push(named(&json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
-            pieces.push(named(&json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}})));
-            pieces.push(named(&json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})));
+            pieces.push(named(
+                &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            ));
+            pieces.push(named(
+                &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}}),
+            ));
+            pieces
+                .push(named(&json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})));
             event_stream(pieces, false)
         }
         Act::RateLimit { retry_after_secs } => {
@@ -441,8 +469,12 @@ fn anthropic_answer(request: &FakeRequest, act: Act) -> Response {
         Act::Status(status) => json_answer(status, error_body(Wire::Anthropic, status)),
         Act::CutStream => {
             let mut pieces = vec![named(&start)];
-            pieces.push(named(&json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
-            pieces.push(named(&json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}})));
+            pieces.push(named(
+                &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            ));
+            pieces.push(named(
+                &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}}),
+            ));
             event_stream(pieces, true)
         }
     }

@@ -202,7 +202,8 @@ fn wire_tool(entry: &Value) -> Value {
 
 /// A call id as the API accepts it (`^[a-zA-Z0-9_-]+$`).
 fn wire_id(id: &str) -> String {
-    let id: String = id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
+    let id: String =
+        id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
     if id.is_empty() { "_".to_owned() } else { id }
 }
 
@@ -231,13 +232,15 @@ fn wire_messages(messages: &[ChatMessage]) -> (Option<String>, Vec<Value>) {
                         .ok()
                         .filter(Value::is_object)
                         .unwrap_or_else(|| json!({}));
-                    push("assistant", json!({"type": "tool_use", "id": wire_id(&call.id), "name": call.name, "input": input}));
+                    push(
+                        "assistant",
+                        json!({"type": "tool_use", "id": wire_id(&call.id), "name": call.name, "input": input}),
+                    );
                 }
             }
-            ChatMessage::Tool { tool_call_id, content } => push(
-                "user",
-                json!({"type": "tool_result", "tool_use_id": wire_id(tool_call_id), "content": content}),
-            ),
+            ChatMessage::Tool { tool_call_id, content } => {
+                push("user", json!({"type": "tool_result", "tool_use_id": wire_id(tool_call_id), "content": content}))
+            }
         }
     }
     let system = system.into_iter().filter(|s| !s.is_empty()).collect::<Vec<_>>().join("\n\n");
@@ -286,7 +289,8 @@ fn parse_answer(body: &[u8]) -> Result<ModelResponse, ModelError> {
     if value.get("type").and_then(Value::as_str) == Some("error") || value.get("error").is_some_and(|e| !e.is_null()) {
         return Err(ErrorInfo::in_answer(value.get("error").unwrap_or(&value)));
     }
-    let blocks = value.get("content").and_then(Value::as_array).ok_or_else(|| provider_error("answer has no content"))?;
+    let blocks =
+        value.get("content").and_then(Value::as_array).ok_or_else(|| provider_error("answer has no content"))?;
     let mut text: Option<String> = None;
     let mut tool_calls = Vec::new();
     for (index, block) in blocks.iter().enumerate() {
@@ -369,8 +373,8 @@ impl StreamAnswer {
         if data.trim().is_empty() {
             return Ok(false);
         }
-        let value: Value = serde_json::from_str(data)
-            .map_err(|error| provider_error(format!("stream event is not JSON: {error}")))?;
+        let value: Value =
+            serde_json::from_str(data).map_err(|error| provider_error(format!("stream event is not JSON: {error}")))?;
         let kind = value.get("type").and_then(Value::as_str).or(name).unwrap_or_default();
         let index = value.get("index").and_then(Value::as_u64).unwrap_or(0);
         match kind {
@@ -457,13 +461,17 @@ impl StreamAnswer {
         if !self.stopped && self.stop_reason.is_none() {
             return Err(stream_cut("message_stop"));
         }
-        let calls = self
-            .calls
-            .into_iter()
-            .map(|call| {
-                if call.arguments.trim().is_empty() { ToolCall { arguments: "{}".to_owned(), ..call } } else { call }
-            })
-            .collect();
+        let calls =
+            self.calls
+                .into_iter()
+                .map(|call| {
+                    if call.arguments.trim().is_empty() {
+                        ToolCall { arguments: "{}".to_owned(), ..call }
+                    } else {
+                        call
+                    }
+                })
+                .collect();
         answer(self.text, calls, self.stop_reason.as_deref(), self.saw_usage.then_some(self.usage))
     }
 }
@@ -498,7 +506,10 @@ mod tests {
 
     /// An SSE body of named events (each event's name is its data's `type`).
     fn sse(events: &[Value]) -> String {
-        events.iter().map(|event| format!("event: {}\ndata: {event}\n\n", event["type"].as_str().unwrap_or(""))).collect()
+        events
+            .iter()
+            .map(|event| format!("event: {}\ndata: {event}\n\n", event["type"].as_str().unwrap_or("")))
+            .collect()
     }
 
     fn message_start() -> Value {
@@ -639,19 +650,28 @@ mod tests {
         let server = FakeServer::start().await;
         let client = provider(&server, false);
         let text = json!([{"type": "text", "text": "Hello"}, {"type": "text", "text": "!"}]);
-        let rows: Vec<(&str, String, Result<(&str, Option<&str>, usize), &str>)> = vec![
+        /// Ok((finish_reason, text, tool calls)) or Err(key).
+        type Expected = Result<(&'static str, Option<&'static str>, usize), &'static str>;
+        let rows: Vec<(&str, String, Expected)> = vec![
             ("end_turn", body(text.clone(), "end_turn"), Ok(("stop", Some("Hello!"), 0))),
             ("stop_sequence", body(text.clone(), "stop_sequence"), Ok(("stop", Some("Hello!"), 0))),
             ("max_tokens", body(text.clone(), "max_tokens"), Ok(("length", Some("Hello!"), 0))),
             (
                 "tool_use",
-                body(json!([{"type": "thinking", "thinking": "hm"},
-                    {"type": "tool_use", "id": "toolu_9", "name": "bash", "input": {"command": "ls"}}]), "tool_use"),
+                body(
+                    json!([{"type": "thinking", "thinking": "hm"},
+                    {"type": "tool_use", "id": "toolu_9", "name": "bash", "input": {"command": "ls"}}]),
+                    "tool_use",
+                ),
                 Ok(("tool_calls", None, 1)),
             ),
             ("refusal", body(json!([]), "refusal"), Err("model_refused")),
             ("empty", body(json!([]), "end_turn"), Err("provider_error")),
-            ("error_body", json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}).to_string(), Err("provider_overloaded")),
+            (
+                "error_body",
+                json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}).to_string(),
+                Err("provider_overloaded"),
+            ),
         ];
         for (name, body, expected) in rows {
             server.reply(200, body);
@@ -676,15 +696,20 @@ mod tests {
         let server = FakeServer::start().await;
         let client = provider(&server, true);
         let error_body = |kind: &str| json!({"type": "error", "error": {"type": kind, "message": "m"}}).to_string();
-        let text_start = json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}});
-        let text = |t: &str| json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}});
+        let text_start =
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}});
+        let text =
+            |t: &str| json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}});
         let [refusal_delta, refusal_stop] = message_end("refusal", 3);
         let rows: Vec<(&str, Reply, &str, bool)> = vec![
             ("529", Reply::json(529, error_body("overloaded_error")), "provider_overloaded", true),
             ("503", Reply::json(503, "upstream connect error"), "provider_overloaded", true),
             (
                 "429",
-                Reply { headers: vec![("retry-after", "3".into())], ..Reply::json(429, error_body("rate_limit_error")) },
+                Reply {
+                    headers: vec![("retry-after", "3".into())],
+                    ..Reply::json(429, error_body("rate_limit_error"))
+                },
                 "provider_http_error",
                 true,
             ),
@@ -694,15 +719,23 @@ mod tests {
             ("400", Reply::json(400, error_body("invalid_request_error")), "provider_http_error", false),
             (
                 "prompt_too_long",
-                Reply::json(400, json!({"type": "error", "error": {"type": "invalid_request_error",
-                    "message": "prompt is too long: 250000 tokens > 200000 maximum"}}).to_string()),
+                Reply::json(
+                    400,
+                    json!({"type": "error", "error": {"type": "invalid_request_error",
+                    "message": "prompt is too long: 250000 tokens > 200000 maximum"}})
+                    .to_string(),
+                ),
                 "provider_context_overflow",
                 false,
             ),
             (
                 "overloaded_event_mid_stream",
-                Reply::sse(sse(&[message_start(), text_start.clone(), text("Hel"),
-                    json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})])),
+                Reply::sse(sse(&[
+                    message_start(),
+                    text_start.clone(),
+                    text("Hel"),
+                    json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+                ])),
                 "provider_overloaded",
                 true,
             ),
@@ -712,7 +745,12 @@ mod tests {
                 "model_refused",
                 false,
             ),
-            ("cut_mid_stream", Reply::sse(sse(&[message_start(), text_start, text("Hel")])), "provider_http_error", true),
+            (
+                "cut_mid_stream",
+                Reply::sse(sse(&[message_start(), text_start, text("Hel")])),
+                "provider_http_error",
+                true,
+            ),
             ("malformed_event", Reply::sse("event: message_start\ndata: {nope\n\n"), "provider_error", false),
         ];
         for (name, reply, key, retryable) in rows {
@@ -740,8 +778,13 @@ mod tests {
             assert_eq!(client.endpoint.as_str(), expected, "{base}");
         }
         assert!(AnthropicProvider::new("a", "api.anthropic.com", None, Duration::from_secs(1)).is_err());
-        let client = AnthropicProvider::new("a", "https://api.anthropic.com", Some("sk-ant-secret".into()), Duration::from_secs(1))
-            .expect("valid");
+        let client = AnthropicProvider::new(
+            "a",
+            "https://api.anthropic.com",
+            Some("sk-ant-secret".into()),
+            Duration::from_secs(1),
+        )
+        .expect("valid");
         assert!(!format!("{client:?}").contains("sk-ant-secret"));
     }
 }

@@ -109,7 +109,8 @@ impl OpenAiCompatibleProvider {
             stream = self.stream,
             "chat completion request"
         );
-        let mut builder = self.http.post(self.endpoint.clone()).json(&wire_request(&request, self.stream, self.max_tokens));
+        let mut builder =
+            self.http.post(self.endpoint.clone()).json(&wire_request(&request, self.stream, self.max_tokens));
         if let Some(key) = &self.api_key {
             builder = builder.bearer_auth(key);
         }
@@ -346,8 +347,8 @@ impl StreamAnswer {
         if data.is_empty() {
             return Ok(false);
         }
-        let chunk: Value = serde_json::from_str(data)
-            .map_err(|error| provider_error(format!("stream chunk is not JSON: {error}")))?;
+        let chunk: Value =
+            serde_json::from_str(data).map_err(|error| provider_error(format!("stream chunk is not JSON: {error}")))?;
         if let Some(error) = chunk.get("error").filter(|error| !error.is_null()) {
             return Err(ErrorInfo::in_answer(error));
         }
@@ -392,10 +393,10 @@ impl StreamAnswer {
             id.clone_into(&mut call.id);
         }
         let function = piece.get("function");
-        if let Some(name) = function.and_then(|f| f.get("name")).and_then(Value::as_str) {
-            if !call.started {
-                call.name.push_str(name);
-            }
+        if let Some(name) = function.and_then(|f| f.get("name")).and_then(Value::as_str)
+            && !call.started
+        {
+            call.name.push_str(name);
         }
         let arguments = match function.and_then(|f| f.get("arguments")) {
             None | Some(Value::Null) => String::new(),
@@ -758,7 +759,11 @@ mod tests {
                 text: Some("Let me look.".into()),
                 tool_calls: vec![
                     ToolCall { id: "call_a".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into() },
-                    ToolCall { id: "call_b".into(), name: "read_file".into(), arguments: "{\"path\":\"a.txt\"}".into() },
+                    ToolCall {
+                        id: "call_b".into(),
+                        name: "read_file".into(),
+                        arguments: "{\"path\":\"a.txt\"}".into()
+                    },
                 ],
                 finish_reason: "tool_calls".into(),
                 usage: Some(Usage { input_tokens: 40, output_tokens: 9 }),
@@ -796,8 +801,10 @@ mod tests {
         let server = FakeServer::start().await;
         server.reply(200, json!({"choices": [{"message": {"content": "whole"}, "finish_reason": "stop"}]}).to_string());
         let (sink, seen) = recording_sink();
-        let answer =
-            streaming(&server).complete(ModelRequest { deltas: Some(sink), ..user_request("m") }).await.expect("answer");
+        let answer = streaming(&server)
+            .complete(ModelRequest { deltas: Some(sink), ..user_request("m") })
+            .await
+            .expect("answer");
         assert_eq!(answer.text.as_deref(), Some("whole"));
         assert!(seen.lock().expect("lock").is_empty(), "a whole answer streams nothing");
     }
@@ -809,13 +816,25 @@ mod tests {
         let rows: Vec<(&str, String, &str, bool, Option<&str>)> = vec![
             (
                 "refusal_deltas",
-                sse(&[json!({"choices": [{"index": 0, "delta": {"refusal": "I can't"}, "finish_reason": null}]}),
-                    json!({"choices": [{"index": 0, "delta": {"refusal": " help."}, "finish_reason": null}]}), finish("stop")], true),
+                sse(
+                    &[
+                        json!({"choices": [{"index": 0, "delta": {"refusal": "I can't"}, "finish_reason": null}]}),
+                        json!({"choices": [{"index": 0, "delta": {"refusal": " help."}, "finish_reason": null}]}),
+                        finish("stop"),
+                    ],
+                    true,
+                ),
                 "model_refused",
                 false,
                 Some("refused"),
             ),
-            ("content_filter", sse(&[text("par"), finish("content_filter")], true), "provider_error", false, Some("blocked")),
+            (
+                "content_filter",
+                sse(&[text("par"), finish("content_filter")], true),
+                "provider_error",
+                false,
+                Some("blocked"),
+            ),
             ("finish_error", sse(&[text("x"), finish("error")], true), "provider_error", false, Some("error")),
             ("cut_mid_stream", sse(&[text("half an ans")], false), "provider_http_error", true, None),
             ("cut_before_anything", String::new(), "provider_http_error", true, None),

@@ -450,12 +450,15 @@ mod tests {
 
     #[test]
     fn an_anthropic_provider_with_its_key_resolves() {
-        let registry =
-            ModelRegistry::new(table(), |name| (name == "ANTHROPIC_API_KEY").then(|| "sk-ant-x".to_owned())).expect("valid");
+        let registry = ModelRegistry::new(table(), |name| (name == "ANTHROPIC_API_KEY").then(|| "sk-ant-x".to_owned()))
+            .expect("valid");
         let resolved = registry.resolve("claude/claude-sonnet-4-5").expect("resolves");
         assert_eq!((resolved.provider.as_str(), resolved.model.as_str()), ("claude", "claude-sonnet-4-5"));
         let debug = format!("{:?}", resolved.client);
-        assert!(debug.contains("AnthropicProvider") && debug.contains("https://api.anthropic.com/v1/messages"), "{debug}");
+        assert!(
+            debug.contains("AnthropicProvider") && debug.contains("https://api.anthropic.com/v1/messages"),
+            "{debug}"
+        );
         assert!(!debug.contains("sk-ant-x"), "the key never shows in Debug");
     }
 
@@ -571,8 +574,10 @@ mod tests {
             base_url: Some("http://127.0.0.1:8080/v1".into()),
             ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
         };
-        let anthropic =
-            || ProviderConfig { api_key_env: Some("ANTHROPIC_API_KEY".into()), ..ProviderConfig::new(ProviderKind::Anthropic) };
+        let anthropic = || ProviderConfig {
+            api_key_env: Some("ANTHROPIC_API_KEY".into()),
+            ..ProviderConfig::new(ProviderKind::Anthropic)
+        };
         let rows: Vec<(&str, &str, ProviderConfig)> = vec![
             ("slash_in_name", "a/b", ProviderConfig::new(ProviderKind::Scripted)),
             ("empty_name", "", ProviderConfig::new(ProviderKind::Scripted)),
@@ -603,14 +608,22 @@ mod tests {
                 ProviderConfig { models: BTreeMap::from([(String::new(), ModelConfig::default())]), ..openai() },
             ),
             ("zero_max_tokens", "p", ProviderConfig { max_tokens: Some(0), ..openai() }),
-            ("anthropic_version_on_openai", "p", ProviderConfig { anthropic_version: Some("2023-06-01".into()), ..openai() }),
+            (
+                "anthropic_version_on_openai",
+                "p",
+                ProviderConfig { anthropic_version: Some("2023-06-01".into()), ..openai() },
+            ),
             (
                 "max_tokens_on_scripted",
                 "p",
                 ProviderConfig { max_tokens: Some(10), ..ProviderConfig::new(ProviderKind::Scripted) },
             ),
             ("anthropic_without_key_env", "p", ProviderConfig::new(ProviderKind::Anthropic)),
-            ("anthropic_bad_base_url", "p", ProviderConfig { base_url: Some("api.anthropic.com".into()), ..anthropic() }),
+            (
+                "anthropic_bad_base_url",
+                "p",
+                ProviderConfig { base_url: Some("api.anthropic.com".into()), ..anthropic() },
+            ),
             ("anthropic_empty_version", "p", ProviderConfig { anthropic_version: Some(" ".into()), ..anthropic() }),
         ];
         for (name, provider, config) in rows {
@@ -621,7 +634,8 @@ mod tests {
                 "{name}: {result:?}"
             );
         }
-        let fine = ProviderTable { providers: BTreeMap::from([("p".to_owned(), openai()), ("a".to_owned(), anthropic())]) };
+        let fine =
+            ProviderTable { providers: BTreeMap::from([("p".to_owned(), openai()), ("a".to_owned(), anthropic())]) };
         assert!(ModelRegistry::new(fine, no_env).is_ok());
     }
 }

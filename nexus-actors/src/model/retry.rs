@@ -353,7 +353,11 @@ mod tests {
                 Err((ATTEMPT_BUDGET_SPENT, Some("provider_overloaded"), Some("transport"), 3)),
             ),
             ("refusal_advances_at_once", vec![refused()], Err(("model_refused", Some("model_refused"), None, 1))),
-            ("refusal_after_an_overload", vec![overloaded(), refused()], Err(("model_refused", Some("model_refused"), None, 2))),
+            (
+                "refusal_after_an_overload",
+                vec![overloaded(), refused()],
+                Err(("model_refused", Some("model_refused"), None, 2)),
+            ),
             ("content_block_never_advances", vec![blocked()], Err(("provider_error", None, None, 1))),
             ("request_error_never_advances", vec![status(400)], Err(("provider_http_error", None, None, 1))),
             (
@@ -399,11 +403,25 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_attempt_that_streamed_is_reset() {
-        let rows: Vec<(&str, Vec<(bool, Result<ModelResponse, ModelError>)>, Vec<&str>)> = vec![
-            ("retry_then_success", vec![(true, transport()), (true, ok())], vec!["text_delta", "stream_reset:retry", "text_delta"]),
+        /// (whether the attempt streams a delta first, its answer).
+        type Attempt = (bool, Result<ModelResponse, ModelError>);
+        let rows: Vec<(&str, Vec<Attempt>, Vec<&str>)> = vec![
+            (
+                "retry_then_success",
+                vec![(true, transport()), (true, ok())],
+                vec!["text_delta", "stream_reset:retry", "text_delta"],
+            ),
             ("silent_failure_needs_no_reset", vec![(false, overloaded()), (true, ok())], vec!["text_delta"]),
-            ("refused", vec![(true, Err(ModelError::Refused { message: String::new() }))], vec!["text_delta", "stream_reset:refused"]),
-            ("failed", vec![(true, Err(ModelError::Blocked { message: String::new() }))], vec!["text_delta", "stream_reset:failed"]),
+            (
+                "refused",
+                vec![(true, Err(ModelError::Refused { message: String::new() }))],
+                vec!["text_delta", "stream_reset:refused"],
+            ),
+            (
+                "failed",
+                vec![(true, Err(ModelError::Blocked { message: String::new() }))],
+                vec!["text_delta", "stream_reset:failed"],
+            ),
             (
                 "exhausted",
                 vec![(true, overloaded()), (false, overloaded()), (true, overloaded())],
@@ -430,7 +448,10 @@ mod tests {
     #[test]
     fn a_429_waits_at_least_its_retry_after_within_the_cap() {
         let cap = Duration::from_secs(60);
-        let limited = |secs: u64| ModelError::RateLimited { retry_after: Some(Duration::from_secs(secs)), message: String::new() };
+        let limited = |secs: u64| ModelError::RateLimited {
+            retry_after: Some(Duration::from_secs(secs)),
+            message: String::new(),
+        };
         let second = Duration::from_secs(1);
         assert_eq!(retry_delay(&limited(5), Some(second), cap), Some(Duration::from_secs(5)));
         assert_eq!(retry_delay(&limited(600), Some(second), cap), Some(cap));

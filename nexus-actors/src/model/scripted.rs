@@ -49,7 +49,9 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::{BoxFuture, ChatMessage, ModelError, ModelProvider, ModelRequest, ModelResponse, ToolCall, TranscriptDelta};
+use super::{
+    BoxFuture, ChatMessage, ModelError, ModelProvider, ModelRequest, ModelResponse, ToolCall, TranscriptDelta,
+};
 
 /// Why a script was refused.
 #[non_exhaustive]

@@ -96,7 +96,9 @@ mod tests {
 
     #[test]
     fn grammar_rows() {
-        let rows: Vec<(&str, Vec<&[u8]>, Vec<SseEvent>)> = vec![
+        /// (row, the body's chunks, the events they give).
+        type Row = (&'static str, Vec<&'static [u8]>, Vec<SseEvent>);
+        let rows: Vec<Row> = vec![
             ("one_event", vec![b"data: {\"a\":1}\n\n"], vec![event(None, "{\"a\":1}")]),
             (
                 "named_events",
@@ -106,9 +108,11 @@ mod tests {
             ("multi_line_data_joins_with_newline", vec![b"data: a\ndata: b\n\n"], vec![event(None, "a\nb")]),
             ("no_space_after_colon", vec![b"data:x\n\n"], vec![event(None, "x")]),
             ("only_one_space_is_dropped", vec![b"data:  x\n\n"], vec![event(None, " x")]),
-            ("comments_and_unknown_fields_ignored", vec![b": keep-alive\nid: 7\nretry: 10\ndata: y\n\n"], vec![
-                event(None, "y"),
-            ]),
+            (
+                "comments_and_unknown_fields_ignored",
+                vec![b": keep-alive\nid: 7\nretry: 10\ndata: y\n\n"],
+                vec![event(None, "y")],
+            ),
             ("crlf_lines", vec![b"data: a\r\n\r\n"], vec![event(None, "a")]),
             ("cr_lines", vec![b"data: a\r\rdata: b\r\r"], vec![event(None, "a"), event(None, "b")]),
             ("crlf_split_across_chunks", vec![b"data: a\r", b"\n\r", b"\n"], vec![event(None, "a")]),
@@ -126,7 +130,8 @@ mod tests {
 
     #[test]
     fn byte_at_a_time_equals_whole() {
-        let body = b"event: content_block_delta\r\ndata: {\"delta\":{\"text\":\"h\xc3\xa9\"}}\r\n\r\n: c\ndata: [DONE]\n\n";
+        let body =
+            b"event: content_block_delta\r\ndata: {\"delta\":{\"text\":\"h\xc3\xa9\"}}\r\n\r\n: c\ndata: [DONE]\n\n";
         let whole = parse_all(&[body]);
         let mut parser = SseParser::default();
         let split: Vec<SseEvent> = body.iter().flat_map(|b| parser.push(std::slice::from_ref(b))).collect();

@@ -62,7 +62,9 @@ pub(crate) async fn error_answer(response: reqwest::Response) -> ModelError {
         .and_then(parse_retry_after);
     match response.bytes().await {
         Ok(body) => http_error(status, &ErrorInfo::from_body(&body), retry_after),
-        Err(error) => http_error(status, &ErrorInfo { message: error.to_string(), ..ErrorInfo::default() }, retry_after),
+        Err(error) => {
+            http_error(status, &ErrorInfo { message: error.to_string(), ..ErrorInfo::default() }, retry_after)
+        }
     }
 }
 
@@ -235,21 +237,36 @@ mod tests {
         let info = |body: Value| ErrorInfo::from_value(&body);
         let rows: Vec<(&str, u16, Value, &str)> = vec![
             ("503", 503, json!({"error": {"message": "busy"}}), "Overloaded"),
-            ("529", 529, json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}), "Overloaded"),
+            (
+                "529",
+                529,
+                json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+                "Overloaded",
+            ),
             ("overloaded_type_on_500", 500, json!({"error": {"type": "overloaded_error"}}), "Overloaded"),
             ("429", 429, json!({"error": {"message": "slow"}}), "RateLimited"),
             ("rate_limit_type", 400, json!({"error": {"type": "rate_limit_error"}}), "RateLimited"),
             ("401", 401, json!({}), "ModelUnavailable"),
             ("403", 403, json!({}), "ModelUnavailable"),
             ("404", 404, json!({}), "ModelUnavailable"),
-            ("openai_overflow", 400, json!({"error": {"code": "context_length_exceeded", "message": "x"}}), "ContextOverflow"),
+            (
+                "openai_overflow",
+                400,
+                json!({"error": {"code": "context_length_exceeded", "message": "x"}}),
+                "ContextOverflow",
+            ),
             (
                 "anthropic_overflow",
                 400,
                 json!({"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 210000 tokens > 200000 maximum"}}),
                 "ContextOverflow",
             ),
-            ("vllm_overflow", 400, json!({"message": "This model's maximum context length is 4096 tokens"}), "ContextOverflow"),
+            (
+                "vllm_overflow",
+                400,
+                json!({"message": "This model's maximum context length is 4096 tokens"}),
+                "ContextOverflow",
+            ),
             ("400", 400, json!({"error": {"message": "bad"}}), "Http"),
             ("500", 500, json!("oops"), "Http"),
         ];
