@@ -1,11 +1,15 @@
 //! The application layer behind both edges: the HTTP/JSON doors and the gRPC `AgentService`
 //! call the same functions here, so a door's semantics cannot drift between transports.
 
+mod repair;
+mod watch;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
+use ractor::RpcReplyPort;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -15,10 +19,11 @@ use crate::auth::{Plane, authenticate};
 use crate::declaration::tools::RunnerSelection;
 use crate::declaration::validate_configuration;
 use crate::execution::approval::{Adjudication, Adjudicator, NEEDS_APPROVAL};
+use crate::execution::control::{self, ControlMsg};
 use crate::execution::{ExecutionMsg, run_status_is_quiescent};
 use crate::profile::{ProfileMsg, profile_json};
 use crate::root::{Fabric, RootHandle};
-use crate::store::{EventRow, InputRow, MemberRow, TaskRow};
+use crate::store::{EventRow, ExecutionRow, InputRow, MemberRow, TaskRow};
 
 /// The prefix of event cursors (REFERENCE.md 7, "Events").
 pub const CURSOR_PREFIX: &str = "cvei_";
@@ -574,25 +579,121 @@ impl Api {
         }
     }
 
-    /// Stops an execution.
+    /// `POST /agent_api/v1/executions/{id}/stop` `{force?}` (gRPC `StopExecution`), forced unless
+    /// `force` is false (REFERENCE.md 7, "Pause, stop, delete"; [`crate::execution::control`]). A
+    /// forced stop answers once the drain through `canceling` has ended (bounded by `[execution]
+    /// stop_drain_ms`); a graceful one answers at once, `canceling` while dispatched work
+    /// finishes. A finished execution is answered as it is.
     ///
     /// # Errors
-    /// 404 `not_found`; `unavailable` during shutdown.
-    pub async fn stop(&self, caller: &Caller, id: Uuid) -> Result<Value, Refusal> {
+    /// 404 `not_found` for an unknown execution or one the caller does not own; `unavailable`
+    /// during shutdown.
+    pub async fn stop(&self, caller: &Caller, id: Uuid, force: bool) -> Result<Value, Refusal> {
         let row = self.execution(caller, id).await?;
         if matches!(row["status"].as_str(), Some("completed" | "canceled")) {
             return Ok(row);
         }
-        // A quiet execution's actor may be stopping just now: Root forgets it within moments and
-        // the next lookup starts a fresh one from the store.
+        let stopped = self.ask_execution(id, &|reply| ExecutionMsg::Stop { force, reply }).await?;
+        if force && stopped.status == "canceling" {
+            // The runners' cancellations settle within moments; the actor ends the drain at its
+            // bound at the latest.
+            let bound = Duration::from_millis(self.fabric.config.execution.stop_drain_ms.saturating_add(1_000));
+            let deadline = tokio::time::Instant::now() + bound;
+            while tokio::time::Instant::now() < deadline {
+                let status = self.fabric.store.execution(id).await.map_err(internal)?.map(|r| r.status);
+                if status.as_deref() != Some("canceling") {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        self.execution(caller, id).await
+    }
+
+    /// `POST /agent_api/v1/executions/{id}/pause` `{force?}` (gRPC `PauseExecution`): a running
+    /// execution turns `paused` and schedules nothing new; its clocks freeze. `force` also aborts
+    /// an in-flight model call, asked again on resume. Answers the execution.
+    ///
+    /// # Errors
+    /// 404 `not_found`; 409 `not_pausable` when the execution is not running.
+    pub async fn pause(&self, caller: &Caller, id: Uuid, force: bool) -> Result<Value, Refusal> {
+        self.execution(caller, id).await?;
+        self.ask_execution(id, &|reply| ExecutionMsg::Control(ControlMsg::Pause { force, reply })).await?;
+        self.execution(caller, id).await
+    }
+
+    /// `POST /agent_api/v1/executions/{id}/resume` (gRPC `ResumeExecution`): a paused execution
+    /// runs again; every open deadline moves forward by the paused time. Answers the execution.
+    ///
+    /// # Errors
+    /// 404 `not_found`; 409 `not_paused` when the execution is not paused.
+    pub async fn resume(&self, caller: &Caller, id: Uuid) -> Result<Value, Refusal> {
+        self.execution(caller, id).await?;
+        self.ask_execution(id, &|reply| ExecutionMsg::Control(ControlMsg::Resume { reply })).await?;
+        self.execution(caller, id).await
+    }
+
+    /// `POST /agent_api/v1/executions/{id}/regenerate` `{execution_declaration?}` (gRPC
+    /// `RegenerateExecution`): a new execution of the same input, started at once, that reuses
+    /// the original's frozen declaration, or freezes the supplied one (validated as on input
+    /// admission) (REFERENCE.md 8; R45–R48). Answers `{execution_public_id, regenerated_from,
+    /// declaration: reused|replaced, declaration_digest}`.
+    ///
+    /// # Errors
+    /// 404 `not_found`; 400 `parameter_invalid` for a body that is not an object; 409
+    /// `not_regenerable` when the original froze no declaration and none is supplied; 422
+    /// `validation_failed` and the assembly's words for a supplied declaration.
+    pub async fn regenerate(&self, caller: &Caller, id: Uuid, body: &Value) -> Result<Value, Refusal> {
+        let supplied = control::supplied_declaration(body)?;
+        let original = self.owned_execution(caller, id).await?;
+        let row = control::regenerate(&self.fabric, &original, supplied.as_ref()).await?;
+        // The actor adopts the frozen declaration and runs as soon as it starts.
+        self.root.execution(row.public_id).await?;
+        Ok(json!({
+            "execution_public_id": row.public_id,
+            "regenerated_from": original.public_id,
+            "declaration": if supplied.is_some() { "replaced" } else { "reused" },
+            "declaration_digest": row.declaration.as_ref().map(|d| d["digest"].clone()),
+        }))
+    }
+
+    /// `GET|POST /agent_api/v1/executions/{id}/estimate` `{execution_declaration?}` (gRPC
+    /// `EstimateContext`): the size of the request the next round would send, in bytes and
+    /// estimated tokens ([`control::estimate`] says how). Writes nothing.
+    ///
+    /// # Errors
+    /// 404 `not_found`; 400 `parameter_invalid` for a body that is not an object; 422
+    /// `validation_failed` and the assembly's words for a supplied declaration.
+    pub async fn estimate(&self, caller: &Caller, id: Uuid, body: &Value) -> Result<Value, Refusal> {
+        let supplied = control::supplied_declaration(body)?;
+        let row = self.owned_execution(caller, id).await?;
+        control::estimate(&self.fabric, &row, supplied.as_ref()).await
+    }
+
+    /// The stored execution, when the caller owns it.
+    async fn owned_execution(&self, caller: &Caller, id: Uuid) -> Result<ExecutionRow, Refusal> {
+        self.fabric
+            .store
+            .execution(id)
+            .await
+            .map_err(internal)?
+            .filter(|row| row.member_public_id == caller.member.public_id)
+            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))
+    }
+
+    /// Asks the execution's actor and answers its reply. A quiet execution's actor may be
+    /// stopping just now: Root forgets it within moments and the next lookup starts a fresh one
+    /// from the store.
+    async fn ask_execution(
+        &self,
+        id: Uuid,
+        message: &(dyn Fn(RpcReplyPort<Result<ExecutionRow, Refusal>>) -> ExecutionMsg + Sync),
+    ) -> Result<ExecutionRow, Refusal> {
         let mut attempts = 0;
         loop {
             let actor = self.root.execution(id).await?;
-            match ractor::call!(actor, ExecutionMsg::Stop) {
-                Ok(result) => {
-                    result?;
-                    return self.execution(caller, id).await;
-                }
+            match ractor::call!(actor, |reply| message(reply)) {
+                Ok(answer) => return answer,
                 Err(_) if attempts < 10 => {
                     attempts += 1;
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -628,7 +729,9 @@ impl Api {
 
 /// A task as the execution doors show it: `{task_key, tool_name (the callable), served_name,
 /// status, claimed, runner_executor_public_id, effect_profile, timeout_ms, deadline_at (for a
-/// parked task, the end of its approval hold), error_key, result, approval}`.
+/// parked task, the end of its approval hold; null while its execution is paused),
+/// frozen_remaining_ms (what a paused execution's deadline has left, else null), error_key,
+/// result, approval}`.
 pub fn task_view(task: &TaskRow) -> Value {
     json!({
         "task_key": task.task_key,
@@ -639,7 +742,9 @@ pub fn task_view(task: &TaskRow) -> Value {
         "runner_executor_public_id": task.target_executor_public_id,
         "effect_profile": task.effect_profile,
         "timeout_ms": task.timeout_ms,
-        "deadline_at": task.deadline_at,
+        // While its execution is paused a deadline is frozen: no time, only what is left.
+        "deadline_at": (!control::is_frozen(task.deadline_at)).then_some(task.deadline_at),
+        "frozen_remaining_ms": control::frozen_remaining_ms(task.deadline_at),
         "error_key": task.error_key,
         "result": task.result,
         "approval": task.approval,

@@ -17,6 +17,9 @@ use nexus_proto::agent::v1::{
     GetExecutionRequest, GetProfileRequest, JsonReply, JsonRequest, NamedDefinitionRequest, ProfileReply,
     PromptDocumentRequest, StopExecutionRequest, StreamEventsRequest, TaskDecisionRequest,
 };
+use nexus_proto::agent::v1::{
+    EstimateContextRequest, PauseExecutionRequest, RegenerateExecutionRequest, ResumeExecutionRequest,
+};
 use nexus_proto::runner::v1::runner_service_server::RunnerService;
 use nexus_proto::runner::v1::{NexusFrame, RunnerFrame};
 use nexus_proto::{ErrorCode, Refusal};
@@ -125,6 +128,14 @@ fn decision_execution(text: &str) -> Result<uuid::Uuid, Status> {
         .map_err(|_| Refusal::new(ErrorCode::NotFound, format!("no execution {text}")).to_status())
 }
 
+/// A door body that must be empty or a JSON object (the retry and abandon doors take none).
+fn empty_or_object(body_json: &str) -> Result<(), Status> {
+    match json_arg(body_json, "body_json")? {
+        None | Some(serde_json::Value::Object(_)) => Ok(()),
+        Some(_) => Err(Refusal::new(ErrorCode::ParameterInvalid, "body_json must be empty or an object").to_status()),
+    }
+}
+
 fn execution_message(value: &serde_json::Value) -> Execution {
     let text = |key: &str| value[key].as_str().unwrap_or_default().to_owned();
     Execution {
@@ -198,7 +209,8 @@ impl AgentService for AgentGrpc {
         let caller = self.caller(&request).await?;
         let body = request.get_ref();
         let id = required_uuid(&body.execution_public_id, "execution_public_id")?;
-        let events = self.api.events(&caller, id, &body.after, body.follow).await.map_err(|r| r.to_status())?;
+        let events =
+            self.api.watch(&caller, id, &body.after, body.follow, body.transcript).await.map_err(|r| r.to_status())?;
         let stream = futures::StreamExt::map(events, |item| {
             item.map(|event| ExecutionEvent {
                 cursor: event.cursor,
@@ -287,8 +299,52 @@ impl AgentService for AgentGrpc {
     async fn stop_execution(&self, request: Request<StopExecutionRequest>) -> Result<Response<Execution>, Status> {
         let caller = self.caller(&request).await?;
         let id = required_uuid(&request.get_ref().execution_public_id, "execution_public_id")?;
-        let execution = self.api.stop(&caller, id).await.map_err(|r| r.to_status())?;
+        let force = request.get_ref().force.unwrap_or(true);
+        let execution = self.api.stop(&caller, id, force).await.map_err(|r| r.to_status())?;
         Ok(Response::new(execution_message(&execution)))
+    }
+
+    async fn pause_execution(&self, request: Request<PauseExecutionRequest>) -> Result<Response<Execution>, Status> {
+        let caller = self.caller(&request).await?;
+        let id = decision_execution(&request.get_ref().execution_public_id)?;
+        let execution = self.api.pause(&caller, id, request.get_ref().force).await.map_err(|r| r.to_status())?;
+        Ok(Response::new(execution_message(&execution)))
+    }
+
+    async fn resume_execution(&self, request: Request<ResumeExecutionRequest>) -> Result<Response<Execution>, Status> {
+        let caller = self.caller(&request).await?;
+        let id = decision_execution(&request.get_ref().execution_public_id)?;
+        let execution = self.api.resume(&caller, id).await.map_err(|r| r.to_status())?;
+        Ok(Response::new(execution_message(&execution)))
+    }
+
+    async fn regenerate_execution(
+        &self,
+        request: Request<RegenerateExecutionRequest>,
+    ) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        let id = decision_execution(&body.execution_public_id)?;
+        let declaration = json_arg(&body.execution_declaration_json, "execution_declaration_json")?;
+        let regenerated = self
+            .api
+            .regenerate(&caller, id, &serde_json::json!({"execution_declaration": declaration}))
+            .await
+            .map_err(|r| r.to_status())?;
+        Ok(Response::new(JsonReply { body_json: regenerated.to_string(), created: true }))
+    }
+
+    async fn estimate_context(&self, request: Request<EstimateContextRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        let id = decision_execution(&body.execution_public_id)?;
+        let declaration = json_arg(&body.execution_declaration_json, "execution_declaration_json")?;
+        let estimate = self
+            .api
+            .estimate(&caller, id, &serde_json::json!({"execution_declaration": declaration}))
+            .await
+            .map_err(|r| r.to_status())?;
+        Ok(reply(&estimate))
     }
 
     async fn approve_task(&self, request: Request<TaskDecisionRequest>) -> Result<Response<JsonReply>, Status> {
@@ -307,5 +363,21 @@ impl AgentService for AgentGrpc {
         let id = decision_execution(&body.execution_public_id)?;
         let decision = json_arg(&body.body_json, "body_json")?.unwrap_or_default();
         Ok(reply(&self.api.deny_task(&caller, id, &body.task_key, &decision).await.map_err(|r| r.to_status())?))
+    }
+
+    async fn retry_task(&self, request: Request<TaskDecisionRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        let id = decision_execution(&body.execution_public_id)?;
+        empty_or_object(&body.body_json)?;
+        Ok(reply(&self.api.retry_task(&caller, id, &body.task_key).await.map_err(|r| r.to_status())?))
+    }
+
+    async fn abandon_task(&self, request: Request<TaskDecisionRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        let id = decision_execution(&body.execution_public_id)?;
+        empty_or_object(&body.body_json)?;
+        Ok(reply(&self.api.abandon_task(&caller, id, &body.task_key).await.map_err(|r| r.to_status())?))
     }
 }

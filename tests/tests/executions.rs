@@ -85,7 +85,12 @@ async fn events(
     after: &str,
     follow: bool,
 ) -> Vec<nexus_proto::agent::v1::ExecutionEvent> {
-    let request = StreamEventsRequest { execution_public_id: execution.to_owned(), after: after.to_owned(), follow };
+    let request = StreamEventsRequest {
+        execution_public_id: execution.to_owned(),
+        after: after.to_owned(),
+        follow,
+        transcript: false,
+    };
     let stream = client.stream_events(authed(request, agent)).await.expect("stream").into_inner();
     tokio::time::timeout(WAIT, stream.map(|e| e.expect("event")).collect::<Vec<_>>()).await.expect("stream ends")
 }
@@ -160,7 +165,12 @@ async fn end_to_end_execution_over_grpc_with_a_real_runner_agent() {
     assert_eq!(rest.first().map(|e| &e.cursor), all.get(all.len() / 2 + 1).map(|e| &e.cursor));
     let bad = client
         .stream_events(authed(
-            StreamEventsRequest { execution_public_id: execution, after: "nonsense".into(), follow: false },
+            StreamEventsRequest {
+                execution_public_id: execution,
+                after: "nonsense".into(),
+                follow: false,
+                transcript: false,
+            },
             &agent,
         ))
         .await

@@ -164,3 +164,63 @@ async fn http_admission_refuses_bad_input_and_other_members() {
     let bad_id = http.get("/agent_api/v1/executions/not-a-uuid").await;
     assert_eq!((bad_id.status, bad_id.code()), (400, Some("parameter_invalid")));
 }
+
+#[tokio::test]
+async fn a_live_watch_carries_transcript_deltas_and_pages_never_do() {
+    // Round 1 parks an in-process call for approval, so the watcher is attached before round 2's
+    // answer streams.
+    let script = json!({"rounds": [
+        {"tool_calls": [{"id": "k", "name": "runners_list", "arguments": {}}]},
+        {"final": "hello there, watcher"}
+    ]});
+    let server = TestServer::start(&[("watched", script)]).await;
+    let agent = server.agent("agent").await;
+    let http = Http::new(&server.url(), Some(&agent.token));
+    let declared = http
+        .declare(&json!({"configuration": {"default_model": "scripted/watched", "approval_mode": "ask",
+                                           "kernel_tools": ["nexus.runners.list"]}}))
+        .await;
+    assert_eq!(declared.status, 200, "{declared:?}");
+    let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "go"})).await;
+    let execution = admitted.body["execution_public_id"].as_str().expect("id").to_owned();
+    wait_until("the call parks", WAIT, || async {
+        let task = server.store().task(execution.parse().ok()?, "r1t0").await.ok()??;
+        (task.status == "needs_approval").then_some(())
+    })
+    .await;
+
+    // Once the response has started, the watcher is subscribed (before its first durable read).
+    let url = format!("{}/agent_api/v1/executions/{execution}/events/stream?transcript=true", server.url());
+    let response = reqwest::Client::new().get(url).bearer_auth(&agent.token).send().await.expect("watch");
+    assert_eq!(response.status().as_u16(), 200);
+    let approve = format!("/agent_api/v1/executions/{execution}/tasks/r1t0/approve");
+    let approved = http.post(&approve, &json!({})).await;
+    assert_eq!(approved.status, 200, "{approved:?}");
+    let body = tokio::time::timeout(WAIT, response.text()).await.expect("the watch ends").expect("body");
+
+    let mut streamed = String::new();
+    let mut deltas_before_final = false;
+    for block in body.split("\n\n") {
+        let event = block.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or_default();
+        let data: Value = block
+            .lines()
+            .find_map(|l| l.strip_prefix("data: "))
+            .and_then(|d| serde_json::from_str(d).ok())
+            .unwrap_or(Value::Null);
+        if event == "text_delta" {
+            assert!(!block.lines().any(|l| l.starts_with("id:")), "a delta has no resumable id: {block}");
+            assert_eq!(data["data"]["round"], 2, "{data}");
+            streamed.push_str(data["data"]["text"].as_str().expect("text"));
+        }
+        if event == "round_result" && data["data"]["round"] == 2 {
+            deltas_before_final = !streamed.is_empty();
+        }
+    }
+    assert_eq!(streamed, "hello there, watcher", "the deltas add up to the answer:\n{body}");
+    assert!(deltas_before_final, "the answer streamed before it settled:\n{body}");
+    // Deltas are never stored: the durable page has none.
+    let page = http.get(&format!("/agent_api/v1/executions/{execution}/events?limit=200")).await;
+    let types: Vec<&str> =
+        page.body["items"].as_array().expect("items").iter().filter_map(|i| i["type"].as_str()).collect();
+    assert!(types.contains(&"round_result") && !types.contains(&"text_delta"), "{types:?}");
+}

@@ -209,7 +209,12 @@ async fn an_execution_runs_end_to_end_over_mutual_tls_and_the_doors_answer_over_
         .expect("declare");
     let request = CreateInputRequest { text: "say something".to_owned(), ..CreateInputRequest::default() };
     let execution = client.create_input(authed(request, &agent)).await.expect("input").into_inner().execution_public_id;
-    let follow = StreamEventsRequest { execution_public_id: execution.clone(), after: String::new(), follow: true };
+    let follow = StreamEventsRequest {
+        execution_public_id: execution.clone(),
+        after: String::new(),
+        follow: true,
+        transcript: false,
+    };
     let stream = client.stream_events(authed(follow, &agent)).await.expect("events").into_inner();
     let events = tokio::time::timeout(WAIT, stream.map(|e| e.expect("event")).collect::<Vec<_>>())
         .await

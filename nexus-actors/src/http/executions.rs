@@ -1,18 +1,19 @@
-//! The execution doors on HTTP: admit an input, read an execution, stop it, and read or watch
-//! its event feed (spec/REFERENCE.md 7, "Events"; SPEC-004 "event feed"). They call the same
-//! [`Api`] as the gRPC twins (`CreateInput`, `GetExecution`, `StopExecution`, `StreamEvents`).
+//! The execution doors on HTTP: admit an input, read an execution, and read or watch its event
+//! feed (spec/REFERENCE.md 7, "Events"; SPEC-004 "event feed"). They call the same [`Api`] as
+//! the gRPC twins (`CreateInput`, `GetExecution`, `StreamEvents`). Stop, pause, resume,
+//! regenerate and the estimate are in [`super::control`].
 //!
 //! - `POST /agent_api/v1/inputs` `{text, conversation_public_id?, execution_declaration?,
 //!   runner_executor_public_id?, tool_names?}` → 201 `{conversation_public_id,
 //!   input_public_id, execution_public_id}`.
 //! - `GET /agent_api/v1/executions/{id}` → the execution with its tasks.
-//! - `POST /agent_api/v1/executions/{id}/stop` → the execution after the stop.
 //! - `GET /agent_api/v1/executions/{id}/events?after=&limit=` → one page `{items:[{cursor, type,
 //!   data, at}], next_cursor}`; `limit` is 1 to 200, default 100; `after` is a `cvei_` cursor.
 //! - `GET /agent_api/v1/executions/{id}/events/stream?after=` → a live Server-Sent Events stream
 //!   (`id:` the cursor, `event:` the type, `data:` the JSON data). It resumes from `after`, or
 //!   from the standard `Last-Event-ID` header a reconnecting client sends, and ends once the
-//!   execution is quiescent and every event was sent.
+//!   execution is quiescent and every event was sent. `?transcript=true` weaves in the ephemeral
+//!   transcript deltas (no `id:`) and a `resync` item when the watcher fell behind.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -43,7 +44,6 @@ pub fn routes() -> Router<Arc<Api>> {
     Router::new()
         .route("/agent_api/v1/inputs", post(post_input))
         .route("/agent_api/v1/executions/{id}", get(get_execution))
-        .route("/agent_api/v1/executions/{id}/stop", post(post_stop))
         .route("/agent_api/v1/executions/{id}/events", get(get_events))
         .route("/agent_api/v1/executions/{id}/events/stream", get(get_event_stream))
 }
@@ -108,15 +108,12 @@ async fn get_execution(State(api): State<Arc<Api>>, Path(id): Path<String>, head
     Ok(axum::Json(api.execution(&caller, uuid_param("id", &id)?).await?))
 }
 
-async fn post_stop(State(api): State<Arc<Api>>, Path(id): Path<String>, headers: HeaderMap) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
-    Ok(axum::Json(api.stop(&caller, uuid_param("id", &id)?).await?))
-}
-
 #[derive(Debug, serde::Deserialize)]
 struct EventsQuery {
     after: Option<String>,
     limit: Option<String>,
+    /// `true`: the stream also carries the transcript deltas.
+    transcript: Option<bool>,
 }
 
 /// `limit`: 1 to [`EVENTS_MAX_LIMIT`], default [`EVENTS_DEFAULT_LIMIT`].
@@ -159,9 +156,14 @@ async fn get_event_stream(
     // A reconnecting EventSource sends the last `id:` it saw; it wins over the query.
     let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let after = resume.or(query.after).unwrap_or_default();
-    let events = api.events(&caller, id, &after, true).await?;
+    let events = api.watch(&caller, id, &after, true, query.transcript.unwrap_or(false)).await?;
     let frames = events.map(|event| {
         Ok(match event {
+            // Deltas and `resync` have no cursor: no `id:`, so a reconnect resumes at the last
+            // durable event.
+            Ok(event) if event.cursor.is_empty() => SseEvent::default()
+                .event(event.event_type.clone())
+                .data(json!({"data": event.data, "at": event.at}).to_string()),
             Ok(event) => SseEvent::default()
                 .id(event.cursor.clone())
                 .event(event.event_type.clone())

@@ -1,0 +1,174 @@
+//! The event feed with the transcript deltas woven in (REFERENCE.md 7, "Events": durable items,
+//! plus the ephemeral `text_delta`, `tool_call_started`, `tool_call_arguments_delta` and
+//! `stream_reset`).
+//!
+//! Durable events come from the store, so a slow reader never loses one: it reads on from its
+//! cursor. Deltas are never stored: they come from the execution's broadcast as they happen, and a
+//! watcher that falls more than [`crate::root::TRANSCRIPT_FEED_CAPACITY`] deltas behind is sent one explicit
+//! `resync` item `{missed, cursor}` instead of a silent gap — the durable `round_result` events
+//! carry every settled answer in full, so a client that sees `resync` rebuilds the transcript from
+//! them.
+
+use std::pin::Pin;
+
+use futures::{Stream, StreamExt};
+use serde_json::json;
+use tokio::sync::broadcast::{self, error::RecvError};
+use uuid::Uuid;
+
+use nexus_proto::Refusal;
+
+use super::{Api, Caller, Event};
+use crate::root::TranscriptEvent;
+use crate::store::now_ms;
+
+/// The item type that tells a watcher deltas were dropped because it read too slowly.
+pub const RESYNC: &str = "resync";
+
+type Durable = Pin<Box<dyn Stream<Item = Result<Event, Refusal>> + Send>>;
+
+struct Watch {
+    durable: Durable,
+    transcript: Option<broadcast::Receiver<TranscriptEvent>>,
+    id: Uuid,
+    /// The cursor of the last durable event sent, for `resync`.
+    cursor: String,
+}
+
+enum Next {
+    Durable(Option<Result<Event, Refusal>>),
+    Delta(Result<TranscriptEvent, RecvError>),
+}
+
+/// A transcript delta as a feed item: no cursor (it cannot be resumed), the delta's type, and
+/// `{round, model, ...delta}` as data.
+fn delta_event(event: TranscriptEvent) -> Event {
+    let mut data = event.delta.data();
+    if let Some(object) = data.as_object_mut() {
+        object.insert("round".into(), json!(event.round));
+        object.insert("model".into(), json!(event.model));
+    }
+    Event { cursor: String::new(), event_type: event.delta.event_type().to_owned(), data, at: now_ms() }
+}
+
+impl Watch {
+    async fn next(mut self) -> Option<(Result<Event, Refusal>, Watch)> {
+        loop {
+            let next = match &mut self.transcript {
+                None => Next::Durable(self.durable.next().await),
+                Some(deltas) => tokio::select! {
+                    // Durable items first: the feed's order is the store's.
+                    biased;
+                    item = self.durable.next() => Next::Durable(item),
+                    delta = deltas.recv() => Next::Delta(delta),
+                },
+            };
+            match next {
+                // The durable feed decides the end: once the execution is quiet and every event
+                // was sent, the watch ends too.
+                Next::Durable(item) => {
+                    let item = item?;
+                    if let Ok(event) = &item {
+                        self.cursor.clone_from(&event.cursor);
+                    }
+                    return Some((item, self));
+                }
+                Next::Delta(Ok(delta)) if delta.execution_public_id == self.id => {
+                    return Some((Ok(delta_event(delta)), self));
+                }
+                Next::Delta(Ok(_)) => {}
+                Next::Delta(Err(RecvError::Lagged(missed))) => {
+                    let data = json!({"missed": missed, "cursor": self.cursor,
+                                      "reason": "the watcher read too slowly; rebuild the transcript from round_result events"});
+                    return Some((
+                        Ok(Event { cursor: String::new(), event_type: RESYNC.into(), data, at: now_ms() }),
+                        self,
+                    ));
+                }
+                Next::Delta(Err(RecvError::Closed)) => self.transcript = None,
+            }
+        }
+    }
+}
+
+impl Api {
+    /// [`Api::events`], with the execution's transcript deltas woven in when `transcript` is set
+    /// (they carry an empty cursor; a `resync` item `{missed, cursor, reason}` replaces any that a
+    /// slow watcher missed). Deltas are only sent while following: they are never stored.
+    ///
+    /// # Errors
+    /// As [`Api::events`]: 404 `not_found`; 400 `parameter_invalid` for a bad cursor.
+    pub async fn watch(
+        &self,
+        caller: &Caller,
+        id: Uuid,
+        after: &str,
+        follow: bool,
+        transcript: bool,
+    ) -> Result<impl Stream<Item = Result<Event, Refusal>> + Send + 'static + use<>, Refusal> {
+        // Subscribed before the first durable read, so nothing streamed after it is missed.
+        let deltas = (follow && transcript).then(|| self.fabric.events.subscribe_transcript());
+        let durable: Durable = Box::pin(self.events(caller, id, after, follow).await?);
+        let watch = Watch { durable, transcript: deltas, id, cursor: after.to_owned() };
+        Ok(futures::stream::unfold(watch, Watch::next))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::TranscriptDelta;
+    use crate::root::{EventBus, TRANSCRIPT_FEED_CAPACITY};
+
+    fn delta(execution: Uuid, text: &str) -> TranscriptEvent {
+        TranscriptEvent {
+            execution_public_id: execution,
+            round: 1,
+            model: "scripted/x".into(),
+            delta: TranscriptDelta::Text { text: text.into() },
+        }
+    }
+
+    fn watching(bus: &EventBus, id: Uuid) -> Watch {
+        let durable: Durable = Box::pin(futures::stream::pending());
+        Watch { durable, transcript: Some(bus.subscribe_transcript()), id, cursor: "cvei_7".into() }
+    }
+
+    #[tokio::test]
+    async fn a_slow_watcher_gets_one_resync_and_then_the_live_deltas() {
+        let bus = EventBus::default();
+        let (id, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let watch = watching(&bus, id);
+        // Another execution's deltas are never shown; this one's overflow the feed.
+        bus.publish_transcript(delta(other, "not yours"));
+        for i in 0..TRANSCRIPT_FEED_CAPACITY + 10 {
+            bus.publish_transcript(delta(id, &format!("t{i}")));
+        }
+        let (first, watch) = watch.next().await.expect("an item");
+        let first = first.expect("ok");
+        assert_eq!(first.event_type, RESYNC);
+        assert_eq!(first.cursor, "", "resync is not resumable");
+        assert_eq!(first.data["cursor"], "cvei_7", "it names the durable cursor to reread from");
+        assert!(first.data["missed"].as_u64().is_some_and(|m| m >= 10), "{}", first.data);
+        // After the gap is announced, the deltas still held arrive in order, with their round.
+        let (second, _) = watch.next().await.expect("an item");
+        let second = second.expect("ok");
+        assert_eq!(second.event_type, "text_delta");
+        assert_eq!(second.data["round"], 1);
+        assert!(second.data["text"].as_str().is_some_and(|t| t.starts_with('t')), "{}", second.data);
+    }
+
+    #[tokio::test]
+    async fn a_watcher_in_step_sees_every_delta_and_no_resync() {
+        let bus = EventBus::default();
+        let id = Uuid::new_v4();
+        let mut watch = watching(&bus, id);
+        for text in ["a", "b", "c"] {
+            bus.publish_transcript(delta(id, text));
+            let (item, next) = watch.next().await.expect("an item");
+            let item = item.expect("ok");
+            assert_eq!((item.event_type.as_str(), item.data["text"].as_str()), ("text_delta", Some(text)));
+            watch = next;
+        }
+    }
+}
