@@ -9,6 +9,9 @@
 //! transaction, and the actor rebuilds itself from the store after a restart.
 
 pub mod approval;
+pub mod brake;
+pub mod control;
+pub mod hooks;
 pub mod kernel;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -27,7 +30,9 @@ use crate::declaration::{FrozenDeclaration, RunnerFacts, freeze, validate_execut
 use crate::executor::ExecutorMsg;
 use crate::executor::commit::model_text;
 use crate::model::retry::call_with_retries;
-use crate::model::{ChatMessage, DeltaSink, ModelFailure, ModelRequest, ModelResponse, ResolvedModel, RetryPolicy, ToolCall};
+use crate::model::{
+    ChatMessage, DeltaSink, ModelFailure, ModelRequest, ModelResponse, ResolvedModel, RetryPolicy, ToolCall,
+};
 use crate::root::{Fabric, RootHandle, TranscriptEvent};
 use crate::store::{EventRow, ExecutionRow, TaskRow, now_ms};
 
@@ -71,8 +76,17 @@ pub enum ExecutionMsg {
         /// The extension asked for, in milliseconds.
         timeout_ms: i64,
     },
-    /// Stop the execution: open tasks are canceled and it ends `canceled`.
-    Stop(RpcReplyPort<Result<ExecutionRow, Refusal>>),
+    /// Stop the execution (REFERENCE.md 7, "Pause, stop, delete"): forced (the default at the
+    /// doors) cancels its open work and drains through `canceling`; graceful lets dispatched work
+    /// finish and schedules nothing new. Either way it ends `canceled` ([`control::stop`]).
+    Stop {
+        /// Forced (`true`) or graceful.
+        force: bool,
+        /// The execution after the stop: `canceled`, or `canceling` while it drains.
+        reply: RpcReplyPort<Result<ExecutionRow, Refusal>>,
+    },
+    /// Pause, resume, and the drain bound of a stop ([`control::ControlMsg`]).
+    Control(control::ControlMsg),
     /// A person approved or denied a task parked in `needs_approval` (REFERENCE.md 10). Answers
     /// the task as it now stands, or 409 `not_awaiting_approval` / `not_adjudicable`.
     Adjudicate {
@@ -91,6 +105,17 @@ pub enum ExecutionMsg {
         task_key: String,
         /// The hold's deadline the timer was set for; a moved deadline makes it stale.
         deadline_at: i64,
+    },
+    /// A person retries or abandons a failed hook task that holds the execution
+    /// (REFERENCE.md 7, "Failure policy"; 11). Answers the new generation (retry) or the
+    /// abandoned task, or 409 `not_retryable` / `not_abandonable`.
+    Repair {
+        /// The held task.
+        task_key: String,
+        /// Retry or abandon.
+        repair: hooks::Repair,
+        /// The task after the repair.
+        reply: RpcReplyPort<Result<TaskRow, Refusal>>,
     },
 }
 
@@ -111,7 +136,8 @@ pub struct ExecutionState {
     row: ExecutionRow,
     declaration: Option<FrozenDeclaration>,
     transcript: Vec<ChatMessage>,
-    /// The current round's tasks by key, settled or not, whose results the model has not read.
+    /// The current round's tasks by key, settled or not, whose results the model has not read,
+    /// and the unresolved hook tasks ([`hooks`]), which the model never reads.
     pending: BTreeMap<String, TaskRow>,
     /// Events written with the next save.
     events: Vec<EventRow>,
@@ -121,6 +147,10 @@ pub struct ExecutionState {
     /// Index into [`model_chain`] where each round starts looking for an available route: 0, or
     /// the route the last `model_change` switched to (restored from the event log).
     model_index: usize,
+    /// Pause, resume and stop bookkeeping ([`control`]).
+    control: control::ControlState,
+    /// Lifecycle hook bookkeeping ([`hooks`]).
+    hooks: hooks::HookState,
 }
 
 /// The ExecutionActor.
@@ -149,7 +179,8 @@ impl Actor for ExecutionActor {
                 _ => None,
             })
             .collect();
-        let tasks = store.tasks_of(args.public_id).await?;
+        // Hook tasks are rebuilt apart: their settlement is narrated once judged ([`hooks`]).
+        let (hook_tasks, tasks) = hooks::split(store.tasks_of(args.public_id).await?);
         // A task settles in its executor first and is narrated here after; a crash between the
         // two leaves a settled task with no `task_status` event. Recovery writes what is missing,
         // so every settlement reaches the feed exactly once.
@@ -179,10 +210,13 @@ impl Actor for ExecutionActor {
             model_call: None,
             holds: HashMap::new(),
             model_index,
+            control: control::ControlState::default(),
+            hooks: hooks::HookState::default(),
         };
         for task in &unnarrated {
             emit(&mut state, "task_status", task_status_data(task));
         }
+        hooks::rebuild(&mut state, hook_tasks, &history);
         // Parked tasks keep their durable holds across a restart.
         approval::rearm(&myself, &mut state);
         Ok(state)
@@ -196,7 +230,11 @@ impl Actor for ExecutionActor {
         if !state.events.is_empty() {
             save(state, &[]).await?;
         }
-        myself.cast(ExecutionMsg::Advance)?;
+        // A quiescent execution (loaded for a door, or for a late settlement) waits for that
+        // message: an `Advance` first would find nothing to do and stop the actor before it.
+        if !run_status_is_quiescent(&state.row.status) {
+            myself.cast(ExecutionMsg::Advance)?;
+        }
         Ok(())
     }
 
@@ -222,12 +260,24 @@ impl Actor for ExecutionActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ExecutionMsg::Advance => advance(&myself, state).await?,
+            // A graceful pause lets the model call finish; its answer waits for the resume.
+            ExecutionMsg::ModelDone { round, model, result } if state.row.status == "paused" => {
+                control::hold_answer(state, round, model, result);
+            }
             ExecutionMsg::ModelDone { round, model, result } => {
                 if round != state.row.round || state.row.status != "running" {
                     return Ok(());
                 }
                 state.model_call = None;
                 model_done(&myself, state, &model, result).await?;
+            }
+            // While a stop drains, settlements are narrated and counted, never read by a model.
+            ExecutionMsg::TaskSettled(task) if state.row.status == "canceling" => {
+                control::settled_while_canceling(state, *task).await?;
+            }
+            // A hook task is judged before it is narrated ([`hooks`]).
+            ExecutionMsg::TaskSettled(task) if hooks::is_hook_key(&task.task_key) => {
+                hooks::settled(&myself, state, *task).await?;
             }
             ExecutionMsg::TaskSettled(task) => {
                 let Some(held) = state.pending.get_mut(&task.task_key) else { return Ok(()) };
@@ -253,13 +303,14 @@ impl Actor for ExecutionActor {
                     save(state, &[]).await?;
                 }
             }
-            ExecutionMsg::Stop(reply) => {
-                let result = stop(state).await;
-                let _ = reply.send(result);
+            ExecutionMsg::Stop { force, reply } => {
+                let stopped = control::stop(&myself, state, force).await;
+                control::answer(reply, stopped)?;
                 if run_status_is_quiescent(&state.row.status) {
                     myself.stop(None);
                 }
             }
+            ExecutionMsg::Control(msg) => control::handle(&myself, state, msg).await?,
             ExecutionMsg::Adjudicate { task_key, adjudication, by, reply } => {
                 let result = approval::adjudicate(&myself, state, &task_key, adjudication, &by).await;
                 match result {
@@ -277,6 +328,20 @@ impl Actor for ExecutionActor {
             }
             ExecutionMsg::HoldExpired { task_key, deadline_at } => {
                 approval::expire(&myself, state, &task_key, deadline_at).await?;
+            }
+            ExecutionMsg::Repair { task_key, repair, reply } => {
+                match hooks::repair(&myself, state, &task_key, repair).await {
+                    Ok(answer) => {
+                        let _ = reply.send(answer);
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(Refusal::new(
+                            ErrorCode::Internal,
+                            format!("could not record the repair: {e}; read the task and retry"),
+                        )));
+                        return Err(e);
+                    }
+                }
             }
         }
         if run_status_is_quiescent(&state.row.status) && state.pending.values().all(TaskRow::is_settled) {
@@ -316,6 +381,9 @@ fn task_status_data(task: &TaskRow) -> Value {
         "error_key": task.error_key,
         "approval": task.approval,
     });
+    if let Some(event) = hooks::event_of(&task.task_key) {
+        data["hook"] = json!(event);
+    }
     if task.is_settled() {
         data["content"] = json!(result_text(task));
         if let Some(result) = &task.result {
@@ -349,17 +417,29 @@ fn result_text(task: &TaskRow) -> String {
 async fn advance(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Result<(), ActorProcessingErr> {
     let status = state.row.status.clone();
     match status.as_str() {
-        "pending" if materialize(state).await? => start_round(myself, state).await?,
+        // The `turn_start` hook runs before the first model round (REFERENCE.md 11).
+        "pending"
+            if materialize(state).await?
+                && hooks::gate(myself, state, hooks::HookEvent::TurnStart).await? == hooks::Gate::Open =>
+        {
+            start_round(myself, state).await?
+        }
+        // A restart found a stop draining: it goes on draining (REFERENCE.md 7).
+        "canceling" => control::resume_drain(myself, state).await?,
         "running" => {
             if state.model_call.is_some() || !state.pending.values().all(TaskRow::is_settled) {
                 return Ok(());
             }
-            if state
-                .transcript
-                .last()
-                .is_some_and(|m| matches!(m, ChatMessage::Assistant { tool_calls, .. } if tool_calls.is_empty()))
-            {
+            // Settled hook tasks are judged first: a decision holds the execution, continues it
+            // with feedback, or lets it go on.
+            if !hooks::judge_settled(state).await? {
                 return Ok(());
+            }
+            if let Some(ChatMessage::Assistant { content, tool_calls }) = state.transcript.last()
+                && tool_calls.is_empty()
+            {
+                let text = content.clone().unwrap_or_default();
+                return deliver(myself, state, text).await;
             }
             // Every call of the round has settled: its results go back to the model in call order.
             let mut settled: Vec<TaskRow> = std::mem::take(&mut state.pending).into_values().collect();
@@ -370,7 +450,9 @@ async fn advance(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) ->
                     .transcript
                     .push(ChatMessage::Tool { tool_call_id: task.tool_call_id.clone(), content: result_text(task) });
             }
-            start_round(myself, state).await?;
+            if hooks::gate(myself, state, hooks::HookEvent::TurnStart).await? == hooks::Gate::Open {
+                start_round(myself, state).await?;
+            }
         }
         _ => {}
     }
@@ -379,6 +461,12 @@ async fn advance(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) ->
 
 /// Resolves and freezes the declaration. Returns `false` when the execution ended instead.
 async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessingErr> {
+    // A regeneration is created with its declaration frozen already, reused or replaced
+    // (REFERENCE.md 8; R48): it is adopted as it is, never resolved again.
+    if let Some(frozen) = state.declaration.take() {
+        let input = state.fabric.store.input(state.row.input_public_id).await?;
+        return adopt(state, &input.ok_or("the execution's input is missing")?, frozen).await;
+    }
     let store = &state.fabric.store;
     let input = store.input(state.row.input_public_id).await?.ok_or("the execution's input is missing")?;
     let profile = store.profile(state.row.member_public_id).await?.unwrap_or_default();
@@ -424,6 +512,16 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
         let refusal = Refusal::new(ErrorCode::ValidationFailed, "default_model: the declaration names no model to run");
         return end_refused(state, &refusal).await;
     }
+    adopt(state, &input, frozen).await
+}
+
+/// Freezes `frozen` onto the execution: the first transcript (system prompt, the input's text),
+/// `input_materialized` and `turn_status running`, in one save. Returns `true`.
+async fn adopt(
+    state: &mut ExecutionState,
+    input: &crate::store::InputRow,
+    frozen: FrozenDeclaration,
+) -> Result<bool, ActorProcessingErr> {
     if let Some(content) =
         frozen.system_prompt.as_ref().and_then(|doc| doc["content"].as_str()).filter(|c| !c.is_empty())
     {
@@ -606,23 +704,29 @@ async fn model_done(
     if response.tool_calls.is_empty() {
         let text = response.text.clone().unwrap_or_default();
         state.transcript.push(ChatMessage::Assistant { content: Some(text.clone()), tool_calls: Vec::new() });
-        state.row.final_text = Some(text.clone());
-        state.row.status = "completed".into();
         emit(
             state,
             "round_result",
             json!({"round": round, "model": model, "text": text, "tool_calls": [], "finish_reason": response.finish_reason}),
         );
-        emit(state, "turn_status", json!({"status": "completed"}));
-        save(state, &[]).await?;
-        tracing::info!(execution_id = %state.row.public_id, rounds = round, "execution completed");
-        return Ok(());
+        return deliver(myself, state, text).await;
+    }
+    // The repeat brake, the round driver's only ceiling (REFERENCE.md 7).
+    if let Some(refused) = brake::check(&state.transcript, &response.tool_calls) {
+        let message = format!("{}: {}; the model is asked nothing more", refused.detail, refused.message);
+        return halt(state, "round_expansion_refused", &message).await;
     }
     state
         .transcript
         .push(ChatMessage::Assistant { content: response.text.clone(), tool_calls: response.tool_calls.clone() });
-    let tasks: Vec<TaskRow> =
-        response.tool_calls.iter().enumerate().map(|(i, call)| task_for_call(state, round, i, call)).collect();
+    // Arguments cut off at the output limit are reported as such, not as malformed.
+    let truncated = matches!(response.finish_reason.as_str(), "length" | "max_tokens");
+    let tasks: Vec<TaskRow> = response
+        .tool_calls
+        .iter()
+        .enumerate()
+        .map(|(i, call)| task_for_call(state, round, i, call, truncated))
+        .collect();
     emit(
         state,
         "round_result",
@@ -659,6 +763,24 @@ async fn model_done(
         }
     }
     advance(myself, state).await
+}
+
+/// A final answer is ready: the `stop` hook judges it first, and it is delivered once the hook
+/// accepts it or is abandoned, or at once when no `stop` hook is declared (REFERENCE.md 11).
+async fn deliver(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+    text: String,
+) -> Result<(), ActorProcessingErr> {
+    if hooks::gate(myself, state, hooks::HookEvent::Stop { output: &text }).await? == hooks::Gate::Held {
+        return Ok(());
+    }
+    state.row.final_text = Some(text);
+    state.row.status = "completed".into();
+    emit(state, "turn_status", json!({"status": "completed"}));
+    save(state, &[]).await?;
+    tracing::info!(execution_id = %state.row.public_id, rounds = state.row.round, "execution completed");
+    Ok(())
 }
 
 /// A failed model step: the chain advances to the next available route when the failure allows
@@ -700,10 +822,20 @@ async fn model_failed(
     halt(state, failure.key, &message).await
 }
 
+/// Whether any string or key in `value` holds a NUL, which no tool input may carry.
+fn holds_nul(value: &Value) -> bool {
+    match value {
+        Value::String(text) => text.contains('\0'),
+        Value::Array(items) => items.iter().any(holds_nul),
+        Value::Object(map) => map.iter().any(|(key, item)| key.contains('\0') || holds_nul(item)),
+        _ => false,
+    }
+}
+
 /// Turns one model tool call into a task row: settled at once with a per-call failure word, or
 /// resolved to its target and passed through the approval stage ([`approval::admit`]), which
 /// dispatches it, runs it in-process, parks it in `needs_approval` or denies it.
-fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCall) -> TaskRow {
+fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCall, truncated: bool) -> TaskRow {
     let now = now_ms();
     let default_timeout = i64::try_from(state.fabric.config.execution.default_task_timeout_ms).unwrap_or(i64::MAX);
     let mut task = TaskRow {
@@ -748,8 +880,22 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
     let input: Value = match serde_json::from_str(&call.arguments) {
         Ok(value @ Value::Object(_)) => value,
         Ok(_) | Err(_) if call.arguments.trim().is_empty() => json!({}),
+        Err(e) if e.is_eof() && truncated => {
+            return fail(
+                task,
+                "truncated_tool_arguments",
+                "the arguments were cut off at the model's output limit; ask for a smaller call".into(),
+            );
+        }
+        // A number no JSON reader can hold (`1e400`) is unencodable input, not bad syntax.
+        Err(e) if e.is_data() || e.to_string().contains("number out of range") => {
+            return fail(task, "invalid_tool_input", format!("the arguments hold an unencodable value: {e}"));
+        }
         _ => return fail(task, "invalid_tool_arguments", "the arguments must be a JSON object".into()),
     };
+    if holds_nul(&input) {
+        return fail(task, "invalid_tool_input", "the arguments hold a NUL character".into());
+    }
     if call.arguments.len() > TOOL_INPUT_BOUND {
         return fail(task, "tool_input_too_large", "the arguments are over 64 KiB".into());
     }
@@ -771,40 +917,4 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
         approval::admit(declaration, &mut task, CallOrigin::Model, now, approval::hold_ms(state));
     }
     task
-}
-
-async fn stop(state: &mut ExecutionState) -> Result<ExecutionRow, Refusal> {
-    if matches!(state.row.status.as_str(), "completed" | "canceled") {
-        return Ok(state.row.clone());
-    }
-    if let Some(call) = state.model_call.take() {
-        call.abort();
-    }
-    for task in state.pending.values_mut().filter(|t| !t.is_settled()) {
-        match (task.status.as_str(), task.target_executor_public_id) {
-            ("dispatched", Some(target)) => match state.root.executor(target).await {
-                Ok(executor) => {
-                    let _ =
-                        executor.cast(ExecutorMsg::Cancel { run: task.run_public_id, task_key: task.task_key.clone() });
-                }
-                Err(refusal) => {
-                    tracing::warn!(runner_id = %target, code = %refusal.code, "cannot cancel at the runner's inbox")
-                }
-            },
-            _ => {
-                task.status = "canceled".into();
-                task.error_key = Some("task_canceled".into());
-                task.settled_at = Some(now_ms());
-                if let Err(e) = state.fabric.store.update_task(task).await {
-                    tracing::warn!(error = %e, "could not record a canceled task");
-                }
-            }
-        }
-    }
-    state.row.status = "canceled".into();
-    state.row.error_key = Some("run_canceled".into());
-    emit(state, "turn_status", json!({"status": "canceled", "error_key": "run_canceled"}));
-    save(state, &[]).await.map_err(|e| Refusal::new(ErrorCode::Internal, format!("could not record the stop: {e}")))?;
-    tracing::info!(execution_id = %state.row.public_id, "execution stopped");
-    Ok(state.row.clone())
 }

@@ -17,7 +17,8 @@
 //!     of `.`, `{` and `}`. `name` is emitted as written, even when the request offers no such
 //!     tool (the server then answers `unknown_tool`). `arguments` is any JSON value, sent as its
 //!     JSON text; a JSON string is sent verbatim (so a script can send malformed arguments);
-//!     absent means `{}`. The answer's finish reason is `tool_calls`.
+//!     absent means `{}`. The answer's finish reason is `tool_calls`, or the round's optional
+//!     `finish_reason` (e.g. `length`, to play arguments cut off at the output limit).
 //!   - `final`: the answer text, with placeholders expanded. The finish reason is `stop`.
 //! - Unknown fields are refused.
 //!
@@ -81,7 +82,8 @@ pub struct Script {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Round {
-    ToolCalls(Vec<ToolCall>),
+    /// The calls and the finish reason (`tool_calls` unless the script names another).
+    ToolCalls(Vec<ToolCall>, String),
     Final(Vec<Segment>),
 }
 
@@ -105,6 +107,8 @@ struct RoundFile {
     tool_calls: Option<Vec<ToolCallFile>>,
     #[serde(default, rename = "final")]
     final_text: Option<String>,
+    #[serde(default)]
+    finish_reason: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -153,10 +157,10 @@ impl Script {
             return Err(ModelError::Provider { message: format!("script exhausted at round {round_index}") });
         };
         match round {
-            Round::ToolCalls(calls) => Ok(ModelResponse {
+            Round::ToolCalls(calls, finish_reason) => Ok(ModelResponse {
                 text: None,
                 tool_calls: calls.clone(),
-                finish_reason: "tool_calls".to_owned(),
+                finish_reason: finish_reason.clone(),
                 usage: None,
             }),
             Round::Final(segments) => Ok(ModelResponse {
@@ -172,6 +176,9 @@ impl Script {
 fn parse_round(index: usize, round: RoundFile) -> Result<Round, ScriptError> {
     let invalid = |reason: String| ScriptError::Round { round: index, reason };
     match (round.tool_calls, round.final_text) {
+        (None, _) if round.finish_reason.is_some() => {
+            Err(invalid("`finish_reason` is only for a `tool_calls` round".to_owned()))
+        }
         (Some(calls), None) => {
             if calls.is_empty() {
                 return Err(invalid("`tool_calls` is empty".to_owned()));
@@ -196,7 +203,7 @@ fn parse_round(index: usize, round: RoundFile) -> Result<Round, ScriptError> {
                 };
                 out.push(ToolCall { id, name: call.name, arguments });
             }
-            Ok(Round::ToolCalls(out))
+            Ok(Round::ToolCalls(out, round.finish_reason.unwrap_or_else(|| "tool_calls".to_owned())))
         }
         (None, Some(text)) => parse_template(&text).map(Round::Final).map_err(invalid),
         (Some(_), Some(_)) => Err(invalid("has both `tool_calls` and `final`".to_owned())),
