@@ -692,7 +692,7 @@ impl Api {
         let mut attempts = 0;
         loop {
             let actor = self.root.execution(id).await?;
-            match ractor::call!(actor, |reply| message(reply)) {
+            match ractor::call!(actor, message) {
                 Ok(answer) => return answer,
                 Err(_) if attempts < 10 => {
                     attempts += 1;

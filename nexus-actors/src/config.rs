@@ -108,6 +108,10 @@ pub struct ExecutionConfig {
     /// `timed_out` with `approval_expired`, in milliseconds (REFERENCE.md 10, "Park").
     /// Default 86400000 (24 hours, [`crate::execution::approval::APPROVAL_HOLD_MS`]).
     pub approval_hold_ms: u64,
+    /// How long a forced stop waits in `canceling` for the runners' tasks to settle before the
+    /// execution ends `canceled` anyway, in milliseconds (REFERENCE.md 7, "Pause, stop, delete").
+    /// A graceful stop waits for its dispatched tasks' own deadlines instead. Default 30000.
+    pub stop_drain_ms: u64,
 }
 
 impl Default for ExecutionConfig {
@@ -119,6 +123,7 @@ impl Default for ExecutionConfig {
             model_retry_after_max_ms: 60_000,
             default_task_timeout_ms: crate::declaration::DEFAULT_TIMEOUT_MS,
             approval_hold_ms: crate::execution::approval::APPROVAL_HOLD_MS,
+            stop_drain_ms: crate::execution::control::STOP_DRAIN_MS,
         }
     }
 }
@@ -328,6 +333,9 @@ impl ServerConfig {
         }
         if self.execution.approval_hold_ms == 0 {
             return invalid("execution.approval_hold_ms", "must be positive");
+        }
+        if self.execution.stop_drain_ms == 0 {
+            return invalid("execution.stop_drain_ms", "must be positive");
         }
         if self.doors.requests_per_minute == 0 || self.doors.burst == 0 {
             return invalid("doors", "requests_per_minute and burst must be positive");

@@ -20,8 +20,9 @@
 //! [`ConnectionActor`]: crate::connection::ConnectionActor
 
 pub mod commit;
+mod offers;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,6 +46,7 @@ use crate::root::{Fabric, RootHandle};
 use crate::store::{ExecutorRow, PresenceEvent, TaskRow, now_ms};
 
 use self::commit::CommitRefusal;
+use self::offers::{OfferWindow, Sent};
 
 /// The most an extension may grant, in milliseconds (one hour).
 pub const EXTENSION_CAP_MS: i64 = 3_600_000;
@@ -184,6 +186,15 @@ pub enum ExecutorMsg {
         /// The deadline the timer was set for; a moved deadline makes it stale.
         deadline_at: i64,
     },
+    /// The execution paused or resumed: its open tasks here take their new deadlines from
+    /// `shift` (durably) and their expiry timers follow (REFERENCE.md 7, "Pause, stop, delete":
+    /// the clocks freeze, and resume shifts them forward).
+    ShiftDeadlines {
+        /// The execution.
+        run: Uuid,
+        /// How each open task's deadline moves.
+        shift: crate::execution::control::DeadlineShift,
+    },
 }
 
 /// Arguments: which runner.
@@ -204,23 +215,6 @@ struct Connection {
 
 type TaskId = (Uuid, String);
 
-/// Where a task waits for its offer: `(started_at, task_key, run)`, the inbox's offer order.
-type OfferKey = (i64, String, Uuid);
-
-fn offer_key(id: &TaskId, started_at: i64) -> OfferKey {
-    (started_at, id.1.clone(), id.0)
-}
-
-/// The offers of the current stream (see [`OFFER_WINDOW`]). Both sets hold only open, claimable
-/// tasks, never the same one twice, and are empty while no stream is attached.
-#[derive(Default)]
-struct OfferWindow {
-    /// Offered on this stream and still claimable; at most [`OFFER_WINDOW`].
-    offered: HashSet<TaskId>,
-    /// Claimable and not yet offered on this stream, in offer order.
-    waiting: BTreeSet<OfferKey>,
-}
-
 /// The ExecutorActor's state.
 pub struct ExecutorState {
     fabric: Arc<Fabric>,
@@ -230,6 +224,7 @@ pub struct ExecutorState {
     open: HashMap<TaskId, TaskRow>,
     timers: HashMap<TaskId, JoinHandle<()>>,
     progress_at: HashMap<TaskId, i64>,
+    /// The current stream's offers: only open, claimable tasks; empty while no stream is attached.
     window: OfferWindow,
 }
 
@@ -243,16 +238,16 @@ impl ExecutorState {
     /// `settle`, `fill_window`).
     fn check_invariants(&self) {
         let window = &self.window;
-        assert!(window.offered.len() <= OFFER_WINDOW, "{} offers outstanding, over the window", window.offered.len());
+        window.check();
         assert!(
-            window.offered.len() + window.waiting.len() <= self.open.len(),
+            window.outstanding() + window.waiting() <= self.open.len(),
             "the offer window holds tasks that are not open ({} offered, {} waiting, {} open)",
-            window.offered.len(),
-            window.waiting.len(),
+            window.outstanding(),
+            window.waiting(),
             self.open.len()
         );
         assert!(
-            self.connection.is_some() || (window.offered.is_empty() && window.waiting.is_empty()),
+            self.connection.is_some() || window.outstanding() + window.waiting() == 0,
             "an offer window outlived its stream"
         );
         assert_eq!(self.timers.len(), self.open.len(), "every open task has exactly one expiry timer");
@@ -329,7 +324,7 @@ impl Actor for ExecutorActor {
             open: HashMap::new(),
             timers: HashMap::new(),
             progress_at: HashMap::new(),
-            window: OfferWindow::default(),
+            window: OfferWindow::new(OFFER_WINDOW),
         };
         // The park clock resumes: every open task gets its timer back.
         for task in state.fabric.store.open_tasks_for(args.public_id).await? {
@@ -383,7 +378,7 @@ async fn handle_msg(
         ExecutorMsg::Detach { conn_id } => {
             if state.connection.as_ref().is_some_and(|c| c.id == conn_id) {
                 state.connection = None;
-                state.window = OfferWindow::default();
+                state.window.clear();
                 tracing::info!(runner_id = %state.row.public_id, "runner stream closed");
                 if let Err(e) = state.fabric.store.touch_executor(state.row.public_id, PresenceEvent::Detached).await {
                     tracing::warn!(error = %e, "could not record last_seen_at");
@@ -475,6 +470,17 @@ async fn handle_msg(
             tracing::info!(runner_id = %state.row.public_id, run_id = %run, task_key = %id.1, status, "task expired");
             settle(state, &id, status, None, Some(error_key)).await?;
         }
+        ExecutorMsg::ShiftDeadlines { run, shift } => {
+            let ids: Vec<TaskId> = state.open.keys().filter(|id| id.0 == run).cloned().collect();
+            for id in ids {
+                let Some(mut task) = state.open.get(&id).cloned() else { continue };
+                let Some(deadline_at) = shift.apply(task.deadline_at) else { continue };
+                task.deadline_at = deadline_at;
+                state.fabric.store.update_task(&task).await?;
+                schedule_expiry(myself, state, &id, deadline_at);
+                hold(state, id, task);
+            }
+        }
     }
     Ok(())
 }
@@ -499,7 +505,7 @@ fn push(state: &mut ExecutorState, frame: NexusFrame) {
         tracing::warn!(runner_id = %state.row.public_id, error = %e, "runner stream cannot take frames; dropping it");
         connection.actor.stop(Some("outbound full or closed".into()));
         state.connection = None;
-        state.window = OfferWindow::default();
+        state.window.clear();
     }
 }
 
@@ -522,61 +528,42 @@ fn hold(state: &mut ExecutorState, id: TaskId, task: TaskRow) {
 
 /// Starts a fresh offer window for a new stream over the whole claimable inbox.
 fn reset_window(state: &mut ExecutorState) {
-    state.window = OfferWindow::default();
     if state.connection.is_none() {
+        state.window.clear();
         return;
     }
-    state.window.waiting = state
-        .open
-        .iter()
-        .filter(|(_, task)| claimable(task))
-        .map(|(id, task)| offer_key(id, task.started_at))
-        .collect();
+    let inbox = state.open.iter().filter(|(_, task)| claimable(task)).map(|(id, task)| (id, task.started_at));
+    state.window.reset(inbox);
 }
 
 /// Puts an open, claimable task in line for an offer on the current stream, unless it was
 /// offered there already.
 fn enqueue_offer(state: &mut ExecutorState, id: &TaskId) {
-    if state.connection.is_none() || state.window.offered.contains(id) {
+    if state.connection.is_none() {
         return;
     }
     if let Some(task) = state.open.get(id).filter(|task| claimable(task)) {
-        state.window.waiting.insert(offer_key(id, task.started_at));
+        state.window.enqueue(id, task.started_at);
     }
-}
-
-/// Takes a task out of the window (claimed or settled), making room for the next offer.
-fn withdraw_offer(state: &mut ExecutorState, id: &TaskId, started_at: i64) {
-    state.window.offered.remove(id);
-    state.window.waiting.remove(&offer_key(id, started_at));
 }
 
 /// Offers waiting tasks, oldest first, while the window has room. An offer that the outbound
 /// channel cannot take now waits for the next message; offers never drop the stream.
 fn fill_window(state: &mut ExecutorState) {
     let Some(connection) = &state.connection else { return };
-    while state.window.offered.len() < OFFER_WINDOW {
-        let Some(key) = state.window.waiting.pop_first() else { return };
-        let id = (key.2, key.1.clone());
-        debug_assert!(
-            state.open.get(&id).is_some_and(claimable),
-            "only open, claimable tasks wait for an offer: {id:?}"
-        );
-        let Some(task) = state.open.get(&id).filter(|task| claimable(task)) else { continue };
+    let open = &state.open;
+    state.window.fill(|id| {
+        let task = open.get(id).filter(|task| claimable(task));
+        debug_assert!(task.is_some(), "only open, claimable tasks wait for an offer: {id:?}");
+        let Some(task) = task else { return Sent::Gone };
         match connection.outbound.try_send(Ok(work_available(task))) {
-            Ok(()) => {
-                let fresh = state.window.offered.insert(id);
-                debug_assert!(fresh, "a task is offered once per stream: {key:?}");
-            }
-            Err(_) => {
-                // Full: only answers can fill the buffer (offers take at most OFFER_WINDOW of it),
-                // and the next answer that finds it full drops the stream. Closed: the stream is
-                // gone and its Detach clears the window. Either way the task keeps its place.
-                state.window.waiting.insert(key);
-                return;
-            }
+            Ok(()) => Sent::Offered,
+            // Full: only answers can fill the buffer (offers take at most OFFER_WINDOW of it), and
+            // the next answer that finds it full drops the stream. Closed: the stream is gone and
+            // its Detach clears the window. Either way the task keeps its place.
+            Err(_) => Sent::Blocked,
         }
-    }
+    });
 }
 
 fn schedule_expiry(myself: &ActorRef<ExecutorMsg>, state: &mut ExecutorState, id: &TaskId, deadline_at: i64) {
@@ -612,7 +599,7 @@ async fn attach(
     if let Some(old) = state.connection.take() {
         tracing::info!(runner_id = %state.row.public_id, "a new stream fences the old one");
         old.actor.stop(Some("fenced by a newer stream".into()));
-        state.window = OfferWindow::default();
+        state.window.clear();
     }
     state.fabric.store.touch_executor(state.row.public_id, PresenceEvent::Attached).await.map_err(internal)?;
     state.connection = Some(Connection { id: conn_id, actor: connection, outbound });
@@ -766,7 +753,7 @@ async fn claim(
         claim_token: token,
         deadline_at_ms: granted.deadline_at,
     });
-    withdraw_offer(state, &id, granted.started_at);
+    state.window.withdraw(&id, granted.started_at);
     hold(state, id, granted);
     Ok(frame)
 }
@@ -916,7 +903,7 @@ async fn settle(
     state.fabric.store.update_task(&task).await?;
     state.open.remove(id);
     state.progress_at.remove(id);
-    withdraw_offer(state, id, task.started_at);
+    state.window.withdraw(id, task.started_at);
     let timer = state.timers.remove(id);
     debug_assert!(timer.is_some(), "every open task has its expiry timer: {id:?}");
     if let Some(timer) = timer {

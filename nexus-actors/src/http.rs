@@ -4,7 +4,9 @@
 //! codes"). Bodies are read as bytes and parsed here so that every failure has a spec word.
 
 pub mod approval;
+pub mod control;
 pub mod executions;
+pub mod repair;
 
 use std::sync::Arc;
 
@@ -72,6 +74,8 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/agent_api/v1/tools/assembly", post(post_assembly))
         .merge(executions::routes())
         .merge(approval::routes())
+        .merge(control::routes())
+        .merge(repair::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(api)

@@ -1007,6 +1007,40 @@ impl Store {
             .await
     }
 
+    /// Creates an execution of an input that already has one (a regeneration, REFERENCE.md 8):
+    /// `execution` as given (normally `pending`, with its declaration frozen already) and its first
+    /// `events`, in one transaction.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure (an existing `public_id` among them); nothing is
+    /// written then.
+    pub async fn create_execution(&self, execution: &ExecutionRow, events: &[EventRow]) -> StoreResult<()> {
+        let write = Arc::new((execution.clone(), events.to_vec()));
+        self.writer
+            .write(move |connection| {
+                let write = write.clone();
+                Box::pin(async move {
+                    let (execution, events) = &*write;
+                    sqlx::query(
+                        "INSERT INTO executions (public_id, conversation_public_id, input_public_id, \
+                         member_public_id, status, transcript, round, event_seq, created_at, updated_at) \
+                         VALUES ($1, $2, $3, $4, $5, '[]', 0, 0, $6, $7)",
+                    )
+                    .bind(execution.public_id.to_string())
+                    .bind(execution.conversation_public_id.to_string())
+                    .bind(execution.input_public_id.to_string())
+                    .bind(execution.member_public_id.to_string())
+                    .bind(&execution.status)
+                    .bind(execution.created_at)
+                    .bind(execution.created_at)
+                    .execute(&mut *connection)
+                    .await?;
+                    save_execution_in(connection, execution, &[], events).await
+                })
+            })
+            .await
+    }
+
     /// Events after `after_seq`, oldest first, at most `limit`.
     ///
     /// # Errors
@@ -1059,7 +1093,12 @@ impl Store {
         rows.iter().map(task_of).collect()
     }
 
-    /// Every open (not settled) task addressed to an executor, oldest first.
+    /// Every open (not settled) task addressed to an executor, oldest first: the inbox's offer
+    /// order `(started_at, task_key)`.
+    ///
+    /// Served by the partial index `tasks_open_inbox` (migration 0005) in that order, so the read
+    /// costs the executor's open rows, never the settled history, and needs no sort. The status
+    /// list must stay verbatim the index's, or neither backend uses it.
     ///
     /// # Errors
     /// [`StoreError`] on a database failure.
@@ -1075,6 +1114,9 @@ impl Store {
     }
 
     /// Executors that have open tasks, for recovery at start-up.
+    ///
+    /// Scans the partial index `tasks_open_inbox` (migration 0005), which holds only open rows;
+    /// the status list must stay verbatim the index's.
     ///
     /// # Errors
     /// [`StoreError`] on a database failure.

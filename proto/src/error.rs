@@ -92,12 +92,25 @@ error_codes! {
     ProtocolViolation => ("protocol_violation", 400, InvalidArgument),
     // Runs (7).
     RunNotStoppable => ("run_not_stoppable", 409, FailedPrecondition),
+    // Execution control (7, "Pause, stop, delete"; 8, "Regeneration"): the spec names no words
+    // for these refusals, so each says what the execution is not.
+    NotPausable => ("not_pausable", 409, FailedPrecondition),
+    NotPaused => ("not_paused", 409, FailedPrecondition),
+    NotRegenerable => ("not_regenerable", 409, FailedPrecondition),
     // Approval (10): the approve and deny doors.
     NotAwaitingApproval => ("not_awaiting_approval", 409, FailedPrecondition),
     NotAdjudicable => ("not_adjudicable", 409, FailedPrecondition),
     // Approval (10): task error keys. A task settles with them; no door refuses with them today.
     ApprovalDenied => ("approval_denied", 403, PermissionDenied),
     ApprovalExpired => ("approval_expired", 408, DeadlineExceeded),
+    // Failure policy (7): the retry and abandon doors of a held task.
+    NotRetryable => ("not_retryable", 409, FailedPrecondition),
+    NotAbandonable => ("not_abandonable", 409, FailedPrecondition),
+    // Lifecycle hooks (11): task error keys of a hook task that settles failed.
+    InvalidHookResult => ("invalid_hook_result", 422, InvalidArgument),
+    HookError => ("hook_error", 422, FailedPrecondition),
+    StopHookLimit => ("stop_hook_limit", 409, ResourceExhausted),
+    HookRequiresModel => ("hook_requires_model", 409, FailedPrecondition),
     // Tool assembly (4).
     RunnerNotDeclared => ("runner_not_declared", 422, InvalidArgument),
     RunnerNotEligible => ("runner_not_eligible", 422, InvalidArgument),

@@ -7,7 +7,8 @@
 //!
 //! - [`Invariant::SettlesOnce`]: every task settles exactly once: its row is in a settled status
 //!   with `settled_at`, exactly one settled `task_status` event narrates it (with the row's
-//!   status), and no runner saw two non-idle commit acknowledgements for it.
+//!   status; a later event naming its `failure_resolution` narrates a repair, not a settlement),
+//!   and no runner saw two non-idle commit acknowledgements for it.
 //! - [`Invariant::ClaimGrantedOnce`]: no `(run, task_key)` was granted to two claim requests; the
 //!   token a runner was granted is the one the row holds; a runner task never completes
 //!   unclaimed.
@@ -202,7 +203,9 @@ fn settles_once(history: &History, rows: &HashMap<Key, &TaskRow>, found: &mut Ve
     use Invariant::SettlesOnce;
     let mut settled_events: HashMap<Key, Vec<String>> = HashMap::new();
     for (run, events) in &history.events {
-        for event in events.iter().filter(|e| e.event_type == "task_status") {
+        // An event with a `failure_resolution` (a retried or abandoned task) narrates the
+        // repair of a settled task, not another settlement.
+        for event in events.iter().filter(|e| e.event_type == "task_status" && e.data["failure_resolution"].is_null()) {
             let status = event.data["status"].as_str().unwrap_or_default();
             let task_key = event.data["task_key"].as_str().unwrap_or_default();
             if task_status_is_settled(status) {

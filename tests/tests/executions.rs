@@ -232,7 +232,7 @@ async fn stop_cancels_dispatched_work() {
     let run = Uuid::parse_str(&execution).expect("uuid");
     wait_until("dispatch", WAIT, || async { server.store().task(run, "r1t0").await.ok().flatten().map(|_| ()) }).await;
     let stopped = client
-        .stop_execution(authed(StopExecutionRequest { execution_public_id: execution.clone() }, &agent))
+        .stop_execution(authed(StopExecutionRequest { execution_public_id: execution.clone(), force: None }, &agent))
         .await
         .expect("stop")
         .into_inner();
@@ -370,7 +370,7 @@ async fn admission_bounds_and_runner_selection() {
     assert!(row.final_text.contains("echo me"), "{}", row.final_text);
     // Stopping a finished execution answers its row.
     let stopped = client
-        .stop_execution(authed(StopExecutionRequest { execution_public_id: execution }, &agent))
+        .stop_execution(authed(StopExecutionRequest { execution_public_id: execution, force: None }, &agent))
         .await
         .expect("stop")
         .into_inner();

@@ -629,9 +629,8 @@ async fn a_burst_of_offers_fills_the_offer_window_and_keeps_the_stream() {
 
 #[tokio::test]
 async fn a_runner_with_thousands_of_open_tasks_reconnects_and_commits_them_all() {
-    let Setup { server, agent, runner, raw } = setup(probe_tool(effect("read_only", "intrinsic"), 600_000)).await;
+    let Setup { server, agent, runner, mut raw } = setup(probe_tool(effect("read_only", "intrinsic"), 600_000)).await;
     let run = admit(&server, &agent, "probe it").await;
-    let mut raw = raw;
     assert_eq!(raw.next_work(WAIT).await.expect("work").task_key, "r1t0");
     // The runner goes away, and 2,999 more tasks arrive while it is gone.
     drop(raw);

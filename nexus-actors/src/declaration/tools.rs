@@ -586,9 +586,20 @@ pub fn assemble(
     if let Some(facts) = selected.and_then(facts_of) {
         let allow: Option<Vec<&str>> =
             configuration["runner_tool_names"].as_array().map(|names| names.iter().filter_map(Value::as_str).collect());
+        // A lifecycle hook's tool runs only as a hook task and is never exposed to the model
+        // (REFERENCE.md 11; R55), so the runner's announcement of it is not imported.
+        let hook_tools: Vec<&str> = configuration["lifecycle_hooks"]
+            .as_object()
+            .into_iter()
+            .flat_map(|hooks| hooks.values())
+            .filter_map(|hook| hook["tool"].as_str())
+            .collect();
         for announced in facts.announcement["tools"].as_array().into_iter().flatten() {
             let served = announced["name"].as_str().unwrap_or_default();
-            if !is_model_visible(announced) || allow.as_ref().is_some_and(|allow| !allow.contains(&served)) {
+            if !is_model_visible(announced)
+                || allow.as_ref().is_some_and(|allow| !allow.contains(&served))
+                || hook_tools.contains(&served)
+            {
                 continue;
             }
             // A name colliding with a callable or a kernel name (either spelling) is qualified;

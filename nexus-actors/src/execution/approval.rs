@@ -311,7 +311,7 @@ async fn changed_effect_profile(state: &ExecutionState, task: &TaskRow) -> Resul
 
 /// Tells the task's runner inbox that a dispatched row is waiting. The row is durable and
 /// addressed: an inbox that cannot be reached offers it when it next loads.
-async fn offer(state: &ExecutionState, task: &TaskRow) {
+pub(super) async fn offer(state: &ExecutionState, task: &TaskRow) {
     let Some(target) = task.target_executor_public_id else { return };
     match state.root.executor(target).await {
         Ok(executor) => {

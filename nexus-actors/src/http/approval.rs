@@ -34,12 +34,12 @@ pub fn routes() -> Router<Arc<Api>> {
 }
 
 /// A malformed execution id names no execution: 404, as an unknown one.
-fn execution_id(text: &str) -> Result<Uuid, Refusal> {
+pub(super) fn execution_id(text: &str) -> Result<Uuid, Refusal> {
     Uuid::parse_str(text).map_err(|_| Refusal::new(ErrorCode::NotFound, format!("no execution {text}")))
 }
 
 /// The body, where an empty one means `{}`.
-fn optional_body(body: Result<Bytes, BytesRejection>) -> Result<Value, HttpRefusal> {
+pub(super) fn optional_body(body: Result<Bytes, BytesRejection>) -> Result<Value, HttpRefusal> {
     match body {
         Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Ok(Value::Null),
         other => json_body(other),

@@ -1,0 +1,144 @@
+//! The execution control doors on HTTP (spec/REFERENCE.md 7, "Pause, stop, delete"; 8; SPEC-000
+//! "Inline execution declarations"). They call the same [`Api`] as the gRPC twins
+//! `PauseExecution`, `ResumeExecution`, `StopExecution`, `RegenerateExecution` and
+//! `EstimateContext`; the semantics are in [`crate::execution::control`].
+//!
+//! - `POST /agent_api/v1/executions/{id}/pause` `{force?}` (default `false`) → the execution,
+//!   `paused`. 409 `not_pausable` unless it is running.
+//! - `POST /agent_api/v1/executions/{id}/resume` (body empty or `{}`) → the execution, `running`.
+//!   409 `not_paused` unless it is paused.
+//! - `POST /agent_api/v1/executions/{id}/stop` `{force?}` (default `true`) → the execution:
+//!   `canceled`, or `canceling` while a graceful stop lets dispatched work finish.
+//! - `POST /agent_api/v1/executions/{id}/regenerate` `{execution_declaration?}` → 201
+//!   `{execution_public_id, regenerated_from, declaration: reused|replaced, declaration_digest}`.
+//!   409 `not_regenerable` when the original froze no declaration and none is given.
+//! - `GET /agent_api/v1/executions/{id}/estimate`, or `POST` with `{execution_declaration?}` → the
+//!   next round's request size `{bytes, estimated_tokens, estimator, ...}`. Writes nothing.
+//!
+//! Every door answers 404 `not_found` for an unknown or malformed execution id and for an
+//! execution the caller does not own, and 400 `parameter_invalid` for a body that is not an
+//! object or a `force` that is not a boolean. Unknown body fields are ignored.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use serde_json::Value;
+
+use nexus_proto::{ErrorCode, Refusal};
+
+use super::approval::{execution_id, optional_body};
+use super::{HttpRefusal, HttpResult, caller};
+use crate::api::Api;
+
+/// The control doors, merged into [`super::router`].
+pub fn routes() -> Router<Arc<Api>> {
+    Router::new()
+        .route("/agent_api/v1/executions/{id}/pause", post(post_pause))
+        .route("/agent_api/v1/executions/{id}/resume", post(post_resume))
+        .route("/agent_api/v1/executions/{id}/stop", post(post_stop))
+        .route("/agent_api/v1/executions/{id}/regenerate", post(post_regenerate))
+        .route("/agent_api/v1/executions/{id}/estimate", post(post_estimate).get(get_estimate))
+}
+
+/// `force` of a pause or stop body (`null`, `{}` or `{force: bool}`), or `default` when absent.
+///
+/// # Errors
+/// 400 `parameter_invalid` for a body that is not an object or a `force` that is not a boolean.
+pub fn force_of(body: &Value, default: bool) -> Result<bool, Refusal> {
+    match body {
+        Value::Null => Ok(default),
+        Value::Object(fields) => match fields.get("force") {
+            None | Some(Value::Null) => Ok(default),
+            Some(Value::Bool(force)) => Ok(*force),
+            Some(_) => Err(Refusal::new(ErrorCode::ParameterInvalid, "force must be true or false")),
+        },
+        _ => Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be empty or an object {force?}")),
+    }
+}
+
+async fn post_pause(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    let force = force_of(&optional_body(body)?, false)?;
+    Ok(axum::Json(api.pause(&caller, execution_id(&id)?, force).await?))
+}
+
+async fn post_resume(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    if !matches!(optional_body(body)?, Value::Null | Value::Object(_)) {
+        return Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be empty or an object").into());
+    }
+    Ok(axum::Json(api.resume(&caller, execution_id(&id)?).await?))
+}
+
+async fn post_stop(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    let force = force_of(&optional_body(body)?, true)?;
+    Ok(axum::Json(api.stop(&caller, execution_id(&id)?, force).await?))
+}
+
+async fn post_regenerate(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, axum::Json<Value>), HttpRefusal> {
+    let caller = caller(&api, &headers).await?;
+    let body = optional_body(body)?;
+    let created = api.regenerate(&caller, execution_id(&id)?, &body).await?;
+    Ok((StatusCode::CREATED, axum::Json(created)))
+}
+
+async fn post_estimate(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    let body = optional_body(body)?;
+    Ok(axum::Json(api.estimate(&caller, execution_id(&id)?, &body).await?))
+}
+
+async fn get_estimate(State(api): State<Arc<Api>>, Path(id): Path<String>, headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers).await?;
+    Ok(axum::Json(api.estimate(&caller, execution_id(&id)?, &Value::Null).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn force_defaults_per_door_and_refuses_other_shapes() {
+        assert_eq!(force_of(&Value::Null, true).ok(), Some(true));
+        assert_eq!(force_of(&json!({}), false).ok(), Some(false));
+        assert_eq!(force_of(&json!({"force": null}), true).ok(), Some(true));
+        assert_eq!(force_of(&json!({"force": false, "why": "x"}), true).ok(), Some(false));
+        assert_eq!(force_of(&json!({"force": true}), false).ok(), Some(true));
+        for bad in [json!({"force": "yes"}), json!({"force": 1}), json!([true]), json!("force")] {
+            assert_eq!(force_of(&bad, true).unwrap_err().code, "parameter_invalid", "{bad}");
+        }
+    }
+}
