@@ -1,6 +1,7 @@
 //! The application layer behind both edges: the HTTP/JSON doors and the gRPC `AgentService`
 //! call the same functions here, so a door's semantics cannot drift between transports.
 
+mod compaction;
 mod repair;
 mod watch;
 

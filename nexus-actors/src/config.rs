@@ -112,6 +112,15 @@ pub struct ExecutionConfig {
     /// execution ends `canceled` anyway, in milliseconds (REFERENCE.md 7, "Pause, stop, delete").
     /// A graceful stop waits for its dispatched tasks' own deadlines instead. Default 30000.
     pub stop_drain_ms: u64,
+    /// How much of the model's context window (`context_window_tokens` of its provider table
+    /// entry) the next request may fill before compaction runs first, in percent, 1 to 100
+    /// (REFERENCE.md 13, trigger `usage`: the provider's own input token count of the last round
+    /// plus the estimated tail). Default 80.
+    pub compaction_threshold_percent: u64,
+    /// The byte bound of one model request's canonical JSON (messages and tools), in bytes; a
+    /// larger request is compacted first (REFERENCE.md 13, trigger `wall`, `context_overflow`).
+    /// Default 8388608 (8 MiB).
+    pub request_bytes_bound: u64,
 }
 
 impl Default for ExecutionConfig {
@@ -124,6 +133,8 @@ impl Default for ExecutionConfig {
             default_task_timeout_ms: crate::declaration::DEFAULT_TIMEOUT_MS,
             approval_hold_ms: crate::execution::approval::APPROVAL_HOLD_MS,
             stop_drain_ms: crate::execution::control::STOP_DRAIN_MS,
+            compaction_threshold_percent: crate::execution::compaction::THRESHOLD_PERCENT,
+            request_bytes_bound: crate::execution::compaction::REQUEST_BYTES_BOUND,
         }
     }
 }
@@ -336,6 +347,12 @@ impl ServerConfig {
         }
         if self.execution.stop_drain_ms == 0 {
             return invalid("execution.stop_drain_ms", "must be positive");
+        }
+        if !(1..=100).contains(&self.execution.compaction_threshold_percent) {
+            return invalid("execution.compaction_threshold_percent", "must be a percentage from 1 to 100");
+        }
+        if self.execution.request_bytes_bound == 0 {
+            return invalid("execution.request_bytes_bound", "must be positive");
         }
         if self.doors.requests_per_minute == 0 || self.doors.burst == 0 {
             return invalid("doors", "requests_per_minute and burst must be positive");

@@ -10,6 +10,7 @@
 
 pub mod approval;
 pub mod brake;
+pub mod compaction;
 pub mod control;
 pub mod hooks;
 pub mod kernel;
@@ -117,6 +118,8 @@ pub enum ExecutionMsg {
         /// The task after the repair.
         reply: RpcReplyPort<Result<TaskRow, Refusal>>,
     },
+    /// The manual compaction door, and the kernel summarizer's answers ([`compaction`]).
+    Compaction(compaction::CompactionMsg),
 }
 
 /// Arguments: which execution.
@@ -151,6 +154,8 @@ pub struct ExecutionState {
     control: control::ControlState,
     /// Lifecycle hook bookkeeping ([`hooks`]).
     hooks: hooks::HookState,
+    /// Compaction bookkeeping ([`compaction`]).
+    compaction: compaction::CompactionState,
 }
 
 /// The ExecutionActor.
@@ -168,8 +173,9 @@ impl Actor for ExecutionActor {
     ) -> Result<ExecutionState, ActorProcessingErr> {
         let store = &args.fabric.store;
         let row = store.execution(args.public_id).await?.ok_or_else(|| format!("no execution {}", args.public_id))?;
-        let transcript: Vec<ChatMessage> = serde_json::from_value(row.transcript.clone())?;
-        let declaration: Option<FrozenDeclaration> = row.declaration.clone().map(serde_json::from_value).transpose()?;
+        let mut row = row;
+        let transcript: Vec<ChatMessage> = serde_json::from_value(std::mem::take(&mut row.transcript))?;
+        let declaration: Option<FrozenDeclaration> = row.declaration.take().map(serde_json::from_value).transpose()?;
         // Calls whose results the model has not read yet: the current round's tasks that are not
         // in the transcript.
         let answered: HashSet<&str> = transcript
@@ -181,6 +187,8 @@ impl Actor for ExecutionActor {
             .collect();
         // Hook tasks are rebuilt apart: their settlement is narrated once judged ([`hooks`]).
         let (hook_tasks, tasks) = hooks::split(store.tasks_of(args.public_id).await?);
+        // So are compaction's summary tasks ([`compaction`]): the model never reads them.
+        let (summary_tasks, tasks) = compaction::split(tasks);
         // A task settles in its executor first and is narrated here after; a crash between the
         // two leaves a settled task with no `task_status` event. Recovery writes what is missing,
         // so every settlement reaches the feed exactly once.
@@ -212,11 +220,13 @@ impl Actor for ExecutionActor {
             model_index,
             control: control::ControlState::default(),
             hooks: hooks::HookState::default(),
+            compaction: compaction::CompactionState::default(),
         };
         for task in &unnarrated {
             emit(&mut state, "task_status", task_status_data(task));
         }
         hooks::rebuild(&mut state, hook_tasks, &history);
+        compaction::rebuild(&myself, &mut state, summary_tasks, &history);
         // Parked tasks keep their durable holds across a restart.
         approval::rearm(&myself, &mut state);
         Ok(state)
@@ -343,6 +353,7 @@ impl Actor for ExecutionActor {
                     }
                 }
             }
+            ExecutionMsg::Compaction(msg) => compaction::handle(&myself, state, msg).await?,
         }
         if run_status_is_quiescent(&state.row.status) && state.pending.values().all(TaskRow::is_settled) {
             myself.stop(None);
@@ -361,7 +372,12 @@ async fn save(state: &mut ExecutionState, new_tasks: &[TaskRow]) -> Result<(), A
     state.row.transcript = serde_json::to_value(&state.transcript)?;
     state.row.declaration = state.declaration.as_ref().map(serde_json::to_value).transpose()?;
     let events = std::mem::take(&mut state.events);
-    state.fabric.store.save_execution(&state.row, new_tasks, &events).await?;
+    let written = state.fabric.store.save_execution(&state.row, new_tasks, &events).await;
+    // The actor keeps the transcript and the declaration in their typed forms; their JSON copies
+    // on the row exist only for the write (an idle execution holds one copy, not two).
+    state.row.transcript = Value::Null;
+    state.row.declaration = None;
+    written?;
     state.fabric.events.publish(state.row.public_id, state.row.event_seq);
     if run_status_is_quiescent(&state.row.status) {
         state.fabric.events.close(state.row.public_id);
@@ -372,7 +388,7 @@ async fn save(state: &mut ExecutionState, new_tasks: &[TaskRow]) -> Result<(), A
 fn task_status_data(task: &TaskRow) -> Value {
     let mut data = json!({
         "task_key": task.task_key,
-        "kind": "tool_task",
+        "kind": if task.kind == "model_task" { "model_task" } else { "tool_task" },
         "status": task.status,
         "tool_name": task.callable_name,
         "served_name": task.tool_name,
@@ -435,6 +451,8 @@ async fn advance(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) ->
             if !hooks::judge_settled(state).await? {
                 return Ok(());
             }
+            // A settled summary task is compaction's to apply, never a tool result.
+            compaction::collect(state);
             if let Some(ChatMessage::Assistant { content, tool_calls }) = state.transcript.last()
                 && tool_calls.is_empty()
             {
@@ -450,7 +468,10 @@ async fn advance(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) ->
                     .transcript
                     .push(ChatMessage::Tool { tool_call_id: task.tool_call_id.clone(), content: result_text(task) });
             }
-            if hooks::gate(myself, state, hooks::HookEvent::TurnStart).await? == hooks::Gate::Open {
+            // Compaction runs at the boundary, before the next model request (REFERENCE.md 13).
+            if hooks::gate(myself, state, hooks::HookEvent::TurnStart).await? == hooks::Gate::Open
+                && compaction::gate(myself, state).await? == hooks::Gate::Open
+            {
                 start_round(myself, state).await?;
             }
         }
@@ -472,7 +493,7 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
     let profile = store.profile(state.row.member_public_id).await?.unwrap_or_default();
     let models = &state.fabric.models;
     let check = |reference: &str| models.check(reference);
-    let (configuration, system_prompt) = match &input.execution_declaration {
+    let (configuration, system_prompt, summarizer) = match &input.execution_declaration {
         Some(inline) => {
             let Some(object) = inline.as_object() else {
                 return end_refused(
@@ -482,12 +503,12 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
                 .await;
             };
             match validate_execution_declaration(object, &check) {
-                Ok(validated) => (validated.configuration, validated.system_prompt),
+                Ok(validated) => (validated.configuration, validated.system_prompt, validated.summarizer),
                 Err(refusal) => return end_refused(state, &refusal).await,
             }
         }
         None => match profile.configuration.clone() {
-            Some(configuration) => (configuration, profile.system_prompt.clone()),
+            Some(configuration) => (configuration, profile.system_prompt.clone(), profile.summarizer.clone()),
             None => {
                 let refusal =
                     Refusal::new(ErrorCode::ValidationFailed, "the answering profile has not declared a configuration");
@@ -505,7 +526,7 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
         &runners,
         tool_names.as_deref(),
     ) {
-        Ok(frozen) => frozen,
+        Ok(frozen) => frozen.with_summarizer(summarizer),
         Err(refusal) => return end_refused(state, &refusal).await,
     };
     if frozen.default_model.is_none() {
@@ -700,6 +721,7 @@ async fn model_done(
             "usage",
             json!({"round": round, "model": model, "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}),
         );
+        compaction::observe_usage(state, round, usage.input_tokens);
     }
     if response.tool_calls.is_empty() {
         let text = response.text.clone().unwrap_or_default();
@@ -814,6 +836,10 @@ async fn model_failed(
         // The same round again, on the next route.
         state.row.round -= 1;
         return start_round(myself, state).await;
+    }
+    // A request too long for the model is compacted and asked again, when the policy allows.
+    if failure.key == "provider_context_overflow" && compaction::overflow(myself, state).await? {
+        return Ok(());
     }
     let mut message = format!("{model}: {} (after {} attempt(s))", failure.error, failure.attempts);
     if let Some(quality) = failure.error.finish_quality() {

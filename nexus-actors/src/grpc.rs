@@ -18,7 +18,8 @@ use nexus_proto::agent::v1::{
     PromptDocumentRequest, StopExecutionRequest, StreamEventsRequest, TaskDecisionRequest,
 };
 use nexus_proto::agent::v1::{
-    EstimateContextRequest, PauseExecutionRequest, RegenerateExecutionRequest, ResumeExecutionRequest,
+    CompactExecutionRequest, EstimateContextRequest, PauseExecutionRequest, RegenerateExecutionRequest,
+    ResumeExecutionRequest,
 };
 use nexus_proto::runner::v1::runner_service_server::RunnerService;
 use nexus_proto::runner::v1::{NexusFrame, RunnerFrame};
@@ -379,5 +380,15 @@ impl AgentService for AgentGrpc {
         let id = decision_execution(&body.execution_public_id)?;
         empty_or_object(&body.body_json)?;
         Ok(reply(&self.api.abandon_task(&caller, id, &body.task_key).await.map_err(|r| r.to_status())?))
+    }
+
+    async fn compact_execution(
+        &self,
+        request: Request<CompactExecutionRequest>,
+    ) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let id = decision_execution(&request.get_ref().execution_public_id)?;
+        let accepted = self.api.compact(&caller, id).await.map_err(|r| r.to_status())?;
+        Ok(Response::new(JsonReply { body_json: accepted.to_string(), created: true }))
     }
 }

@@ -4,6 +4,7 @@
 //! codes"). Bodies are read as bytes and parsed here so that every failure has a spec word.
 
 pub mod approval;
+pub mod compaction;
 pub mod control;
 pub mod executions;
 pub mod repair;
@@ -76,6 +77,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .merge(approval::routes())
         .merge(control::routes())
         .merge(repair::routes())
+        .merge(compaction::routes())
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(api)

@@ -1191,6 +1191,51 @@ impl Store {
             })
             .await
     }
+
+    /// Starts a task that was written `waiting` (a compaction's summary task, REFERENCE.md 13):
+    /// writes its kind, names, input, target, effect profile, budget, status, start, deadline,
+    /// result, error key, settlement and approval fact as `task` holds them.
+    ///
+    /// The write is conditional: it applies only while the stored row is `waiting`, so a stop
+    /// that canceled the row first wins. Answers whether this write did.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn start_waiting_task(&self, task: &TaskRow) -> StoreResult<bool> {
+        let task = Arc::new(task.clone());
+        self.writer
+            .write(move |connection| {
+                let task = task.clone();
+                Box::pin(async move {
+                    let written = sqlx::query(
+                        "UPDATE tasks SET kind = $1, callable_name = $2, tool_name = $3, tool_input = $4, \
+                         target_executor_public_id = $5, effect_profile = $6, timeout_ms = $7, status = $8, \
+                         started_at = $9, deadline_at = $10, result = $11, error_key = $12, settled_at = $13, \
+                         approval = $14 WHERE run_public_id = $15 AND task_key = $16 AND status = 'waiting'",
+                    )
+                    .bind(&task.kind)
+                    .bind(&task.callable_name)
+                    .bind(&task.tool_name)
+                    .bind(task.tool_input.to_string())
+                    .bind(task.target_executor_public_id.map(|u| u.to_string()))
+                    .bind(task.effect_profile.as_ref().map(Value::to_string))
+                    .bind(task.timeout_ms)
+                    .bind(&task.status)
+                    .bind(task.started_at)
+                    .bind(task.deadline_at)
+                    .bind(task.result.as_ref().map(Value::to_string))
+                    .bind(&task.error_key)
+                    .bind(task.settled_at)
+                    .bind(task.approval.as_ref().map(Value::to_string))
+                    .bind(task.run_public_id.to_string())
+                    .bind(&task.task_key)
+                    .execute(&mut *connection)
+                    .await?;
+                    Ok(written.rows_affected() == 1)
+                })
+            })
+            .await
+    }
 }
 
 /// [`Store::update_task`]'s statements, on the writer's transaction.

@@ -111,6 +111,11 @@ error_codes! {
     HookError => ("hook_error", 422, FailedPrecondition),
     StopHookLimit => ("stop_hook_limit", 409, ResourceExhausted),
     HookRequiresModel => ("hook_requires_model", 409, FailedPrecondition),
+    // Compaction (13): the manual compaction door.
+    CompactionDisabled => ("compaction_disabled", 409, FailedPrecondition),
+    AlreadyCompacted => ("already_compacted", 409, FailedPrecondition),
+    NothingToCompact => ("nothing_to_compact", 409, FailedPrecondition),
+    TaskNotQueued => ("task_not_queued", 409, FailedPrecondition),
     // Tool assembly (4).
     RunnerNotDeclared => ("runner_not_declared", 422, InvalidArgument),
     RunnerNotEligible => ("runner_not_eligible", 422, InvalidArgument),

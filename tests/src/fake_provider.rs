@@ -62,6 +62,17 @@ pub enum Act {
     Status(u16),
     /// A 200 answer whose body stops after a first word: the connection is dropped mid-stream.
     CutStream,
+    /// The prompt does not fit the model: 400 with OpenAI `code: context_length_exceeded`, or
+    /// Anthropic `invalid_request_error` "prompt is too long" (`provider_context_overflow`).
+    ContextOverflow,
+    /// The inner act, reporting `input_tokens` as the request's prompt tokens (OpenAI
+    /// `usage.prompt_tokens`, Anthropic `usage.input_tokens`) instead of the usual 11.
+    WithUsage {
+        /// The prompt tokens to report.
+        input_tokens: u64,
+        /// What to answer.
+        act: Box<Act>,
+    },
 }
 
 /// One request the fake received.
@@ -274,17 +285,21 @@ fn error_body(wire: Wire, status: u16) -> Value {
 }
 
 fn openai_answer(request: &FakeRequest, act: Act) -> Response {
+    let (act, prompt_tokens) = match act {
+        Act::WithUsage { input_tokens, act } => (*act, input_tokens),
+        act => (act, 11),
+    };
     let chunk = |delta: Value, finish: Value| {
         json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
     };
-    let usage = json!({"id": "chatcmpl-fake", "choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 7}});
+    let usage = json!({"id": "chatcmpl-fake", "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 7}});
     let whole = |message: Value, finish: &str| {
         json_answer(
             200,
             json!({"id": "chatcmpl-fake", "object": "chat.completion",
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 11, "completion_tokens": 7}}),
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 7}}),
         )
     };
     let text_stream = |text: &str, finish: &str| {
@@ -371,12 +386,22 @@ fn openai_answer(request: &FakeRequest, act: Act) -> Response {
         Act::CutStream => {
             event_stream(vec![data(&chunk(json!({"role": "assistant", "content": "Hel"}), Value::Null))], true)
         }
+        Act::ContextOverflow => json_answer(
+            400,
+            json!({"error": {"message": "This model's maximum context length is 8192 tokens", "type": "invalid_request_error",
+                "code": "context_length_exceeded"}}),
+        ),
+        Act::WithUsage { .. } => nothing_scripted(request),
     }
 }
 
 fn anthropic_answer(request: &FakeRequest, act: Act) -> Response {
+    let (act, input_tokens) = match act {
+        Act::WithUsage { input_tokens, act } => (*act, input_tokens),
+        act => (act, 11),
+    };
     let start = json!({"type": "message_start", "message": {"id": "msg_fake", "type": "message", "role": "assistant",
-        "content": [], "model": request.model, "stop_reason": null, "usage": {"input_tokens": 11, "output_tokens": 1}}});
+        "content": [], "model": request.model, "stop_reason": null, "usage": {"input_tokens": input_tokens, "output_tokens": 1}}});
     let end = |stop_reason: &str| {
         [
             named(&json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": null},
@@ -400,7 +425,7 @@ fn anthropic_answer(request: &FakeRequest, act: Act) -> Response {
         json_answer(
             200,
             json!({"id": "msg_fake", "type": "message", "role": "assistant", "model": request.model,
-            "content": content, "stop_reason": stop_reason, "usage": {"input_tokens": 11, "output_tokens": 7}}),
+            "content": content, "stop_reason": stop_reason, "usage": {"input_tokens": input_tokens, "output_tokens": 7}}),
         )
     };
     let text_stream = |text: &str| {
@@ -477,5 +502,11 @@ fn anthropic_answer(request: &FakeRequest, act: Act) -> Response {
             ));
             event_stream(pieces, true)
         }
+        Act::ContextOverflow => json_answer(
+            400,
+            json!({"type": "error", "error": {"type": "invalid_request_error",
+                "message": "prompt is too long: 210000 tokens > 200000 maximum"}}),
+        ),
+        Act::WithUsage { .. } => nothing_scripted(request),
     }
 }

@@ -79,7 +79,7 @@ fn with_providers(config: &mut ServerConfig) {
     providers.insert(
         "veiled".into(),
         ProviderConfig {
-            models: BTreeMap::from([("secret".to_owned(), ModelConfig { hidden: true, script: None })]),
+            models: BTreeMap::from([("secret".to_owned(), ModelConfig { hidden: true, ..ModelConfig::default() })]),
             ..ProviderConfig::new(ProviderKind::Scripted)
         },
     );

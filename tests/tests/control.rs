@@ -538,6 +538,18 @@ async fn regeneration_reuses_the_frozen_declaration_after_a_profile_edit_or_take
     let fresh = f.turn("hi").await;
     assert_eq!(status_is(&f.server, fresh, "completed").await.final_text.as_deref(), Some("two: hi"));
 
+    // Admission stores an inline declaration as authored; materialization freezes it, not the
+    // standing profile (which now names `two`).
+    let authored = json!({"default_model": "scripted/one", "approval_mode": "bypass"});
+    let admitted =
+        http.post("/agent_api/v1/inputs", &json!({"text": "inline", "execution_declaration": authored})).await;
+    assert_eq!(admitted.status, 201, "{:?}", admitted.body);
+    let inline = Uuid::parse_str(admitted.body["execution_public_id"].as_str().expect("id")).expect("uuid");
+    let input = Uuid::parse_str(admitted.body["input_public_id"].as_str().expect("id")).expect("uuid");
+    let stored = f.server.store().input(input).await.expect("store").expect("input");
+    assert_eq!(stored.execution_declaration, Some(authored));
+    assert_eq!(status_is(&f.server, inline, "completed").await.final_text.as_deref(), Some("one: inline"));
+
     // A supplied declaration replaces the frozen one for the new execution (over gRPC).
     let mut client = client(&f.server).await;
     let request = RegenerateExecutionRequest {

@@ -411,8 +411,29 @@ pub struct FrozenDeclaration {
     pub runner_candidates: Vec<Value>,
     /// As declared; run by a later part of the fabric.
     pub lifecycle_hooks: Value,
+    /// `compaction_policy` as declared (REFERENCE.md 13), or null; run by
+    /// [`crate::execution::compaction`]. Absent in declarations frozen before it was captured.
+    #[serde(default)]
+    pub compaction_policy: Value,
+    /// The `summarizer` prompt document `{content, role}`, if any: the kernel summarizer's
+    /// instructions. Absent in declarations frozen before it was captured.
+    #[serde(default)]
+    pub summarizer: Option<Value>,
     /// Digest of this declaration's canonical JSON (without this field), for display.
     pub digest: String,
+}
+
+impl FrozenDeclaration {
+    /// The declaration with its `summarizer` document frozen beside it, and its digest taken
+    /// again over the whole.
+    #[must_use]
+    pub fn with_summarizer(mut self, summarizer: Option<Value>) -> Self {
+        self.summarizer = summarizer;
+        self.digest = String::new();
+        let bytes = serde_json::to_vec(&self).unwrap_or_default();
+        self.digest = hex::encode(Sha256::digest(&bytes));
+        self
+    }
 }
 
 /// Builds the qualified collision name: the first 49 characters of the served name, `__`, then 12
@@ -676,6 +697,8 @@ pub fn freeze(
         default_runner_executor_public_id: selected,
         runner_candidates,
         lifecycle_hooks: configuration["lifecycle_hooks"].clone(),
+        compaction_policy: configuration["compaction_policy"].clone(),
+        summarizer: None,
         digest: String::new(),
     };
     let bytes = serde_json::to_vec(&frozen).unwrap_or_default();

@@ -564,13 +564,13 @@ pub async fn resolve(
     let models = &fabric.models;
     let check = |reference: &str| models.check(reference);
     let inline = supplied.or(input.execution_declaration.as_ref());
-    let (configuration, system_prompt) = match inline {
+    let (configuration, system_prompt, summarizer) = match inline {
         Some(inline) => {
             let object = inline
                 .as_object()
                 .ok_or_else(|| Refusal::new(ErrorCode::ValidationFailed, "execution_declaration: must be an object"))?;
             let validated = validate_execution_declaration(object, &check)?;
-            (validated.configuration, validated.system_prompt)
+            (validated.configuration, validated.system_prompt, validated.summarizer)
         }
         None => {
             let profile = fabric.store.profile(input.member_public_id).await.map_err(internal)?.unwrap_or_default();
@@ -580,7 +580,7 @@ pub async fn resolve(
                     "configuration: the profile has not declared one; PUT /agent_api/v1/profile/configuration first",
                 )
             })?;
-            (configuration, profile.system_prompt)
+            (configuration, profile.system_prompt, profile.summarizer)
         }
     };
     let runners = runner_facts(&fabric.store, &configuration).await?;
@@ -592,7 +592,8 @@ pub async fn resolve(
         RunnerSelection::or_first_eligible(input.runner_executor_public_id),
         &runners,
         tool_names.as_deref(),
-    )?;
+    )?
+    .with_summarizer(summarizer);
     if frozen.default_model.is_none() {
         return Err(Refusal::new(ErrorCode::ValidationFailed, "default_model: the declaration names no model to run"));
     }

@@ -127,6 +127,8 @@ mod tests {
                 json!({"runner_executor_public_id": runner, "display_name": "w", "environment": {}}),
             ],
             lifecycle_hooks: Value::Null,
+            compaction_policy: Value::Null,
+            summarizer: None,
             digest: String::new(),
         }
     }

@@ -24,7 +24,8 @@
 //! [providers.local]
 //! kind = "openai_compatible"
 //! base_url = "http://127.0.0.1:11434/v1"          # Ollama; no api_key_env: no Authorization header
-//! models = { "qwen3:8b" = {}, "llama3.1:8b" = { hidden = true } }
+//! context_window_tokens = 32768                   # tokens; compaction measures requests against it
+//! models = { "qwen3:8b" = {}, "llama3.1:8b" = { hidden = true, context_window_tokens = 8192 } }
 //!
 //! [providers.anthropic]
 //! kind = "anthropic"                              # POST {base_url}/v1/messages
@@ -49,6 +50,9 @@ pub const SCRIPTED_PROVIDER: &str = "scripted";
 pub const OPENROUTER_PROVIDER: &str = "openrouter";
 /// Default for [`ProviderConfig::request_timeout_ms`]: 120 000 ms (two minutes).
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 120_000;
+/// The context window of a model whose provider and model entries name none, in tokens
+/// (128 000). Compaction measures a request against it (spec/REFERENCE.md 13).
+pub const DEFAULT_CONTEXT_WINDOW_TOKENS: u64 = 128_000;
 
 /// The provider table from the nexus config: provider name -> provider.
 ///
@@ -172,6 +176,12 @@ pub struct ProviderConfig {
     /// `2023-06-01`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anthropic_version: Option<String>,
+    /// `context_window_tokens`: the context window of this provider's models, in tokens (> 0),
+    /// unless a model's own entry names one. Compaction measures each request against it
+    /// (spec/REFERENCE.md 13: `usage` and `wall` triggers). Default
+    /// [`DEFAULT_CONTEXT_WINDOW_TOKENS`] (128 000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window_tokens: Option<u64>,
 }
 
 impl ProviderConfig {
@@ -189,7 +199,19 @@ impl ProviderConfig {
             stream: true,
             max_tokens: None,
             anthropic_version: None,
+            context_window_tokens: None,
         }
+    }
+
+    /// The context window of `model`, in tokens: the model entry's `context_window_tokens`, else
+    /// the provider's, else [`DEFAULT_CONTEXT_WINDOW_TOKENS`].
+    #[must_use]
+    pub fn context_window_tokens(&self, model: &str) -> u64 {
+        self.models
+            .get(model)
+            .and_then(|m| m.context_window_tokens)
+            .or(self.context_window_tokens)
+            .unwrap_or(DEFAULT_CONTEXT_WINDOW_TOKENS)
     }
 }
 
@@ -207,6 +229,10 @@ pub struct ModelConfig {
     /// `<provider>/<model> has no script; input was: <input>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<PathBuf>,
+    /// `context_window_tokens`: this model's context window, in tokens (> 0); overrides the
+    /// provider's. Default none (the provider's, else [`DEFAULT_CONTEXT_WINDOW_TOKENS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window_tokens: Option<u64>,
 }
 
 fn default_true() -> bool {
@@ -249,7 +275,8 @@ request_timeout_ms = 120000
 [providers.local]
 kind = "openai_compatible"
 base_url = "http://127.0.0.1:11434/v1"
-models = { "qwen3:8b" = {}, "llama3.1:8b" = { hidden = true } }
+context_window_tokens = 32768
+models = { "qwen3:8b" = {}, "llama3.1:8b" = { hidden = true, context_window_tokens = 8192 } }
 
 [providers.anthropic]
 kind = "anthropic"
@@ -282,6 +309,9 @@ max_tokens = 8192
         assert!(!local.allow_any_model);
         assert_eq!(local.request_timeout_ms, DEFAULT_REQUEST_TIMEOUT_MS);
         assert!(local.models["llama3.1:8b"].hidden);
+        assert_eq!(local.context_window_tokens("qwen3:8b"), 32_768, "the provider's window");
+        assert_eq!(local.context_window_tokens("llama3.1:8b"), 8_192, "the model's own window");
+        assert_eq!(scripted.context_window_tokens("default"), DEFAULT_CONTEXT_WINDOW_TOKENS);
         assert!(!local.models["qwen3:8b"].hidden);
     }
 

@@ -139,6 +139,8 @@ pub struct ResolvedModel {
     pub model: String,
     /// The provider's client, shared by every model of the provider.
     pub client: Arc<dyn ModelProvider>,
+    /// The model's context window, in tokens ([`ProviderConfig::context_window_tokens`]).
+    pub context_window_tokens: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -220,6 +222,7 @@ impl ModelRegistry {
             provider: provider.to_owned(),
             model: model.to_owned(),
             client: Arc::clone(&entry.client),
+            context_window_tokens: config.context_window_tokens(model),
         })
     }
 
@@ -290,6 +293,9 @@ fn build_entry(
     }
     if config.max_tokens == Some(0) {
         return Err(invalid("max_tokens must be > 0 (output tokens; omit it for the default)"));
+    }
+    if config.context_window_tokens == Some(0) || config.models.values().any(|m| m.context_window_tokens == Some(0)) {
+        return Err(invalid("context_window_tokens must be > 0 (tokens; omit it for 128000)"));
     }
     if config.anthropic_version.is_some() && config.kind != ProviderKind::Anthropic {
         return Err(invalid("anthropic_version is for kind = \"anthropic\" only; remove it"));
@@ -408,7 +414,7 @@ mod tests {
                 base_url: Some("http://127.0.0.1:9/v1".into()),
                 models: BTreeMap::from([
                     ("open".into(), ModelConfig::default()),
-                    ("secret".into(), ModelConfig { hidden: true, script: None }),
+                    ("secret".into(), ModelConfig { hidden: true, ..ModelConfig::default() }),
                 ]),
                 ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
             },
@@ -540,7 +546,7 @@ mod tests {
         std::fs::write(&good, include_str!("../../../deploy/quickstart/script.json")).expect("write");
         let mut table = ProviderTable::default();
         let scripted = table.providers.get_mut("scripted").expect("builtin scripted");
-        scripted.models.insert("count".into(), ModelConfig { hidden: false, script: Some(good) });
+        scripted.models.insert("count".into(), ModelConfig { script: Some(good), ..ModelConfig::default() });
         let registry = ModelRegistry::new(table.clone(), no_env).expect("script loads");
         let resolved = registry.resolve("scripted/count").expect("resolves");
         let answer = resolved
@@ -592,7 +598,7 @@ mod tests {
                 ProviderConfig {
                     models: BTreeMap::from([(
                         "m".into(),
-                        ModelConfig { hidden: false, script: Some("s.json".into()) },
+                        ModelConfig { script: Some("s.json".into()), ..ModelConfig::default() },
                     )]),
                     ..openai()
                 },
@@ -608,6 +614,18 @@ mod tests {
                 ProviderConfig { models: BTreeMap::from([(String::new(), ModelConfig::default())]), ..openai() },
             ),
             ("zero_max_tokens", "p", ProviderConfig { max_tokens: Some(0), ..openai() }),
+            ("zero_context_window", "p", ProviderConfig { context_window_tokens: Some(0), ..openai() }),
+            (
+                "zero_model_context_window",
+                "p",
+                ProviderConfig {
+                    models: BTreeMap::from([(
+                        "m".into(),
+                        ModelConfig { context_window_tokens: Some(0), ..ModelConfig::default() },
+                    )]),
+                    ..openai()
+                },
+            ),
             (
                 "anthropic_version_on_openai",
                 "p",
@@ -637,5 +655,28 @@ mod tests {
         let fine =
             ProviderTable { providers: BTreeMap::from([("p".to_owned(), openai()), ("a".to_owned(), anthropic())]) };
         assert!(ModelRegistry::new(fine, no_env).is_ok());
+    }
+
+    #[test]
+    fn context_windows_come_from_the_model_then_the_provider_then_the_default() {
+        let mut table = ProviderTable::default();
+        table.providers.insert(
+            "w".into(),
+            ProviderConfig {
+                base_url: Some("http://127.0.0.1:9/v1".into()),
+                allow_any_model: true,
+                context_window_tokens: Some(32_000),
+                models: BTreeMap::from([(
+                    "small".into(),
+                    ModelConfig { context_window_tokens: Some(4_000), ..ModelConfig::default() },
+                )]),
+                ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
+            },
+        );
+        let registry = ModelRegistry::new(table, no_env).expect("valid");
+        let window = |reference: &str| registry.resolve(reference).expect("resolves").context_window_tokens;
+        assert_eq!(window("w/small"), 4_000, "the model's own window");
+        assert_eq!(window("w/any-other"), 32_000, "the provider's window");
+        assert_eq!(window("scripted/default"), crate::model::config::DEFAULT_CONTEXT_WINDOW_TOKENS);
     }
 }

@@ -1,0 +1,48 @@
+//! The manual compaction door (spec/REFERENCE.md 13, trigger `manual`): the HTTP door
+//! `POST /agent_api/v1/executions/{id}/compact` and its gRPC twin `CompactExecution` call this.
+//! The semantics are in [`crate::execution::compaction`].
+
+use std::time::Duration;
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use nexus_proto::Refusal;
+
+use super::{Api, Caller, unavailable};
+use crate::execution::ExecutionMsg;
+use crate::execution::compaction::CompactionMsg;
+
+impl Api {
+    /// `POST /agent_api/v1/executions/{id}/compact` (gRPC `CompactExecution`): asks for a
+    /// compaction of the execution's history before its next model round. Our executions have no
+    /// separate queued model task: the next round counts as queued while the execution runs, no
+    /// model call is out and its last answer was no final one (it waits for its tool calls, a hook
+    /// or an approval). The compaction is durable before this answers `{execution_public_id,
+    /// summary_task_key, task_key, trigger: "manual", mode, status: "waiting"}` (HTTP 202); it
+    /// runs, between `pre_compact` and `post_compact`, when the round is about to start.
+    ///
+    /// # Errors
+    /// 404 `not_found` for an unknown execution or one the caller does not own; 409
+    /// `compaction_disabled` (no `compaction_policy`, or mode `off`), `task_not_queued` (a model
+    /// call is out, an answer is ready, or the execution is not running), `already_compacted`
+    /// (the next round was compacted or is being compacted) and `nothing_to_compact` (the history
+    /// holds only pinned user messages and the retained tail); `unavailable` during shutdown.
+    pub async fn compact(&self, caller: &Caller, id: Uuid) -> Result<Value, Refusal> {
+        self.owned_execution(caller, id).await?;
+        // A quiet execution's actor may be stopping just now: Root forgets it within moments and
+        // the next lookup starts a fresh one from the store.
+        let mut attempts = 0;
+        loop {
+            let actor = self.root.execution(id).await?;
+            match ractor::call!(actor, |reply| ExecutionMsg::Compaction(CompactionMsg::Manual { reply })) {
+                Ok(answer) => return answer,
+                Err(_) if attempts < 10 => {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(_) => return Err(unavailable()),
+            }
+        }
+    }
+}

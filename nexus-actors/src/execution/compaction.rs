@@ -1,0 +1,1312 @@
+//! Compaction of an execution's context: the repair, not a policy (spec/REFERENCE.md 13; 11,
+//! `pre_compact`/`post_compact`; R70).
+//!
+//! # Policy
+//!
+//! The frozen declaration's `compaction_policy` `{mode: kernel|delegate|off, tool_name?, model?,
+//! reasoning_enabled?, reasoning_effort?}` applies to every round of the execution. A null or
+//! absent policy, or `mode: off`, compacts nothing: the typed refusal stands, so a provider's
+//! `provider_context_overflow` halts the execution as it always did, and no size check runs.
+//! `reasoning_enabled` and `reasoning_effort` are carried by the declaration but not sent: the
+//! model layer has no reasoning controls yet.
+//!
+//! # Triggers
+//!
+//! Compaction runs at a round boundary, before the next model request (the *source* round
+//! `r{n}`), and is recorded with its trigger:
+//! - `usage`: the provider's own input token count of the last round plus the tail added since
+//!   (that round's answer and tool results, estimated at [`ESTIMATE_BYTES_PER_TOKEN`] bytes per
+//!   token) is over `[execution] compaction_threshold_percent` of the model's window
+//!   (`context_window_tokens` in the provider table).
+//! - `wall`: the request's canonical JSON (messages and tools) is over `[execution]
+//!   request_bytes_bound` (`context_overflow`), or, when no provider count is known yet, its
+//!   estimate is over the model's window (`estimated_input_exceeds_model_limit`).
+//! - `overflow`: the provider rejected round `r{n}` for length (`provider_context_overflow`):
+//!   the round is compacted and asked again under the same number, without charging retry.
+//! - `manual`: `POST /agent_api/v1/executions/{id}/compact` ([`CompactionMsg::Manual`]).
+//!
+//! # The summary task
+//!
+//! Each compaction is one durable task `c{n}-summary` (the event's `summary_task_key`), written
+//! `waiting` when the compaction is decided. Once the `pre_compact` hook passes, the work starts:
+//! - `kernel`: a summarizer model call with no tools (a `model_task` row run in-process, never
+//!   offered to a runner): the `summarizer` prompt document as its system instructions (a
+//!   built-in text when the declaration has none), the history to compact rendered as one user
+//!   message, on the policy's `model` or else the execution's current model.
+//! - `delegate`: an ordinary `tool_call` inbox row addressed to the runner that serves
+//!   `tool_name` (the execution's runner first, then the other candidates), through the approval
+//!   stage with origin `kernel`, with `tool_input {history, retained_tail, run_public_id, task}`
+//!   of at most [`DELEGATE_INPUT_BOUND`] bytes (the oldest material is trimmed first). Its
+//!   committed `content` is the summary. When nobody answers (`tool_timeout`, `tool_uncertain`,
+//!   or no runner serves the tool: `tool_not_served`), the kernel summarizer runs once instead,
+//!   as `c{n}-summary-fallback`, and the event says `fallback_from: delegate` and
+//!   `fallback_reason`.
+//!
+//! The summary replaces the compacted messages with one assistant message headed
+//! [`SUMMARY_HEADER`], placed right before the retained tail; `context_compacted {run_public_id,
+//! task_key, summary_task_key, mode, trigger, fallback_from?, fallback_reason?,
+//! replaced_messages, retained_messages}` is written with the new transcript in one save, so the
+//! next round never reads a summary that is not durable. Then `post_compact` runs, and the
+//! source round starts.
+//!
+//! # What survives
+//!
+//! [`plan`] decides what is compacted. System messages (the documents) and every user message
+//! (the input and later feedback: the pinned user constraints) stay verbatim. The retained tail,
+//! the latest round from its assistant message on, stays verbatim, and so does every assistant
+//! message with a tool call whose result has not reached the model, with everything after it
+//! (unresolved obligations are never compacted away). What is left, earlier assistant messages
+//! (an earlier summary among them) and their tool results, is compacted; when nothing is left,
+//! there is nothing to compact.
+//!
+//! # At most once
+//!
+//! A source round is repaired at most once: a second trigger for it is ignored, and an overflow
+//! of a round already compacted halts with `provider_context_overflow`. A compaction that fails
+//! (the summarizer failed, the delegate answered an error or an empty summary) leaves the
+//! transcript as it was: the round then runs uncompacted, except after `overflow`, where the
+//! refusal stands and the execution halts.
+//!
+//! # Durability
+//!
+//! The summary task row, its `task_status` events (the first carries the compaction's facts:
+//! trigger, mode, overshoot) and `context_compacted` are the state. After a restart, [`rebuild`]
+//! finds the compaction of the next round where it stood: waiting for `pre_compact`, a delegate
+//! task out at its runner, a kernel summarizer call to ask again, a summary to apply, or
+//! `post_compact` to pass.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use nexus_proto::{ErrorCode, Refusal};
+
+use crate::declaration::approval::CallOrigin;
+use crate::declaration::{FrozenDeclaration, wire_projection};
+use crate::executor::commit::model_text;
+use crate::model::retry::call_with_retries;
+use crate::model::{ChatMessage, ModelFailure, ModelRequest, ModelResponse, ResolvedModel, RetryPolicy};
+use crate::store::{EventRow, TaskRow, now_ms};
+
+use super::control::ESTIMATE_BYTES_PER_TOKEN;
+use super::hooks::{self, CompactionTrigger, Gate, HookEvent};
+use super::{
+    ExecutionMsg, ExecutionState, TOOL_INPUT_BOUND, advance, approval, emit, halt, model_chain, next_available, save,
+    task_status_data,
+};
+
+/// The default of `[execution] compaction_threshold_percent`: compaction runs when the next
+/// request would fill more than 80 % of the model's context window.
+pub const THRESHOLD_PERCENT: u64 = 80;
+/// The default of `[execution] request_bytes_bound`: the byte bound of one model request's
+/// canonical JSON, 8 MiB.
+pub const REQUEST_BYTES_BOUND: u64 = 8 * 1024 * 1024;
+/// The largest `tool_input` of a delegate summary task, in bytes of JSON (64 KiB).
+pub const DELEGATE_INPUT_BOUND: usize = TOOL_INPUT_BOUND;
+/// The first line of the assistant message that replaces the compacted history.
+pub const SUMMARY_HEADER: &str = "Summary of the earlier part of this conversation (context compacted):";
+/// The callable name of a kernel summary task.
+pub const SUMMARIZER: &str = "summarizer";
+/// The summarizer's instructions when the declaration has no `summarizer` document.
+pub const DEFAULT_INSTRUCTIONS: &str = "You compact the history of an agent's conversation. Write a concise summary \
+     from which the agent can continue the work without the original messages: keep every decision, fact learned, \
+     open question and obligation, and pointers to results (file paths, identifiers, commands, URLs). The user's \
+     messages are kept verbatim elsewhere; do not repeat them. Answer with the summary only.";
+
+/// How a compaction produces its summary (REFERENCE.md 13, "Modes").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A summarizer model call with no tools.
+    Kernel,
+    /// An inbox task to the runner serving the policy's `tool_name`.
+    Delegate,
+}
+
+impl Mode {
+    /// The spec's word: `kernel` or `delegate`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Mode::Kernel => "kernel",
+            Mode::Delegate => "delegate",
+        }
+    }
+}
+
+/// An enabled `compaction_policy`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// `kernel` or `delegate`.
+    pub mode: Mode,
+    /// The delegate's tool (required by the grammar for `delegate`).
+    pub tool_name: Option<String>,
+    /// The kernel summarizer's model reference; the execution's current model when absent.
+    pub model: Option<String>,
+}
+
+/// The enabled policy of a declaration; `None` for a null or absent policy and for `mode: off`.
+pub fn policy(declaration: &FrozenDeclaration) -> Option<Policy> {
+    let policy = &declaration.compaction_policy;
+    let mode = match policy["mode"].as_str()? {
+        "kernel" => Mode::Kernel,
+        "delegate" => Mode::Delegate,
+        _ => return None,
+    };
+    let text = |key: &str| policy[key].as_str().filter(|s| !s.is_empty()).map(str::to_owned);
+    Some(Policy { mode, tool_name: text("tool_name"), model: text("model") })
+}
+
+/// The key of the summary task of source round `source`: `c{source}-summary`.
+pub fn summary_key(source: i64) -> String {
+    format!("c{source}-summary")
+}
+
+/// The key of the kernel fallback of a delegate nobody answered: `c{source}-summary-fallback`.
+pub fn fallback_key(source: i64) -> String {
+    format!("c{source}-summary-fallback")
+}
+
+/// The source round of a summary task's key, and whether it is the fallback; `None` for any
+/// other key.
+pub fn parse_key(key: &str) -> Option<(i64, bool)> {
+    let rest = key.strip_prefix('c')?;
+    let (round, fallback) = match rest.strip_suffix("-summary-fallback") {
+        Some(round) => (round, true),
+        None => (rest.strip_suffix("-summary")?, false),
+    };
+    if round.is_empty() || !round.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((round.parse().ok()?, fallback))
+}
+
+/// Whether `task_key` names a compaction's summary task.
+pub fn is_summary_key(task_key: &str) -> bool {
+    parse_key(task_key).is_some()
+}
+
+/// What one compaction replaces: the messages before `tail_start` that are neither system nor
+/// user messages. Everything from `tail_start` on is the retained tail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The first message of the retained tail.
+    pub tail_start: usize,
+    /// The indices of the compacted messages, in order.
+    pub compacted: Vec<usize>,
+}
+
+/// Plans the compaction of `transcript` (see the module docs, "What survives"); `None` when there
+/// is nothing to compact.
+pub fn plan(transcript: &[ChatMessage]) -> Option<Plan> {
+    let answered: HashSet<&str> = transcript
+        .iter()
+        .filter_map(|m| match m {
+            ChatMessage::Tool { tool_call_id, .. } => Some(tool_call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    let last_round = transcript.iter().rposition(|m| matches!(m, ChatMessage::Assistant { .. }))?;
+    let unresolved = transcript.iter().position(|m| match m {
+        ChatMessage::Assistant { tool_calls, .. } => tool_calls.iter().any(|c| !answered.contains(c.id.as_str())),
+        _ => false,
+    });
+    let tail_start = unresolved.map_or(last_round, |first| first.min(last_round));
+    let compacted: Vec<usize> = transcript[..tail_start]
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| matches!(m, ChatMessage::Assistant { .. } | ChatMessage::Tool { .. }))
+        .map(|(i, _)| i)
+        .collect();
+    (!compacted.is_empty()).then_some(Plan { tail_start, compacted })
+}
+
+/// The transcript after compaction: the system and user messages before the tail as they were,
+/// then one assistant message carrying `summary` under [`SUMMARY_HEADER`], then the tail.
+pub fn compacted_transcript(transcript: &[ChatMessage], plan: &Plan, summary: &str) -> Vec<ChatMessage> {
+    let mut out: Vec<ChatMessage> = transcript[..plan.tail_start]
+        .iter()
+        .filter(|m| matches!(m, ChatMessage::System { .. } | ChatMessage::User { .. }))
+        .cloned()
+        .collect();
+    out.push(ChatMessage::Assistant {
+        content: Some(format!("{SUMMARY_HEADER}\n\n{}", summary.trim())),
+        tool_calls: vec![],
+    });
+    out.extend(transcript[plan.tail_start..].iter().cloned());
+    out
+}
+
+/// One message as the kernel summarizer reads it.
+fn render(message: &ChatMessage) -> String {
+    match message {
+        ChatMessage::System { content } => format!("[system] {content}"),
+        ChatMessage::User { content } => format!("[user, kept verbatim] {content}"),
+        ChatMessage::Assistant { content, tool_calls } => {
+            let mut lines = Vec::new();
+            if let Some(text) = content.as_deref().filter(|t| !t.is_empty()) {
+                lines.push(format!("[assistant] {text}"));
+            }
+            for call in tool_calls {
+                lines.push(format!("[assistant called {} as {}] {}", call.name, call.id, call.arguments));
+            }
+            lines.join("\n")
+        }
+        ChatMessage::Tool { tool_call_id, content } => format!("[result of {tool_call_id}] {content}"),
+    }
+}
+
+/// The kernel summarizer's user message over the history before the tail, at most `bound`
+/// bytes: the oldest messages are trimmed first.
+fn summarizer_input(transcript: &[ChatMessage], plan: &Plan, bound: usize) -> String {
+    let mut entries: Vec<String> =
+        transcript[..plan.tail_start].iter().filter(|m| !matches!(m, ChatMessage::System { .. })).map(render).collect();
+    let head = "Summarize this conversation history:\n\n";
+    let mut size: usize = head.len() + entries.iter().map(|e| e.len() + 2).sum::<usize>();
+    let mut trimmed = 0;
+    while size > bound && !entries.is_empty() {
+        size -= entries.remove(0).len() + 2;
+        trimmed += 1;
+    }
+    let mut text = head.to_owned();
+    if trimmed > 0 {
+        text.push_str(&format!("[{trimmed} older message(s) trimmed]\n\n"));
+    }
+    text.push_str(&entries.join("\n\n"));
+    text
+}
+
+/// The delegate's `tool_input {history, retained_tail, run_public_id, task}`: the history before
+/// the tail (system messages aside) and the tail, as stored messages, within `bound` bytes of
+/// JSON, the oldest history trimmed first, then the oldest of the tail.
+pub fn delegate_input(transcript: &[ChatMessage], plan: &Plan, run: uuid::Uuid, task: &str, bound: usize) -> Value {
+    let as_values = |messages: &[ChatMessage]| -> Vec<Value> {
+        messages
+            .iter()
+            .filter(|m| !matches!(m, ChatMessage::System { .. }))
+            .filter_map(|m| serde_json::to_value(m).ok())
+            .collect()
+    };
+    let mut history = as_values(&transcript[..plan.tail_start]);
+    let mut tail = as_values(&transcript[plan.tail_start..]);
+    let shape = |history: &[Value], tail: &[Value]| json!({"history": history, "retained_tail": tail, "run_public_id": run, "task": task});
+    let base = shape(&[], &[]).to_string().len();
+    let cost = |v: &Value| v.to_string().len() + 1;
+    let mut size = base + history.iter().map(cost).sum::<usize>() + tail.iter().map(cost).sum::<usize>();
+    while size > bound && !history.is_empty() {
+        size -= cost(&history.remove(0));
+    }
+    while size > bound && !tail.is_empty() {
+        size -= cost(&tail.remove(0));
+    }
+    shape(&history, &tail)
+}
+
+/// The messages of an ExecutionActor that concern compaction ([`ExecutionMsg::Compaction`]).
+pub enum CompactionMsg {
+    /// A person asks for a compaction before the next round (the manual door). Answers
+    /// `{execution_public_id, summary_task_key, task_key, trigger, mode, status}`, or 409
+    /// `compaction_disabled`, `task_not_queued`, `already_compacted` or `nothing_to_compact`.
+    Manual {
+        /// The acceptance, or the refusal.
+        reply: RpcReplyPort<Result<Value, Refusal>>,
+    },
+    /// A kernel summarizer call finished.
+    SummaryDone {
+        /// The summary task it ran for.
+        task_key: String,
+        /// The model reference that answered.
+        model: String,
+        /// The answer.
+        result: Result<ModelResponse, ModelFailure>,
+    },
+}
+
+/// Where the compaction of the next round stands.
+#[derive(Debug)]
+enum Phase {
+    /// Decided and written; `pre_compact` comes first.
+    Waiting,
+    /// The summary task is out (in the pending set).
+    Working,
+    /// The summary task settled; its result is applied, falls back, or fails the compaction.
+    Settled(Box<TaskRow>),
+    /// The summary replaced the history; `post_compact` comes next.
+    Applied,
+}
+
+/// The compaction in progress, for source round `source`.
+#[derive(Debug)]
+struct Active {
+    source: i64,
+    trigger: CompactionTrigger,
+    overshoot_bytes: Option<u64>,
+    overshoot_tokens: Option<u64>,
+    /// `Some(reason)` once the kernel summarizer runs instead of a delegate nobody answered.
+    fallback_reason: Option<String>,
+    phase: Phase,
+}
+
+/// The in-memory side of compaction, rebuilt from the store by [`rebuild`].
+#[derive(Debug, Default)]
+pub struct CompactionState {
+    active: Option<Active>,
+    /// Source rounds that were compacted already, or tried to be (at most once each).
+    attempted: BTreeSet<i64>,
+    /// The last round's provider token count: `(round, input_tokens)`.
+    usage: Option<(i64, u64)>,
+    /// The kernel summarizer call in flight.
+    call: Option<JoinHandle<()>>,
+}
+
+impl Drop for CompactionState {
+    fn drop(&mut self) {
+        if let Some(call) = self.call.take() {
+            call.abort();
+        }
+    }
+}
+
+fn trigger_of(word: &str) -> Option<CompactionTrigger> {
+    [CompactionTrigger::Manual, CompactionTrigger::Usage, CompactionTrigger::Wall, CompactionTrigger::Overflow]
+        .into_iter()
+        .find(|t| t.word() == word)
+}
+
+/// The `compaction` fact on a summary task's `task_status` events.
+fn fact(active: &Active, mode: Mode) -> Value {
+    let mut fact =
+        json!({"task_key": format!("r{}", active.source), "trigger": active.trigger.word(), "mode": mode.word()});
+    if let Some(bytes) = active.overshoot_bytes {
+        fact["overshoot_bytes"] = json!(bytes);
+    }
+    if let Some(tokens) = active.overshoot_tokens {
+        fact["overshoot_tokens"] = json!(tokens);
+    }
+    if let Some(reason) = &active.fallback_reason {
+        fact["fallback_from"] = json!(Mode::Delegate.word());
+        fact["fallback_reason"] = json!(reason);
+    }
+    fact
+}
+
+/// Separates the summary tasks (first) from the others (second).
+pub(super) fn split(tasks: Vec<TaskRow>) -> (Vec<TaskRow>, Vec<TaskRow>) {
+    tasks.into_iter().partition(|task| is_summary_key(&task.task_key))
+}
+
+/// Records the provider's own input token count of model round `round` (the `usage` trigger).
+pub(super) fn observe_usage(state: &mut ExecutionState, round: i64, input_tokens: u64) {
+    state.compaction.usage = Some((round, input_tokens));
+}
+
+/// Rebuilds the compaction state after a restart from the execution's summary tasks and event
+/// log (see the module docs, "Durability"), narrating a settlement that a crash left unnarrated.
+/// A kernel summarizer call the restart lost is asked again.
+pub(super) fn rebuild(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+    summary_tasks: Vec<TaskRow>,
+    history: &[EventRow],
+) {
+    state.compaction.usage = history
+        .iter()
+        .rev()
+        .filter(|e| e.event_type == "usage" && e.data.get("summary_task_key").is_none())
+        .find_map(|e| Some((e.data["round"].as_i64()?, e.data["input_tokens"].as_u64()?)));
+    let mut narrated: HashSet<&str> = HashSet::new();
+    let mut facts: HashMap<&str, &Value> = HashMap::new();
+    let mut applied: HashSet<&str> = HashSet::new();
+    for event in history {
+        let key = event.data["task_key"].as_str().unwrap_or_default();
+        match event.event_type.as_str() {
+            "task_status" if is_summary_key(key) => {
+                if event.data["status"].as_str().is_some_and(super::task_status_is_settled) {
+                    narrated.insert(key);
+                }
+                if event.data["compaction"].is_object() {
+                    facts.entry(key).or_insert(&event.data["compaction"]);
+                }
+            }
+            "context_compacted" => {
+                if let Some(summary) = event.data["summary_task_key"].as_str() {
+                    applied.insert(summary);
+                }
+            }
+            _ => {}
+        }
+    }
+    let source = state.row.round + 1;
+    let mut current: Option<TaskRow> = None;
+    for task in summary_tasks {
+        let Some((round, fallback)) = parse_key(&task.task_key) else { continue };
+        state.compaction.attempted.insert(round);
+        if task.is_settled() && !narrated.contains(task.task_key.as_str()) {
+            emit(state, "task_status", task_status_data(&task));
+        }
+        if round == source && (fallback || current.is_none()) {
+            current = Some(task);
+        }
+    }
+    let Some(task) = current else { return };
+    let primary = facts.get(summary_key(source).as_str()).copied().cloned().unwrap_or(Value::Null);
+    let fallback = facts.get(fallback_key(source).as_str()).copied().cloned().unwrap_or(Value::Null);
+    let phase = if applied.contains(task.task_key.as_str()) {
+        Phase::Applied
+    } else if task.status == "waiting" {
+        Phase::Waiting
+    } else if task.is_settled() {
+        Phase::Settled(Box::new(task.clone()))
+    } else {
+        Phase::Working
+    };
+    state.compaction.active = Some(Active {
+        source,
+        trigger: primary["trigger"].as_str().and_then(trigger_of).unwrap_or(CompactionTrigger::Manual),
+        overshoot_bytes: primary["overshoot_bytes"].as_u64(),
+        overshoot_tokens: primary["overshoot_tokens"].as_u64(),
+        fallback_reason: fallback["fallback_reason"].as_str().map(str::to_owned),
+        phase,
+    });
+    if matches!(state.compaction.active.as_ref().map(|a| &a.phase), Some(Phase::Working)) {
+        let kernel_call = task.kind == "model_task" && task.status == "running";
+        state.pending.insert(task.task_key.clone(), task.clone());
+        if kernel_call && matches!(state.row.status.as_str(), "running" | "paused") {
+            let model = task.tool_input["model"].as_str().and_then(|m| state.fabric.models.resolve(m).ok());
+            match (model, plan(&state.transcript)) {
+                (Some(model), Some(plan)) => {
+                    tracing::info!(execution_id = %state.row.public_id, task_key = %task.task_key, "summarizer asked again after a restart");
+                    spawn_summarizer(myself, state, &task.task_key, model, &plan);
+                }
+                _ => {
+                    // Nothing to ask again with: the model is gone, or so is the history.
+                    let _ = myself.cast(ExecutionMsg::Compaction(CompactionMsg::SummaryDone {
+                        task_key: task.task_key.clone(),
+                        model: task.tool_input["model"].as_str().unwrap_or_default().to_owned(),
+                        result: Err(unavailable_failure("the summarizer's model no longer resolves")),
+                    }));
+                }
+            }
+        }
+    }
+}
+
+fn unavailable_failure(message: &str) -> ModelFailure {
+    ModelFailure {
+        error: crate::model::ModelError::ModelUnavailable { status: 404, message: message.to_owned() },
+        key: "provider_model_unavailable",
+        advance: None,
+        category: None,
+        attempts: 1,
+    }
+}
+
+/// Takes the settled summary task out of the pending set, so its result is never read as a tool
+/// result; the boundary ([`gate`]) applies it.
+pub(super) fn collect(state: &mut ExecutionState) {
+    let keys: Vec<String> =
+        state.pending.iter().filter(|(k, t)| is_summary_key(k) && t.is_settled()).map(|(k, _)| k.clone()).collect();
+    for key in keys {
+        let Some(task) = state.pending.remove(&key) else { continue };
+        let source = parse_key(&key).map(|(round, _)| round);
+        if let Some(active) = state.compaction.active.as_mut().filter(|a| Some(a.source) == source) {
+            active.phase = Phase::Settled(Box::new(task));
+        }
+    }
+}
+
+/// The boundary before the next model round: starts a compaction when a trigger fires, and
+/// drives the one in progress. [`Gate::Open`] lets the round start now; [`Gate::Held`] means the
+/// compaction (or a hook around it) is out, and the driver is re-entered when it comes back.
+///
+/// # Errors
+/// A store failure, which stops the actor (it reloads from the store on next use).
+pub(super) async fn gate(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+) -> Result<Gate, ActorProcessingErr> {
+    let source = state.row.round + 1;
+    if state.compaction.active.as_ref().is_some_and(|a| a.source != source) {
+        state.compaction.active = None;
+    }
+    if state.compaction.active.is_none() {
+        let Some((trigger, overshoot_bytes, overshoot_tokens)) = detect(state, source) else { return Ok(Gate::Open) };
+        begin(state, source, trigger, overshoot_bytes, overshoot_tokens).await?;
+    }
+    drive(myself, state).await
+}
+
+/// Whether round `source` must be compacted before it runs: `(trigger, overshoot_bytes,
+/// overshoot_tokens)`.
+fn detect(state: &ExecutionState, source: i64) -> Option<(CompactionTrigger, Option<u64>, Option<u64>)> {
+    let declaration = state.declaration.as_ref()?;
+    policy(declaration)?;
+    if state.compaction.attempted.contains(&source) {
+        return None;
+    }
+    let plan = plan(&state.transcript)?;
+    let (_, model) = next_available(state, &model_chain(declaration), state.model_index)?;
+    let window = model.context_window_tokens;
+    let config = &state.fabric.config.execution;
+    let tools = wire_projection(&declaration.tools);
+    let bytes =
+        serde_json::to_vec(&json!({"messages": state.transcript, "tools": tools})).map_or(0, |b| b.len()) as u64;
+    if bytes > config.request_bytes_bound {
+        return Some((CompactionTrigger::Wall, Some(bytes - config.request_bytes_bound), None));
+    }
+    let tokens = |bytes: u64| bytes.div_ceil(ESTIMATE_BYTES_PER_TOKEN as u64);
+    match state.compaction.usage {
+        Some((round, input_tokens)) if round == state.row.round => {
+            let tail = serde_json::to_vec(&state.transcript[plan.tail_start..]).map_or(0, |b| b.len()) as u64;
+            let threshold = window.saturating_mul(config.compaction_threshold_percent) / 100;
+            let total = input_tokens.saturating_add(tokens(tail));
+            (total > threshold).then(|| (CompactionTrigger::Usage, None, Some(total - threshold)))
+        }
+        _ => {
+            let estimated = tokens(bytes);
+            (estimated > window).then(|| (CompactionTrigger::Wall, None, Some(estimated - window)))
+        }
+    }
+}
+
+/// Decides a compaction of round `source`: writes its summary task `waiting`, with the
+/// compaction's facts on its `task_status`.
+async fn begin(
+    state: &mut ExecutionState,
+    source: i64,
+    trigger: CompactionTrigger,
+    overshoot_bytes: Option<u64>,
+    overshoot_tokens: Option<u64>,
+) -> Result<TaskRow, ActorProcessingErr> {
+    let mode = state.declaration.as_ref().and_then(policy).map_or(Mode::Kernel, |p| p.mode);
+    let active =
+        Active { source, trigger, overshoot_bytes, overshoot_tokens, fallback_reason: None, phase: Phase::Waiting };
+    let task = waiting_task(state, &summary_key(source), mode);
+    tracing::info!(
+        execution_id = %state.row.public_id, source, trigger = trigger.word(), mode = mode.word(), "compaction decided"
+    );
+    let mut data = task_status_data(&task);
+    data["compaction"] = fact(&active, mode);
+    state.compaction.attempted.insert(source);
+    state.compaction.active = Some(active);
+    emit(state, "task_status", data);
+    save(state, std::slice::from_ref(&task)).await?;
+    Ok(task)
+}
+
+fn waiting_task(state: &ExecutionState, key: &str, mode: Mode) -> TaskRow {
+    let now = now_ms();
+    let name = match mode {
+        Mode::Kernel => SUMMARIZER.to_owned(),
+        Mode::Delegate => {
+            state.declaration.as_ref().and_then(policy).and_then(|p| p.tool_name).unwrap_or_else(|| SUMMARIZER.into())
+        }
+    };
+    TaskRow {
+        run_public_id: state.row.public_id,
+        task_key: key.to_owned(),
+        kind: match mode {
+            Mode::Kernel => "model_task".into(),
+            Mode::Delegate => "tool_call".into(),
+        },
+        round: state.row.round,
+        callable_name: name.clone(),
+        tool_name: name,
+        tool_input: json!({}),
+        tool_call_id: key.to_owned(),
+        target_executor_public_id: None,
+        effect_profile: None,
+        timeout_ms: i64::try_from(state.fabric.config.execution.default_task_timeout_ms).unwrap_or(i64::MAX),
+        status: "waiting".into(),
+        claimed: false,
+        claim_token_digest: None,
+        started_at: now,
+        deadline_at: now,
+        result: None,
+        error_key: None,
+        settled_at: None,
+        approval: None,
+    }
+}
+
+/// What [`drive`] does next, read from the active compaction.
+enum Step {
+    Pre(HookEvent<'static>),
+    Wait,
+    Finish,
+    Post(i64),
+}
+
+/// Drives the compaction in progress as far as it goes now.
+async fn drive(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Result<Gate, ActorProcessingErr> {
+    loop {
+        if state.row.status != "running" {
+            return Ok(Gate::Held);
+        }
+        let step = match &state.compaction.active {
+            None => return Ok(Gate::Open),
+            Some(active) => match &active.phase {
+                Phase::Waiting => Step::Pre(HookEvent::PreCompact {
+                    round: active.source,
+                    trigger: active.trigger,
+                    overshoot_bytes: active.overshoot_bytes,
+                    overshoot_tokens: active.overshoot_tokens,
+                }),
+                Phase::Working => Step::Wait,
+                Phase::Settled(_) => Step::Finish,
+                Phase::Applied => Step::Post(active.source),
+            },
+        };
+        match step {
+            Step::Pre(event) => {
+                if hooks::gate(myself, state, event).await? == Gate::Held {
+                    return Ok(Gate::Held);
+                }
+                let mode = state.declaration.as_ref().and_then(policy).map_or(Mode::Kernel, |p| p.mode);
+                let Some(source) = state.compaction.active.as_ref().map(|a| a.source) else { continue };
+                match mode {
+                    Mode::Kernel => start_kernel(myself, state, &summary_key(source)).await?,
+                    Mode::Delegate => start_delegate(myself, state, source).await?,
+                }
+            }
+            Step::Wait => return Ok(Gate::Held),
+            Step::Finish => {
+                let phase = state.compaction.active.as_mut().map(|a| std::mem::replace(&mut a.phase, Phase::Working));
+                if let Some(Phase::Settled(task)) = phase {
+                    finish(myself, state, *task).await?;
+                }
+            }
+            Step::Post(source) => {
+                if hooks::gate(myself, state, HookEvent::PostCompact { round: source }).await? == Gate::Held {
+                    return Ok(Gate::Held);
+                }
+                state.compaction.active = None;
+                return Ok(Gate::Open);
+            }
+        }
+    }
+}
+
+/// Writes a started summary task, over its `waiting` row (the first task) or as a new row (the
+/// fallback), with its `task_status` (and `approval_required` when it parks) in one save. A task
+/// that settled at once is kept for [`finish`]; an open one goes to the pending set, so the
+/// driver waits for it. Answers `false` when a stop canceled the waiting row first.
+async fn write_started(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+    task: &TaskRow,
+    mode: Mode,
+) -> Result<bool, ActorProcessingErr> {
+    let fresh = parse_key(&task.task_key).is_some_and(|(_, fallback)| fallback);
+    if !fresh && !state.fabric.store.start_waiting_task(task).await? {
+        state.compaction.active = None;
+        return Ok(false);
+    }
+    let mut data = task_status_data(task);
+    if let Some(active) = &state.compaction.active {
+        data["compaction"] = fact(active, mode);
+    }
+    emit(state, "task_status", data);
+    let phase = if task.is_settled() {
+        Phase::Settled(Box::new(task.clone()))
+    } else {
+        state.pending.insert(task.task_key.clone(), task.clone());
+        approval::announce_parks(myself, state, std::slice::from_ref(task));
+        Phase::Working
+    };
+    if let Some(active) = state.compaction.active.as_mut() {
+        active.phase = phase;
+    }
+    let new_rows = if fresh { std::slice::from_ref(task) } else { &[] };
+    save(state, new_rows).await?;
+    Ok(true)
+}
+
+/// Starts the kernel summarizer as summary task `key`.
+async fn start_kernel(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+    key: &str,
+) -> Result<(), ActorProcessingErr> {
+    let now = now_ms();
+    let mut task = waiting_task(state, key, Mode::Kernel);
+    task.status = "running".into();
+    let (model, plan) = match (summarizer_model(state), plan(&state.transcript)) {
+        (Ok(model), Some(plan)) => (model, plan),
+        (Err((word, message)), _) => {
+            settle_failed(&mut task, word, &message, now);
+            write_started(myself, state, &task, Mode::Kernel).await?;
+            return Ok(());
+        }
+        (_, None) => {
+            settle_failed(&mut task, ErrorCode::NothingToCompact.as_str(), NOTHING_LEFT, now);
+            write_started(myself, state, &task, Mode::Kernel).await?;
+            return Ok(());
+        }
+    };
+    task.tool_input = json!({
+        "model": model.reference,
+        "compacted_messages": plan.compacted.len(),
+        "retained_messages": state.transcript.len() - plan.tail_start,
+    });
+    if write_started(myself, state, &task, Mode::Kernel).await? {
+        spawn_summarizer(myself, state, key, model, &plan);
+    }
+    Ok(())
+}
+
+const NOTHING_LEFT: &str = "nothing is left to compact: the history holds only pinned messages and the retained tail";
+
+/// The summarizer's model: the policy's `model`, else the execution's current route.
+fn summarizer_model(state: &ExecutionState) -> Result<ResolvedModel, (&'static str, String)> {
+    let Some(declaration) = &state.declaration else {
+        return Err(("provider_model_unavailable", "the execution has no declaration".into()));
+    };
+    match policy(declaration).and_then(|p| p.model) {
+        Some(reference) => state.fabric.models.resolve(&reference).map_err(|e| {
+            (
+                "provider_model_unavailable",
+                format!("compaction_policy.model {reference}: {}: {e}; declare a model this server can run", e.word()),
+            )
+        }),
+        None => next_available(state, &model_chain(declaration), state.model_index)
+            .map(|(_, model)| model)
+            .ok_or(("provider_model_unavailable", "no model in the declaration's chain is available".into())),
+    }
+}
+
+fn settle_failed(task: &mut TaskRow, word: &str, message: &str, now: i64) {
+    task.status = "failed".into();
+    task.error_key = Some(word.to_owned());
+    task.settled_at = Some(now);
+    task.result = Some(json!({"content": format!("{word}: {message}"), "is_error": true, "outcome": "failed"}));
+}
+
+/// Asks the summarizer in a task the actor owns; the answer comes back as
+/// [`CompactionMsg::SummaryDone`].
+fn spawn_summarizer(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+    key: &str,
+    model: ResolvedModel,
+    plan: &Plan,
+) {
+    let instructions = state
+        .declaration
+        .as_ref()
+        .and_then(|d| d.summarizer.as_ref())
+        .and_then(|doc| doc["content"].as_str())
+        .filter(|c| !c.trim().is_empty())
+        .unwrap_or(DEFAULT_INSTRUCTIONS)
+        .to_owned();
+    let percent = state.fabric.config.execution.compaction_threshold_percent;
+    let window_bytes = model.context_window_tokens.saturating_mul(ESTIMATE_BYTES_PER_TOKEN as u64);
+    let bound = usize::try_from(window_bytes.saturating_mul(percent) / 100).unwrap_or(usize::MAX);
+    let input = summarizer_input(&state.transcript, plan, bound.saturating_sub(instructions.len()));
+    let request = ModelRequest {
+        model: model.model.clone(),
+        messages: vec![ChatMessage::System { content: instructions }, ChatMessage::User { content: input }],
+        tools: Vec::new(),
+        deltas: None,
+    };
+    let retry = RetryPolicy::from_config(&state.fabric.config.execution);
+    let actor = myself.clone();
+    let task_key = key.to_owned();
+    let reference = model.reference.clone();
+    let span = tracing::info_span!("summarizer", execution_id = %state.row.public_id, task_key, model = %reference);
+    let call = tokio::spawn(
+        async move {
+            let result = call_with_retries(Arc::clone(&model.client), request, &retry).await;
+            let done = CompactionMsg::SummaryDone { task_key, model: reference, result };
+            let _ = actor.cast(ExecutionMsg::Compaction(done));
+        }
+        .instrument(span),
+    );
+    if let Some(old) = state.compaction.call.replace(call) {
+        old.abort();
+    }
+}
+
+/// Starts the delegate summary task of round `source`: addressed to the runner that serves the
+/// policy's tool, or failed `tool_not_served` (the kernel summarizer then runs instead).
+async fn start_delegate(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+    source: i64,
+) -> Result<(), ActorProcessingErr> {
+    let Some(declaration) = state.declaration.clone() else { return Ok(()) };
+    let now = now_ms();
+    let mut task = waiting_task(state, &summary_key(source), Mode::Delegate);
+    task.started_at = now;
+    let Some(plan) = plan(&state.transcript) else {
+        settle_failed(&mut task, ErrorCode::NothingToCompact.as_str(), NOTHING_LEFT, now);
+        write_started(myself, state, &task, Mode::Delegate).await?;
+        return Ok(());
+    };
+    task.tool_input =
+        delegate_input(&state.transcript, &plan, state.row.public_id, &format!("r{source}"), DELEGATE_INPUT_BOUND);
+    match address(state, &declaration, &task.tool_name).await? {
+        Some((runner, timeout_ms, effect_profile)) => {
+            task.target_executor_public_id = Some(runner);
+            task.effect_profile = effect_profile;
+            if let Some(timeout_ms) = timeout_ms {
+                task.timeout_ms = timeout_ms;
+            }
+            approval::admit(&declaration, &mut task, CallOrigin::Kernel, now, approval::hold_ms(state));
+        }
+        None => {
+            let message = format!(
+                "no runner of this execution announces the compaction tool {}; announce it there, or the kernel \
+                 summarizer runs instead",
+                task.tool_name
+            );
+            settle_failed(&mut task, ErrorCode::ToolNotServed.as_str(), &message, now);
+        }
+    }
+    if write_started(myself, state, &task, Mode::Delegate).await? && task.status == "dispatched" {
+        approval::offer(state, &task).await;
+    }
+    Ok(())
+}
+
+/// The runner that serves `tool`: the execution's runner first, then the other candidates, each
+/// only when its announcement lists the tool. Answers it with the announced `timeout_ms` and
+/// `effect_profile`.
+async fn address(
+    state: &ExecutionState,
+    declaration: &FrozenDeclaration,
+    tool: &str,
+) -> Result<Option<(uuid::Uuid, Option<i64>, Option<Value>)>, ActorProcessingErr> {
+    let mut runners: Vec<uuid::Uuid> = declaration.default_runner_executor_public_id.into_iter().collect();
+    for candidate in &declaration.runner_candidates {
+        let id = candidate["runner_executor_public_id"].as_str().and_then(|s| uuid::Uuid::parse_str(s).ok());
+        if let Some(id) = id.filter(|id| !runners.contains(id)) {
+            runners.push(id);
+        }
+    }
+    for runner in runners {
+        let Some(row) = state.fabric.store.executor(runner).await? else { continue };
+        if row.status != "active" {
+            continue;
+        }
+        let announced = row.announcement["tools"]
+            .as_array()
+            .and_then(|tools| tools.iter().find(|t| t["name"].as_str() == Some(tool)));
+        if let Some(announced) = announced {
+            return Ok(Some((runner, announced["timeout_ms"].as_i64(), announced.get("effect_profile").cloned())));
+        }
+    }
+    Ok(None)
+}
+
+/// A summary task settled: its summary is applied; a delegate nobody answered falls back to the
+/// kernel summarizer once; any other failure leaves the transcript as it is (and, after
+/// `overflow`, the refusal stands).
+async fn finish(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+    task: TaskRow,
+) -> Result<(), ActorProcessingErr> {
+    let Some((source, fallback)) = parse_key(&task.task_key) else { return Ok(()) };
+    let summary = task.result.as_ref().map(model_text).unwrap_or_default();
+    if task.status == "completed"
+        && task.result.as_ref().is_none_or(|r| r["is_error"] != true)
+        && !summary.trim().is_empty()
+    {
+        return apply(state, source, &task, &summary).await;
+    }
+    // Nobody answered: the deadline passed unclaimed or uncertain, or no runner serves the tool.
+    // An approval that expired or was denied is an answer: the compaction fails.
+    let unanswered = match (task.status.as_str(), task.error_key.as_deref()) {
+        (_, Some(word @ ("tool_timeout" | "tool_uncertain" | "tool_not_served"))) => Some(word.to_owned()),
+        ("timed_out", None) => Some("tool_timeout".to_owned()),
+        ("uncertain", None) => Some("tool_uncertain".to_owned()),
+        _ => None,
+    };
+    let delegate = task.kind != "model_task";
+    if let (false, true, Some(reason)) = (fallback, delegate, unanswered) {
+        tracing::info!(execution_id = %state.row.public_id, source, reason, "delegate summary unanswered; kernel summarizer instead");
+        if let Some(active) = state.compaction.active.as_mut() {
+            active.fallback_reason = Some(reason);
+        }
+        return start_kernel(myself, state, &fallback_key(source)).await;
+    }
+    let word = task.error_key.clone().unwrap_or_else(|| "invalid_summary".to_owned());
+    let trigger = state.compaction.active.as_ref().map_or(CompactionTrigger::Manual, |a| a.trigger);
+    tracing::warn!(
+        execution_id = %state.row.public_id, task_key = %task.task_key, status = %task.status, word, trigger = trigger.word(),
+        "compaction failed; the history stays as it was"
+    );
+    state.compaction.active = None;
+    if trigger == CompactionTrigger::Overflow {
+        let message = format!(
+            "round r{source} does not fit the model's context and its compaction failed ({} {word}); the history \
+             stays as it was",
+            task.task_key
+        );
+        return halt(state, "provider_context_overflow", &message).await;
+    }
+    Ok(())
+}
+
+/// Replaces the compacted history with `summary`, durably with `context_compacted`.
+async fn apply(
+    state: &mut ExecutionState,
+    source: i64,
+    task: &TaskRow,
+    summary: &str,
+) -> Result<(), ActorProcessingErr> {
+    let Some(plan) = plan(&state.transcript) else {
+        state.compaction.active = None;
+        return Ok(());
+    };
+    let retained = state.transcript.len() - plan.tail_start;
+    state.transcript = compacted_transcript(&state.transcript, &plan, summary);
+    let Some(active) = state.compaction.active.as_mut() else { return Ok(()) };
+    active.phase = Phase::Applied;
+    let mode = if task.kind == "model_task" { Mode::Kernel } else { Mode::Delegate };
+    let mut data = json!({
+        "run_public_id": state.row.public_id,
+        "task_key": format!("r{source}"),
+        "summary_task_key": task.task_key,
+        "mode": mode.word(),
+        "trigger": active.trigger.word(),
+        "replaced_messages": plan.compacted.len(),
+        "retained_messages": retained,
+    });
+    if let Some(reason) = &active.fallback_reason {
+        data["fallback_from"] = json!(Mode::Delegate.word());
+        data["fallback_reason"] = json!(reason);
+    }
+    tracing::info!(
+        execution_id = %state.row.public_id, source, summary_task_key = %task.task_key, replaced = plan.compacted.len(),
+        "context compacted"
+    );
+    emit(state, "context_compacted", data);
+    save(state, &[]).await
+}
+
+/// A provider rejected round `r{n}` for length: when the policy allows and the round was not
+/// repaired before, its compaction is decided (trigger `overflow`) and driven, and the round is
+/// asked again under the same number once compacted. Answers `false` when the refusal stands.
+///
+/// # Errors
+/// A store failure, which stops the actor (it reloads from the store on next use).
+pub(super) async fn overflow(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+) -> Result<bool, ActorProcessingErr> {
+    let source = state.row.round;
+    let enabled = state.declaration.as_ref().and_then(policy).is_some();
+    if !enabled || state.compaction.attempted.contains(&source) || plan(&state.transcript).is_none() {
+        return Ok(false);
+    }
+    // The round is asked again under its own number once compacted.
+    state.row.round -= 1;
+    state.compaction.active = None;
+    begin(state, source, CompactionTrigger::Overflow, None, None).await?;
+    advance(myself, state).await?;
+    Ok(true)
+}
+
+/// Handles one [`CompactionMsg`].
+///
+/// # Errors
+/// A store failure, which stops the actor (it reloads from the store on next use).
+pub(super) async fn handle(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+    msg: CompactionMsg,
+) -> Result<(), ActorProcessingErr> {
+    match msg {
+        CompactionMsg::Manual { reply } => match manual(myself, state).await {
+            Ok(answer) => {
+                let _ = reply.send(answer);
+                Ok(())
+            }
+            Err(e) => {
+                let _ = reply.send(Err(Refusal::new(
+                    ErrorCode::Internal,
+                    format!("could not record the compaction: {e}; read the execution and retry"),
+                )));
+                Err(e)
+            }
+        },
+        CompactionMsg::SummaryDone { task_key, model, result } => {
+            summarized(myself, state, &task_key, &model, result).await
+        }
+    }
+}
+
+/// The kernel summarizer answered: its task settles (durably) with the summary or the failure,
+/// and the driver goes on when the execution runs.
+async fn summarized(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+    task_key: &str,
+    model: &str,
+    result: Result<ModelResponse, ModelFailure>,
+) -> Result<(), ActorProcessingErr> {
+    state.compaction.call = None;
+    // A stop canceled it meanwhile, or the answer is late.
+    let Some(mut task) = state.pending.get(task_key).filter(|t| t.status == "running").cloned() else {
+        return Ok(());
+    };
+    let now = now_ms();
+    match result {
+        Ok(response) => {
+            if let Some(usage) = &response.usage {
+                emit(
+                    state,
+                    "usage",
+                    json!({"round": parse_key(task_key).map(|(r, _)| r), "model": model, "summary_task_key": task_key,
+                        "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}),
+                );
+            }
+            let text = response.text.unwrap_or_default();
+            if text.trim().is_empty() {
+                let message = format!("{model} answered no summary text (finish_reason {})", response.finish_reason);
+                settle_failed(&mut task, "provider_error", &message, now);
+            } else {
+                task.status = "completed".into();
+                task.settled_at = Some(now);
+                task.result = Some(json!({"content": text, "is_error": false, "outcome": "completed"}));
+            }
+        }
+        Err(failure) => {
+            let message = format!("{model}: {} (after {} attempt(s))", failure.error, failure.attempts);
+            settle_failed(&mut task, failure.key, &message, now);
+        }
+    }
+    state.fabric.store.update_task(&task).await?;
+    tracing::info!(execution_id = %state.row.public_id, task_key, status = %task.status, "summarizer answered");
+    emit(state, "task_status", task_status_data(&task));
+    state.pending.insert(task.task_key.clone(), task);
+    save(state, &[]).await?;
+    if state.row.status == "running" {
+        advance(myself, state).await?;
+    }
+    Ok(())
+}
+
+/// The manual door (see [`CompactionMsg::Manual`]). Applies to the next model round while it is
+/// queued: the execution runs, no model call is out, and its last answer was no final one (its
+/// tool calls, a hook or an approval are what it waits for).
+async fn manual(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+) -> Result<Result<Value, Refusal>, ActorProcessingErr> {
+    let id = state.row.public_id;
+    if state.declaration.is_none() {
+        return Ok(Err(Refusal::new(
+            ErrorCode::TaskNotQueued,
+            format!("execution {id} is {}: no model round is queued yet; ask once it runs", state.row.status),
+        )));
+    }
+    let Some(policy) = state.declaration.as_ref().and_then(policy) else {
+        return Ok(Err(Refusal::new(
+            ErrorCode::CompactionDisabled,
+            format!(
+                "execution {id} froze no compaction_policy, or mode off; declare {{\"mode\": \"kernel\"}} or \
+                 {{\"mode\": \"delegate\", \"tool_name\": …}} for the executions that should compact"
+            ),
+        )));
+    };
+    let final_answer =
+        matches!(state.transcript.last(), Some(ChatMessage::Assistant { tool_calls, .. }) if tool_calls.is_empty());
+    if state.row.status != "running" || state.model_call.is_some() || final_answer {
+        let why = match state.row.status.as_str() {
+            "running" if state.model_call.is_some() => format!("round r{} is running now", state.row.round),
+            "running" => "its answer is ready and no model round is queued".to_owned(),
+            status => format!("it is {status}"),
+        };
+        return Ok(Err(Refusal::new(
+            ErrorCode::TaskNotQueued,
+            format!(
+                "execution {id} has no queued model round to compact: {why}; ask while it waits for its tool calls"
+            ),
+        )));
+    }
+    let source = state.row.round + 1;
+    if state.compaction.attempted.contains(&source) || state.compaction.active.is_some() {
+        return Ok(Err(Refusal::new(
+            ErrorCode::AlreadyCompacted,
+            format!(
+                "round r{source} of execution {id} is compacted already (or being compacted); a round is compacted at most once"
+            ),
+        )));
+    }
+    if plan(&state.transcript).is_none() {
+        return Ok(Err(Refusal::new(
+            ErrorCode::NothingToCompact,
+            format!("execution {id}: {NOTHING_LEFT}; ask again after more rounds"),
+        )));
+    }
+    let task = begin(state, source, CompactionTrigger::Manual, None, None).await?;
+    if state.pending.values().all(TaskRow::is_settled) {
+        advance(myself, state).await?;
+    }
+    Ok(Ok(json!({
+        "execution_public_id": id,
+        "summary_task_key": task.task_key,
+        "task_key": format!("r{source}"),
+        "trigger": CompactionTrigger::Manual.word(),
+        "mode": policy.mode.word(),
+        "status": task.status,
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ToolCall;
+
+    fn call(id: &str) -> ToolCall {
+        ToolCall { id: id.into(), name: "bash".into(), arguments: "{}".into() }
+    }
+
+    fn assistant(calls: &[&str]) -> ChatMessage {
+        ChatMessage::Assistant { content: None, tool_calls: calls.iter().map(|id| call(id)).collect() }
+    }
+
+    fn result(id: &str) -> ChatMessage {
+        ChatMessage::Tool { tool_call_id: id.into(), content: format!("result {id}") }
+    }
+
+    fn user(text: &str) -> ChatMessage {
+        ChatMessage::User { content: text.into() }
+    }
+
+    #[test]
+    fn summary_keys_name_the_source_round() {
+        let rows = [
+            ("c3-summary", Some((3, false))),
+            ("c12-summary-fallback", Some((12, true))),
+            ("c-summary", None),
+            ("cx-summary", None),
+            ("c3-summaries", None),
+            ("r3t0", None),
+            ("h3-pre_compact", None),
+        ];
+        for (key, expected) in rows {
+            assert_eq!(parse_key(key), expected, "{key}");
+        }
+        assert_eq!(parse_key(&summary_key(7)), Some((7, false)));
+        assert_eq!(parse_key(&fallback_key(7)), Some((7, true)));
+    }
+
+    #[test]
+    fn pinned_users_the_tail_and_unresolved_calls_survive() {
+        let system = ChatMessage::System { content: "be brief".into() };
+        let transcript = vec![
+            system.clone(),
+            user("the input: never touch prod"),
+            assistant(&["a"]),
+            result("a"),
+            ChatMessage::Assistant { content: Some("first answer".into()), tool_calls: vec![] },
+            user("feedback: also check staging"),
+            assistant(&["b"]),
+            result("b"),
+            assistant(&["c", "d"]),
+            result("c"),
+            result("d"),
+        ];
+        let plan = plan(&transcript).expect("something to compact");
+        assert_eq!(plan.tail_start, 8, "the latest round is the retained tail");
+        assert_eq!(plan.compacted, [2, 3, 4, 6, 7]);
+        let out = compacted_transcript(&transcript, &plan, "did a and b");
+        assert_eq!(out[0], system);
+        assert_eq!(out[1], user("the input: never touch prod"));
+        assert_eq!(out[2], user("feedback: also check staging"));
+        assert_eq!(
+            out[3],
+            ChatMessage::Assistant {
+                content: Some(format!(
+                    "{SUMMARY_HEADER}
+
+did a and b"
+                )),
+                tool_calls: vec![]
+            }
+        );
+        assert_eq!(&out[4..], &transcript[8..]);
+
+        // A call whose result has not reached the model keeps its message and everything after.
+        let open = vec![user("go"), assistant(&["a"]), result("a"), assistant(&["b"]), assistant(&["c"]), result("c")];
+        let plan_open = super::plan(&open).expect("a is compactable");
+        assert_eq!((plan_open.tail_start, plan_open.compacted.clone()), (3, vec![1, 2]));
+
+        // An earlier summary is compacted again; users and the tail are all there is otherwise.
+        let again = compacted_transcript(&transcript, &plan, "s1");
+        let mut next = again.clone();
+        next.extend([assistant(&["e"]), result("e")]);
+        let plan_next = super::plan(&next).expect("the old summary and round c are compactable");
+        assert!(plan_next.compacted.contains(&3), "the earlier summary is history now");
+        assert_eq!(super::plan(&[user("a"), assistant(&["x"]), result("x")]), None, "only the tail");
+        assert_eq!(super::plan(&[user("a"), user("b")]), None, "only pinned messages");
+        assert_eq!(super::plan(&[]), None);
+    }
+
+    #[test]
+    fn the_delegate_input_fits_its_bound_oldest_first() {
+        let run = uuid::Uuid::new_v4();
+        let big = |id: &str| ChatMessage::Tool { tool_call_id: id.into(), content: "x".repeat(40_000) };
+        let transcript =
+            vec![user("u"), assistant(&["a"]), big("a"), assistant(&["b"]), big("b"), assistant(&["c"]), result("c")];
+        let plan = plan(&transcript).expect("plan");
+        let whole = delegate_input(&transcript, &plan, run, "r4", usize::MAX);
+        assert_eq!(whole["history"].as_array().map(Vec::len), Some(5));
+        assert_eq!(whole["retained_tail"].as_array().map(Vec::len), Some(2));
+        assert_eq!((whole["task"].as_str(), whole["run_public_id"].clone()), (Some("r4"), json!(run)));
+        let bounded = delegate_input(&transcript, &plan, run, "r4", DELEGATE_INPUT_BOUND);
+        assert!(bounded.to_string().len() <= DELEGATE_INPUT_BOUND, "{}", bounded.to_string().len());
+        let history = bounded["history"].as_array().expect("history");
+        assert_eq!(history.len(), 2, "the oldest material went first: {history:?}");
+        assert_eq!(history[0]["role"], "assistant");
+        assert_eq!(history[1]["tool_call_id"], "b");
+        assert_eq!(bounded["retained_tail"], whole["retained_tail"], "the tail is kept while history can go");
+        let tiny = delegate_input(&transcript, &plan, run, "r4", 200);
+        assert!(tiny.to_string().len() <= 200);
+        assert_eq!(tiny["history"], json!([]));
+    }
+
+    #[test]
+    fn the_summarizer_input_trims_the_oldest_messages() {
+        let transcript = vec![user("first"), assistant(&["a"]), result("a"), assistant(&["b"]), result("b")];
+        let plan = plan(&transcript).expect("plan");
+        let whole = summarizer_input(&transcript, &plan, usize::MAX);
+        assert!(whole.contains("[user, kept verbatim] first"));
+        assert!(whole.contains("[assistant called bash as a] {}"));
+        assert!(whole.contains("[result of a] result a"));
+        assert!(!whole.contains("result b"), "the tail is not summarized");
+        let bounded = summarizer_input(&transcript, &plan, 80);
+        assert!(bounded.contains("trimmed"), "{bounded}");
+        assert!(bounded.contains("[result of a]"), "the newest is kept: {bounded}");
+        assert!(!bounded.contains("first"), "the oldest went first: {bounded}");
+    }
+
+    #[test]
+    fn r70_policies_enable_kernel_and_delegate_only() {
+        let declaration = |policy: Value| {
+            let configuration = json!({"compaction_policy": policy, "default_model": "scripted/default"});
+            let selection = crate::declaration::tools::RunnerSelection::FirstEligible;
+            crate::declaration::freeze(&configuration, None, selection, &[], None).expect("frozen")
+        };
+        assert_eq!(policy(&declaration(Value::Null)), None);
+        assert_eq!(policy(&declaration(json!({"mode": "off"}))), None);
+        assert_eq!(
+            policy(&declaration(json!({"mode": "kernel", "model": "p/m"}))),
+            Some(Policy { mode: Mode::Kernel, tool_name: None, model: Some("p/m".into()) })
+        );
+        assert_eq!(
+            policy(&declaration(json!({"mode": "delegate", "tool_name": "summarize"}))),
+            Some(Policy { mode: Mode::Delegate, tool_name: Some("summarize".into()), model: None })
+        );
+        let frozen = declaration(json!({"mode": "kernel"}));
+        let digest = frozen.digest.clone();
+        let with = frozen.with_summarizer(Some(json!({"content": "keep pointers", "role": "system"})));
+        assert_ne!(with.digest, digest, "the summarizer is part of the frozen declaration");
+    }
+}

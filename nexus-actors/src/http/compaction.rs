@@ -1,0 +1,44 @@
+//! The manual compaction door on HTTP (spec/REFERENCE.md 13, trigger `manual`). It calls the
+//! same [`Api::compact`] as the gRPC twin `CompactExecution`.
+//!
+//! - `POST /agent_api/v1/executions/{id}/compact` (body empty or `{}`) → 202 `{execution_public_id,
+//!   summary_task_key, task_key, trigger: "manual", mode, status: "waiting"}`.
+//!
+//! It answers 404 `not_found` for an unknown or malformed execution id and for an execution the
+//! caller does not own, 400 `parameter_invalid` for a body that is not an object, and 409
+//! `compaction_disabled`, `task_not_queued`, `already_compacted` or `nothing_to_compact`.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use serde_json::Value;
+
+use nexus_proto::{ErrorCode, Refusal};
+
+use super::approval::{execution_id, optional_body};
+use super::{HttpRefusal, caller};
+use crate::api::Api;
+
+/// The compaction door, merged into [`super::router`].
+pub fn routes() -> Router<Arc<Api>> {
+    Router::new().route("/agent_api/v1/executions/{id}/compact", post(post_compact))
+}
+
+async fn post_compact(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, axum::Json<Value>), HttpRefusal> {
+    let caller = caller(&api, &headers).await?;
+    if !matches!(optional_body(body)?, Value::Null | Value::Object(_)) {
+        return Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be empty or an object").into());
+    }
+    let accepted = api.compact(&caller, execution_id(&id)?).await?;
+    Ok((StatusCode::ACCEPTED, axum::Json(accepted)))
+}
