@@ -262,6 +262,53 @@ async fn high_reported_usage_against_a_small_window_compacts_before_the_next_rou
 }
 
 #[tokio::test]
+async fn an_estimate_over_a_small_window_compacts_at_the_wall() {
+    // The scripted provider reports no token counts, so the request's estimate is measured
+    // against the window: 150 tokens, about 600 bytes, which round 3's request is over.
+    let scripts = [
+        (
+            "walled",
+            json!({"rounds": [
+                {"tool_calls": [{"id": "c1", "name": "runners_list"}]},
+                {"tool_calls": [{"id": "c2", "name": "runners_list"}]},
+                {"final": "done: {{input}}"},
+            ]}),
+        ),
+        ("wallsum", json!({"rounds": [{"final": "a short summary"}]})),
+    ];
+    let server = TestServer::start_with(&scripts, |config| {
+        config.providers.providers.get_mut("scripted").expect("the built-in provider").context_window_tokens =
+            Some(150);
+    })
+    .await;
+    let agent = server.agent("agent").await;
+    let bed = Bed { fake: FakeProvider::start().await, server, agent };
+    let policy = json!({"mode": "kernel", "model": "scripted/wallsum"});
+    let run = bed.run("walls", declaration("scripted/walled", policy)).await;
+    let row = bed.settled(run).await;
+    assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("done: walls")), "{row:?}");
+
+    let events = bed.events(run).await;
+    let compacted = of_type(&events, "context_compacted");
+    assert_eq!(compacted.len(), 1, "round 2's request had nothing to compact yet");
+    assert_eq!(
+        (
+            compacted[0]["trigger"].as_str(),
+            compacted[0]["task_key"].as_str(),
+            compacted[0]["replaced_messages"].as_u64()
+        ),
+        (Some("wall"), Some("r3"), Some(2))
+    );
+    let fact = &first_status(&events, "c3-summary")["compaction"];
+    assert!(fact["overshoot_tokens"].as_u64().is_some_and(|t| t > 0), "{fact}");
+    assert!(fact.get("overshoot_bytes").is_none(), "under the byte bound: {fact}");
+    assert_eq!(rounds(&events), [1, 2, 3]);
+    let transcript = row.transcript.as_array().expect("transcript");
+    assert_eq!(transcript[1]["content"], format!("{SUMMARY_HEADER}\n\na short summary"));
+    bed.assert_invariants(run, "wall").await;
+}
+
+#[tokio::test]
 async fn the_manual_door_compacts_the_queued_round_and_refuses_with_its_words() {
     let bed = Bed::start().await;
     bed.fake
