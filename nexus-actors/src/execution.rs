@@ -776,7 +776,11 @@ async fn model_done(
         let Some(target) = task.target_executor_public_id else { continue };
         match state.root.executor(target).await {
             Ok(executor) => {
-                let _ = executor.cast(ExecutorMsg::Offer { run: task.run_public_id, task_key: task.task_key.clone() });
+                let _ = executor.cast(ExecutorMsg::Offer {
+                    run: task.run_public_id,
+                    task_key: task.task_key.clone(),
+                    task: Some(Box::new(task.clone())),
+                });
             }
             // The row is durable and addressed; the executor offers it when it next loads.
             Err(refusal) => {

@@ -167,6 +167,9 @@ pub enum ExecutorMsg {
         run: Uuid,
         /// The task key.
         task_key: String,
+        /// The row exactly as its writer just made it durable, which spares a store read on the
+        /// dispatch path; `None` reads it from the store.
+        task: Option<Box<TaskRow>>,
     },
     /// Cancel a task: it settles `canceled` and the claimant gets `work_canceled`.
     Cancel {
@@ -417,7 +420,7 @@ async fn handle_msg(
                 state.row = row;
             }
         }
-        ExecutorMsg::Offer { run, task_key } => {
+        ExecutorMsg::Offer { run, task_key, task } => {
             let id = (run, task_key);
             // Eligibility is checked at dispatch: a revoked runner gets no new work, and the
             // call fails at once rather than waiting out its park.
@@ -425,7 +428,11 @@ async fn handle_msg(
                 state.row = row;
             }
             if !state.open.contains_key(&id) {
-                match state.fabric.store.task(run, &id.1).await? {
+                let task = match task {
+                    Some(task) => Some(*task),
+                    None => state.fabric.store.task(run, &id.1).await?,
+                };
+                match task {
                     Some(task) if !task.is_settled() => {
                         schedule_expiry(myself, state, &id, task.deadline_at);
                         hold(state, id.clone(), task);

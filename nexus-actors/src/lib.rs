@@ -137,8 +137,8 @@ impl RunningServer {
     }
 }
 
-/// Opens the store, starts the actors, recovers live work and serves gRPC and HTTP on
-/// `listener` until [`RunningServer::shutdown`].
+/// Opens the store, starts the actors, serves gRPC and HTTP on `listener` until
+/// [`RunningServer::shutdown`], and recovers live work beside the doors (see `recover`).
 ///
 /// # Errors
 /// [`ServeError`] when the store, the provider table or the actors fail to start.
@@ -176,7 +176,19 @@ pub async fn start_with_models(
         .await
         .map_err(|e| ServeError::Actor(e.to_string()))?;
     let root = RootHandle::new(root_ref);
-    recover(&fabric, &root).await?;
+    // Recovery runs beside the doors: a runner's inbox and an execution load from the store on
+    // first use anyway, so a reconnecting runner's claims are taken at once while the other park
+    // clocks and executions resume in the background.
+    tokio::spawn({
+        let (fabric, root) = (fabric.clone(), root.clone());
+        async move {
+            let started = std::time::Instant::now();
+            match recover(&fabric, &root).await {
+                Ok(()) => tracing::info!(elapsed_ms = started.elapsed().as_millis(), "recovery done"),
+                Err(e) => tracing::error!(error = %e, "recovery stopped; the rest loads on first use"),
+            }
+        }
+    });
     let api = Arc::new(Api::new(fabric.clone(), root));
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
@@ -290,7 +302,11 @@ pub async fn serve(
 /// Brings back live work after a restart: each runner inbox with open tasks (their park clocks
 /// resume), and each execution that had not ended.
 async fn recover(fabric: &Fabric, root: &RootHandle) -> Result<(), ServeError> {
+    let closing = || *fabric.closing.borrow();
     for runner in fabric.store.executors_with_open_tasks().await? {
+        if closing() {
+            return Ok(());
+        }
         if let Err(refusal) = root.executor(runner).await {
             tracing::error!(runner_id = %runner, code = %refusal.code, "could not recover a runner inbox");
         }
@@ -300,6 +316,9 @@ async fn recover(fabric: &Fabric, root: &RootHandle) -> Result<(), ServeError> {
         tracing::info!(count = executions.len(), "recovering live executions");
     }
     for execution in executions {
+        if closing() {
+            return Ok(());
+        }
         if let Err(refusal) = root.execution(execution).await {
             tracing::error!(execution_id = %execution, code = %refusal.code, "could not recover an execution");
         }

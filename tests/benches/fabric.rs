@@ -36,6 +36,8 @@ use tonic::transport::Endpoint;
 use uuid::Uuid;
 
 use nexus_actors::api::{Caller, CreateInput};
+use nexus_actors::config::StoreConfig;
+use nexus_actors::store::Store;
 use nexus_proto::runner::v1::runner_service_client::RunnerServiceClient;
 use nexus_proto::runner::v1::runner_service_server::{RunnerService, RunnerServiceServer};
 use nexus_proto::runner::v1::{
@@ -443,7 +445,10 @@ async fn memory_of_a_nexus_process(runners: usize, executions: usize) -> (f64, f
     let config = data_dir.path().join("bench.toml");
     std::fs::write(
         &config,
-        format!("[providers.scripted]\nkind = \"scripted\"\n\n[providers.scripted.models.one]\nscript = {script:?}\n"),
+        format!(
+            "[doors]\nrequests_per_minute = 1000000\nburst = 100000\n\n[providers.scripted]\nkind = \"scripted\"\n\n\
+             [providers.scripted.models.one]\nscript = {script:?}\n"
+        ),
     )
     .expect("config");
     let at = StoreLocation {
@@ -475,8 +480,20 @@ async fn memory_of_a_nexus_process(runners: usize, executions: usize) -> (f64, f
 
     let before = rss_kib_of(pid);
     admit(executions).await;
-    let parked_all = wait_until_count(&fast.counters.received, executions as u64 + 1, Duration::from_secs(120)).await;
-    assert!(parked_all, "not every execution parked");
+    // Parked: every call is an open task in the runner's inbox (the runner, with no free slot, is
+    // offered only a window of them).
+    let store = Store::connect_existing(
+        &at.data_dir,
+        &StoreConfig { database_url: at.database_url.clone(), ..StoreConfig::default() },
+    )
+    .await
+    .expect("the child's store");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while store.open_tasks_for(parked.id).await.expect("open tasks").len() < executions + 1 {
+        assert!(Instant::now() < deadline, "not every execution parked");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    store.close().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let after = rss_kib_of(pid);
     let per_execution = (after - before) / executions as f64;

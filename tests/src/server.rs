@@ -258,7 +258,7 @@ impl TestServer {
         let inbox = self.server.api.root.executor(runner).await.expect("the runner's inbox");
         for copy in &copies {
             inbox
-                .cast(ExecutorMsg::Offer { run, task_key: copy.task_key.clone() })
+                .cast(ExecutorMsg::Offer { run, task_key: copy.task_key.clone(), task: None })
                 .expect("the runner's inbox takes offers");
         }
         copies

@@ -315,7 +315,11 @@ pub(super) async fn offer(state: &ExecutionState, task: &TaskRow) {
     let Some(target) = task.target_executor_public_id else { return };
     match state.root.executor(target).await {
         Ok(executor) => {
-            let _ = executor.cast(ExecutorMsg::Offer { run: task.run_public_id, task_key: task.task_key.clone() });
+            let _ = executor.cast(ExecutorMsg::Offer {
+                run: task.run_public_id,
+                task_key: task.task_key.clone(),
+                task: Some(Box::new(task.clone())),
+            });
         }
         Err(refusal) => {
             tracing::warn!(runner_id = %target, code = %refusal.code, "cannot reach the runner's inbox now");
