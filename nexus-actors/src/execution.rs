@@ -57,6 +57,9 @@ pub fn run_status_is_quiescent(status: &str) -> bool {
 pub enum ExecutionMsg {
     /// Make progress: materialize, or start the next round when nothing is outstanding.
     Advance,
+    /// Write the narrations (events) gathered since the last save. Sent to itself after a task
+    /// settles mid-round, so that every settlement already queued is written by one save.
+    Flush,
     /// A model call finished.
     ModelDone {
         /// The round it answers.
@@ -156,6 +159,10 @@ pub struct ExecutionState {
     hooks: hooks::HookState,
     /// Compaction bookkeeping ([`compaction`]).
     compaction: compaction::CompactionState,
+    /// The frozen declaration is in the store as it is here: saves leave its column alone.
+    declaration_stored: bool,
+    /// A [`ExecutionMsg::Flush`] is on its way.
+    flush_queued: bool,
 }
 
 /// The ExecutionActor.
@@ -176,6 +183,7 @@ impl Actor for ExecutionActor {
         let mut row = row;
         let transcript: Vec<ChatMessage> = serde_json::from_value(std::mem::take(&mut row.transcript))?;
         let declaration: Option<FrozenDeclaration> = row.declaration.take().map(serde_json::from_value).transpose()?;
+        let declaration_stored = declaration.is_some();
         // Calls whose results the model has not read yet: the current round's tasks that are not
         // in the transcript.
         let answered: HashSet<&str> = transcript
@@ -221,6 +229,8 @@ impl Actor for ExecutionActor {
             control: control::ControlState::default(),
             hooks: hooks::HookState::default(),
             compaction: compaction::CompactionState::default(),
+            declaration_stored,
+            flush_queued: false,
         };
         for task in &unnarrated {
             emit(&mut state, "task_status", task_status_data(task));
@@ -259,6 +269,10 @@ impl Actor for ExecutionActor {
         for (_, hold) in state.holds.drain() {
             hold.abort();
         }
+        // Narrations gathered but not yet written (a Flush still queued) are written now.
+        if !state.events.is_empty() {
+            save(state, &[]).await?;
+        }
         Ok(())
     }
 
@@ -296,9 +310,23 @@ impl Actor for ExecutionActor {
                 }
                 *held = (*task).clone();
                 emit(state, "task_status", task_status_data(&task));
-                save(state, &[]).await?;
-                if state.row.status == "running" {
-                    advance(&myself, state).await?;
+                if state.pending.values().all(TaskRow::is_settled) {
+                    save(state, &[]).await?;
+                    if state.row.status == "running" {
+                        advance(&myself, state).await?;
+                    }
+                } else if !state.flush_queued {
+                    // Mid-round narrations are coalesced: the settlements already queued are all
+                    // handled before this Flush, which writes them in one save. The task rows are
+                    // durable already, and recovery narrates any that a crash leaves unwritten.
+                    state.flush_queued = true;
+                    let _ = myself.cast(ExecutionMsg::Flush);
+                }
+            }
+            ExecutionMsg::Flush => {
+                state.flush_queued = false;
+                if !state.events.is_empty() {
+                    save(state, &[]).await?;
                 }
             }
             ExecutionMsg::DeadlineExtended { task_key, deadline_at, timeout_ms } => {
@@ -370,9 +398,16 @@ fn emit(state: &mut ExecutionState, event_type: &str, data: Value) {
 /// Writes the row, new tasks and pending events in one transaction, then wakes followers.
 async fn save(state: &mut ExecutionState, new_tasks: &[TaskRow]) -> Result<(), ActorProcessingErr> {
     state.row.transcript = serde_json::to_value(&state.transcript)?;
-    state.row.declaration = state.declaration.as_ref().map(serde_json::to_value).transpose()?;
+    // The frozen declaration never changes once stored: it is written once, not on every save.
+    state.row.declaration = match state.declaration_stored {
+        true => None,
+        false => state.declaration.as_ref().map(serde_json::to_value).transpose()?,
+    };
     let events = std::mem::take(&mut state.events);
     let written = state.fabric.store.save_execution(&state.row, new_tasks, &events).await;
+    if written.is_ok() && state.declaration.is_some() {
+        state.declaration_stored = true;
+    }
     // The actor keeps the transcript and the declaration in their typed forms; their JSON copies
     // on the row exist only for the write (an idle execution holds one copy, not two).
     state.row.transcript = Value::Null;
@@ -410,7 +445,7 @@ fn task_status_data(task: &TaskRow) -> Value {
 }
 
 /// The text the model reads for a settled task.
-fn result_text(task: &TaskRow) -> String {
+pub(crate) fn result_text(task: &TaskRow) -> String {
     let content = task.result.as_ref().map(model_text).unwrap_or_default();
     match (task.status.as_str(), task.error_key.as_deref()) {
         ("completed", _) => content,
@@ -563,6 +598,7 @@ async fn adopt(
     );
     tracing::info!(execution_id = %state.row.public_id, tools = frozen.tools.len(), "execution materialized");
     state.declaration = Some(frozen);
+    state.declaration_stored = false;
     state.row.status = "running".into();
     emit(state, "turn_status", json!({"status": "running"}));
     save(state, &[]).await?;

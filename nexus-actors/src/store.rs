@@ -836,16 +836,18 @@ impl Store {
 
     /// Re-pairs a runner: bumps its `credential_epoch`, which fences every older credential and
     /// claim, and stores the new credential under the new epoch. Returns the new epoch, or `None`
-    /// for an unknown runner.
+    /// for an unknown runner or a revoked one (revocation is final, so its row is left as is).
     ///
     /// # Errors
     /// [`StoreError`] on a database failure.
     pub async fn repair_executor(&self, public_id: Uuid, credential: &Credential) -> StoreResult<Option<i64>> {
         let mut tx = self.pool.begin().await?;
-        let bumped = sqlx::query("UPDATE executors SET credential_epoch = credential_epoch + 1 WHERE public_id = $1")
-            .bind(public_id.to_string())
-            .execute(&mut *tx)
-            .await?;
+        let bumped = sqlx::query(
+            "UPDATE executors SET credential_epoch = credential_epoch + 1 WHERE public_id = $1 AND status = 'active'",
+        )
+        .bind(public_id.to_string())
+        .execute(&mut *tx)
+        .await?;
         if bumped.rows_affected() == 0 {
             return Ok(None);
         }
@@ -985,6 +987,8 @@ impl Store {
     ///
     /// This is the only write path of an execution: a round's expansion (its tasks, the
     /// transcript and the events that narrate it) is atomic.
+    /// A `declaration` of `None` leaves the stored one as it is (a frozen declaration is written
+    /// once).
     ///
     /// # Errors
     /// [`StoreError`] on a database failure; nothing is written then.
@@ -1273,7 +1277,7 @@ async fn save_execution_in(
     new_events: &[EventRow],
 ) -> StoreResult<()> {
     sqlx::query(
-        "UPDATE executions SET status = $1, attention_reason = $2, declaration = $3, transcript = $4, round = $5, \
+        "UPDATE executions SET status = $1, attention_reason = $2, declaration = COALESCE($3, declaration), transcript = $4, round = $5, \
          final_text = $6, error_key = $7, event_seq = $8, updated_at = $9 WHERE public_id = $10",
     )
     .bind(&execution.status)

@@ -43,7 +43,8 @@
 //!   end. So a stdout line that is exactly `word:` would end the stdout block early.
 //!
 //! A `{{…}}` that is none of these is refused when the script is parsed; `{{` without a closing
-//! `}}` is literal text. A missing tool result or field is `provider_error` at answer time.
+//! `}}` is literal text. A missing tool result is `provider_error` at answer time; a result without
+//! the field (a failed, denied or timed-out call's text) is read whole.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -291,12 +292,12 @@ fn render(segments: &[Segment], messages: &[ChatMessage], round_index: usize) ->
                     })?;
                 match field {
                     None => out.push_str(content.trim()),
-                    Some(field) => {
-                        let value = tool_field(content, field).ok_or_else(|| ModelError::Provider {
-                            message: format!("script round {round_index}: tool result `{id}` has no field `{field}`"),
-                        })?;
-                        out.push_str(value.trim());
-                    }
+                    // A result without the field (a failure, a denial, a timeout) is read whole, as
+                    // a model would read it.
+                    Some(field) => match tool_field(content, field) {
+                        Some(value) => out.push_str(value.trim()),
+                        None => out.push_str(content.trim()),
+                    },
                 }
             }
         }
@@ -400,6 +401,26 @@ impl ModelProvider for ScriptedProvider {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_result_without_the_field_is_read_whole() {
+        let script = Script::from_json(
+            r#"{"rounds": [{"tool_calls": [{"id": "count", "name": "bash"}]}, {"final": "got {{tool:count.stdout}}"}]}"#,
+        )
+        .expect("script");
+        let denied =
+            "<tool_use_error>This tool call was declined by the approver (approval_denied) no</tool_use_error>";
+        let messages = vec![
+            ChatMessage::User { content: "go".into() },
+            ChatMessage::Assistant {
+                content: None,
+                tool_calls: vec![ToolCall { id: "count".into(), name: "bash".into(), arguments: "{}".into() }],
+            },
+            ChatMessage::Tool { tool_call_id: "count".into(), content: denied.into() },
+        ];
+        let answer = script.respond(&messages).expect("answered");
+        assert_eq!(answer.text.as_deref(), Some(format!("got {denied}").as_str()));
+    }
+
     use serde_json::json;
 
     use super::*;
