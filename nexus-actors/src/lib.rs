@@ -172,10 +172,12 @@ pub async fn start_with_models(
         connections: Default::default(),
         closing: tokio::sync::watch::channel(false).0,
     });
-    let (root_ref, _) = ractor::Actor::spawn(None, RootActor, RootArgs { fabric: fabric.clone() })
+    let registry = Arc::new(root::Registry::default());
+    let (root_ref, _) =
+        ractor::Actor::spawn(None, RootActor, RootArgs { fabric: fabric.clone(), registry: registry.clone() })
         .await
         .map_err(|e| ServeError::Actor(e.to_string()))?;
-    let root = RootHandle::new(root_ref);
+    let root = RootHandle::new(root_ref, registry);
     // Recovery runs beside the doors: a runner's inbox and an execution load from the store on
     // first use anyway, so a reconnecting runner's claims are taken at once while the other park
     // clocks and executions resume in the background.

@@ -136,13 +136,31 @@ pub enum RootMsg {
 pub struct RootArgs {
     /// The shared context.
     pub fabric: Arc<Fabric>,
+    /// The live runner inboxes and executions, shared with every [`RootHandle`].
+    pub registry: Arc<Registry>,
+}
+
+/// The live ExecutorActors and ExecutionActors by public id. Root alone writes it (on spawn and
+/// on a child's exit); [`RootHandle`] reads it, so that finding a live actor — every offer,
+/// settlement and door call does — never waits in Root's mailbox behind an actor being loaded.
+#[derive(Debug, Default)]
+pub struct Registry {
+    executors: std::sync::RwLock<HashMap<Uuid, ActorRef<ExecutorMsg>>>,
+    executions: std::sync::RwLock<HashMap<Uuid, ActorRef<ExecutionMsg>>>,
+}
+
+fn read<K: std::hash::Hash + Eq, V: Clone>(map: &std::sync::RwLock<HashMap<K, V>>, key: &K) -> Option<V> {
+    map.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(key).cloned()
+}
+
+fn write<K, V>(map: &std::sync::RwLock<HashMap<K, V>>) -> std::sync::RwLockWriteGuard<'_, HashMap<K, V>> {
+    map.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Root's state: the live actors by public id.
 pub struct RootState {
     fabric: Arc<Fabric>,
-    executors: HashMap<Uuid, ActorRef<ExecutorMsg>>,
-    executions: HashMap<Uuid, ActorRef<ExecutionMsg>>,
+    registry: Arc<Registry>,
     profiles: HashMap<Uuid, ActorRef<ProfileMsg>>,
 }
 
@@ -153,6 +171,7 @@ pub struct RootActor;
 #[derive(Clone, Debug)]
 pub struct RootHandle {
     actor: ActorRef<RootMsg>,
+    registry: Arc<Registry>,
 }
 
 fn gone(what: &str) -> Refusal {
@@ -160,9 +179,9 @@ fn gone(what: &str) -> Refusal {
 }
 
 impl RootHandle {
-    /// Wraps Root's actor ref.
-    pub fn new(actor: ActorRef<RootMsg>) -> Self {
-        RootHandle { actor }
+    /// Wraps Root's actor ref and the registry it keeps.
+    pub fn new(actor: ActorRef<RootMsg>, registry: Arc<Registry>) -> Self {
+        RootHandle { actor, registry }
     }
 
     /// The cell to link children to.
@@ -175,6 +194,9 @@ impl RootHandle {
     /// # Errors
     /// `unavailable` during shutdown; `internal` when its state cannot be loaded.
     pub async fn executor(&self, runner: Uuid) -> Result<ActorRef<ExecutorMsg>, Refusal> {
+        if let Some(live) = read(&self.registry.executors, &runner) {
+            return Ok(live);
+        }
         ractor::call!(self.actor, RootMsg::Executor, runner).map_err(|_| gone("server"))?
     }
 
@@ -183,6 +205,9 @@ impl RootHandle {
     /// # Errors
     /// `unavailable` during shutdown; `not_found` for an unknown execution.
     pub async fn execution(&self, execution: Uuid) -> Result<ActorRef<ExecutionMsg>, Refusal> {
+        if let Some(live) = read(&self.registry.executions, &execution) {
+            return Ok(live);
+        }
         ractor::call!(self.actor, RootMsg::Execution, execution).map_err(|_| gone("server"))?
     }
 
@@ -219,12 +244,7 @@ impl Actor for RootActor {
     type Arguments = RootArgs;
 
     async fn pre_start(&self, _myself: ActorRef<Self::Msg>, args: RootArgs) -> Result<RootState, ActorProcessingErr> {
-        Ok(RootState {
-            fabric: args.fabric,
-            executors: HashMap::new(),
-            executions: HashMap::new(),
-            profiles: HashMap::new(),
-        })
+        Ok(RootState { fabric: args.fabric, registry: args.registry, profiles: HashMap::new() })
     }
 
     async fn handle(
@@ -233,11 +253,11 @@ impl Actor for RootActor {
         msg: RootMsg,
         state: &mut RootState,
     ) -> Result<(), ActorProcessingErr> {
-        let root = RootHandle::new(myself.clone());
+        let root = RootHandle::new(myself.clone(), state.registry.clone());
         match msg {
             RootMsg::Executor(id, reply) => {
-                if let Some(found) = state.executors.get(&id) {
-                    let _ = reply.send(Ok(found.clone()));
+                if let Some(found) = read(&state.registry.executors, &id) {
+                    let _ = reply.send(Ok(found));
                     return Ok(());
                 }
                 let args = ExecutorArgs { fabric: state.fabric.clone(), root, public_id: id };
@@ -246,13 +266,13 @@ impl Actor for RootActor {
                     .map(|(actor, _)| actor)
                     .map_err(|e| spawn_failed("executor", id, e));
                 if let Ok(actor) = &result {
-                    state.executors.insert(id, actor.clone());
+                    write(&state.registry.executors).insert(id, actor.clone());
                 }
                 let _ = reply.send(result);
             }
             RootMsg::Execution(id, reply) => {
-                if let Some(found) = state.executions.get(&id) {
-                    let _ = reply.send(Ok(found.clone()));
+                if let Some(found) = read(&state.registry.executions, &id) {
+                    let _ = reply.send(Ok(found));
                     return Ok(());
                 }
                 match state.fabric.store.execution(id).await {
@@ -272,14 +292,14 @@ impl Actor for RootActor {
                     .map(|(actor, _)| actor)
                     .map_err(|e| spawn_failed("execution", id, e));
                 if let Ok(actor) = &result {
-                    state.executions.insert(id, actor.clone());
+                    write(&state.registry.executions).insert(id, actor.clone());
                 }
                 let _ = reply.send(result);
             }
             RootMsg::Census(reply) => {
                 let _ = reply.send(Census {
-                    executors: state.executors.len(),
-                    executions: state.executions.len(),
+                    executors: state.registry.executors.read().map_or(0, |m| m.len()),
+                    executions: state.registry.executions.read().map_or(0, |m| m.len()),
                     profiles: state.profiles.len(),
                     connections: state.fabric.connections.load(std::sync::atomic::Ordering::Relaxed),
                 });
@@ -320,8 +340,8 @@ impl Actor for RootActor {
             if let Some(failure) = failure {
                 tracing::error!(actor = %id, error = %failure, "actor failed; it restarts from the store on next use");
             }
-            state.executors.retain(|_, a| a.get_id() != id);
-            state.executions.retain(|_, a| a.get_id() != id);
+            write(&state.registry.executors).retain(|_, a| a.get_id() != id);
+            write(&state.registry.executions).retain(|_, a| a.get_id() != id);
             state.profiles.retain(|_, a| a.get_id() != id);
         }
         Ok(())

@@ -577,7 +577,7 @@ line two] err=[oops] all=[{"n": 7, "s": " x "}] {{ literal"#
     }
 
     #[test]
-    fn missing_tool_result_or_field_is_provider_error() {
+    fn a_missing_tool_result_is_provider_error_and_a_missing_field_reads_whole() {
         let script = Script::from_json(r#"{"rounds":[{"final":"{{tool:count.stdout}}"}]}"#).expect("parses");
         let missing_id = script.respond(&[user("q")]).expect_err("no tool message");
         assert_eq!(missing_id.key(), "provider_error");
@@ -585,8 +585,8 @@ line two] err=[oops] all=[{"n": 7, "s": " x "}] {{ literal"#
 
         let wrong_field = script
             .respond(&[user("q"), ChatMessage::Tool { tool_call_id: "count".into(), content: "exit_code: 0\n".into() }])
-            .expect_err("no stdout section");
-        assert_eq!(wrong_field.key(), "provider_error");
+            .expect("no stdout section: the result is read whole");
+        assert_eq!(wrong_field.text.as_deref(), Some("exit_code: 0"));
     }
 
     #[test]
