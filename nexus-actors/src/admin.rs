@@ -85,18 +85,29 @@ pub async fn set_member_status(store: &Store, member: Uuid, status: &str) -> Res
 /// credential_epoch"): mints a new transport token under the next epoch. Streams, tokens and
 /// claims of older epochs are fenced; a live old stream is closed within one ping interval.
 ///
+/// A revoked runner is refused: revocation is final (REFERENCE.md 6.1, "After terminal revoke, a
+/// new address is created"), so a token minted for it could never say Hello.
+///
 /// Returns `{"runner_executor_public_id", "credential_epoch", "token"}`.
 ///
 /// # Errors
-/// 404 `not_found` for an unknown runner.
+/// 404 `not_found` for an unknown runner; 409 `not_eligible` for a revoked one.
 pub async fn repair_runner(store: &Store, runner: Uuid) -> Result<Value, Refusal> {
     let (token, credential) = mint(Plane::ExecutorTransport, runner);
-    let epoch = store
-        .repair_executor(runner, &credential)
-        .await
-        .map_err(store_refusal)?
-        .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no runner {runner}")))?;
-    Ok(json!({"runner_executor_public_id": runner, "credential_epoch": epoch, "token": token}))
+    // The store bumps only an active row, so a revocation racing this one cannot be undone.
+    if let Some(epoch) = store.repair_executor(runner, &credential).await.map_err(store_refusal)? {
+        return Ok(json!({"runner_executor_public_id": runner, "credential_epoch": epoch, "token": token}));
+    }
+    // Only `active` and `revoked` exist, and an active row was just bumped above.
+    match store.executor(runner).await.map_err(store_refusal)? {
+        Some(_) => Err(Refusal::new(
+            ErrorCode::NotEligible,
+            format!(
+                "runner {runner} is revoked; revocation is final — create a new runner with `nexus admin runner create`"
+            ),
+        )),
+        None => Err(Refusal::new(ErrorCode::NotFound, format!("no runner {runner}"))),
+    }
 }
 
 /// Revokes a runner: it stays in the store, but is no longer eligible for claims or new work.

@@ -78,6 +78,21 @@ impl Caller {
         }
         Err(Refusal::new(ErrorCode::NotAgent, format!("only an Agent member {what}")))
     }
+
+    /// Refuses a suspended member with 403 `not_authorized`: it keeps its credential and may
+    /// read, but starts no new work. `what` completes "a suspended member may not ...".
+    ///
+    /// # Errors
+    /// `not_authorized` when the member is not `active`.
+    pub fn require_active(&self, what: &str) -> Result<(), Refusal> {
+        if self.member.status == "active" {
+            return Ok(());
+        }
+        Err(Refusal::new(
+            ErrorCode::NotAuthorized,
+            format!("this member is suspended and may not {what}; ask an operator to reinstate it"),
+        ))
+    }
 }
 
 /// `CreateInput`'s fields, already decoded.
@@ -125,6 +140,26 @@ fn internal(e: impl std::fmt::Display) -> Refusal {
 
 fn unavailable() -> Refusal {
     Refusal::new(ErrorCode::Unavailable, "the server is shutting down; retry shortly")
+}
+
+/// Checks a door body: empty (`null`) or a JSON object that names only `known` fields. Every
+/// door that takes a body checks it here, on both transports: a misspelled field is refused
+/// rather than ignored, because ignoring it silently changes what the door does (a stop with
+/// `{"forse": false}` would be a forced one).
+///
+/// # Errors
+/// 400 `parameter_invalid` for a body that is not an object or a field outside `known`.
+pub fn known_fields(body: &Value, known: &[&str]) -> Result<(), Refusal> {
+    let fields = match body {
+        Value::Null => return Ok(()),
+        Value::Object(fields) => fields,
+        _ => return Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be a JSON object")),
+    };
+    let Some(unknown) = fields.keys().find(|key| !known.contains(&key.as_str())) else {
+        return Ok(());
+    };
+    let takes = if known.is_empty() { "no fields".to_owned() } else { known.join(", ") };
+    Err(Refusal::new(ErrorCode::ParameterInvalid, format!("unknown field {unknown}; this door takes {takes}")))
 }
 
 /// Parses an event cursor; empty means the beginning.
@@ -367,7 +402,7 @@ impl Api {
     /// Admits one input and starts its execution.
     ///
     /// # Errors
-    /// 403 `not_agent`; 400 `parameter_missing` (empty text) or `parameter_invalid` (a scalar
+    /// 403 `not_agent`; 403 `not_authorized` for a suspended Agent; 400 `parameter_missing` (empty text) or `parameter_invalid` (a scalar
     /// `tool_names`); 404 `not_found` (unknown conversation); 422 `validation_failed` (an invalid
     /// inline declaration, no declaration at all, or no model to run).
     pub async fn create_input(&self, caller: &Caller, input: CreateInput) -> Result<Admitted, Refusal> {
@@ -377,6 +412,7 @@ impl Api {
                 "inputs are answered by an Agent's profile; use an Agent credential",
             ));
         }
+        caller.require_active("admit inputs")?;
         if input.text.trim().is_empty() {
             return Err(Refusal::new(ErrorCode::ParameterMissing, "text is required"));
         }
@@ -506,17 +542,14 @@ impl Api {
     /// 256 bytes become `error.detail`, and the model reads the origin's tool-use error.
     ///
     /// # Errors
-    /// 400 `parameter_invalid` for a body that is not an object or a `reason` that is not a
-    /// string; otherwise as [`Api::approve_task`].
+    /// 400 `parameter_invalid` for a body that is not an object, a field other than `reason`, or
+    /// a `reason` that is not a string; otherwise as [`Api::approve_task`].
     pub async fn deny_task(&self, caller: &Caller, id: Uuid, task_key: &str, body: &Value) -> Result<Value, Refusal> {
-        let reason = match body {
-            Value::Null => None,
-            Value::Object(fields) => match fields.get("reason") {
-                None | Some(Value::Null) => None,
-                Some(Value::String(reason)) => Some(reason.clone()),
-                Some(_) => return Err(Refusal::new(ErrorCode::ParameterInvalid, "reason must be a string")),
-            },
-            _ => return Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be an object {reason?}")),
+        known_fields(body, &["reason"])?;
+        let reason = match body.get("reason") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(reason)) => Some(reason.clone()),
+            Some(_) => return Err(Refusal::new(ErrorCode::ParameterInvalid, "reason must be a string")),
         };
         self.adjudicate(caller, id, task_key, Adjudication::Deny { reason }).await
     }
@@ -641,10 +674,12 @@ impl Api {
     /// declaration: reused|replaced, declaration_digest}`.
     ///
     /// # Errors
-    /// 404 `not_found`; 400 `parameter_invalid` for a body that is not an object; 409
-    /// `not_regenerable` when the original froze no declaration and none is supplied; 422
-    /// `validation_failed` and the assembly's words for a supplied declaration.
+    /// 404 `not_found`; 403 `not_authorized` for a suspended member; 400 `parameter_invalid` for
+    /// a body that is not an object or names another field; 409 `not_regenerable` when the
+    /// original froze no declaration and none is supplied; 422 `validation_failed` and the
+    /// assembly's words for a supplied declaration.
     pub async fn regenerate(&self, caller: &Caller, id: Uuid, body: &Value) -> Result<Value, Refusal> {
+        caller.require_active("start executions")?;
         let supplied = control::supplied_declaration(body)?;
         let original = self.owned_execution(caller, id).await?;
         let row = control::regenerate(&self.fabric, &original, supplied.as_ref()).await?;
@@ -663,8 +698,8 @@ impl Api {
     /// estimated tokens ([`control::estimate`] says how). Writes nothing.
     ///
     /// # Errors
-    /// 404 `not_found`; 400 `parameter_invalid` for a body that is not an object; 422
-    /// `validation_failed` and the assembly's words for a supplied declaration.
+    /// 404 `not_found`; 400 `parameter_invalid` for a body that is not an object or names another
+    /// field; 422 `validation_failed` and the assembly's words for a supplied declaration.
     pub async fn estimate(&self, caller: &Caller, id: Uuid, body: &Value) -> Result<Value, Refusal> {
         let supplied = control::supplied_declaration(body)?;
         let row = self.owned_execution(caller, id).await?;
@@ -706,10 +741,13 @@ impl Api {
 
     /// The durable events after `after` (a cursor, or empty for the beginning). With `follow`, the
     /// stream waits for new events and ends once the execution is quiescent (completed, canceled
-    /// or needs_attention) and every event has been sent.
+    /// or needs_attention) and every event has been sent, or once the server is closing (the
+    /// watcher resumes from its last cursor on the next server).
     ///
     /// # Errors
-    /// 404 `not_found`; 400 `parameter_invalid` for a bad cursor.
+    /// 404 `not_found`; 400 `parameter_invalid` for a bad cursor, or one ahead of the
+    /// execution's last event (it was never handed out, and a follower would skip every event up
+    /// to it).
     pub async fn events(
         &self,
         caller: &Caller,
@@ -718,12 +756,31 @@ impl Api {
         follow: bool,
     ) -> Result<impl Stream<Item = Result<Event, Refusal>> + Send + 'static + use<>, Refusal> {
         let cursor = parse_cursor(after)?;
-        let row = self.execution(caller, id).await?;
+        let row = self.owned_execution(caller, id).await?;
+        // Events are stored before their cursors are handed out, so a cursor past the last
+        // stored one came from elsewhere (a typo, another execution).
+        if cursor > row.event_seq {
+            return Err(Refusal::new(
+                ErrorCode::ParameterInvalid,
+                format!(
+                    "after is ahead of this execution's events (last is {CURSOR_PREFIX}{}); resume from a cursor you received",
+                    row.event_seq
+                ),
+            ));
+        }
         // A quiet execution writes no more events: a follower reads to the end and stops.
-        let live = !row["status"].as_str().is_some_and(run_status_is_quiescent);
+        let live = !run_status_is_quiescent(&row.status);
         let wake = (follow && live).then(|| self.fabric.events.subscribe(id));
-        let follower =
-            Follower { fabric: self.fabric.clone(), id, cursor, follow, wake, buffer: VecDeque::new(), done: false };
+        let follower = Follower {
+            fabric: self.fabric.clone(),
+            id,
+            cursor,
+            follow,
+            wake,
+            closing: self.fabric.closing.subscribe(),
+            buffer: VecDeque::new(),
+            done: false,
+        };
         Ok(futures::stream::unfold(follower, Follower::next))
     }
 }
@@ -732,7 +789,8 @@ impl Api {
 /// status, claimed, runner_executor_public_id, effect_profile, timeout_ms, deadline_at (for a
 /// parked task, the end of its approval hold; null while its execution is paused),
 /// frozen_remaining_ms (what a paused execution's deadline has left, else null), error_key,
-/// result, approval}`.
+/// error_message, result, approval}`. `error_message` is what the model read for a task settled
+/// with an error key (a `timed_out` or `uncertain` task has no result to show), else null.
 pub fn task_view(task: &TaskRow) -> Value {
     json!({
         "task_key": task.task_key,
@@ -747,6 +805,7 @@ pub fn task_view(task: &TaskRow) -> Value {
         "deadline_at": (!control::is_frozen(task.deadline_at)).then_some(task.deadline_at),
         "frozen_remaining_ms": control::frozen_remaining_ms(task.deadline_at),
         "error_key": task.error_key,
+        "error_message": (task.error_key.is_some() && task.is_settled()).then(|| crate::execution::result_text(task)),
         "result": task.result,
         "approval": task.approval,
     })
@@ -758,6 +817,9 @@ struct Follower {
     cursor: i64,
     follow: bool,
     wake: Option<tokio::sync::watch::Receiver<i64>>,
+    /// Turns true when the server is closing: a follower ends then, so that an open watch does
+    /// not hold the transport's drain.
+    closing: tokio::sync::watch::Receiver<bool>,
     buffer: VecDeque<EventRow>,
     done: bool,
 }
@@ -774,7 +836,7 @@ impl Follower {
                 };
                 return Some((Ok(event), self));
             }
-            if self.done {
+            if self.done || (self.follow && *self.closing.borrow()) {
                 return None;
             }
             let store = &self.fabric.store;
@@ -805,14 +867,22 @@ impl Follower {
                     return Some((Err(internal(e)), self));
                 }
             }
+            let closing = self.closing.wait_for(|closing| *closing);
             match &mut self.wake {
-                Some(wake) => {
-                    if let Ok(Err(_)) = tokio::time::timeout(FOLLOW_POLL, wake.changed()).await {
-                        // The feed closed (the execution went quiet or its actor stopped): poll.
-                        self.wake = None;
+                Some(wake) => tokio::select! {
+                    // Ends the follower (or, should the fabric be gone, stops it all the same).
+                    _ = closing => self.done = true,
+                    woke = tokio::time::timeout(FOLLOW_POLL, wake.changed()) => {
+                        if let Ok(Err(_)) = woke {
+                            // The feed closed (the execution went quiet or its actor stopped): poll.
+                            self.wake = None;
+                        }
                     }
-                }
-                None => tokio::time::sleep(Duration::from_millis(200)).await,
+                },
+                None => tokio::select! {
+                    _ = closing => self.done = true,
+                    () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                },
             }
         }
     }

@@ -227,8 +227,12 @@ pub struct TlsConfig {
     /// CA certificates, PEM, that client certificates must chain to (mutual TLS). Needs `cert`
     /// and `key`. Default: none (no client certificate is asked for).
     pub client_ca: Option<PathBuf>,
-    /// Who must present a client certificate when `client_ca` is set. Default `runners`.
-    pub client_auth: ClientAuth,
+    /// Who must present a client certificate that chains to `client_ca`. Default: unset, which
+    /// means `runners` once `client_ca` is set. It means nothing without `client_ca` (there is
+    /// nothing to verify a certificate against), so setting either value without `client_ca` is
+    /// refused rather than serving with no client-certificate check; use [`Self::client_auth`]
+    /// for the value in force.
+    pub client_auth: Option<ClientAuth>,
     /// Bound on one TLS handshake, in milliseconds; a client still handshaking after it is
     /// dropped. Default 10000.
     pub handshake_timeout_ms: u64,
@@ -236,13 +240,7 @@ pub struct TlsConfig {
 
 impl Default for TlsConfig {
     fn default() -> Self {
-        TlsConfig {
-            cert: None,
-            key: None,
-            client_ca: None,
-            client_auth: ClientAuth::default(),
-            handshake_timeout_ms: 10_000,
-        }
+        TlsConfig { cert: None, key: None, client_ca: None, client_auth: None, handshake_timeout_ms: 10_000 }
     }
 }
 
@@ -252,6 +250,11 @@ impl TlsConfig {
         self.cert.is_some() && self.key.is_some()
     }
 
+    /// Who must present a client certificate under mutual TLS: `client_auth`, else `runners`.
+    pub fn client_auth(&self) -> ClientAuth {
+        self.client_auth.unwrap_or_default()
+    }
+
     /// The handshake bound as a duration.
     pub fn handshake_timeout(&self) -> Duration {
         Duration::from_millis(self.handshake_timeout_ms.max(1))
@@ -259,7 +262,8 @@ impl TlsConfig {
 }
 
 /// Who must present a client certificate that chains to `tls.client_ca`. A certificate that is
-/// presented is always verified; one that does not chain fails the handshake.
+/// presented is always verified; one that does not chain fails the handshake. Either value needs
+/// `tls.client_ca`: without it nexus would check no certificate at all, so it refuses to start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ClientAuth {
@@ -271,6 +275,16 @@ pub enum ClientAuth {
     Runners,
     /// Every connection must present one: a handshake without it is refused, members included.
     Required,
+}
+
+impl ClientAuth {
+    /// The word the config file uses: `runners` or `required`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientAuth::Runners => "runners",
+            ClientAuth::Required => "required",
+        }
+    }
 }
 
 /// A configuration that failed to load.
@@ -304,17 +318,19 @@ pub enum ConfigError {
 }
 
 impl ServerConfig {
-    /// Loads the defaults overlaid by a TOML file, when one is given.
+    /// Loads the defaults overlaid by a TOML file, when one is given. The relations between
+    /// fields are not checked here: flags and the environment may still complete the file (a
+    /// `client_auth` whose `client_ca` comes from `--tls-client-ca`), so the caller runs
+    /// [`Self::validate`] once every layer is applied.
     ///
     /// # Errors
-    /// [`ConfigError`] when the file is unreadable or invalid (unknown keys included).
+    /// [`ConfigError`] when the file is unreadable or not valid TOML for this struct (unknown
+    /// keys included).
     pub fn load(path: Option<&Path>) -> Result<ServerConfig, ConfigError> {
         let Some(path) = path else { return Ok(ServerConfig::default()) };
         let text =
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        let config = Self::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })?;
-        config.validate()?;
-        Ok(config)
+        Self::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })
     }
 
     /// Checks the relations between fields that the types cannot express.
@@ -371,6 +387,12 @@ impl ServerConfig {
         if tls.cert.is_some() != tls.key.is_some() {
             return invalid("tls.cert", "and tls.key must be set together");
         }
+        if tls.client_auth.is_some() && tls.client_ca.is_none() {
+            return invalid(
+                "tls.client_auth",
+                "needs tls.client_ca: set client_ca (or --tls-client-ca) to the CA that client certificates must chain to, or remove client_auth",
+            );
+        }
         if tls.client_ca.is_some() && !tls.enabled() {
             return invalid("tls.client_ca", "needs tls.cert and tls.key (mutual TLS runs over TLS)");
         }
@@ -402,6 +424,7 @@ mod tests {
         assert_eq!(config.tls, TlsConfig::default());
         assert_eq!(config.store, StoreConfig::default());
         assert!(!config.tls.enabled());
+        assert!(config.validate().is_ok(), "the example must start as shipped");
         assert_eq!(config.data_dir, PathBuf::from("nexus-data"));
         let names: Vec<&str> = config.providers.providers.keys().map(String::as_str).collect();
         assert_eq!(names, ["anthropic", "local", "openrouter", "scripted"]);
@@ -454,6 +477,10 @@ mod tests {
             ("[tls]\ncert = \"s.pem\"\n", Some("tls.cert")),
             ("[tls]\nkey = \"s.key\"\n", Some("tls.cert")),
             ("[tls]\nclient_ca = \"ca.pem\"\n", Some("tls.client_ca")),
+            // client_auth without client_ca would serve TLS with no client-certificate check.
+            ("[tls]\ncert = \"s.pem\"\nkey = \"s.key\"\nclient_auth = \"required\"\n", Some("tls.client_auth")),
+            ("[tls]\ncert = \"s.pem\"\nkey = \"s.key\"\nclient_auth = \"runners\"\n", Some("tls.client_auth")),
+            ("[tls]\nclient_auth = \"required\"\n", Some("tls.client_auth")),
             ("[tls]\nhandshake_timeout_ms = 0\n", Some("tls.handshake_timeout_ms")),
         ];
         for (text, refused) in table {
@@ -466,7 +493,7 @@ mod tests {
         }
         let mutual = ServerConfig::from_toml("[tls]\ncert = \"a\"\nkey = \"b\"\nclient_ca = \"c\"\n").expect("parses");
         assert!(mutual.tls.enabled());
-        assert_eq!(mutual.tls.client_auth, ClientAuth::Runners);
+        assert_eq!(mutual.tls.client_auth(), ClientAuth::Runners);
         assert!(ServerConfig::from_toml("[tls]\nclient_auth = \"sometimes\"\n").is_err());
         assert!(ServerConfig::from_toml("[tls]\ncertificate = \"a\"\n").is_err());
     }

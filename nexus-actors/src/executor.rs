@@ -598,7 +598,10 @@ async fn attach(
         state.row = row;
     }
     if state.row.status != "active" {
-        return Err(Refusal::new(ErrorCode::Unauthorized, "this runner is revoked; pair it again"));
+        return Err(Refusal::new(
+            ErrorCode::Unauthorized,
+            "this runner is revoked; revocation is final — create a new runner with `nexus admin runner create`",
+        ));
     }
     if credential_epoch != state.row.credential_epoch {
         return Err(Refusal::new(ErrorCode::Unauthorized, "this credential was fenced by a newer pairing"));

@@ -13,19 +13,19 @@ use tonic::{Request, Response, Status, Streaming};
 
 use nexus_proto::agent::v1::agent_service_server::AgentService;
 use nexus_proto::agent::v1::{
+    CompactExecutionRequest, EstimateContextRequest, PauseExecutionRequest, RegenerateExecutionRequest,
+    ResumeExecutionRequest,
+};
+use nexus_proto::agent::v1::{
     CreateInputReply, CreateInputRequest, DeclareProfileRequest, Execution, ExecutionEvent, ExecutorRequest,
     GetExecutionRequest, GetProfileRequest, JsonReply, JsonRequest, NamedDefinitionRequest, ProfileReply,
     PromptDocumentRequest, StopExecutionRequest, StreamEventsRequest, TaskDecisionRequest,
-};
-use nexus_proto::agent::v1::{
-    CompactExecutionRequest, EstimateContextRequest, PauseExecutionRequest, RegenerateExecutionRequest,
-    ResumeExecutionRequest,
 };
 use nexus_proto::runner::v1::runner_service_server::RunnerService;
 use nexus_proto::runner::v1::{NexusFrame, RunnerFrame};
 use nexus_proto::{ErrorCode, Refusal};
 
-use crate::api::{Api, Caller, CreateInput};
+use crate::api::{Api, Caller, CreateInput, known_fields};
 use crate::auth::bearer;
 use crate::connection::{ConnectionActor, ConnectionArgs};
 
@@ -129,12 +129,11 @@ fn decision_execution(text: &str) -> Result<uuid::Uuid, Status> {
         .map_err(|_| Refusal::new(ErrorCode::NotFound, format!("no execution {text}")).to_status())
 }
 
-/// A door body that must be empty or a JSON object (the retry and abandon doors take none).
-fn empty_or_object(body_json: &str) -> Result<(), Status> {
-    match json_arg(body_json, "body_json")? {
-        None | Some(serde_json::Value::Object(_)) => Ok(()),
-        Some(_) => Err(Refusal::new(ErrorCode::ParameterInvalid, "body_json must be empty or an object").to_status()),
-    }
+/// The `body_json` of a door that takes no fields (approve, retry, abandon): empty or `{}`, as on
+/// the HTTP doors.
+fn empty_body(body_json: &str) -> Result<(), Status> {
+    let body = json_arg(body_json, "body_json")?.unwrap_or_default();
+    known_fields(&body, &[]).map_err(|r| r.to_status())
 }
 
 fn execution_message(value: &serde_json::Value) -> Execution {
@@ -352,9 +351,7 @@ impl AgentService for AgentGrpc {
         let caller = self.caller(&request).await?;
         let body = request.get_ref();
         let id = decision_execution(&body.execution_public_id)?;
-        if !matches!(json_arg(&body.body_json, "body_json")?, None | Some(serde_json::Value::Object(_))) {
-            return Err(Refusal::new(ErrorCode::ParameterInvalid, "body_json must be empty or an object").to_status());
-        }
+        empty_body(&body.body_json)?;
         Ok(reply(&self.api.approve_task(&caller, id, &body.task_key).await.map_err(|r| r.to_status())?))
     }
 
@@ -370,7 +367,7 @@ impl AgentService for AgentGrpc {
         let caller = self.caller(&request).await?;
         let body = request.get_ref();
         let id = decision_execution(&body.execution_public_id)?;
-        empty_or_object(&body.body_json)?;
+        empty_body(&body.body_json)?;
         Ok(reply(&self.api.retry_task(&caller, id, &body.task_key).await.map_err(|r| r.to_status())?))
     }
 
@@ -378,7 +375,7 @@ impl AgentService for AgentGrpc {
         let caller = self.caller(&request).await?;
         let body = request.get_ref();
         let id = decision_execution(&body.execution_public_id)?;
-        empty_or_object(&body.body_json)?;
+        empty_body(&body.body_json)?;
         Ok(reply(&self.api.abandon_task(&caller, id, &body.task_key).await.map_err(|r| r.to_status())?))
     }
 

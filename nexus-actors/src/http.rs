@@ -15,7 +15,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use serde_json::{Value, json};
@@ -79,6 +79,8 @@ pub fn router(api: Arc<Api>) -> Router {
         .merge(repair::routes())
         .merge(compaction::routes())
         .fallback(not_found)
+        // After every route: it reaches only the routes registered before it.
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(api)
 }
@@ -195,4 +197,11 @@ async fn post_assembly(
 
 async fn not_found() -> HttpRefusal {
     HttpRefusal(Refusal::new(ErrorCode::NotFound, "no such door"))
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> HttpRefusal {
+    HttpRefusal(Refusal::new(
+        ErrorCode::MethodNotAllowed,
+        format!("{method} is not taken by {}; the Allow header names the methods it takes", uri.path()),
+    ))
 }

@@ -132,7 +132,7 @@ enum RunnerCommand {
         #[arg(long)]
         name: String,
     },
-    /// Pair a runner again: a new token under a new credential epoch; the old token, its
+    /// Pair an active runner again: a new token under a new credential epoch; the old token, its
     /// stream and its claims are fenced. Prints {runner_executor_public_id, credential_epoch, token}.
     Repair {
         #[command(flatten)]
@@ -141,7 +141,8 @@ enum RunnerCommand {
         #[arg(long)]
         runner_id: uuid::Uuid,
     },
-    /// Revoke a runner for good: no new claims or dispatch. Prints {runner_executor_public_id, status}.
+    /// Revoke a runner for good: no new claims or dispatch, and `repair` refuses it (create a new
+    /// runner instead). Prints {runner_executor_public_id, status}.
     Revoke {
         #[command(flatten)]
         store: StoreArgs,

@@ -71,6 +71,13 @@ pub enum TlsError {
         /// rustls's reason.
         source: rustls::Error,
     },
+    /// `tls.client_auth` is set without `tls.client_ca`: there is nothing to verify client
+    /// certificates against, and serving anyway would check none.
+    #[error(
+        "tls.client_auth = \"{}\" needs tls.client_ca: set client_ca (or --tls-client-ca) to the CA that client certificates must chain to, or remove client_auth",
+        .0.as_str()
+    )]
+    ClientAuthWithoutCa(ClientAuth),
     /// The client CA file cannot verify client certificates.
     #[error("cannot verify client certificates with tls.client_ca {path}: {reason}")]
     ClientCa {
@@ -102,6 +109,9 @@ impl Acceptor {
     /// Reads the PEM files named by `config` and builds the rustls server configuration, or
     /// `None` when TLS is off.
     pub(crate) fn from_config(config: &TlsConfig) -> Result<Option<Acceptor>, TlsError> {
+        if let (Some(client_auth), None) = (config.client_auth, &config.client_ca) {
+            return Err(TlsError::ClientAuthWithoutCa(client_auth));
+        }
         let (Some(cert_path), Some(key_path)) = (&config.cert, &config.key) else { return Ok(None) };
         install_crypto_provider();
         let provider = CryptoProvider::get_default()
@@ -118,7 +128,7 @@ impl Acceptor {
             Some(ca_path) => {
                 let roots = read_roots("tls.client_ca", ca_path)?;
                 let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
-                let verifier = match config.client_auth {
+                let verifier = match config.client_auth() {
                     ClientAuth::Runners => verifier.allow_unauthenticated(),
                     ClientAuth::Required => verifier,
                 };
@@ -133,7 +143,7 @@ impl Acceptor {
         Ok(Some(Acceptor {
             acceptor: TlsAcceptor::from(Arc::new(server)),
             handshake_timeout: config.handshake_timeout(),
-            gate_runner_stream: config.client_ca.is_some() && config.client_auth == ClientAuth::Runners,
+            gate_runner_stream: config.client_ca.is_some() && config.client_auth() == ClientAuth::Runners,
         }))
     }
 

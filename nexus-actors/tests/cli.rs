@@ -61,6 +61,23 @@ fn admin_refuses_a_data_dir_without_a_store() {
 }
 
 #[test]
+fn serve_refuses_client_auth_without_a_client_ca() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = dir.path().join("nexus.toml");
+    std::fs::write(&config, "[tls]\nclient_auth = \"required\"\n").expect("write");
+    let out = nexus()
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("tls.client_auth") && stderr.contains("client_ca"), "{stderr}");
+}
+
+#[test]
 fn serve_admin_and_a_graceful_sigterm() {
     let dir = tempfile::tempdir().expect("dir");
     let (mut server, addr, lines) = serve(dir.path());
@@ -75,6 +92,15 @@ fn serve_admin_and_a_graceful_sigterm() {
     assert!(runner["runner_executor_public_id"].as_str().is_some());
     let out = admin(dir.path(), &["member", "create", "--kind", "agent", "--handle", "helper"]);
     assert!(!out.status.success(), "a taken handle is refused");
+
+    // Revocation is final: re-pairing a revoked runner fails instead of printing a dead token.
+    let runner_id = runner["runner_executor_public_id"].as_str().expect("id");
+    let out = admin(dir.path(), &["runner", "revoke", "--runner-id", runner_id]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = admin(dir.path(), &["runner", "repair", "--runner-id", runner_id]);
+    assert!(!out.status.success(), "a revoked runner is not paired again");
+    assert!(out.stdout.is_empty(), "no token is printed: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not_eligible"), "{}", String::from_utf8_lossy(&out.stderr));
 
     // A second server on the same data dir refuses to start.
     let second =

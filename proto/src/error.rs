@@ -52,6 +52,8 @@ error_codes! {
     NotAgent => ("not_agent", 403, PermissionDenied),
     NotAuthorized => ("not_authorized", 403, PermissionDenied),
     NotFound => ("not_found", 404, NotFound),
+    // A door that exists, asked with a method it does not take (the `Allow` header names those).
+    MethodNotAllowed => ("method_not_allowed", 405, Unimplemented),
     ContentTooLarge => ("content_too_large", 413, InvalidArgument),
     ValidationFailed => ("validation_failed", 422, InvalidArgument),
     PromptDocumentInvalid => ("prompt_document_invalid", 422, InvalidArgument),

@@ -31,13 +31,15 @@ use self::link::{ConnectError, Connected, HELLO_REQUEST_ID};
 use crate::claim::{ClaimHandle, ControlRequest, RequestError};
 use crate::config::{AgentConfig, ConfigError};
 use crate::error::AgentError;
-use crate::journal::{EntryState, Journal, JournalEntry, TaskKey};
+use crate::journal::{EntryState, Journal, JournalEntry, StateDirLock, TaskKey, lock_state_dir};
 use crate::retry::{self, ReconnectBackoff};
 use crate::sleep_until_opt;
 use crate::tools::{StopReason, ToolContext, ToolOutcome, Toolbox};
 
 /// Requests from claim handles waiting for the loop.
 const CONTROL_CAPACITY: usize = 256;
+/// Two suspected fences (see [`FenceWatch`]) this close together mean a second runner-agent.
+const FENCE_WINDOW: Duration = Duration::from_secs(120);
 
 type Connecting = Pin<Box<dyn Future<Output = Result<Connected, ConnectError>> + Send>>;
 
@@ -61,6 +63,42 @@ enum Pending {
     ClaimStatus(oneshot::Sender<Result<bool, RequestError>>),
 }
 
+/// Notices a second runner-agent using this runner's credential. nexus fences a runner's stream
+/// when a newer one says hello and just closes it, which looks like any other clean close (a
+/// shutdown), so the sign is the pattern: nexus closes the stream and the very next connection is
+/// welcomed, twice within [`FENCE_WINDOW`]. Two such agents take turns at this for as long as both
+/// run; a restarting nexus refuses connections in between, which breaks the pattern.
+#[derive(Default)]
+struct FenceWatch {
+    /// nexus closed the last stream, and no connection attempt failed since.
+    closed_by_nexus: bool,
+    /// When the last suspected fence was seen.
+    last_suspect: Option<Instant>,
+    /// The warning was logged; it is logged once per process.
+    warned: bool,
+}
+
+impl FenceWatch {
+    /// A stream was lost: `by_nexus` when nexus ended it cleanly.
+    fn lost(&mut self, by_nexus: bool) {
+        self.closed_by_nexus = by_nexus;
+    }
+
+    /// Whether to warn now that a connection was welcomed (true at most once).
+    fn welcomed(&mut self, now: Instant) -> bool {
+        if !std::mem::take(&mut self.closed_by_nexus) {
+            return false;
+        }
+        let repeated = self.last_suspect.is_some_and(|at| now.duration_since(at) <= FENCE_WINDOW);
+        self.last_suspect = Some(now);
+        if !repeated || self.warned {
+            return false;
+        }
+        self.warned = true;
+        true
+    }
+}
+
 /// The live stream's sending half and bookkeeping.
 struct Link {
     outbound: mpsc::Sender<RunnerFrame>,
@@ -75,6 +113,9 @@ pub(crate) struct Agent {
     config: AgentConfig,
     endpoint: Endpoint,
     toolbox: Arc<Toolbox>,
+    /// Held for the agent's life: no second runner-agent writes this journal or uses this
+    /// runner's stream meanwhile.
+    _state_lock: StateDirLock,
     journal: Journal,
     /// Tools running now, with the way to stop each.
     running: HashMap<TaskKey, watch::Sender<Option<StopReason>>>,
@@ -90,6 +131,7 @@ pub(crate) struct Agent {
     inbound: Option<Streaming<NexusFrame>>,
     connecting: Option<Connecting>,
     backoff: ReconnectBackoff,
+    fence: FenceWatch,
     control_tx: mpsc::Sender<ControlRequest>,
     control_rx: mpsc::Receiver<ControlRequest>,
     draining: bool,
@@ -106,6 +148,7 @@ impl Agent {
             return Err(workdir_error("not a directory".to_owned()).into());
         }
         config.workdir = workdir.clone();
+        let state_lock = lock_state_dir(&config.state_dir)?;
         let journal = Journal::open(&config.state_dir, config.runner_id)?;
         for entry in journal.entries() {
             let (run_public_id, task_key) = (&entry.key.run_public_id, &entry.key.task_key);
@@ -125,6 +168,7 @@ impl Agent {
             backoff: ReconnectBackoff::new(&config),
             config,
             endpoint,
+            _state_lock: state_lock,
             journal,
             running: HashMap::new(),
             tasks: JoinSet::new(),
@@ -139,6 +183,7 @@ impl Agent {
             control_tx,
             control_rx,
             draining: false,
+            fence: FenceWatch::default(),
         })
     }
 
@@ -184,20 +229,33 @@ impl Agent {
                                 error!(%reason, "tls with nexus failed; not retrying");
                                 return Err(AgentError::Tls(reason));
                             }
-                            warn!(error = %err, "could not open the stream to nexus");
+                            self.fence.lost(false);
+                            if self.plaintext() && err.looks_like_a_tls_port() {
+                                warn!(error = %err, hint = link::PLAINTEXT_TO_TLS_HINT, "could not open the stream to nexus");
+                            } else {
+                                warn!(error = %err, "could not open the stream to nexus");
+                            }
                             self.schedule_reconnect();
                         }
                     }
                 }
                 received = next_frame(&mut self.inbound) => match received {
                     Ok(Some(frame)) => self.on_frame(frame).await,
-                    Ok(None) => self.lose_link("nexus closed the stream"),
+                    Ok(None) => {
+                        self.lose_link("nexus closed the stream");
+                        self.fence.lost(true);
+                    }
                     Err(status) => self.lose_link(&format!("the stream failed: {status}")),
                 },
                 () = sleep_until_opt(silent_at) => self.lose_link("no frame from nexus within the liveness bound"),
                 _ = maintenance.tick() => self.maintain().await,
             }
         }
+    }
+
+    /// Whether the URL asks for plaintext (`http://`).
+    fn plaintext(&self) -> bool {
+        self.config.nexus_url.get(..7).is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
     }
 
     fn hello(&self) -> Hello {
@@ -231,6 +289,13 @@ impl Agent {
             liveness_ms = u64::try_from(liveness.as_millis()).unwrap_or(u64::MAX),
             "connected to nexus"
         );
+        if self.fence.welcomed(Instant::now()) {
+            warn!(
+                "nexus keeps closing this runner's stream and welcoming it straight back: another runner-agent may be \
+                 using this runner's credential, each new stream fencing the other; stop it, or give it a runner of its \
+                 own (nexus admin runner create)"
+            );
+        }
         self.attach(outbound, liveness);
         self.inbound = Some(inbound);
         self.after_connect().await;
@@ -257,6 +322,7 @@ impl Agent {
 
     fn lose_link(&mut self, reason: &str) {
         let Some(link) = self.link.take() else { return };
+        self.fence.lost(false);
         self.inbound = None;
         warn!(reason, "lost the stream to nexus");
         for (pending, _) in link.pending.into_values() {

@@ -67,7 +67,7 @@ pub struct AgentConfig {
     /// exist.
     pub workdir: PathBuf,
     /// Where the journal lives. Default: [`default_state_dir`] for `runner_id`; created if
-    /// missing.
+    /// missing. [`run`](crate::run) locks it for its lifetime, so one agent at a time uses it.
     pub state_dir: PathBuf,
     /// How many tools run at once; the agent claims no more than it can start. Default 4, at
     /// least 1.

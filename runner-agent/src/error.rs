@@ -12,7 +12,8 @@ pub enum AgentError {
     /// The configuration cannot be used; nothing was started.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The journal cannot be read; nothing was started.
+    /// The journal cannot be read, or another runner-agent holds the state directory
+    /// ([`JournalError::InUse`]); nothing was started.
     #[error(transparent)]
     Journal(#[from] JournalError),
     /// nexus refused this runner's hello with a final word (`unauthorized` for a rejected

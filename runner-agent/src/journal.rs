@@ -24,9 +24,13 @@
 //! the commit or refuses it for good, or once its deadline has passed. A `running` entry found at
 //! start-up belongs to a tool that was interrupted: it is never run again, and nexus settles it by
 //! expiry.
+//!
+//! One runner-agent at a time owns a state directory: [`lock_state_dir`] takes an exclusive
+//! advisory lock on `<state-dir>/runner-agent.lock` for the life of the process, so a second
+//! runner-agent on the same directory stops at once instead of writing the same journal.
 
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -34,6 +38,8 @@ use uuid::Uuid;
 
 /// The journal's file name inside the state directory.
 pub const JOURNAL_FILE: &str = "journal.json";
+/// The lock file inside the state directory; it holds the owner's pid, for the operator.
+pub const LOCK_FILE: &str = "runner-agent.lock";
 const FORMAT_VERSION: u32 = 1;
 
 /// Identifies one task: the run it belongs to and its key inside that run.
@@ -109,6 +115,18 @@ pub enum JournalError {
         /// What is wrong with it.
         reason: String,
     },
+    /// Another runner-agent holds the state directory's lock: two processes would fence each
+    /// other's streams and overwrite each other's journal.
+    #[error(
+        "another runner-agent holds {path} (pid {}): stop it, or give this one its own --state-dir",
+        pid.map_or_else(|| "unknown".to_owned(), |pid| pid.to_string())
+    )]
+    InUse {
+        /// The state directory.
+        path: PathBuf,
+        /// The holder's pid, as it recorded it (absent while it is still writing it).
+        pid: Option<u32>,
+    },
     /// The journal belongs to another runner: two runners must not share a state directory.
     #[error("journal {path} belongs to runner {found}, not {expected}")]
     WrongRunner {
@@ -119,6 +137,39 @@ pub enum JournalError {
         /// The runner this agent runs as.
         expected: Uuid,
     },
+}
+
+/// The exclusive lock on a state directory, held until this value drops (or the process dies:
+/// the kernel releases it then, so a killed runner-agent leaves no stale lock behind).
+#[derive(Debug)]
+pub struct StateDirLock {
+    _file: std::fs::File,
+}
+
+/// Takes the exclusive lock on `state_dir` (creating the directory if needed) and records this
+/// process's pid in it. Never waits.
+///
+/// # Errors
+/// [`JournalError::InUse`] when another process holds it, with that process's pid when it is
+/// known, and [`JournalError::Io`] when the directory or lock file cannot be used.
+pub fn lock_state_dir(state_dir: &Path) -> Result<StateDirLock, JournalError> {
+    std::fs::create_dir_all(state_dir).map_err(|error| JournalError::Io { path: state_dir.to_owned(), error })?;
+    let path = state_dir.join(LOCK_FILE);
+    let io = |error| JournalError::Io { path: path.clone(), error };
+    let mut file =
+        std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path).map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut text = String::new();
+            let pid = file.read_to_string(&mut text).ok().and_then(|_| text.trim().parse().ok());
+            return Err(JournalError::InUse { path: state_dir.to_owned(), pid });
+        }
+        Err(std::fs::TryLockError::Error(error)) => return Err(io(error)),
+    }
+    file.set_len(0).map_err(io)?;
+    file.write_all(format!("{}\n", std::process::id()).as_bytes()).map_err(io)?;
+    Ok(StateDirLock { _file: file })
 }
 
 /// The in-memory journal; mutate it, then [`persist`](Journal::persist) it.
@@ -240,6 +291,24 @@ mod tests {
 
     fn key(task: &str) -> TaskKey {
         TaskKey { run_public_id: "run-1".into(), task_key: task.into() }
+    }
+
+    #[test]
+    fn one_holder_at_a_time_locks_a_state_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let held = lock_state_dir(&state).unwrap();
+        match lock_state_dir(&state) {
+            Err(JournalError::InUse { path, pid }) => {
+                assert_eq!(path, state);
+                assert_eq!(pid, Some(std::process::id()), "the holder's pid is named");
+            }
+            other => panic!("expected InUse, got {other:?}"),
+        }
+        drop(held);
+        let again = lock_state_dir(&state).expect("a released lock is taken again");
+        assert!(lock_state_dir(&dir.path().join("other")).is_ok(), "another state dir is free");
+        drop(again);
     }
 
     #[tokio::test]

@@ -38,7 +38,8 @@ pub use crate::error::AgentError;
 ///
 /// # Errors
 /// [`AgentError::Config`] or [`AgentError::Journal`] before anything starts (an unreadable or
-/// invalid TLS file is [`ConfigError::TlsFile`], naming it), [`AgentError::Refused`] when nexus
+/// invalid TLS file is [`ConfigError::TlsFile`], naming it; a state dir that another runner-agent
+/// holds is [`journal::JournalError::InUse`]), [`AgentError::Refused`] when nexus
 /// refuses the hello with a final word such as `unauthorized`, and [`AgentError::Tls`] when TLS
 /// with nexus fails for a reason retrying cannot mend (an untrusted server certificate, a refused
 /// or missing client certificate).

@@ -26,8 +26,9 @@ struct Cli {
     /// Directory the tools run in; file tools cannot leave it.
     #[arg(long, env = "NEXUS_RUNNER_WORKDIR")]
     workdir: PathBuf,
-    /// Where the claim journal lives [default: $XDG_STATE_HOME/nexus-runner-agent/RUNNER_ID,
-    /// else $HOME/.local/state/nexus-runner-agent/RUNNER_ID, else under the temp dir].
+    /// Where the claim journal lives; one runner-agent at a time holds it (a second one stops at
+    /// once) [default: $XDG_STATE_HOME/nexus-runner-agent/RUNNER_ID, else
+    /// $HOME/.local/state/nexus-runner-agent/RUNNER_ID, else under the temp dir].
     #[arg(long, env = "NEXUS_RUNNER_STATE_DIR")]
     state_dir: Option<PathBuf>,
     /// How many tools run at once.

@@ -1,7 +1,9 @@
 //! `run` against a scripted nexus on 127.0.0.1:0: each test plays the server side of the stream
-//! frame by frame (hello, announce, claim, commit, a dropped stream, a silent stream, shutdown).
+//! frame by frame (hello, announce, claim, commit, a dropped stream, a silent stream, shutdown,
+//! a stream fenced again and again), and a second runner-agent on a state dir already held.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nexus_proto::runner::v1::runner_service_server::{RunnerService, RunnerServiceServer};
@@ -9,7 +11,7 @@ use nexus_proto::runner::v1::{
     Announced, ClaimGranted, Committed, NexusFrame, Refusal, RunnerFrame, Welcome, WorkAvailable, nexus_frame,
     runner_frame,
 };
-use nexus_runner_agent::journal::Journal;
+use nexus_runner_agent::journal::{Journal, JournalError};
 use nexus_runner_agent::{AgentConfig, AgentError, Credential};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
@@ -317,4 +319,111 @@ async fn shutdown_kills_a_running_tool_and_commits_what_happened() {
     assert!(finished(agent).await.is_ok());
     assert!(started.elapsed() < Duration::from_secs(5), "shutdown took {:?}", started.elapsed());
     assert!(journal_tasks(nexus.state_dir()).is_empty());
+}
+
+/// Log lines written while the guard lives, on this thread (the agent's loop runs on the test's
+/// current-thread runtime).
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let logs = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || logs.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn count(&self, needle: &str) -> usize {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).matches(needle).count()
+    }
+}
+
+#[tokio::test]
+async fn a_stream_fenced_again_and_again_warns_once_of_a_second_agent() {
+    const SIGN: &str = "another runner-agent may be using this runner's credential";
+    let logs = Logs::default();
+    let _guard = logs.capture();
+    let mut nexus = Harness::start().await;
+    let (stop, agent) = spawn_agent(nexus.config.clone());
+
+    // nexus closes each stream (as it does when a newer stream of the runner says hello) and
+    // welcomes the next connection at once.
+    let mut conn = nexus.accept().await;
+    conn.welcome(15_000).await;
+    conn.announced().await;
+    drop(conn);
+    let mut conn = nexus.accept().await;
+    conn.welcome(15_000).await;
+    conn.announced().await;
+    assert_eq!(logs.count(SIGN), 0, "one clean close is not a pattern (a restart looks the same)");
+    for _ in 0..3 {
+        drop(conn);
+        conn = nexus.accept().await;
+        conn.welcome(15_000).await;
+        conn.announced().await;
+    }
+    assert_eq!(logs.count(SIGN), 1, "warned once: {}", String::from_utf8_lossy(&logs.0.lock().unwrap()));
+
+    stop.send(()).unwrap();
+    assert!(finished(agent).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_second_agent_on_a_held_state_dir_stops_at_once() {
+    let mut nexus = Harness::start().await;
+    let (stop, agent) = spawn_agent(nexus.config.clone());
+    let mut conn = nexus.accept().await;
+    conn.welcome(15_000).await;
+
+    // In this process: the second run names the state dir and the holder's pid.
+    let second = finished(spawn_agent(nexus.config.clone()).1).await;
+    match second {
+        Err(AgentError::Journal(JournalError::InUse { path, pid })) => {
+            assert_eq!(path, nexus.config.state_dir);
+            assert_eq!(pid, Some(std::process::id()));
+        }
+        other => panic!("expected the state dir in use, got {other:?}"),
+    }
+    // The binary, as an operator starts it, exits at once without connecting.
+    let token_file = nexus.config.state_dir.parent().unwrap().join("token");
+    std::fs::write(&token_file, "secret-token").unwrap();
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_runner-agent"))
+        .arg("--nexus")
+        .arg(&nexus.config.nexus_url)
+        .arg("--runner-id")
+        .arg(RUNNER.to_string())
+        .arg("--token-file")
+        .arg(&token_file)
+        .arg("--workdir")
+        .arg(&nexus.config.workdir)
+        .arg("--state-dir")
+        .arg(&nexus.config.state_dir)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(started.elapsed() < PATIENCE);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("pid {}", std::process::id())), "{stderr}");
+    assert!(nexus.connections.try_recv().is_err(), "the second agent never connected");
+
+    stop.send(()).unwrap();
+    assert!(finished(agent).await.is_ok());
+    drop(conn);
 }

@@ -233,6 +233,14 @@ async fn a_denial_over_grpc_reaches_the_model_as_the_tool_use_error() {
     let status =
         client.deny_task(authed(decision(run, "r1t0", json!({"reason": 3})), &f.agent)).await.expect_err("refused");
     assert_eq!(Refusal::from_status(&status).code, "parameter_invalid");
+    // A misspelled field is refused, never ignored: the call stays parked.
+    let status =
+        client.deny_task(authed(decision(run, "r1t0", json!({"reasn": "no"})), &f.agent)).await.expect_err("refused");
+    assert_eq!(Refusal::from_status(&status).code, "parameter_invalid");
+    let status =
+        client.approve_task(authed(decision(run, "r1t0", json!({"ok": true})), &f.agent)).await.expect_err("refused");
+    assert_eq!(Refusal::from_status(&status).code, "parameter_invalid");
+    task_in(&f.server, run, "r1t0", "needs_approval").await;
 
     let reason = "not on this machine";
     let reply = client

@@ -761,7 +761,18 @@ async fn the_control_doors_refuse_with_their_words() {
         (200, Some("completed")),
         "a finished run is as it is"
     );
-    for (verb, body) in [("pause", json!({"force": "yes"})), ("stop", json!({"force": 1})), ("resume", json!([1]))] {
+    let rows = [
+        ("pause", json!({"force": "yes"})),
+        ("stop", json!({"force": 1})),
+        ("resume", json!([1])),
+        // A misspelled field is refused, never ignored (it would stop by force, or reuse the
+        // frozen declaration).
+        ("stop", json!({"forse": false})),
+        ("pause", json!({"force": true, "why": "x"})),
+        ("regenerate", json!({"execution_declaraton": {"default_model": "scripted/words"}})),
+        ("estimate", json!({"execution_declaraton": {}})),
+    ];
+    for (verb, body) in rows {
         let bad = http.post(&door(run, verb), &body).await;
         assert_eq!((bad.status, bad.code()), (400, Some("parameter_invalid")), "{verb} {body}");
     }

@@ -520,6 +520,21 @@ async fn a_revoked_runner_gets_no_new_work_and_leaves_discovery() {
 }
 
 #[tokio::test]
+async fn a_revoked_runner_is_never_paired_again() {
+    let server = TestServer::start(&[]).await;
+    let runner = server.runner("runner").await;
+    nexus_actors::admin::revoke_runner(server.store(), runner.id).await.expect("revoked");
+    let refused = nexus_actors::admin::repair_runner(server.store(), runner.id).await.expect_err("refused");
+    assert_eq!(refused.code, "not_eligible");
+    let row = server.store().executor(runner.id).await.expect("store").expect("row");
+    assert_eq!((row.status.as_str(), row.credential_epoch), ("revoked", 0), "the row is left as it was");
+    let (_raw, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
+    assert_eq!(hello.code(), Some("unauthorized"));
+    let unknown = nexus_actors::admin::repair_runner(server.store(), uuid::Uuid::new_v4()).await.expect_err("unknown");
+    assert_eq!(unknown.code, "not_found");
+}
+
+#[tokio::test]
 async fn discovery_shows_presence_and_refuses_other_kinds() {
     let server = TestServer::start(&[]).await;
     let agent = server.agent("agent").await;

@@ -4,8 +4,13 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tonic::transport::{Channel, Endpoint};
+use uuid::Uuid;
 
-use nexus_tests::{Http, Minted, TestServer, wait_until};
+use nexus_proto::Refusal;
+use nexus_proto::agent::v1::agent_service_client::AgentServiceClient;
+use nexus_proto::agent::v1::{CreateInputRequest, StreamEventsRequest, TaskDecisionRequest};
+use nexus_tests::{Http, Minted, RawRunner, TestServer, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -112,7 +117,7 @@ async fn admit_read_page_and_watch_over_http() {
     assert_eq!(resumed.iter().map(|f| &f.0).collect::<Vec<_>>(), all[1..].iter().map(|f| &f.0).collect::<Vec<_>>());
 
     // Bounds and cursors are refused with their words.
-    for bad in ["limit=0", "limit=201", "limit=x", "after=nonsense", "after=cvei_01"] {
+    for bad in ["limit=0", "limit=201", "limit=x", "after=nonsense", "after=cvei_01", "after=cvei_99999"] {
         let answer = http.get(&format!("{events}?{bad}")).await;
         assert_eq!((answer.status, answer.code()), (400, Some("parameter_invalid")), "{bad}: {answer:?}");
     }
@@ -142,6 +147,10 @@ async fn http_admission_refuses_bad_input_and_other_members() {
     }
     let not_json = http.send(reqwest::Method::POST, "/agent_api/v1/inputs", Some("{".into())).await;
     assert_eq!((not_json.status, not_json.code()), (400, Some("parameter_missing")));
+    for not_an_object in ["[1]", "\"hi\"", "7"] {
+        let answer = http.send(reqwest::Method::POST, "/agent_api/v1/inputs", Some(not_an_object.into())).await;
+        assert_eq!((answer.status, answer.code()), (400, Some("parameter_invalid")), "{not_an_object}: {answer:?}");
+    }
     let as_human =
         Http::new(&server.url(), Some(&human.token)).post("/agent_api/v1/inputs", &json!({"text": "x"})).await;
     assert_eq!((as_human.status, as_human.code()), (403, Some("not_agent")), "{as_human:?}");
@@ -223,4 +232,283 @@ async fn a_live_watch_carries_transcript_deltas_and_pages_never_do() {
     let types: Vec<&str> =
         page.body["items"].as_array().expect("items").iter().filter_map(|i| i["type"].as_str()).collect();
     assert!(types.contains(&"round_result") && !types.contains(&"text_delta"), "{types:?}");
+}
+
+async fn client(server: &TestServer) -> AgentServiceClient<Channel> {
+    let channel = Endpoint::from_shared(server.url()).expect("url").connect().await.expect("connect");
+    AgentServiceClient::new(channel)
+}
+
+fn authed<T>(message: T, member: &Minted) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert("authorization", format!("Bearer {}", member.token).parse().expect("header"));
+    request
+}
+
+/// `scripted/parked`: round 1 calls the kernel tool `runners_list`, which parks for approval.
+fn parked_script() -> (&'static str, Value) {
+    (
+        "parked",
+        json!({"rounds": [
+            {"tool_calls": [{"id": "k", "name": "runners_list", "arguments": {}}]},
+            {"final": "done"}
+        ]}),
+    )
+}
+
+/// Declares `scripted/parked` under approval `ask`, admits an input, and waits until its call
+/// `r1t0` is parked and narrated: a live execution that does nothing until it is told.
+async fn parked(server: &TestServer, http: &Http) -> String {
+    let declared = http
+        .declare(&json!({"configuration": {"default_model": "scripted/parked", "approval_mode": "ask",
+                                           "kernel_tools": ["nexus.runners.list"]}}))
+        .await;
+    assert_eq!(declared.status, 200, "{declared:?}");
+    let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "go"})).await;
+    assert_eq!(admitted.status, 201, "{admitted:?}");
+    let execution = admitted.body["execution_public_id"].as_str().expect("id").to_owned();
+    let run: Uuid = execution.parse().expect("uuid");
+    wait_until("the call parks and is narrated", WAIT, || async {
+        let task = server.store().task(run, "r1t0").await.ok()??;
+        let events = server.store().events_after(run, 0, i64::MAX).await.ok()?;
+        (task.status == "needs_approval" && events.iter().any(|e| e.event_type == "approval_required")).then_some(())
+    })
+    .await;
+    execution
+}
+
+#[tokio::test]
+async fn every_execution_door_refuses_unknown_fields_and_bodies_that_are_not_objects() {
+    let server = TestServer::start(&[parked_script()]).await;
+    let agent = server.agent("agent").await;
+    let http = Http::new(&server.url(), Some(&agent.token));
+    let execution = parked(&server, &http).await;
+    let door = |verb: &str| format!("/agent_api/v1/executions/{execution}/{verb}");
+    let declaration = json!({"default_model": "scripted/parked"});
+    // One row per door: a misspelled field (each would have changed what the door does, or
+    // done it anyway), then a JSON body that is not an object.
+    let rows = [
+        ("/agent_api/v1/inputs".to_owned(), json!({"text": "x", "txt": "y"})),
+        (door("stop"), json!({"forse": false})),
+        (door("pause"), json!({"forse": true})),
+        (door("resume"), json!({"now": true})),
+        (door("regenerate"), json!({"execution_declaraton": declaration})),
+        (door("estimate"), json!({"execution_declaraton": declaration})),
+        (door("compact"), json!({"now": true})),
+        (door("tasks/r1t0/approve"), json!({"approved": true})),
+        (door("tasks/r1t0/deny"), json!({"reasn": "no"})),
+        (door("tasks/r1t0/retry"), json!({"now": true})),
+        (door("tasks/r1t0/abandon"), json!({"now": true})),
+    ];
+    let before = server.store().fingerprint().await.expect("fingerprint");
+    for (path, misspelled) in &rows {
+        let answer = http.post(path, misspelled).await;
+        assert_eq!((answer.status, answer.code()), (400, Some("parameter_invalid")), "{path} {misspelled}: {answer:?}");
+        assert!(!answer.message().is_empty(), "{path}: the message says what to do");
+        for not_an_object in ["[1]", "\"force\"", "true"] {
+            let answer = http.send(reqwest::Method::POST, path, Some(not_an_object.into())).await;
+            assert_eq!((answer.status, answer.code()), (400, Some("parameter_invalid")), "{path} {not_an_object}");
+        }
+    }
+    // The gRPC twins whose body_json carries a door body follow the same rule.
+    let mut client = client(&server).await;
+    for (verb, body_json) in [
+        ("approve", r#"{"approved":true}"#),
+        ("deny", r#"{"reasn":"no"}"#),
+        ("retry", "[1]"),
+        ("abandon", r#"{"x":1}"#),
+    ] {
+        let request = TaskDecisionRequest {
+            execution_public_id: execution.clone(),
+            task_key: "r1t0".into(),
+            body_json: body_json.into(),
+        };
+        let request = authed(request, &agent);
+        let refused = match verb {
+            "approve" => client.approve_task(request).await.map(|_| ()),
+            "deny" => client.deny_task(request).await.map(|_| ()),
+            "retry" => client.retry_task(request).await.map(|_| ()),
+            _ => client.abandon_task(request).await.map(|_| ()),
+        }
+        .expect_err("refused");
+        assert_eq!(Refusal::from_status(&refused).code, "parameter_invalid", "{verb} {body_json}");
+    }
+    assert_eq!(server.store().fingerprint().await.expect("fingerprint"), before, "refused bodies changed nothing");
+
+    // The known fields still work: the parked call is denied with its reason.
+    let denied = http.post(&door("tasks/r1t0/deny"), &json!({"reason": "no"})).await;
+    assert_eq!((denied.status, denied.body["status"].as_str()), (200, Some("failed")), "{denied:?}");
+}
+
+#[tokio::test]
+async fn an_events_cursor_ahead_of_the_log_is_refused_on_every_event_door() {
+    let server = TestServer::start(&[parked_script()]).await;
+    let agent = server.agent("agent").await;
+    let http = Http::new(&server.url(), Some(&agent.token));
+    let execution = parked(&server, &http).await;
+    let run: Uuid = execution.parse().expect("uuid");
+    let last = server.store().execution(run).await.expect("store").expect("execution").event_seq;
+    let events = format!("/agent_api/v1/executions/{execution}/events");
+
+    // The last cursor handed out is fine: nothing new yet.
+    let at_end = http.get(&format!("{events}?after=cvei_{last}")).await;
+    assert_eq!((at_end.status, &at_end.body["items"]), (200, &json!([])), "{at_end:?}");
+    let ahead = format!("cvei_{}", last + 1);
+    let page = http.get(&format!("{events}?after={ahead}")).await;
+    assert_eq!((page.status, page.code()), (400, Some("parameter_invalid")), "{page:?}");
+    // The live stream would have skipped every event up to the cursor: refused before it starts,
+    // from the query and from a reconnect's Last-Event-ID alike.
+    let (status, _) = sse(&server, &agent, &format!("{events}/stream?after=cvei_50"), None).await;
+    assert_eq!(status, 400);
+    let (status, _) = sse(&server, &agent, &format!("{events}/stream"), Some(&ahead)).await;
+    assert_eq!(status, 400);
+    let mut client = client(&server).await;
+    for follow in [false, true] {
+        let request = StreamEventsRequest {
+            execution_public_id: execution.clone(),
+            after: ahead.clone(),
+            follow,
+            transcript: false,
+        };
+        let refused = client.stream_events(authed(request, &agent)).await.expect_err("refused");
+        assert_eq!(Refusal::from_status(&refused).code, "parameter_invalid", "follow {follow}");
+    }
+}
+
+#[tokio::test]
+async fn shutdown_ends_open_event_watches_promptly_and_cleanly() {
+    let server = TestServer::start(&[parked_script()]).await;
+    let agent = server.agent("agent").await;
+    let http = Http::new(&server.url(), Some(&agent.token));
+    let execution = parked(&server, &http).await;
+
+    // An SSE watcher and a gRPC follower on the live execution; once their answers have started,
+    // both followers are attached.
+    let url = format!("{}/agent_api/v1/executions/{execution}/events/stream", server.url());
+    let watch = reqwest::Client::new().get(url).bearer_auth(&agent.token).send().await.expect("watch");
+    assert_eq!(watch.status().as_u16(), 200);
+    let mut client = client(&server).await;
+    let request =
+        StreamEventsRequest { execution_public_id: execution, after: String::new(), follow: true, transcript: false };
+    let mut follower = client.stream_events(authed(request, &agent)).await.expect("follow").into_inner();
+
+    // The liveness bound is generous; an open watch used to hold the drain for its full 10 s.
+    let TestServer { server: running, data_dir: _data_dir, database: _database } = server;
+    let stopped = tokio::time::timeout(Duration::from_secs(5), running.shutdown()).await;
+    assert!(matches!(stopped, Ok(Ok(()))), "shutdown completes promptly with a watcher open: {stopped:?}");
+
+    // Each stream ends cleanly, after the events it was sent.
+    let body =
+        tokio::time::timeout(Duration::from_secs(5), watch.text()).await.expect("the watch ends").expect("a clean end");
+    assert!(body.contains("event: approval_required"), "{body}");
+    let mut received = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), follower.message()).await.expect("the follower ends") {
+            Ok(Some(event)) => received.push(event.r#type),
+            Ok(None) => break,
+            Err(status) => panic!("the gRPC stream ended with an error: {status:?}"),
+        }
+    }
+    assert!(received.iter().any(|t| t == "approval_required"), "{received:?}");
+}
+
+#[tokio::test]
+async fn a_suspended_agent_reads_but_admits_and_regenerates_nothing() {
+    let server = TestServer::start(&[parked_script()]).await;
+    let agent = server.agent("agent").await;
+    let http = Http::new(&server.url(), Some(&agent.token));
+    let execution = parked(&server, &http).await;
+    assert!(server.store().set_member_status(agent.id, "suspended").await.expect("suspended"));
+    let before = server.store().fingerprint().await.expect("fingerprint");
+
+    let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "more"})).await;
+    assert_eq!((admitted.status, admitted.code()), (403, Some("not_authorized")), "{admitted:?}");
+    let regenerated = http.post(&format!("/agent_api/v1/executions/{execution}/regenerate"), &json!({})).await;
+    assert_eq!((regenerated.status, regenerated.code()), (403, Some("not_authorized")), "{regenerated:?}");
+    let mut client = client(&server).await;
+    let request = CreateInputRequest { text: "more".into(), ..CreateInputRequest::default() };
+    let refused = client.create_input(authed(request, &agent)).await.expect_err("refused");
+    assert_eq!(Refusal::from_status(&refused).code, "not_authorized");
+    // Reading stays allowed.
+    for path in
+        [format!("/agent_api/v1/executions/{execution}"), format!("/agent_api/v1/executions/{execution}/events")]
+    {
+        let read = http.get(&path).await;
+        assert_eq!(read.status, 200, "{path}: {read:?}");
+    }
+    assert_eq!(server.store().fingerprint().await.expect("fingerprint"), before, "a suspended Agent started nothing");
+
+    assert!(server.store().set_member_status(agent.id, "active").await.expect("reinstated"));
+    let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "more"})).await;
+    assert_eq!(admitted.status, 201, "reinstated: {admitted:?}");
+}
+
+#[tokio::test]
+async fn a_door_asked_with_the_wrong_method_answers_405_with_a_word() {
+    let server = TestServer::start(&[]).await;
+    let agent = server.agent("agent").await;
+    let http = Http::new(&server.url(), Some(&agent.token));
+    let execution = Uuid::new_v4();
+    let rows = [
+        (reqwest::Method::DELETE, "/agent_api/v1/inputs".to_owned()),
+        (reqwest::Method::GET, "/agent_api/v1/inputs".to_owned()),
+        (reqwest::Method::GET, format!("/agent_api/v1/executions/{execution}/stop")),
+        (reqwest::Method::POST, format!("/agent_api/v1/executions/{execution}")),
+        (reqwest::Method::PUT, "/agent_api/v1/profile".to_owned()),
+    ];
+    for (method, path) in rows {
+        let answer = http.send(method.clone(), &path, None).await;
+        assert_eq!((answer.status, answer.code()), (405, Some("method_not_allowed")), "{method} {path}: {answer:?}");
+        assert!(!answer.message().is_empty(), "{method} {path}");
+    }
+    let response =
+        reqwest::Client::new().delete(format!("{}/agent_api/v1/inputs", server.url())).send().await.expect("request");
+    let allow = response.headers().get("allow").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    assert_eq!(allow.as_deref(), Some("POST"), "the Allow header names the methods the door takes");
+    // An unknown path is still 404.
+    let missing = http.get("/agent_api/v1/nothing").await;
+    assert_eq!((missing.status, missing.code()), (404, Some("not_found")));
+}
+
+#[tokio::test]
+async fn a_timed_out_task_shows_its_error_key_and_message() {
+    let script = json!({"rounds": [
+        {"tool_calls": [{"id": "p", "name": "probe", "arguments": {}}]},
+        {"final": "after the timeout"}
+    ]});
+    let server = TestServer::start(&[("expire", script)]).await;
+    let agent = server.agent("agent").await;
+    let runner = server.runner("worker").await;
+    let (raw, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
+    assert_eq!(hello.code(), None, "{hello:?}");
+    let profile = json!({"kind": "read_only", "destructive": false, "effect_scope": "closed",
+                         "idempotency": "intrinsic", "reconciliation": "none"});
+    let tool = json!({"name": "probe", "description": "probe as served.", "input_schema": {"type": "object"},
+                      "effect_profile": profile, "timeout_ms": 300});
+    let announced = raw.announce(&json!({"tools": [tool], "environment": {"name": "worker"}})).await;
+    assert_eq!(announced.code(), None, "{announced:?}");
+    let http = Http::new(&server.url(), Some(&agent.token));
+    let declared = http
+        .declare(&json!({"configuration": {"default_model": "scripted/expire", "approval_mode": "bypass",
+                                           "runner_executor_public_ids": [runner.id]}}))
+        .await;
+    assert_eq!(declared.status, 200, "{declared:?}");
+    let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "go"})).await;
+    let execution = admitted.body["execution_public_id"].as_str().expect("id").to_owned();
+    // Nobody claims the call: it times out.
+    wait_until("the execution completes", WAIT, || async {
+        let row = server.store().execution(execution.parse().ok()?).await.ok()??;
+        (row.status == "completed").then_some(())
+    })
+    .await;
+    let read = http.get(&format!("/agent_api/v1/executions/{execution}")).await;
+    let task = &read.body["tasks"][0];
+    assert_eq!(
+        (task["status"].as_str(), task["error_key"].as_str()),
+        (Some("timed_out"), Some("tool_timeout")),
+        "{task}"
+    );
+    assert_eq!(task["result"], Value::Null, "no result arrived");
+    assert!(task["error_message"].as_str().is_some_and(|m| !m.is_empty()), "a human message: {task}");
+    drop(raw);
 }

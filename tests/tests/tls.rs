@@ -59,7 +59,7 @@ impl Pki {
             cert: Some(self.server.0.clone()),
             key: Some(self.server.1.clone()),
             client_ca: client_auth.map(|_| self.ca.pem.clone()),
-            client_auth: client_auth.unwrap_or_default(),
+            client_auth,
             ..TlsConfig::default()
         }
     }
@@ -354,6 +354,30 @@ async fn unusable_tls_files_are_refused_at_start_naming_the_file() {
         let error = nexus_actors::start(listener, config).await.expect_err("refused");
         assert!(matches!(error, nexus_actors::ServeError::Tls(_)), "{error}");
         assert!(error.to_string().contains(&file.display().to_string()), "{error}");
+        assert!(!data_dir.path().join("nexus.db").exists(), "no store was created");
+    }
+}
+
+#[tokio::test]
+async fn client_auth_without_a_client_ca_is_refused_instead_of_checking_no_certificate() {
+    let pki = Pki::new();
+    for client_auth in [ClientAuth::Required, ClientAuth::Runners] {
+        let tls = TlsConfig { client_ca: None, client_auth: Some(client_auth), ..pki.server_config(None) };
+        let data_dir = tempfile::tempdir().expect("data dir");
+        let config = ServerConfig { data_dir: data_dir.path().to_owned(), tls, ..ServerConfig::default() };
+        // Config validation (what `nexus serve` runs) names the field...
+        let invalid = config.validate().expect_err("refused at validation");
+        assert!(
+            matches!(invalid, nexus_actors::config::ConfigError::Invalid { field: "tls.client_auth", .. }),
+            "{invalid}"
+        );
+        // ...and a start that skipped it still refuses to serve TLS without a client check.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let error = nexus_actors::start(listener, config).await.expect_err("refused at start");
+        assert!(
+            matches!(error, nexus_actors::ServeError::Tls(nexus_actors::tls::TlsError::ClientAuthWithoutCa(auth)) if auth == client_auth),
+            "{error}"
+        );
         assert!(!data_dir.path().join("nexus.db").exists(), "no store was created");
     }
 }

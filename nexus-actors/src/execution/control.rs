@@ -601,17 +601,14 @@ pub async fn resolve(
 }
 
 /// The optional `execution_declaration` of a regenerate or estimate body: `null`, absent, `{}`,
-/// or `{execution_declaration: {...} | null}`. Other fields are ignored (the ordinary parameter
-/// contract).
+/// or `{execution_declaration: {...} | null}`. Any other field is refused: a misspelled one would
+/// otherwise reuse the frozen declaration without a word.
 ///
 /// # Errors
-/// 400 `parameter_invalid` for a body that is not an object.
+/// 400 `parameter_invalid` for a body that is not an object or names another field.
 pub fn supplied_declaration(body: &Value) -> Result<Option<Value>, Refusal> {
-    match body {
-        Value::Null => Ok(None),
-        Value::Object(fields) => Ok(fields.get("execution_declaration").filter(|v| !v.is_null()).cloned()),
-        _ => Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be an object {execution_declaration?}")),
-    }
+    crate::api::known_fields(body, &["execution_declaration"])?;
+    Ok(body.get("execution_declaration").filter(|v| !v.is_null()).cloned())
 }
 
 /// Creates the regeneration of `original` (REFERENCE.md 8, "Regeneration"; R48): a new `pending`
@@ -867,9 +864,11 @@ mod tests {
         assert_eq!(supplied_declaration(&json!({"execution_declaration": null})).ok(), Some(None));
         let declaration = json!({"default_model": "scripted/x"});
         assert_eq!(
-            supplied_declaration(&json!({"execution_declaration": declaration.clone(), "other": 1})).ok(),
-            Some(Some(declaration))
+            supplied_declaration(&json!({"execution_declaration": declaration.clone()})).ok(),
+            Some(Some(declaration.clone()))
         );
-        assert_eq!(supplied_declaration(&json!([1])).unwrap_err().code, "parameter_invalid");
+        for bad in [json!([1]), json!({"execution_declaraton": declaration.clone()}), json!({"other": 1})] {
+            assert_eq!(supplied_declaration(&bad).unwrap_err().code, "parameter_invalid", "{bad}");
+        }
     }
 }

@@ -8,7 +8,8 @@
 //!   with `approval_denied`.
 //!
 //! Both need write standing on the execution (403 `not_authorized`), answer 404 `not_found` for
-//! an unknown execution or task, and 409 `not_awaiting_approval` or `not_adjudicable`.
+//! an unknown execution or task, 400 `parameter_invalid` for a body that is not an object or
+//! names a field the door does not take, and 409 `not_awaiting_approval` or `not_adjudicable`.
 
 use std::sync::Arc;
 
@@ -24,7 +25,7 @@ use uuid::Uuid;
 use nexus_proto::{ErrorCode, Refusal};
 
 use super::{HttpRefusal, HttpResult, caller, json_body};
-use crate::api::Api;
+use crate::api::{Api, known_fields};
 
 /// The approval doors, merged into [`super::router`].
 pub fn routes() -> Router<Arc<Api>> {
@@ -46,6 +47,11 @@ pub(super) fn optional_body(body: Result<Bytes, BytesRejection>) -> Result<Value
     }
 }
 
+/// The body of a door that takes no fields: empty or `{}`.
+pub(super) fn empty_body(body: Result<Bytes, BytesRejection>) -> Result<(), HttpRefusal> {
+    Ok(known_fields(&optional_body(body)?, &[])?)
+}
+
 async fn post_approve(
     State(api): State<Arc<Api>>,
     Path((id, task_key)): Path<(String, String)>,
@@ -53,9 +59,7 @@ async fn post_approve(
     body: Result<Bytes, BytesRejection>,
 ) -> HttpResult {
     let caller = caller(&api, &headers).await?;
-    if !matches!(optional_body(body)?, Value::Null | Value::Object(_)) {
-        return Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be empty or an object").into());
-    }
+    empty_body(body)?;
     Ok(axum::Json(api.approve_task(&caller, execution_id(&id)?, &task_key).await?))
 }
 

@@ -5,7 +5,7 @@
 //!   summary_task_key, task_key, trigger: "manual", mode, status: "waiting"}`.
 //!
 //! It answers 404 `not_found` for an unknown or malformed execution id and for an execution the
-//! caller does not own, 400 `parameter_invalid` for a body that is not an object, and 409
+//! caller does not own, 400 `parameter_invalid` for a body other than empty or `{}`, and 409
 //! `compaction_disabled`, `task_not_queued`, `already_compacted` or `nothing_to_compact`.
 
 use std::sync::Arc;
@@ -18,9 +18,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use serde_json::Value;
 
-use nexus_proto::{ErrorCode, Refusal};
-
-use super::approval::{execution_id, optional_body};
+use super::approval::{empty_body, execution_id};
 use super::{HttpRefusal, caller};
 use crate::api::Api;
 
@@ -36,9 +34,7 @@ async fn post_compact(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, axum::Json<Value>), HttpRefusal> {
     let caller = caller(&api, &headers).await?;
-    if !matches!(optional_body(body)?, Value::Null | Value::Object(_)) {
-        return Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be empty or an object").into());
-    }
+    empty_body(body)?;
     let accepted = api.compact(&caller, execution_id(&id)?).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(accepted)))
 }

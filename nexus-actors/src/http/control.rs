@@ -17,7 +17,7 @@
 //!
 //! Every door answers 404 `not_found` for an unknown or malformed execution id and for an
 //! execution the caller does not own, and 400 `parameter_invalid` for a body that is not an
-//! object or a `force` that is not a boolean. Unknown body fields are ignored.
+//! object, names a field the door does not take, or has a `force` that is not a boolean.
 
 use std::sync::Arc;
 
@@ -31,9 +31,9 @@ use serde_json::Value;
 
 use nexus_proto::{ErrorCode, Refusal};
 
-use super::approval::{execution_id, optional_body};
+use super::approval::{empty_body, execution_id, optional_body};
 use super::{HttpRefusal, HttpResult, caller};
-use crate::api::Api;
+use crate::api::{Api, known_fields};
 
 /// The control doors, merged into [`super::router`].
 pub fn routes() -> Router<Arc<Api>> {
@@ -48,16 +48,14 @@ pub fn routes() -> Router<Arc<Api>> {
 /// `force` of a pause or stop body (`null`, `{}` or `{force: bool}`), or `default` when absent.
 ///
 /// # Errors
-/// 400 `parameter_invalid` for a body that is not an object or a `force` that is not a boolean.
+/// 400 `parameter_invalid` for a body that is not an object, names another field, or has a
+/// `force` that is not a boolean.
 pub fn force_of(body: &Value, default: bool) -> Result<bool, Refusal> {
-    match body {
-        Value::Null => Ok(default),
-        Value::Object(fields) => match fields.get("force") {
-            None | Some(Value::Null) => Ok(default),
-            Some(Value::Bool(force)) => Ok(*force),
-            Some(_) => Err(Refusal::new(ErrorCode::ParameterInvalid, "force must be true or false")),
-        },
-        _ => Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be empty or an object {force?}")),
+    known_fields(body, &["force"])?;
+    match body.get("force") {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(force)) => Ok(*force),
+        Some(_) => Err(Refusal::new(ErrorCode::ParameterInvalid, "force must be true or false")),
     }
 }
 
@@ -79,9 +77,7 @@ async fn post_resume(
     body: Result<Bytes, BytesRejection>,
 ) -> HttpResult {
     let caller = caller(&api, &headers).await?;
-    if !matches!(optional_body(body)?, Value::Null | Value::Object(_)) {
-        return Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be empty or an object").into());
-    }
+    empty_body(body)?;
     Ok(axum::Json(api.resume(&caller, execution_id(&id)?).await?))
 }
 
@@ -131,13 +127,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn force_defaults_per_door_and_refuses_other_shapes() {
+    fn force_defaults_per_door_and_refuses_other_shapes_and_fields() {
         assert_eq!(force_of(&Value::Null, true).ok(), Some(true));
         assert_eq!(force_of(&json!({}), false).ok(), Some(false));
         assert_eq!(force_of(&json!({"force": null}), true).ok(), Some(true));
-        assert_eq!(force_of(&json!({"force": false, "why": "x"}), true).ok(), Some(false));
+        assert_eq!(force_of(&json!({"force": false}), true).ok(), Some(false));
         assert_eq!(force_of(&json!({"force": true}), false).ok(), Some(true));
-        for bad in [json!({"force": "yes"}), json!({"force": 1}), json!([true]), json!("force")] {
+        let shapes = [json!({"force": "yes"}), json!({"force": 1}), json!([true]), json!("force")];
+        let misspelled = [json!({"forse": false}), json!({"force": false, "why": "x"})];
+        for bad in shapes.into_iter().chain(misspelled) {
             assert_eq!(force_of(&bad, true).unwrap_err().code, "parameter_invalid", "{bad}");
         }
     }

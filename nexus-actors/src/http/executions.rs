@@ -32,7 +32,7 @@ use uuid::Uuid;
 use nexus_proto::{ErrorCode, Refusal};
 
 use super::{HttpRefusal, HttpResult, caller, json_body};
-use crate::api::{Api, CreateInput, Event};
+use crate::api::{Api, CreateInput, Event, known_fields};
 
 /// The page size of `GET …/events` when `limit` is absent.
 pub const EVENTS_DEFAULT_LIMIT: usize = 100;
@@ -62,15 +62,10 @@ fn optional_uuid(body: &Value, name: &str) -> Result<Option<Uuid>, Refusal> {
 
 /// Decodes `POST /agent_api/v1/inputs`.
 fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
-    let object = body.as_object().ok_or_else(|| Refusal::new(ErrorCode::ParameterMissing, "the body is an object"))?;
-    if let Some(unknown) = object.keys().find(|k| {
-        !matches!(
-            k.as_str(),
-            "text" | "conversation_public_id" | "execution_declaration" | "runner_executor_public_id" | "tool_names"
-        )
-    }) {
-        return Err(Refusal::new(ErrorCode::ParameterInvalid, format!("unknown field {unknown}")));
-    }
+    known_fields(
+        body,
+        &["text", "conversation_public_id", "execution_declaration", "runner_executor_public_id", "tool_names"],
+    )?;
     let text = match &body["text"] {
         Value::String(text) => text.clone(),
         Value::Null => return Err(Refusal::new(ErrorCode::ParameterMissing, "text is required")),
@@ -79,9 +74,9 @@ fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
     Ok(CreateInput {
         conversation_public_id: optional_uuid(body, "conversation_public_id")?,
         text,
-        execution_declaration: object.get("execution_declaration").filter(|v| !v.is_null()).cloned(),
+        execution_declaration: body.get("execution_declaration").filter(|v| !v.is_null()).cloned(),
         runner_executor_public_id: optional_uuid(body, "runner_executor_public_id")?,
-        tool_names: object.get("tool_names").filter(|v| !v.is_null()).cloned(),
+        tool_names: body.get("tool_names").filter(|v| !v.is_null()).cloned(),
     })
 }
 
@@ -199,6 +194,8 @@ mod tests {
         assert_eq!(create_input(&json!({})).unwrap_err().code, "parameter_missing");
         assert_eq!(create_input(&json!({"text": 3})).unwrap_err().code, "parameter_invalid");
         assert_eq!(create_input(&json!({"text": "x", "txt": "y"})).unwrap_err().code, "parameter_invalid");
+        assert_eq!(create_input(&json!([1])).unwrap_err().code, "parameter_invalid", "not an object");
+        assert_eq!(create_input(&json!("hi")).unwrap_err().code, "parameter_invalid", "not an object");
         assert_eq!(
             create_input(&json!({"text": "x", "conversation_public_id": "nope"})).unwrap_err().code,
             "parameter_invalid"

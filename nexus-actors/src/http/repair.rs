@@ -7,8 +7,9 @@
 //!   task with `failure_resolution: "abandoned"`; the execution goes on.
 //!
 //! Both need write standing on the execution (403 `not_authorized`), answer 404 `not_found` for
-//! an unknown execution or task, and 409 `not_retryable` / `not_abandonable` unless the task is
-//! failed, timed_out or uncertain and still holds its execution.
+//! an unknown execution or task, 400 `parameter_invalid` for a body other than empty or `{}`, and
+//! 409 `not_retryable` / `not_abandonable` unless the task is failed, timed_out or uncertain and
+//! still holds its execution.
 
 use std::sync::Arc;
 
@@ -18,12 +19,9 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::routing::post;
-use serde_json::Value;
 
-use nexus_proto::{ErrorCode, Refusal};
-
-use super::approval::{execution_id, optional_body};
-use super::{HttpRefusal, HttpResult, caller};
+use super::approval::{empty_body, execution_id};
+use super::{HttpResult, caller};
 use crate::api::Api;
 
 /// The repair doors, merged into [`super::router`].
@@ -31,13 +29,6 @@ pub fn routes() -> Router<Arc<Api>> {
     Router::new()
         .route("/agent_api/v1/executions/{id}/tasks/{task_key}/retry", post(post_retry))
         .route("/agent_api/v1/executions/{id}/tasks/{task_key}/abandon", post(post_abandon))
-}
-
-fn empty_body(body: Result<Bytes, BytesRejection>) -> Result<(), HttpRefusal> {
-    match optional_body(body)? {
-        Value::Null | Value::Object(_) => Ok(()),
-        _ => Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be empty or an object").into()),
-    }
 }
 
 async fn post_retry(

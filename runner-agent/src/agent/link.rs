@@ -92,6 +92,48 @@ impl ConnectError {
     }
 }
 
+/// What to tell the operator when a plaintext connection fails the way a TLS port fails it.
+pub(super) const PLAINTEXT_TO_TLS_HINT: &str = "if nexus serves TLS, use an https:// URL and --tls-ca";
+
+impl ConnectError {
+    /// Whether this failure is what a TLS port does to plaintext HTTP/2: it resets or closes the
+    /// connection during the handshake (broken pipe, connection reset, connection closed), or its
+    /// TLS alert record reads as an oversized HTTP/2 frame (`FRAME_SIZE_ERROR`). Nothing
+    /// listening (refused) and timeouts are not it. Only a hint: a plaintext nexus going down
+    /// mid-handshake looks the same.
+    pub(super) fn looks_like_a_tls_port(&self) -> bool {
+        let error: &(dyn std::error::Error + 'static) = match self {
+            ConnectError::Transport(error) => error,
+            ConnectError::Status(status) => status,
+            _ => return false,
+        };
+        let mut cause = Some(error);
+        while let Some(current) = cause {
+            if let Some(io) = current.downcast_ref::<std::io::Error>()
+                && matches!(
+                    io.kind(),
+                    std::io::ErrorKind::BrokenPipe
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::UnexpectedEof
+                )
+            {
+                return true;
+            }
+            // hyper and h2 keep their kinds private; their renderings name them.
+            let text = format!("{current} {current:?}").to_lowercase();
+            if ["frame_size_error", "broken pipe", "connection reset", "connection closed"]
+                .iter()
+                .any(|sign| text.contains(sign))
+            {
+                return true;
+            }
+            cause = current.source();
+        }
+        false
+    }
+}
+
 /// Alerts from nexus that refuse this runner's certificate, or its lack of one.
 const CERTIFICATE_ALERTS: [rustls::AlertDescription; 8] = [
     rustls::AlertDescription::CertificateRequired,
@@ -320,5 +362,48 @@ mod tests {
         }
         let status = ConnectError::Status(tonic::Status::unavailable("nexus is restarting"));
         assert!(status.tls_failure(&options).is_none());
+    }
+
+    #[tokio::test]
+    async fn plaintext_to_a_tls_port_is_recognized_and_other_failures_are_not() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        // A TLS port as rustls runs one: bytes that are no ClientHello get a fatal alert, then
+        // the connection is closed.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tls_port = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut preface = [0u8; 64];
+                let _ = socket.read(&mut preface).await;
+                let _ = socket.write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32]).await;
+            }
+        });
+        let endpoint = Endpoint::from_shared(format!("http://{tls_port}")).unwrap();
+        for _ in 0..3 {
+            let Err(error) = open(endpoint.clone(), Hello::default(), Duration::from_secs(5), Duration::ZERO).await
+            else {
+                panic!("a TLS port welcomed plaintext");
+            };
+            assert!(error.looks_like_a_tls_port(), "{error}");
+        }
+        server.abort();
+
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+        let endpoint = Endpoint::from_shared(format!("http://{closed}")).unwrap();
+        let Err(refused) = open(endpoint, Hello::default(), Duration::from_secs(5), Duration::ZERO).await else {
+            panic!("nothing listens there");
+        };
+        assert!(!refused.looks_like_a_tls_port(), "{refused}");
+
+        let broken = io::Error::new(io::ErrorKind::BrokenPipe, "broken pipe");
+        assert!(ConnectError::Status(tonic::Status::from_error(Box::new(broken))).looks_like_a_tls_port());
+        for other in [
+            ConnectError::Status(tonic::Status::unavailable("nexus is restarting")),
+            ConnectError::Timeout(Duration::from_secs(1)),
+            ConnectError::Closed,
+        ] {
+            assert!(!other.looks_like_a_tls_port(), "{other}");
+        }
     }
 }
