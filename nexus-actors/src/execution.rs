@@ -140,7 +140,8 @@ pub struct ExecutionState {
     fabric: Arc<Fabric>,
     root: RootHandle,
     row: ExecutionRow,
-    declaration: Option<FrozenDeclaration>,
+    /// Shared with every live execution that froze the same bytes ([`Fabric::declarations`]).
+    declaration: Option<Arc<FrozenDeclaration>>,
     transcript: Vec<ChatMessage>,
     /// The current round's tasks by key, settled or not, whose results the model has not read,
     /// and the unresolved hook tasks ([`hooks`]), which the model never reads.
@@ -183,6 +184,7 @@ impl Actor for ExecutionActor {
         let mut row = row;
         let transcript: Vec<ChatMessage> = serde_json::from_value(std::mem::take(&mut row.transcript))?;
         let declaration: Option<FrozenDeclaration> = row.declaration.take().map(serde_json::from_value).transpose()?;
+        let declaration = declaration.map(|d| args.fabric.declarations.intern(d));
         let declaration_stored = declaration.is_some();
         // Calls whose results the model has not read yet: the current round's tasks that are not
         // in the transcript.
@@ -568,6 +570,7 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
         let refusal = Refusal::new(ErrorCode::ValidationFailed, "default_model: the declaration names no model to run");
         return end_refused(state, &refusal).await;
     }
+    let frozen = state.fabric.declarations.intern(frozen);
     adopt(state, &input, frozen).await
 }
 
@@ -576,7 +579,7 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
 async fn adopt(
     state: &mut ExecutionState,
     input: &crate::store::InputRow,
-    frozen: FrozenDeclaration,
+    frozen: Arc<FrozenDeclaration>,
 ) -> Result<bool, ActorProcessingErr> {
     if let Some(content) =
         frozen.system_prompt.as_ref().and_then(|doc| doc["content"].as_str()).filter(|c| !c.is_empty())
@@ -857,7 +860,7 @@ async fn model_failed(
     model: &str,
     failure: ModelFailure,
 ) -> Result<(), ActorProcessingErr> {
-    let chain = state.declaration.as_ref().map(model_chain).unwrap_or_default();
+    let chain = state.declaration.as_deref().map(model_chain).unwrap_or_default();
     let next = match (failure.advance, chain.iter().position(|route| route == model)) {
         (Some(reason), Some(position)) => next_available(state, &chain, position + 1).map(|(index, _)| (reason, index)),
         _ => None,

@@ -171,6 +171,7 @@ pub async fn start_with_models(
         events: EventBus::default(),
         connections: Default::default(),
         closing: tokio::sync::watch::channel(false).0,
+        declarations: root::FrozenDeclarations::default(),
     });
     let registry = Arc::new(root::Registry::default());
     let (root_ref, _) =

@@ -39,6 +39,36 @@ pub struct Fabric {
     /// Turns `true` when the server shuts down: runner streams close first, so the transport's
     /// drain does not wait on them.
     pub closing: watch::Sender<bool>,
+    /// The frozen declarations the live executions hold, shared by digest.
+    pub declarations: FrozenDeclarations,
+}
+
+/// Frozen declarations shared by the executions that froze the same bytes: the digest is SHA-256
+/// over the canonical JSON, so one digest is one declaration, and a thousand idle executions of
+/// one profile hold one copy of its tool schemas rather than a thousand.
+#[derive(Debug, Default)]
+pub struct FrozenDeclarations {
+    live: Mutex<HashMap<String, std::sync::Weak<crate::declaration::FrozenDeclaration>>>,
+}
+
+impl FrozenDeclarations {
+    /// The shared copy of `declaration`: the one a live execution already holds, or this one.
+    pub fn intern(
+        &self,
+        declaration: crate::declaration::FrozenDeclaration,
+    ) -> Arc<crate::declaration::FrozenDeclaration> {
+        let mut live = self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(shared) = live.get(&declaration.digest).and_then(std::sync::Weak::upgrade) {
+            return shared;
+        }
+        // Entries of ended executions are swept whenever the table doubles.
+        if live.len() >= 64 && live.len().is_power_of_two() {
+            live.retain(|_, held| held.strong_count() > 0);
+        }
+        let shared = Arc::new(declaration);
+        live.insert(shared.digest.clone(), Arc::downgrade(&shared));
+        shared
+    }
 }
 
 /// How many actors of each kind are alive: chaos tests check that counts return to baseline.

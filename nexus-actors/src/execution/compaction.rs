@@ -580,7 +580,7 @@ async fn begin(
     overshoot_bytes: Option<u64>,
     overshoot_tokens: Option<u64>,
 ) -> Result<TaskRow, ActorProcessingErr> {
-    let mode = state.declaration.as_ref().and_then(policy).map_or(Mode::Kernel, |p| p.mode);
+    let mode = state.declaration.as_deref().and_then(policy).map_or(Mode::Kernel, |p| p.mode);
     let active =
         Active { source, trigger, overshoot_bytes, overshoot_tokens, fallback_reason: None, phase: Phase::Waiting };
     let task = waiting_task(state, &summary_key(source), mode);
@@ -601,7 +601,7 @@ fn waiting_task(state: &ExecutionState, key: &str, mode: Mode) -> TaskRow {
     let name = match mode {
         Mode::Kernel => SUMMARIZER.to_owned(),
         Mode::Delegate => {
-            state.declaration.as_ref().and_then(policy).and_then(|p| p.tool_name).unwrap_or_else(|| SUMMARIZER.into())
+            state.declaration.as_deref().and_then(policy).and_then(|p| p.tool_name).unwrap_or_else(|| SUMMARIZER.into())
         }
     };
     TaskRow {
@@ -664,7 +664,7 @@ async fn drive(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> R
                 if hooks::gate(myself, state, event).await? == Gate::Held {
                     return Ok(Gate::Held);
                 }
-                let mode = state.declaration.as_ref().and_then(policy).map_or(Mode::Kernel, |p| p.mode);
+                let mode = state.declaration.as_deref().and_then(policy).map_or(Mode::Kernel, |p| p.mode);
                 let Some(source) = state.compaction.active.as_ref().map(|a| a.source) else { continue };
                 match mode {
                     Mode::Kernel => start_kernel(myself, state, &summary_key(source)).await?,
@@ -999,7 +999,7 @@ pub(super) async fn overflow(
     state: &mut ExecutionState,
 ) -> Result<bool, ActorProcessingErr> {
     let source = state.row.round;
-    let enabled = state.declaration.as_ref().and_then(policy).is_some();
+    let enabled = state.declaration.as_deref().and_then(policy).is_some();
     if !enabled || state.compaction.attempted.contains(&source) || plan(&state.transcript).is_none() {
         return Ok(false);
     }
@@ -1105,7 +1105,7 @@ async fn manual(
             format!("execution {id} is {}: no model round is queued yet; ask once it runs", state.row.status),
         )));
     }
-    let Some(policy) = state.declaration.as_ref().and_then(policy) else {
+    let Some(policy) = state.declaration.as_deref().and_then(policy) else {
         return Ok(Err(Refusal::new(
             ErrorCode::CompactionDisabled,
             format!(
