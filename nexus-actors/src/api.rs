@@ -532,8 +532,11 @@ impl Api {
     /// # Errors
     /// 404 `not_found` for an unknown execution or task; 403 `not_authorized` when the caller does
     /// not own the execution (write standing); 409 `not_awaiting_approval` when the task is not
-    /// parked, `not_adjudicable` when the execution is not running.
+    /// parked, `not_adjudicable` when the execution is not running; 403 `not_authorized` for a
+    /// suspended member.
     pub async fn approve_task(&self, caller: &Caller, id: Uuid, task_key: &str) -> Result<Value, Refusal> {
+        // Approving starts work: a suspended member may deny, never approve.
+        caller.require_active("approve calls")?;
         self.adjudicate(caller, id, task_key, Adjudication::Approve).await
     }
 
@@ -662,6 +665,7 @@ impl Api {
     /// # Errors
     /// 404 `not_found`; 409 `not_paused` when the execution is not paused.
     pub async fn resume(&self, caller: &Caller, id: Uuid) -> Result<Value, Refusal> {
+        caller.require_active("resume executions")?;
         self.execution(caller, id).await?;
         self.ask_execution(id, &|reply| ExecutionMsg::Control(ControlMsg::Resume { reply })).await?;
         self.execution(caller, id).await

@@ -429,6 +429,12 @@ async fn a_suspended_agent_reads_but_admits_and_regenerates_nothing() {
     let request = CreateInputRequest { text: "more".into(), ..CreateInputRequest::default() };
     let refused = client.create_input(authed(request, &agent)).await.expect_err("refused");
     assert_eq!(Refusal::from_status(&refused).code, "not_authorized");
+    // Nor does it start work on a live execution: approving, retrying, resuming and compacting
+    // are refused before anything is looked at.
+    for door in ["tasks/r1t0/approve", "tasks/r1t0/retry", "resume", "compact"] {
+        let answer = http.post(&format!("/agent_api/v1/executions/{execution}/{door}"), &json!({})).await;
+        assert_eq!((answer.status, answer.code()), (403, Some("not_authorized")), "{door}: {answer:?}");
+    }
     // Reading stays allowed.
     for path in
         [format!("/agent_api/v1/executions/{execution}"), format!("/agent_api/v1/executions/{execution}/events")]

@@ -29,6 +29,7 @@ impl Api {
     /// (the next round was compacted or is being compacted) and `nothing_to_compact` (the history
     /// holds only pinned user messages and the retained tail); `unavailable` during shutdown.
     pub async fn compact(&self, caller: &Caller, id: Uuid) -> Result<Value, Refusal> {
+        caller.require_active("compact executions")?;
         self.owned_execution(caller, id).await?;
         // A quiet execution's actor may be stopping just now: Root forgets it within moments and
         // the next lookup starts a fresh one from the store.

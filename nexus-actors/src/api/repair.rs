@@ -26,6 +26,8 @@ impl Api {
     /// not own the execution; 409 `not_retryable` unless the task is failed, timed_out or
     /// uncertain and still holds the execution.
     pub async fn retry_task(&self, caller: &Caller, id: Uuid, task_key: &str) -> Result<Value, Refusal> {
+        // A retry runs the task again: a suspended member may abandon, never retry.
+        caller.require_active("retry tasks")?;
         let task = self.repair(caller, id, task_key, Repair::Retry).await?;
         let mut view = task_view(&task);
         view["retry_of"] = json!(task_key);

@@ -57,10 +57,12 @@ impl Watch {
             let next = match &mut self.transcript {
                 None => Next::Durable(self.durable.next().await),
                 Some(deltas) => tokio::select! {
-                    // Durable items first: the feed's order is the store's.
+                    // Deltas first: a model step streams before its answer is saved, so every
+                    // delta of a round is already queued when its durable `round_result` can be
+                    // read, and taking the queued deltas first keeps them ahead of it.
                     biased;
-                    item = self.durable.next() => Next::Durable(item),
                     delta = deltas.recv() => Next::Delta(delta),
+                    item = self.durable.next() => Next::Durable(item),
                 },
             };
             match next {
