@@ -176,8 +176,8 @@ pub async fn start_with_models(
     let registry = Arc::new(root::Registry::default());
     let (root_ref, _) =
         ractor::Actor::spawn(None, RootActor, RootArgs { fabric: fabric.clone(), registry: registry.clone() })
-        .await
-        .map_err(|e| ServeError::Actor(e.to_string()))?;
+            .await
+            .map_err(|e| ServeError::Actor(e.to_string()))?;
     let root = RootHandle::new(root_ref, registry);
     // Recovery runs beside the doors: a runner's inbox and an execution load from the store on
     // first use anyway, so a reconnecting runner's claims are taken at once while the other park
