@@ -944,6 +944,12 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
         .and_then(|d| d.tools.iter().find(|t| t.name == call.name))
         .filter(|_| call.name.len() <= TOOL_NAME_BOUND);
     let Some(tool) = declared else {
+        // The record keeps what the model asked for, when it is a readable object.
+        if let Ok(input @ Value::Object(_)) = serde_json::from_str::<Value>(&call.arguments)
+            && call.arguments.len() <= TOOL_INPUT_BOUND
+        {
+            task.tool_input = input;
+        }
         return fail(task, "unknown_tool", format!("{} is not a declared tool", call.name));
     };
     let input: Value = match serde_json::from_str(&call.arguments) {

@@ -51,13 +51,13 @@ async fn each_bad_call_fails_alone_with_its_word_and_the_round_goes_on() {
             {"id": "array", "name": "runners_list", "arguments": "[1, 2]"},
             {"id": "nul", "name": "runners_list", "arguments": "{\"x\": \"a\\u0000b\"}"},
             {"id": "huge_number", "name": "runners_list", "arguments": "{\"n\": 1e400}"},
-            {"id": "nobody", "name": "no_such_tool"},
+            {"id": "nobody", "name": "no_such_tool", "arguments": {"why": "asked"}},
             {"id": "big", "name": "runners_list", "arguments": big},
             {"id": "cut", "name": "runners_list", "arguments": "{\"x\": \"abc"}
         ]},
         {"final": "done: {{tool:nobody}}"}
     ]});
-    let (_server, execution) = run(script).await;
+    let (server, execution) = run(script).await;
     assert_eq!(execution["status"], "completed", "{execution}");
     let keys = error_keys(&execution);
     assert_eq!(
@@ -76,6 +76,11 @@ async fn each_bad_call_fails_alone_with_its_word_and_the_round_goes_on() {
     );
     // The model read each failure as its tool result.
     assert!(execution["final_text"].as_str().is_some_and(|t| t.contains("no_such_tool")), "{execution}");
+    // The record keeps what the model asked of an undeclared tool.
+    let id: Uuid = execution["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    let events = server.store().events_after(id, 0, 1_000).await.expect("events");
+    let round = events.iter().find(|e| e.event_type == "round_result").expect("round_result");
+    assert_eq!(round.data["tool_calls"][4]["input"], json!({"why": "asked"}), "{:?}", round.data);
 }
 
 #[tokio::test]
