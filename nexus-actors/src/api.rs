@@ -564,23 +564,7 @@ impl Api {
         task_key: &str,
         adjudication: Adjudication,
     ) -> Result<Value, Refusal> {
-        let store = &self.fabric.store;
-        let row = store
-            .execution(id)
-            .await
-            .map_err(internal)?
-            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))?;
-        if row.member_public_id != caller.member.public_id {
-            return Err(Refusal::new(
-                ErrorCode::NotAuthorized,
-                format!("only the member that owns execution {id} may approve or deny its tasks"),
-            ));
-        }
-        let task = store
-            .task(id, task_key)
-            .await
-            .map_err(internal)?
-            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no task {task_key} in execution {id}")))?;
+        let (row, task) = self.owned_task(caller, id, task_key, "approve or deny its tasks").await?;
         if task.status != NEEDS_APPROVAL {
             return Err(Refusal::new(
                 ErrorCode::NotAwaitingApproval,
@@ -594,26 +578,15 @@ impl Api {
             ));
         }
         let by = Adjudicator::new(caller.member.public_id, &caller.member.kind);
-        // A quiet execution's actor may be stopping just now: Root forgets it within moments and
-        // the next lookup starts a fresh one from the store.
-        let mut attempts = 0;
-        loop {
-            let actor = self.root.execution(id).await?;
-            let outcome = ractor::call!(actor, |reply| ExecutionMsg::Adjudicate {
+        let decided = self
+            .ask_execution(id, &|reply| ExecutionMsg::Adjudicate {
                 task_key: task_key.to_owned(),
                 adjudication: adjudication.clone(),
                 by: by.clone(),
                 reply,
-            });
-            match outcome {
-                Ok(decided) => return decided.map(|task| task_view(&task)),
-                Err(_) if attempts < 10 => {
-                    attempts += 1;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(_) => return Err(unavailable()),
-            }
-        }
+            })
+            .await?;
+        Ok(task_view(&decided))
     }
 
     /// `POST /agent_api/v1/executions/{id}/stop` `{force?}` (gRPC `StopExecution`), forced unless
@@ -721,14 +694,43 @@ impl Api {
             .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))
     }
 
+    /// The stored execution and its task `task_key`, when the caller owns the execution; `doing`
+    /// names what only the owner may do, for the 403.
+    async fn owned_task(
+        &self,
+        caller: &Caller,
+        id: Uuid,
+        task_key: &str,
+        doing: &str,
+    ) -> Result<(ExecutionRow, TaskRow), Refusal> {
+        let store = &self.fabric.store;
+        let row = store
+            .execution(id)
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))?;
+        if row.member_public_id != caller.member.public_id {
+            return Err(Refusal::new(
+                ErrorCode::NotAuthorized,
+                format!("only the member that owns execution {id} may {doing}"),
+            ));
+        }
+        let task = store
+            .task(id, task_key)
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no task {task_key} in execution {id}")))?;
+        Ok((row, task))
+    }
+
     /// Asks the execution's actor and answers its reply. A quiet execution's actor may be
     /// stopping just now: Root forgets it within moments and the next lookup starts a fresh one
     /// from the store.
-    async fn ask_execution(
+    async fn ask_execution<T: Send + 'static>(
         &self,
         id: Uuid,
-        message: &(dyn Fn(RpcReplyPort<Result<ExecutionRow, Refusal>>) -> ExecutionMsg + Sync),
-    ) -> Result<ExecutionRow, Refusal> {
+        message: &(dyn Fn(RpcReplyPort<Result<T, Refusal>>) -> ExecutionMsg + Sync),
+    ) -> Result<T, Refusal> {
         let mut attempts = 0;
         loop {
             let actor = self.root.execution(id).await?;

@@ -14,15 +14,17 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use uuid::Uuid;
 
 use nexus_proto::{ErrorCode, Refusal};
 
-use crate::api::{Api, Caller};
+use crate::api::{Api, Caller, known_fields};
 use crate::auth::bearer;
 
 /// The largest request body, in bytes; larger bodies get 413 `content_too_large`.
@@ -88,6 +90,49 @@ pub fn router(api: Arc<Api>) -> Router {
 async fn caller(api: &Api, headers: &HeaderMap) -> Result<Caller, HttpRefusal> {
     let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     Ok(api.member(bearer(header)?).await?)
+}
+
+/// What a door on one execution (or one of its tasks) is called with: the path (`id`, or
+/// `(id, task_key)`), the caller, and the body still unread. The caller is resolved here, so a
+/// bad credential is refused before the door judges the body and then the execution id.
+struct ExecutionDoor<P = String> {
+    api: Arc<Api>,
+    caller: Caller,
+    path: P,
+    body: Result<Bytes, BytesRejection>,
+}
+
+impl<P> FromRequest<Arc<Api>> for ExecutionDoor<P>
+where
+    P: DeserializeOwned + Send + 'static,
+{
+    type Rejection = Response;
+
+    async fn from_request(request: Request, api: &Arc<Api>) -> Result<Self, Response> {
+        let (mut parts, body) = request.into_parts();
+        let Path(path) = Path::<P>::from_request_parts(&mut parts, api).await.map_err(IntoResponse::into_response)?;
+        let caller = caller(api, &parts.headers).await.map_err(IntoResponse::into_response)?;
+        let body = Bytes::from_request(Request::from_parts(parts, body), api).await;
+        Ok(ExecutionDoor { api: Arc::clone(api), caller, path, body })
+    }
+}
+
+/// A malformed execution id names no execution: 404, as an unknown one.
+fn execution_id(text: &str) -> Result<Uuid, Refusal> {
+    Uuid::parse_str(text).map_err(|_| Refusal::new(ErrorCode::NotFound, format!("no execution {text}")))
+}
+
+/// The body, where an empty one means `{}`.
+fn optional_body(body: Result<Bytes, BytesRejection>) -> Result<Value, HttpRefusal> {
+    match body {
+        Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Ok(Value::Null),
+        other => json_body(other),
+    }
+}
+
+/// The body of a door that takes no fields: empty or `{}`.
+fn empty_body(body: Result<Bytes, BytesRejection>) -> Result<(), HttpRefusal> {
+    Ok(known_fields(&optional_body(body)?, &[])?)
 }
 
 fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, HttpRefusal> {

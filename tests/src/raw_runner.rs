@@ -18,6 +18,8 @@ use nexus_proto::runner::v1::{
     Announce, Claim, ClaimStatus, Commit, Extend, Hello, Pong, RunnerFrame, WorkAvailable, nexus_frame, runner_frame,
 };
 
+use crate::server::Minted;
+
 /// The answer to one request.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Reply {
@@ -125,6 +127,18 @@ impl Drop for RawRunner {
 }
 
 impl RawRunner {
+    /// Connects as `runner` and announces `announcement`, asserting both are accepted.
+    ///
+    /// # Panics
+    /// When the Hello or the announcement is refused.
+    pub async fn connect_announced(url: &str, runner: &Minted, announcement: &Value) -> RawRunner {
+        let (raw, hello) = RawRunner::connect(url, runner.id, &runner.token).await;
+        assert_eq!(hello.code(), None, "hello refused: {hello:?}");
+        let announced = raw.announce(announcement).await;
+        assert_eq!(announced.code(), None, "announcement refused: {announced:?}");
+        raw
+    }
+
     /// Opens a stream and says Hello. Returns the runner, and the Hello's reply (Welcome or a
     /// refusal).
     pub async fn connect(url: &str, runner: Uuid, credential: &str) -> (RawRunner, Reply) {

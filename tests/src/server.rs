@@ -1,21 +1,24 @@
 //! The in-process server and credential helpers.
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
 use sqlx::{Connection, Executor, PgConnection};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
+use tokio::process::{Child, Command};
 use uuid::Uuid;
 
 use nexus_actors::admin::{MemberKind, create_member, create_runner};
-use nexus_actors::api::Caller;
+use nexus_actors::api::{Caller, CreateInput};
 use nexus_actors::config::ServerConfig;
+use nexus_actors::execution::run_status_is_quiescent;
 use nexus_actors::executor::ExecutorMsg;
 use nexus_actors::model::{ModelRegistry, Script};
-use nexus_actors::store::{Store, StoreBackend, TaskRow};
+use nexus_actors::store::{ExecutionRow, Store, StoreBackend, TaskRow};
 use nexus_actors::{RunningServer, start_with_models};
 
 /// A credential minted for a test: the subject's id and its bearer token.
@@ -170,13 +173,27 @@ impl TestServer {
         config.doors.requests_per_minute = 1_000_000;
         config.doors.burst = 100_000;
         adjust(&mut config);
-        let mut models = ModelRegistry::new(config.providers.clone(), env).expect("provider table");
-        for (name, script) in scripts {
-            let script = Script::from_json(&script.to_string()).expect("script");
-            models = models.with_script("scripted", name, script);
-        }
+        let models = scripted_models(&config, scripts, env);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let server = start_with_models(listener, config, Some(models)).await.expect("server starts");
+        TestServer { server, data_dir, database }
+    }
+
+    /// Stops this server cleanly and starts another on the same store and configuration, its
+    /// `scripted/<name>` models following `scripts` again.
+    pub async fn restart(self, scripts: &[(&str, Value)]) -> TestServer {
+        self.restart_with_env(scripts, |_| None).await
+    }
+
+    /// As [`TestServer::restart`], with `env` standing for the process environment (see
+    /// [`TestServer::start_with_env`]).
+    pub async fn restart_with_env(self, scripts: &[(&str, Value)], env: impl Fn(&str) -> Option<String>) -> TestServer {
+        let config = self.config();
+        let TestServer { server: running, data_dir, database } = self;
+        running.shutdown().await.expect("clean shutdown");
+        let models = scripted_models(&config, scripts, env);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let server = start_with_models(listener, config, Some(models)).await.expect("restarts");
         TestServer { server, data_dir, database }
     }
 
@@ -224,6 +241,62 @@ impl TestServer {
         let path = self.data_dir.path().join(format!("{}.token", runner.id));
         std::fs::write(&path, &runner.token).expect("token file");
         path
+    }
+
+    /// Admits `text` for `member` through the Api with an inline execution declaration and
+    /// answers the execution.
+    pub async fn run_declared(&self, member: &Minted, text: &str, declaration: Value) -> Uuid {
+        let caller = self.caller(member).await;
+        let input =
+            CreateInput { text: text.to_owned(), execution_declaration: Some(declaration), ..CreateInput::default() };
+        self.server.api.create_input(&caller, input).await.expect("admitted").execution_public_id
+    }
+
+    /// Waits up to `limit` for the execution to be quiescent (completed, canceled or
+    /// needs_attention) and answers its row.
+    pub async fn settled(&self, run: Uuid, limit: Duration) -> ExecutionRow {
+        wait_until("the execution to settle", limit, || async {
+            self.store().execution(run).await.ok().flatten().filter(|row| run_status_is_quiescent(&row.status))
+        })
+        .await
+    }
+
+    /// Waits up to [`WAIT`] for task `run`/`key` to reach `status` and answers its row.
+    pub async fn task_in(&self, run: Uuid, key: &str, status: &str) -> TaskRow {
+        wait_until(&format!("{key} to be {status}"), WAIT, || async {
+            self.store().task(run, key).await.ok().flatten().filter(|t| t.status == status)
+        })
+        .await
+    }
+
+    /// Starts `runner-agent` as `runner` against this server (killed when the handle drops),
+    /// with `--tool-timeout-ms` when `tool_timeout_ms` is given.
+    ///
+    /// # Panics
+    /// When the process cannot start.
+    pub fn spawn_runner_agent(
+        &self,
+        runner: &Minted,
+        workdir: &Path,
+        state_dir: &Path,
+        tool_timeout_ms: Option<u64>,
+    ) -> Child {
+        let mut command = Command::new(runner_agent_binary());
+        command
+            .arg("--nexus")
+            .arg(self.url())
+            .arg("--runner-id")
+            .arg(runner.id.to_string())
+            .arg("--token-file")
+            .arg(self.token_file(runner))
+            .arg("--workdir")
+            .arg(workdir)
+            .arg("--state-dir")
+            .arg(state_dir);
+        if let Some(timeout_ms) = tool_timeout_ms {
+            command.arg("--tool-timeout-ms").arg(timeout_ms.to_string());
+        }
+        command.arg("--log").arg("warn").stdin(Stdio::null()).kill_on_drop(true).spawn().expect("runner-agent starts")
     }
 
     /// Gives the runner of the open task `run`/`template` `count` more open tasks, the cheap way:
@@ -276,6 +349,24 @@ fn minted(value: &Value, id_field: &str) -> Minted {
         token: value["token"].as_str().expect("token").to_owned(),
     }
 }
+
+/// The model registry a [`TestServer`] starts with: `config`'s providers, and `scripted/<name>`
+/// following each of `scripts`.
+fn scripted_models(
+    config: &ServerConfig,
+    scripts: &[(&str, Value)],
+    env: impl Fn(&str) -> Option<String>,
+) -> ModelRegistry {
+    let mut models = ModelRegistry::new(config.providers.clone(), env).expect("provider table");
+    for (name, script) in scripts {
+        let script = Script::from_json(&script.to_string()).expect("script");
+        models = models.with_script("scripted", name, script);
+    }
+    models
+}
+
+/// How long [`TestServer`]'s waiting helpers wait before they panic.
+pub const WAIT: Duration = Duration::from_secs(30);
 
 /// Waits until `check` returns `Some`, polling every 20 ms, or panics after `limit` naming `what`.
 pub async fn wait_until<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T

@@ -5,16 +5,12 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tonic::transport::{Channel, Endpoint};
 use uuid::Uuid;
 
-use nexus_actors::model::{ModelRegistry, Script};
-use nexus_actors::store::{EventRow, TaskRow};
+use nexus_actors::store::EventRow;
 use nexus_proto::Refusal;
-use nexus_proto::agent::v1::agent_service_client::AgentServiceClient;
 use nexus_proto::agent::v1::{CreateInputRequest, DeclareProfileRequest, TaskDecisionRequest};
-use nexus_tests::{Http, Minted, RawRunner, TestServer, wait_until};
+use nexus_tests::{Http, Minted, RawRunner, TestServer, agent_client, authed, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -59,7 +55,7 @@ impl Fixture {
             "runner_executor_public_ids": [self.runner.id], "kernel_tools": ["nexus.runners.list"],
             "approval_mode": mode, "approval_rules": rules, "default_model": model,
         }});
-        let mut client = client(&self.server).await;
+        let mut client = agent_client(&self.server).await;
         client
             .declare_profile(authed(DeclareProfileRequest { body_json: body.to_string() }, &self.agent))
             .await
@@ -68,7 +64,7 @@ impl Fixture {
 
     /// Admits an input over gRPC and answers its execution.
     async fn turn(&self, text: &str) -> Uuid {
-        let mut client = client(&self.server).await;
+        let mut client = agent_client(&self.server).await;
         let request = CreateInputRequest { text: text.to_owned(), ..CreateInputRequest::default() };
         let id = client.create_input(authed(request, &self.agent)).await.expect("admitted").into_inner();
         Uuid::parse_str(&id.execution_public_id).expect("uuid")
@@ -80,23 +76,9 @@ impl Fixture {
 }
 
 async fn connect(server: &TestServer, runner: &Minted, effect: &str) -> RawRunner {
-    let (raw, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
-    assert_eq!(hello.code(), None, "hello refused: {hello:?}");
     let tools = json!([tool("probe", effect), tool("danger", READ_ONLY), tool("other", READ_ONLY)]);
-    let announced = raw.announce(&json!({"tools": tools, "environment": {"name": "worker"}})).await;
-    assert_eq!(announced.code(), None, "announcement refused: {announced:?}");
-    raw
-}
-
-async fn client(server: &TestServer) -> AgentServiceClient<Channel> {
-    let channel = Endpoint::from_shared(server.url()).expect("url").connect().await.expect("connect");
-    AgentServiceClient::new(channel)
-}
-
-fn authed<T>(message: T, member: &Minted) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert("authorization", format!("Bearer {}", member.token).parse().expect("header"));
-    request
+    RawRunner::connect_announced(&server.url(), runner, &json!({"tools": tools, "environment": {"name": "worker"}}))
+        .await
 }
 
 fn decision(run: Uuid, task_key: &str, body: Value) -> TaskDecisionRequest {
@@ -109,13 +91,6 @@ fn decision(run: Uuid, task_key: &str, body: Value) -> TaskDecisionRequest {
 
 fn door(run: Uuid, task_key: &str, verb: &str) -> String {
     format!("/agent_api/v1/executions/{run}/tasks/{task_key}/{verb}")
-}
-
-async fn task_in(server: &TestServer, run: Uuid, key: &str, status: &str) -> TaskRow {
-    wait_until(&format!("{key} to be {status}"), WAIT, || async {
-        server.store().task(run, key).await.ok().flatten().filter(|t| t.status == status)
-    })
-    .await
 }
 
 /// Waits for the execution to complete and answers its final text.
@@ -156,8 +131,8 @@ async fn ask_parks_both_calls_and_approval_over_http_runs_them() {
     let run = f.turn("look around").await;
 
     // Both calls park; the run stays running and says approval_required for each.
-    let probe = task_in(&f.server, run, "r1t0", "needs_approval").await;
-    let kernel = task_in(&f.server, run, "r1t1", "needs_approval").await;
+    let probe = f.server.task_in(run, "r1t0", "needs_approval").await;
+    let kernel = f.server.task_in(run, "r1t1", "needs_approval").await;
     assert_eq!((probe.approval.clone(), probe.target_executor_public_id), (None, Some(f.runner.id)));
     assert_eq!(kernel.target_executor_public_id, None, "runners_list runs in-process");
     let row = f.server.store().execution(run).await.expect("store").expect("execution");
@@ -224,9 +199,9 @@ async fn a_denial_over_grpc_reaches_the_model_as_the_tool_use_error() {
     let f = Fixture::start(&[("deny", script)], None).await;
     f.declare("scripted/deny", "ask", json!([{"tool": "danger", "verdict": "deny"}])).await;
     let run = f.turn("clean up").await;
-    task_in(&f.server, run, "r1t0", "needs_approval").await;
+    f.server.task_in(run, "r1t0", "needs_approval").await;
 
-    let mut client = client(&f.server).await;
+    let mut client = agent_client(&f.server).await;
     let stranger = f.server.agent("stranger").await;
     let status = client.deny_task(authed(decision(run, "r1t0", json!({})), &stranger)).await.expect_err("refused");
     assert_eq!(Refusal::from_status(&status).code, "not_authorized");
@@ -240,7 +215,7 @@ async fn a_denial_over_grpc_reaches_the_model_as_the_tool_use_error() {
     let status =
         client.approve_task(authed(decision(run, "r1t0", json!({"ok": true})), &f.agent)).await.expect_err("refused");
     assert_eq!(Refusal::from_status(&status).code, "parameter_invalid");
-    task_in(&f.server, run, "r1t0", "needs_approval").await;
+    f.server.task_in(run, "r1t0", "needs_approval").await;
 
     let reason = "not on this machine";
     let reply = client
@@ -281,7 +256,7 @@ async fn rules_mode_allows_denies_and_refuses_the_unmatched_by_path_and_match() 
     f.declare("scripted/rules", "rules", rules).await;
     let run = f.turn("do things").await;
 
-    let asked = task_in(&f.server, run, "r1t4", "needs_approval").await;
+    let asked = f.server.task_in(run, "r1t4", "needs_approval").await;
     assert_eq!(asked.tool_input, json!({"argv": ["git", "push"]}));
     let store = f.server.store();
     let row = |key: &'static str| async move { store.task(run, key).await.expect("store").expect("task") };
@@ -342,7 +317,7 @@ async fn bypass_grants_everything_a_deny_rule_does_not_catch() {
                        {"tool": "probe", "verdict": "ask"}]);
     f.declare("scripted/bypass", "bypass", rules).await;
     let run = f.turn("go").await;
-    let granted = task_in(&f.server, run, "r1t0", "dispatched").await;
+    let granted = f.server.task_in(run, "r1t0", "dispatched").await;
     assert_eq!(granted.approval.as_ref().map(|a| a["origin"].clone()), Some(json!("mode")));
     serve_one(&mut f.raw, run, "r1t0", "listed").await;
     assert_eq!(
@@ -383,7 +358,7 @@ async fn a_changed_effect_profile_parks_the_call_again() {
     let f = Fixture::start(&[("profile", script)], None).await;
     f.declare("scripted/profile", "ask", Value::Null).await;
     let run = f.turn("probe it").await;
-    task_in(&f.server, run, "r1t0", "needs_approval").await;
+    f.server.task_in(run, "r1t0", "needs_approval").await;
     // The runner now says its probe is destructive.
     drop(f.raw);
     let mut raw = connect(&f.server, &f.runner, DESTRUCTIVE).await;
@@ -414,21 +389,12 @@ async fn a_park_survives_a_nexus_restart_and_is_approved_after_it() {
     let f = Fixture::start(&scripts, None).await;
     f.declare("scripted/restart", "ask", Value::Null).await;
     let run = f.turn("survive").await;
-    let parked = task_in(&f.server, run, "r1t0", "needs_approval").await;
+    let parked = f.server.task_in(run, "r1t0", "needs_approval").await;
     let Fixture { server, agent, runner, raw } = f;
     drop(raw);
 
     // Stop nexus and start it again on the same store.
-    let config = server.config();
-    let TestServer { server: running, data_dir, database } = server;
-    running.shutdown().await.expect("clean shutdown");
-    let mut models = ModelRegistry::new(config.providers.clone(), |_| None).expect("provider table");
-    for (name, script) in &scripts {
-        models = models.with_script("scripted", name, Script::from_json(&script.to_string()).expect("script"));
-    }
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let running = nexus_actors::start_with_models(listener, config, Some(models)).await.expect("restarts");
-    let server = TestServer { server: running, data_dir, database };
+    let server = server.restart(&scripts).await;
 
     let still = server.store().task(run, "r1t0").await.expect("store").expect("task");
     assert_eq!(
@@ -437,7 +403,7 @@ async fn a_park_survives_a_nexus_restart_and_is_approved_after_it() {
         "the hold is durable"
     );
     let mut raw = connect(&server, &runner, READ_ONLY).await;
-    let mut client = client(&server).await;
+    let mut client = agent_client(&server).await;
     let reply = client.approve_task(authed(decision(run, "r1t0", json!({})), &agent)).await.expect("approved");
     let task: Value = serde_json::from_str(&reply.into_inner().body_json).expect("task json");
     assert_eq!(task["status"], "dispatched");

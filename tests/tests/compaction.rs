@@ -11,20 +11,15 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tonic::transport::{Channel, Endpoint};
 use uuid::Uuid;
 
-use nexus_actors::api::CreateInput;
 use nexus_actors::execution::compaction::{DEFAULT_INSTRUCTIONS, SUMMARY_HEADER};
-use nexus_actors::execution::run_status_is_quiescent;
-use nexus_actors::model::{ModelConfig, ModelRegistry, ProviderConfig, ProviderKind};
+use nexus_actors::model::{ModelConfig, ProviderConfig, ProviderKind};
 use nexus_actors::store::{EventRow, ExecutionRow, TaskRow};
 use nexus_proto::Refusal;
 use nexus_proto::agent::v1::CompactExecutionRequest;
-use nexus_proto::agent::v1::agent_service_client::AgentServiceClient;
 use nexus_tests::invariants::{Observations, assert_holds, check, collect};
-use nexus_tests::{Act, FakeProvider, FakeRequest, Http, Minted, RawRunner, TestServer, wait_until};
+use nexus_tests::{Act, FakeProvider, FakeRequest, Http, Minted, RawRunner, TestServer, agent_client, authed};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -52,30 +47,15 @@ impl Bed {
 
     /// Admits an input with an inline declaration and returns its execution.
     async fn run(&self, text: &str, declaration: Value) -> Uuid {
-        let caller = self.server.caller(&self.agent).await;
-        let input =
-            CreateInput { text: text.to_owned(), execution_declaration: Some(declaration), ..CreateInput::default() };
-        self.server.server.api.create_input(&caller, input).await.expect("admitted").execution_public_id
+        self.server.run_declared(&self.agent, text, declaration).await
     }
 
     async fn settled(&self, run: Uuid) -> ExecutionRow {
-        let store = self.server.store();
-        wait_until("the execution to settle", WAIT, || async move {
-            store.execution(run).await.ok().flatten().filter(|row| run_status_is_quiescent(&row.status))
-        })
-        .await
+        self.server.settled(run, WAIT).await
     }
 
     async fn task(&self, run: Uuid, key: &str) -> TaskRow {
         self.server.store().task(run, key).await.expect("store").expect("task")
-    }
-
-    async fn task_in(&self, run: Uuid, key: &str, status: &str) -> TaskRow {
-        let store = self.server.store();
-        wait_until(&format!("{key} to be {status}"), WAIT, || async move {
-            store.task(run, key).await.ok().flatten().filter(|t| t.status == status)
-        })
-        .await
     }
 
     async fn events(&self, run: Uuid) -> Vec<EventRow> {
@@ -319,17 +299,17 @@ async fn the_manual_door_compacts_the_queued_round_and_refuses_with_its_words() 
     let http = bed.http();
     let door = format!("/agent_api/v1/executions/{run}/compact");
     let approve = |key: &str| format!("/agent_api/v1/executions/{run}/tasks/{key}/approve");
-    let mut grpc = client(&bed.server).await;
+    let mut grpc = agent_client(&bed.server).await;
     let request = |member: &Minted| authed(CompactExecutionRequest { execution_public_id: run.to_string() }, member);
 
     // Round 1's call is parked: only the input and an open call, nothing to compact (gRPC twin).
-    bed.task_in(run, "r1t0", "needs_approval").await;
+    bed.server.task_in(run, "r1t0", "needs_approval").await;
     let status = grpc.compact_execution(request(&bed.agent)).await.expect_err("nothing to compact");
     assert_eq!(Refusal::from_status(&status).code, "nothing_to_compact");
     assert_eq!(http.post(&approve("r1t0"), &json!({})).await.status, 200);
 
     // Round 2's call is parked: round 3 is queued, and round 1 can be compacted.
-    bed.task_in(run, "r2t0", "needs_approval").await;
+    bed.server.task_in(run, "r2t0", "needs_approval").await;
     let accepted = http.post(&door, &json!({})).await;
     assert_eq!(accepted.status, 202, "{:?}", accepted.body);
     assert_eq!(
@@ -440,12 +420,9 @@ impl Served {
 }
 
 async fn connect(server: &TestServer, runner: &Minted, summarize_timeout_ms: u64) -> RawRunner {
-    let (raw, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
-    assert_eq!(hello.code(), None, "hello refused: {hello:?}");
     let tools = json!([tool("summarize", summarize_timeout_ms), tool("review", 60_000)]);
-    let announced = raw.announce(&json!({"tools": tools, "environment": {"name": "worker"}})).await;
-    assert_eq!(announced.code(), None, "announcement refused: {announced:?}");
-    raw
+    RawRunner::connect_announced(&server.url(), runner, &json!({"tools": tools, "environment": {"name": "worker"}}))
+        .await
 }
 
 /// Waits for the offer of `key`, claims it, and answers the claim's token and task.
@@ -702,22 +679,5 @@ async fn a_compaction_resumes_across_nexus_restarts() {
 /// Stops nexus and starts it again on the same store and configuration.
 async fn restart(bed: Bed) -> Bed {
     let Bed { fake, server, agent } = bed;
-    let config = server.config();
-    let TestServer { server: running, data_dir, database } = server;
-    running.shutdown().await.expect("clean shutdown");
-    let models = ModelRegistry::new(config.providers.clone(), |_| None).expect("provider table");
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let running = nexus_actors::start_with_models(listener, config, Some(models)).await.expect("restarts");
-    Bed { fake, server: TestServer { server: running, data_dir, database }, agent }
-}
-
-async fn client(server: &TestServer) -> AgentServiceClient<Channel> {
-    let channel = Endpoint::from_shared(server.url()).expect("url").connect().await.expect("connect");
-    AgentServiceClient::new(channel)
-}
-
-fn authed<T>(message: T, member: &Minted) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert("authorization", format!("Bearer {}", member.token).parse().expect("header"));
-    request
+    Bed { fake, server: server.restart(&[]).await, agent }
 }

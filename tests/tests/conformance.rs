@@ -28,7 +28,6 @@ use uuid::Uuid;
 
 use nexus_actors::api::CreateInput;
 use nexus_actors::config::ServerConfig;
-use nexus_actors::execution::run_status_is_quiescent;
 use nexus_actors::model::{ModelConfig, ProviderConfig, ProviderKind};
 use nexus_actors::store::ExecutionRow;
 use nexus_proto::Refusal;
@@ -159,10 +158,8 @@ impl Door {
     /// A runner minted, connected and announcing `tools`, with `environment` `{"name": name}`.
     async fn runner(&self, name: &str, tools: Value) -> (Minted, RawRunner) {
         let runner = self.server.runner(name).await;
-        let (raw, hello) = RawRunner::connect(&self.server.url(), runner.id, &runner.token).await;
-        assert_eq!(hello.code(), None, "hello refused: {hello:?}");
-        let reply = raw.announce(&json!({"tools": tools, "environment": {"name": name}})).await;
-        assert_eq!(reply.code(), None, "announcement refused: {reply:?}");
+        let announcement = json!({"tools": tools, "environment": {"name": name}});
+        let raw = RawRunner::connect_announced(&self.server.url(), &runner, &announcement).await;
         (runner, raw)
     }
 
@@ -188,16 +185,7 @@ impl Door {
 
     /// Waits until the execution is quiescent (completed, canceled or needs_attention).
     async fn settled(&self, execution: Uuid) -> ExecutionRow {
-        wait_until("the execution to settle", SETTLE, || async move {
-            self.server
-                .store()
-                .execution(execution)
-                .await
-                .ok()
-                .flatten()
-                .filter(|row| run_status_is_quiescent(&row.status))
-        })
-        .await
+        self.server.settled(execution, SETTLE).await
     }
 }
 

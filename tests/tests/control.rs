@@ -13,21 +13,19 @@ use axum::Router;
 use axum::routing::post;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tonic::transport::{Channel, Endpoint};
 use uuid::Uuid;
 
 use nexus_actors::config::ServerConfig;
 use nexus_actors::execution::control::{FROZEN_EPOCH_MS, is_frozen};
-use nexus_actors::model::{ModelRegistry, ProviderConfig, ProviderKind, Script};
-use nexus_actors::store::{EventRow, ExecutionRow, TaskRow};
+use nexus_actors::model::{ProviderConfig, ProviderKind};
+use nexus_actors::store::{EventRow, ExecutionRow};
 use nexus_proto::Refusal;
-use nexus_proto::agent::v1::agent_service_client::AgentServiceClient;
 use nexus_proto::agent::v1::{
     CreateInputRequest, DeclareProfileRequest, EstimateContextRequest, PauseExecutionRequest,
     RegenerateExecutionRequest, ResumeExecutionRequest, StopExecutionRequest,
 };
 use nexus_proto::runner::v1::nexus_frame;
-use nexus_tests::{Act, FakeProvider, Http, Minted, RawRunner, TestServer, wait_until};
+use nexus_tests::{Act, FakeProvider, Http, Minted, RawRunner, TestServer, agent_client, authed, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -94,34 +92,13 @@ impl Fixture {
 }
 
 async fn connect(server: &TestServer, runner: &Minted, timeout_ms: Option<u64>) -> RawRunner {
-    let (raw, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
-    assert_eq!(hello.code(), None, "hello refused: {hello:?}");
     let tools = json!([tool("probe", timeout_ms), tool("other", timeout_ms), tool("review", timeout_ms)]);
-    let announced = raw.announce(&json!({"tools": tools, "environment": {"name": "worker"}})).await;
-    assert_eq!(announced.code(), None, "announcement refused: {announced:?}");
-    raw
-}
-
-async fn client(server: &TestServer) -> AgentServiceClient<Channel> {
-    let channel = Endpoint::from_shared(server.url()).expect("url").connect().await.expect("connect");
-    AgentServiceClient::new(channel)
-}
-
-fn authed<T>(message: T, member: &Minted) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert("authorization", format!("Bearer {}", member.token).parse().expect("header"));
-    request
+    RawRunner::connect_announced(&server.url(), runner, &json!({"tools": tools, "environment": {"name": "worker"}}))
+        .await
 }
 
 fn door(run: Uuid, verb: &str) -> String {
     format!("/agent_api/v1/executions/{run}/{verb}")
-}
-
-async fn task_in(server: &TestServer, run: Uuid, key: &str, status: &str) -> TaskRow {
-    wait_until(&format!("{key} to be {status}"), WAIT, || async {
-        server.store().task(run, key).await.ok().flatten().filter(|t| t.status == status)
-    })
-    .await
 }
 
 async fn row(server: &TestServer, run: Uuid) -> ExecutionRow {
@@ -231,7 +208,7 @@ async fn a_graceful_pause_records_finished_work_and_starts_no_round_until_resume
     let mut f = Fixture::start(&[("pause", script)], None).await;
     f.declare_tools("scripted/pause", "bypass", Value::Null).await;
     let run = f.turn("probe it").await;
-    task_in(&f.server, run, "r1t0", "dispatched").await;
+    f.server.task_in(run, "r1t0", "dispatched").await;
     let http = f.http();
 
     let paused = http.post(&door(run, "pause"), &json!({})).await;
@@ -278,7 +255,7 @@ async fn a_forced_pause_aborts_the_model_call_and_resume_asks_again_under_a_new_
     })
     .await;
     let agent = server.agent("agent").await;
-    let mut client = client(&server).await;
+    let mut client = agent_client(&server).await;
     let body = json!({"configuration": {"default_model": "held/m"}});
     client
         .declare_profile(authed(DeclareProfileRequest { body_json: body.to_string() }, &agent))
@@ -330,8 +307,8 @@ async fn resume_moves_open_deadlines_and_holds_forward_by_the_paused_time() {
     let rules = json!([{"tool": "probe", "verdict": "allow"}, {"tool": "other", "verdict": "ask"}]);
     f.declare_tools("scripted/clocks", "rules", rules).await;
     let run = f.turn("both").await;
-    let dispatched = task_in(&f.server, run, "r1t0", "dispatched").await;
-    let parked = task_in(&f.server, run, "r1t1", "needs_approval").await;
+    let dispatched = f.server.task_in(run, "r1t0", "dispatched").await;
+    let parked = f.server.task_in(run, "r1t1", "needs_approval").await;
     let http = f.http();
 
     let paused = http.post(&door(run, "pause"), &Value::Null).await;
@@ -348,8 +325,8 @@ async fn resume_moves_open_deadlines_and_holds_forward_by_the_paused_time() {
     assert!(tasks.iter().all(|t| t["deadline_at"].is_null() && t["frozen_remaining_ms"].is_i64()), "{tasks:?}");
     // Longer than either clock had.
     tokio::time::sleep(Duration::from_millis(3_300)).await;
-    assert_eq!(task_in(&f.server, run, "r1t0", "dispatched").await.deadline_at, frozen.deadline_at);
-    task_in(&f.server, run, "r1t1", "needs_approval").await;
+    assert_eq!(f.server.task_in(run, "r1t0", "dispatched").await.deadline_at, frozen.deadline_at);
+    f.server.task_in(run, "r1t1", "needs_approval").await;
 
     let resumed = http.post(&door(run, "resume"), &Value::Null).await;
     assert_eq!(resumed.status, 200, "{:?}", resumed.body);
@@ -383,7 +360,7 @@ async fn a_nexus_restart_while_paused_stays_paused_with_its_clocks_frozen() {
     let f = Fixture::start(&scripts, Some(3_000)).await;
     f.declare_tools("scripted/restart", "bypass", Value::Null).await;
     let run = f.turn("survive").await;
-    task_in(&f.server, run, "r1t0", "dispatched").await;
+    f.server.task_in(run, "r1t0", "dispatched").await;
     let paused = f.http().post(&door(run, "pause"), &Value::Null).await;
     assert_eq!(paused.body["status"], "paused", "{:?}", paused.body);
     wait_until("the clock to freeze", WAIT, || async {
@@ -394,26 +371,17 @@ async fn a_nexus_restart_while_paused_stays_paused_with_its_clocks_frozen() {
     drop(raw);
 
     // Stop nexus and start it again on the same store.
-    let config = server.config();
-    let TestServer { server: running, data_dir, database } = server;
-    running.shutdown().await.expect("clean shutdown");
-    let mut models = ModelRegistry::new(config.providers.clone(), |_| None).expect("provider table");
-    for (name, script) in &scripts {
-        models = models.with_script("scripted", name, Script::from_json(&script.to_string()).expect("script"));
-    }
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let running = nexus_actors::start_with_models(listener, config, Some(models)).await.expect("restarts");
-    let server = TestServer { server: running, data_dir, database };
+    let server = server.restart(&scripts).await;
     let mut raw = connect(&server, &runner, timeout_ms).await;
 
     assert_eq!(row(&server, run).await.status, "paused", "still paused after the restart");
     // Past the task's whole park: its clock stays frozen.
     tokio::time::sleep(Duration::from_millis(3_300)).await;
-    let still = task_in(&server, run, "r1t0", "dispatched").await;
+    let still = server.task_in(run, "r1t0", "dispatched").await;
     assert!(is_frozen(still.deadline_at));
     assert_eq!(row(&server, run).await.status, "paused");
 
-    let mut client = client(&server).await;
+    let mut client = agent_client(&server).await;
     let resume = ResumeExecutionRequest { execution_public_id: run.to_string() };
     client.resume_execution(authed(resume, &agent)).await.expect("resumed");
     let token = claim_next(&mut raw, run, "r1t0").await;
@@ -431,7 +399,7 @@ async fn a_forced_stop_drains_through_canceling_and_the_claimant_hears_of_it() {
     let rules = json!([{"tool": "probe", "verdict": "allow"}, {"tool": "other", "verdict": "ask"}]);
     f.declare_tools("scripted/force", "rules", rules).await;
     let run = f.turn("hold on").await;
-    task_in(&f.server, run, "r1t1", "needs_approval").await;
+    f.server.task_in(run, "r1t1", "needs_approval").await;
     let token = claim_next(&mut f.raw, run, "r1t0").await;
 
     // No body: a stop is forced by default, and the door answers once the drain has ended.
@@ -480,7 +448,7 @@ async fn a_graceful_stop_lets_the_dispatched_task_finish_and_asks_the_model_noth
     let run = f.turn("finish it").await;
     let token = claim_next(&mut f.raw, run, "r1t0").await;
 
-    let mut client = client(&f.server).await;
+    let mut client = agent_client(&f.server).await;
     let stop = StopExecutionRequest { execution_public_id: run.to_string(), force: Some(false) };
     let stopping = client.stop_execution(authed(stop, &f.agent)).await.expect("stopping").into_inner();
     assert_eq!(stopping.status, "canceling");
@@ -551,7 +519,7 @@ async fn regeneration_reuses_the_frozen_declaration_after_a_profile_edit_or_take
     assert_eq!(status_is(&f.server, inline, "completed").await.final_text.as_deref(), Some("one: inline"));
 
     // A supplied declaration replaces the frozen one for the new execution (over gRPC).
-    let mut client = client(&f.server).await;
+    let mut client = agent_client(&f.server).await;
     let request = RegenerateExecutionRequest {
         execution_public_id: original.to_string(),
         execution_declaration_json: json!({"default_model": "scripted/two"}).to_string(),
@@ -657,7 +625,7 @@ async fn the_context_estimate_compiles_the_next_round_and_writes_nothing() {
     assert!(other.body["bytes"]["documents"].as_u64().expect("documents") > 0);
     assert_eq!(other.body["messages"], json!(transcript_len + 1));
 
-    let mut client = client(&f.server).await;
+    let mut client = agent_client(&f.server).await;
     let request =
         EstimateContextRequest { execution_public_id: run.to_string(), execution_declaration_json: String::new() };
     let reply = client.estimate_context(authed(request, &f.agent)).await.expect("estimated").into_inner();
@@ -786,7 +754,7 @@ async fn the_control_doors_refuse_with_their_words() {
         }
     }
 
-    let mut client = client(&f.server).await;
+    let mut client = agent_client(&f.server).await;
     let status = client
         .pause_execution(authed(PauseExecutionRequest { execution_public_id: run.to_string(), force: false }, &f.agent))
         .await

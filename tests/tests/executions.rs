@@ -1,61 +1,20 @@
 //! End-to-end executions: a real server, a real runner-agent, and clients on the gRPC and HTTP
 //! doors.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::process::{Child, Command};
 use tokio_stream::StreamExt;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use uuid::Uuid;
 
 use nexus_proto::agent::v1::agent_service_client::AgentServiceClient;
 use nexus_proto::agent::v1::{
     CreateInputRequest, DeclareProfileRequest, GetExecutionRequest, StopExecutionRequest, StreamEventsRequest,
 };
-use nexus_tests::{Minted, TestServer, runner_agent_binary, wait_until};
+use nexus_tests::{Minted, TestServer, agent_client, authed, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-async fn client(server: &TestServer) -> AgentServiceClient<Channel> {
-    let channel = Endpoint::from_shared(server.url()).expect("url").connect().await.expect("connect");
-    AgentServiceClient::new(channel)
-}
-
-fn authed<T>(message: T, member: &Minted) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert("authorization", format!("Bearer {}", member.token).parse().expect("header"));
-    request
-}
-
-fn spawn_runner_agent(
-    server: &TestServer,
-    runner: &Minted,
-    workdir: &std::path::Path,
-    state_dir: &std::path::Path,
-    timeout_ms: u64,
-) -> Child {
-    Command::new(runner_agent_binary())
-        .arg("--nexus")
-        .arg(server.url())
-        .arg("--runner-id")
-        .arg(runner.id.to_string())
-        .arg("--token-file")
-        .arg(server.token_file(runner))
-        .arg("--workdir")
-        .arg(workdir)
-        .arg("--state-dir")
-        .arg(state_dir)
-        .arg("--tool-timeout-ms")
-        .arg(timeout_ms.to_string())
-        .arg("--log")
-        .arg("warn")
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("runner-agent starts")
-}
 
 async fn wait_announced(server: &TestServer, runner: &Minted) {
     wait_until("the runner's announcement", WAIT, || async {
@@ -124,10 +83,10 @@ async fn end_to_end_execution_over_grpc_with_a_real_runner_agent() {
     let runner = server.runner("worker-1").await;
     let workdir = tempfile::tempdir().expect("workdir");
     let state = tempfile::tempdir().expect("state");
-    let _child = spawn_runner_agent(&server, &runner, workdir.path(), state.path(), 60_000);
+    let _child = server.spawn_runner_agent(&runner, workdir.path(), state.path(), Some(60_000));
     wait_announced(&server, &runner).await;
 
-    let mut client = client(&server).await;
+    let mut client = agent_client(&server).await;
     let profile = declare(&mut client, &agent, runner.id, "scripted/e2e").await;
     assert_eq!(profile["configuration"]["approval_mode"], "bypass");
     let execution = start(&mut client, &agent, "count the lines").await;
@@ -189,9 +148,9 @@ async fn sigkill_of_runner_agent_mid_execution_settles_by_the_rules() {
     let runner = server.runner("worker").await;
     let workdir = tempfile::tempdir().expect("workdir");
     let state = tempfile::tempdir().expect("state");
-    let mut child = spawn_runner_agent(&server, &runner, workdir.path(), state.path(), 1_500);
+    let mut child = server.spawn_runner_agent(&runner, workdir.path(), state.path(), Some(1_500));
     wait_announced(&server, &runner).await;
-    let mut client = client(&server).await;
+    let mut client = agent_client(&server).await;
     declare(&mut client, &agent, runner.id, "scripted/crash").await;
     let execution = start(&mut client, &agent, "run it").await;
     let run = Uuid::parse_str(&execution).expect("uuid");
@@ -203,7 +162,7 @@ async fn sigkill_of_runner_agent_mid_execution_settles_by_the_rules() {
     child.start_kill().expect("SIGKILL");
     child.wait().await.expect("reaped");
     // Start it again on the same state dir: it must not run the claimed tool a second time.
-    let _again = spawn_runner_agent(&server, &runner, workdir.path(), state.path(), 1_500);
+    let _again = server.spawn_runner_agent(&runner, workdir.path(), state.path(), Some(1_500));
 
     let row = wait_completed(&client, &agent, &execution).await;
     let detail: Value = serde_json::from_str(&row.execution_json).expect("json");
@@ -226,7 +185,7 @@ async fn stop_cancels_dispatched_work() {
     raw.announce(&json!({"tools": [{"name": "probe", "description": "p", "input_schema": {"type": "object"},
         "effect_profile": {"kind": "read_only", "destructive": false, "effect_scope": "closed", "idempotency": "intrinsic", "reconciliation": "none"}}]}))
         .await;
-    let mut client = client(&server).await;
+    let mut client = agent_client(&server).await;
     declare(&mut client, &agent, runner.id, "scripted/stop").await;
     let execution = start(&mut client, &agent, "wait forever").await;
     let run = Uuid::parse_str(&execution).expect("uuid");
@@ -252,7 +211,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
     let server = TestServer::start(&[]).await;
     let agent = server.agent("agent").await;
     let human = server.human("person").await;
-    let mut client = client(&server).await;
+    let mut client = agent_client(&server).await;
     // No declaration yet.
     let status = client
         .create_input(authed(CreateInputRequest { text: "hi".into(), ..Default::default() }, &agent))
@@ -331,7 +290,7 @@ async fn admission_bounds_and_runner_selection() {
     let agent = server.agent("agent").await;
     let runner = server.runner("runner").await;
     let other = server.runner("other").await;
-    let mut client = client(&server).await;
+    let mut client = agent_client(&server).await;
     declare(&mut client, &agent, runner.id, "scripted/default").await;
     let too_long = CreateInputRequest { text: "x".repeat(1_048_577), ..CreateInputRequest::default() };
     let status = client.create_input(authed(too_long, &agent)).await.expect_err("refused");

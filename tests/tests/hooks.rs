@@ -5,18 +5,15 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tonic::transport::{Channel, Endpoint};
 use uuid::Uuid;
 
-use nexus_actors::model::{ModelRegistry, ProviderConfig, ProviderKind, Script};
+use nexus_actors::model::{ProviderConfig, ProviderKind};
 use nexus_actors::store::{EventRow, ExecutionRow, TaskRow};
 use nexus_proto::Refusal;
 use nexus_proto::agent::v1::TaskDecisionRequest;
-use nexus_proto::agent::v1::agent_service_client::AgentServiceClient;
 use nexus_proto::runner::v1::nexus_frame;
 use nexus_tests::invariants::{Observations, assert_holds, check, collect};
-use nexus_tests::{Act, FakeProvider, Http, Minted, RawRunner, TestServer, wait_until};
+use nexus_tests::{Act, FakeProvider, Http, Minted, RawRunner, TestServer, agent_client, authed, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -113,23 +110,12 @@ impl Fixture {
 }
 
 async fn connect(server: &TestServer, runner: &Minted) -> RawRunner {
-    let (raw, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
-    assert_eq!(hello.code(), None, "hello refused: {hello:?}");
-    let announced =
-        raw.announce(&json!({"tools": [tool("probe"), tool("review")], "environment": {"name": "worker"}})).await;
-    assert_eq!(announced.code(), None, "announcement refused: {announced:?}");
-    raw
-}
-
-async fn client(server: &TestServer) -> AgentServiceClient<Channel> {
-    let channel = Endpoint::from_shared(server.url()).expect("url").connect().await.expect("connect");
-    AgentServiceClient::new(channel)
-}
-
-fn authed<T>(message: T, member: &Minted) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert("authorization", format!("Bearer {}", member.token).parse().expect("header"));
-    request
+    RawRunner::connect_announced(
+        &server.url(),
+        runner,
+        &json!({"tools": [tool("probe"), tool("review")], "environment": {"name": "worker"}}),
+    )
+    .await
 }
 
 fn repair_request(run: Uuid, task_key: &str) -> TaskDecisionRequest {
@@ -294,7 +280,7 @@ async fn a_continuation_beyond_the_limit_holds_until_abandon_delivers_the_answer
     assert_eq!((refused.status, refused.code()), (403, Some("not_authorized")));
 
     // Abandon over gRPC releases the hold: the answer the hook last saw is delivered.
-    let mut grpc = client(&f.server).await;
+    let mut grpc = agent_client(&f.server).await;
     let reply =
         grpc.abandon_task(authed(repair_request(run, "h2-stop"), &f.agent)).await.expect("abandoned").into_inner();
     let task: Value = serde_json::from_str(&reply.body_json).expect("task json");
@@ -588,16 +574,7 @@ async fn a_stop_hook_out_over_a_nexus_restart_commits_after_it_and_the_execution
     drop(raw);
 
     // Stop nexus and start it again on the same store.
-    let config = server.config();
-    let TestServer { server: running, data_dir, database } = server;
-    running.shutdown().await.expect("clean shutdown");
-    let mut models = ModelRegistry::new(config.providers.clone(), |_| None).expect("provider table");
-    for (name, script) in &scripts {
-        models = models.with_script("scripted", name, Script::from_json(&script.to_string()).expect("script"));
-    }
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let running = nexus_actors::start_with_models(listener, config, Some(models)).await.expect("restarts");
-    let server = TestServer { server: running, data_dir, database };
+    let server = server.restart(&scripts).await;
 
     let still = server.store().task(run, "h1-stop").await.expect("store").expect("task");
     assert_eq!((still.status.as_str(), still.claimed), ("dispatched", true), "the claimed hook task is durable");

@@ -4,13 +4,11 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tonic::transport::{Channel, Endpoint};
 use uuid::Uuid;
 
 use nexus_proto::Refusal;
-use nexus_proto::agent::v1::agent_service_client::AgentServiceClient;
 use nexus_proto::agent::v1::{CreateInputRequest, StreamEventsRequest, TaskDecisionRequest};
-use nexus_tests::{Http, Minted, RawRunner, TestServer, wait_until};
+use nexus_tests::{Http, Minted, RawRunner, TestServer, agent_client, authed, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -234,17 +232,6 @@ async fn a_live_watch_carries_transcript_deltas_and_pages_never_do() {
     assert!(types.contains(&"round_result") && !types.contains(&"text_delta"), "{types:?}");
 }
 
-async fn client(server: &TestServer) -> AgentServiceClient<Channel> {
-    let channel = Endpoint::from_shared(server.url()).expect("url").connect().await.expect("connect");
-    AgentServiceClient::new(channel)
-}
-
-fn authed<T>(message: T, member: &Minted) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert("authorization", format!("Bearer {}", member.token).parse().expect("header"));
-    request
-}
-
 /// `scripted/parked`: round 1 calls the kernel tool `runners_list`, which parks for approval.
 fn parked_script() -> (&'static str, Value) {
     (
@@ -311,7 +298,7 @@ async fn every_execution_door_refuses_unknown_fields_and_bodies_that_are_not_obj
         }
     }
     // The gRPC twins whose body_json carries a door body follow the same rule.
-    let mut client = client(&server).await;
+    let mut client = agent_client(&server).await;
     for (verb, body_json) in [
         ("approve", r#"{"approved":true}"#),
         ("deny", r#"{"reasn":"no"}"#),
@@ -362,7 +349,7 @@ async fn an_events_cursor_ahead_of_the_log_is_refused_on_every_event_door() {
     assert_eq!(status, 400);
     let (status, _) = sse(&server, &agent, &format!("{events}/stream"), Some(&ahead)).await;
     assert_eq!(status, 400);
-    let mut client = client(&server).await;
+    let mut client = agent_client(&server).await;
     for follow in [false, true] {
         let request = StreamEventsRequest {
             execution_public_id: execution.clone(),
@@ -387,7 +374,7 @@ async fn shutdown_ends_open_event_watches_promptly_and_cleanly() {
     let url = format!("{}/agent_api/v1/executions/{execution}/events/stream", server.url());
     let watch = reqwest::Client::new().get(url).bearer_auth(&agent.token).send().await.expect("watch");
     assert_eq!(watch.status().as_u16(), 200);
-    let mut client = client(&server).await;
+    let mut client = agent_client(&server).await;
     let request =
         StreamEventsRequest { execution_public_id: execution, after: String::new(), follow: true, transcript: false };
     let mut follower = client.stream_events(authed(request, &agent)).await.expect("follow").into_inner();
@@ -425,7 +412,7 @@ async fn a_suspended_agent_reads_but_admits_and_regenerates_nothing() {
     assert_eq!((admitted.status, admitted.code()), (403, Some("not_authorized")), "{admitted:?}");
     let regenerated = http.post(&format!("/agent_api/v1/executions/{execution}/regenerate"), &json!({})).await;
     assert_eq!((regenerated.status, regenerated.code()), (403, Some("not_authorized")), "{regenerated:?}");
-    let mut client = client(&server).await;
+    let mut client = agent_client(&server).await;
     let request = CreateInputRequest { text: "more".into(), ..CreateInputRequest::default() };
     let refused = client.create_input(authed(request, &agent)).await.expect_err("refused");
     assert_eq!(Refusal::from_status(&refused).code, "not_authorized");

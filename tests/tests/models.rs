@@ -5,21 +5,17 @@
 //! durable events (`model_change`, `round_started`, `turn_status`), what the fake was asked (and
 //! never asked), and the ephemeral transcript deltas.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tokio::process::{Child, Command};
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
-use nexus_actors::api::CreateInput;
 use nexus_actors::execution::run_status_is_quiescent;
-use nexus_actors::model::{ModelRegistry, ProviderConfig, ProviderKind, TranscriptDelta};
+use nexus_actors::model::{ProviderConfig, ProviderKind, TranscriptDelta};
 use nexus_actors::root::TranscriptEvent;
 use nexus_actors::store::{EventRow, ExecutionRow};
-use nexus_tests::{Act, FakeProvider, Minted, TestServer, Wire, runner_agent_binary, wait_until};
+use nexus_tests::{Act, FakeProvider, Minted, TestServer, Wire, wait_until};
 
 const SETTLE: Duration = Duration::from_secs(30);
 /// The variable the `an` provider reads its key from; only the test's environment defines it.
@@ -80,24 +76,12 @@ impl Bed {
 
     /// Admits an input with an inline declaration and returns its execution.
     async fn run(&self, text: &str, declaration: Value) -> Uuid {
-        let caller = self.server.caller(&self.agent).await;
-        let input =
-            CreateInput { text: text.to_owned(), execution_declaration: Some(declaration), ..CreateInput::default() };
-        self.server.server.api.create_input(&caller, input).await.expect("admitted").execution_public_id
+        self.server.run_declared(&self.agent, text, declaration).await
     }
 
     /// Waits until the execution is quiescent (completed, canceled or needs_attention).
     async fn settled(&self, execution: Uuid) -> ExecutionRow {
-        wait_until("the execution to settle", SETTLE, || async move {
-            self.server
-                .store()
-                .execution(execution)
-                .await
-                .ok()
-                .flatten()
-                .filter(|row| run_status_is_quiescent(&row.status))
-        })
-        .await
+        self.server.settled(execution, SETTLE).await
     }
 
     async fn events(&self, execution: Uuid) -> Vec<EventRow> {
@@ -383,38 +367,13 @@ async fn a_cut_stream_is_retried_after_a_stream_reset() {
     }
 }
 
-fn spawn_runner_agent(
-    server: &TestServer,
-    runner: &Minted,
-    workdir: &std::path::Path,
-    state: &std::path::Path,
-) -> Child {
-    Command::new(runner_agent_binary())
-        .arg("--nexus")
-        .arg(server.url())
-        .arg("--runner-id")
-        .arg(runner.id.to_string())
-        .arg("--token-file")
-        .arg(server.token_file(runner))
-        .arg("--workdir")
-        .arg(workdir)
-        .arg("--state-dir")
-        .arg(state)
-        .arg("--log")
-        .arg("warn")
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("runner-agent starts")
-}
-
 #[tokio::test]
 async fn an_anthropic_tool_round_trip_with_a_real_runner() {
     let bed = Bed::start().await;
     let runner = bed.server.runner("worker").await;
     let workdir = tempfile::tempdir().expect("workdir");
     let state = tempfile::tempdir().expect("state");
-    let _child = spawn_runner_agent(&bed.server, &runner, workdir.path(), state.path());
+    let _child = bed.server.spawn_runner_agent(&runner, workdir.path(), state.path(), None);
     wait_until("the runner's announcement", SETTLE, || async {
         bed.server.store().executor(runner.id).await.ok().flatten().and_then(|r| r.announced_at)
     })
@@ -512,13 +471,7 @@ async fn a_switch_survives_a_nexus_restart_and_the_spent_route_is_never_asked_ag
     .await;
 
     let Bed { fake, server, agent } = bed;
-    let config = server.config();
-    let TestServer { server: running, data_dir, database } = server;
-    running.shutdown().await.expect("clean shutdown");
-    let models = ModelRegistry::new(config.providers.clone(), test_env).expect("provider table");
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let running = nexus_actors::start_with_models(listener, config, Some(models)).await.expect("restarts");
-    let server = TestServer { server: running, data_dir, database };
+    let server = server.restart_with_env(&[], test_env).await;
 
     let caller = server.caller(&agent).await;
     server.server.api.approve_task(&caller, execution, "r1t0").await.expect("approved");

@@ -2,14 +2,12 @@
 //! `POST /agent_api/v1/executions/{id}/compact` and its gRPC twin `CompactExecution` call this.
 //! The semantics are in [`crate::execution::compaction`].
 
-use std::time::Duration;
-
 use serde_json::Value;
 use uuid::Uuid;
 
 use nexus_proto::Refusal;
 
-use super::{Api, Caller, unavailable};
+use super::{Api, Caller};
 use crate::execution::ExecutionMsg;
 use crate::execution::compaction::CompactionMsg;
 
@@ -31,19 +29,6 @@ impl Api {
     pub async fn compact(&self, caller: &Caller, id: Uuid) -> Result<Value, Refusal> {
         caller.require_active("compact executions")?;
         self.owned_execution(caller, id).await?;
-        // A quiet execution's actor may be stopping just now: Root forgets it within moments and
-        // the next lookup starts a fresh one from the store.
-        let mut attempts = 0;
-        loop {
-            let actor = self.root.execution(id).await?;
-            match ractor::call!(actor, |reply| ExecutionMsg::Compaction(CompactionMsg::Manual { reply })) {
-                Ok(answer) => return answer,
-                Err(_) if attempts < 10 => {
-                    attempts += 1;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(_) => return Err(unavailable()),
-            }
-        }
+        self.ask_execution(id, &|reply| ExecutionMsg::Compaction(CompactionMsg::Manual { reply })).await
     }
 }

@@ -2,14 +2,12 @@
 //! failed hook task again as a new generation, `abandon` releases the hold it puts on its
 //! execution. Both the HTTP doors and the gRPC twins `RetryTask` and `AbandonTask` call these.
 
-use std::time::Duration;
-
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use nexus_proto::{ErrorCode, Refusal};
+use nexus_proto::Refusal;
 
-use super::{Api, Caller, internal, task_view, unavailable};
+use super::{Api, Caller, task_view};
 use crate::execution::ExecutionMsg;
 use crate::execution::hooks::{Repair, repairable_status};
 use crate::store::TaskRow;
@@ -49,23 +47,7 @@ impl Api {
     }
 
     async fn repair(&self, caller: &Caller, id: Uuid, task_key: &str, repair: Repair) -> Result<TaskRow, Refusal> {
-        let store = &self.fabric.store;
-        let row = store
-            .execution(id)
-            .await
-            .map_err(internal)?
-            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))?;
-        if row.member_public_id != caller.member.public_id {
-            return Err(Refusal::new(
-                ErrorCode::NotAuthorized,
-                format!("only the member that owns execution {id} may retry or abandon its tasks"),
-            ));
-        }
-        let task = store
-            .task(id, task_key)
-            .await
-            .map_err(internal)?
-            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no task {task_key} in execution {id}")))?;
+        let (_, task) = self.owned_task(caller, id, task_key, "retry or abandon its tasks").await?;
         if !repairable_status(&task.status) {
             return Err(Refusal::new(
                 repair.refusal(),
@@ -75,21 +57,6 @@ impl Api {
                 ),
             ));
         }
-        // A quiet execution's actor may be stopping just now: Root forgets it within moments and
-        // the next lookup starts a fresh one from the store.
-        let mut attempts = 0;
-        loop {
-            let actor = self.root.execution(id).await?;
-            let outcome =
-                ractor::call!(actor, |reply| ExecutionMsg::Repair { task_key: task_key.to_owned(), repair, reply });
-            match outcome {
-                Ok(repaired) => return repaired,
-                Err(_) if attempts < 10 => {
-                    attempts += 1;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(_) => return Err(unavailable()),
-            }
-        }
+        self.ask_execution(id, &|reply| ExecutionMsg::Repair { task_key: task_key.to_owned(), repair, reply }).await
     }
 }

@@ -11,15 +11,11 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::routing::post;
 use serde_json::Value;
 
-use super::approval::{empty_body, execution_id};
-use super::{HttpRefusal, caller};
+use super::{ExecutionDoor, HttpRefusal, empty_body, execution_id};
 use crate::api::Api;
 
 /// The compaction door, merged into [`super::router`].
@@ -27,14 +23,8 @@ pub fn routes() -> Router<Arc<Api>> {
     Router::new().route("/agent_api/v1/executions/{id}/compact", post(post_compact))
 }
 
-async fn post_compact(
-    State(api): State<Arc<Api>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<(StatusCode, axum::Json<Value>), HttpRefusal> {
-    let caller = caller(&api, &headers).await?;
-    empty_body(body)?;
-    let accepted = api.compact(&caller, execution_id(&id)?).await?;
+async fn post_compact(door: ExecutionDoor) -> Result<(StatusCode, axum::Json<Value>), HttpRefusal> {
+    empty_body(door.body)?;
+    let accepted = door.api.compact(&door.caller, execution_id(&door.path)?).await?;
     Ok((StatusCode::ACCEPTED, axum::Json(accepted)))
 }

@@ -22,17 +22,13 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::routing::post;
 use serde_json::Value;
 
 use nexus_proto::{ErrorCode, Refusal};
 
-use super::approval::{empty_body, execution_id, optional_body};
-use super::{HttpRefusal, HttpResult, caller};
+use super::{ExecutionDoor, HttpRefusal, HttpResult, empty_body, execution_id, optional_body};
 use crate::api::{Api, known_fields};
 
 /// The control doors, merged into [`super::router`].
@@ -59,65 +55,34 @@ pub fn force_of(body: &Value, default: bool) -> Result<bool, Refusal> {
     }
 }
 
-async fn post_pause(
-    State(api): State<Arc<Api>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
-    let force = force_of(&optional_body(body)?, false)?;
-    Ok(axum::Json(api.pause(&caller, execution_id(&id)?, force).await?))
+async fn post_pause(door: ExecutionDoor) -> HttpResult {
+    let force = force_of(&optional_body(door.body)?, false)?;
+    Ok(axum::Json(door.api.pause(&door.caller, execution_id(&door.path)?, force).await?))
 }
 
-async fn post_resume(
-    State(api): State<Arc<Api>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
-    empty_body(body)?;
-    Ok(axum::Json(api.resume(&caller, execution_id(&id)?).await?))
+async fn post_resume(door: ExecutionDoor) -> HttpResult {
+    empty_body(door.body)?;
+    Ok(axum::Json(door.api.resume(&door.caller, execution_id(&door.path)?).await?))
 }
 
-async fn post_stop(
-    State(api): State<Arc<Api>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
-    let force = force_of(&optional_body(body)?, true)?;
-    Ok(axum::Json(api.stop(&caller, execution_id(&id)?, force).await?))
+async fn post_stop(door: ExecutionDoor) -> HttpResult {
+    let force = force_of(&optional_body(door.body)?, true)?;
+    Ok(axum::Json(door.api.stop(&door.caller, execution_id(&door.path)?, force).await?))
 }
 
-async fn post_regenerate(
-    State(api): State<Arc<Api>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<(StatusCode, axum::Json<Value>), HttpRefusal> {
-    let caller = caller(&api, &headers).await?;
-    let body = optional_body(body)?;
-    let created = api.regenerate(&caller, execution_id(&id)?, &body).await?;
+async fn post_regenerate(door: ExecutionDoor) -> Result<(StatusCode, axum::Json<Value>), HttpRefusal> {
+    let body = optional_body(door.body)?;
+    let created = door.api.regenerate(&door.caller, execution_id(&door.path)?, &body).await?;
     Ok((StatusCode::CREATED, axum::Json(created)))
 }
 
-async fn post_estimate(
-    State(api): State<Arc<Api>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
-    let body = optional_body(body)?;
-    Ok(axum::Json(api.estimate(&caller, execution_id(&id)?, &body).await?))
+async fn post_estimate(door: ExecutionDoor) -> HttpResult {
+    let body = optional_body(door.body)?;
+    Ok(axum::Json(door.api.estimate(&door.caller, execution_id(&door.path)?, &body).await?))
 }
 
-async fn get_estimate(State(api): State<Arc<Api>>, Path(id): Path<String>, headers: HeaderMap) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
-    Ok(axum::Json(api.estimate(&caller, execution_id(&id)?, &Value::Null).await?))
+async fn get_estimate(door: ExecutionDoor) -> HttpResult {
+    Ok(axum::Json(door.api.estimate(&door.caller, execution_id(&door.path)?, &Value::Null).await?))
 }
 
 #[cfg(test)]

@@ -14,14 +14,9 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
-use axum::http::HeaderMap;
 use axum::routing::post;
 
-use super::approval::{empty_body, execution_id};
-use super::{HttpResult, caller};
+use super::{ExecutionDoor, HttpResult, empty_body, execution_id};
 use crate::api::Api;
 
 /// The repair doors, merged into [`super::router`].
@@ -31,24 +26,14 @@ pub fn routes() -> Router<Arc<Api>> {
         .route("/agent_api/v1/executions/{id}/tasks/{task_key}/abandon", post(post_abandon))
 }
 
-async fn post_retry(
-    State(api): State<Arc<Api>>,
-    Path((id, task_key)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
-    empty_body(body)?;
-    Ok(axum::Json(api.retry_task(&caller, execution_id(&id)?, &task_key).await?))
+async fn post_retry(door: ExecutionDoor<(String, String)>) -> HttpResult {
+    empty_body(door.body)?;
+    let (id, task_key) = &door.path;
+    Ok(axum::Json(door.api.retry_task(&door.caller, execution_id(id)?, task_key).await?))
 }
 
-async fn post_abandon(
-    State(api): State<Arc<Api>>,
-    Path((id, task_key)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
-    empty_body(body)?;
-    Ok(axum::Json(api.abandon_task(&caller, execution_id(&id)?, &task_key).await?))
+async fn post_abandon(door: ExecutionDoor<(String, String)>) -> HttpResult {
+    empty_body(door.body)?;
+    let (id, task_key) = &door.path;
+    Ok(axum::Json(door.api.abandon_task(&door.caller, execution_id(id)?, task_key).await?))
 }

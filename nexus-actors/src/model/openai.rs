@@ -35,10 +35,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::registry::ConfigError;
-use super::wire::{
-    ErrorInfo, endpoint, error_answer, http_client, is_event_stream, provider_error, read_events, shorten, stream_cut,
-    transport_error,
-};
+use super::wire::{Answer, ErrorInfo, endpoint, http_client, provider_error, read_events, send, shorten, stream_cut};
 use super::{
     BoxFuture, ChatMessage, DeltaSink, ModelError, ModelProvider, ModelRequest, ModelResponse, ToolCall,
     TranscriptDelta, Usage,
@@ -114,16 +111,10 @@ impl OpenAiCompatibleProvider {
         if let Some(key) = &self.api_key {
             builder = builder.bearer_auth(key);
         }
-        let response = builder.send().await.map_err(transport_error)?;
-        let status = response.status().as_u16();
-        tracing::debug!(provider = %self.provider, status, "chat completion answer");
-        if !(200..300).contains(&status) {
-            return Err(error_answer(response).await);
-        }
-        if !is_event_stream(&response) {
-            let body = response.bytes().await.map_err(transport_error)?;
-            return parse_answer(&body);
-        }
+        let response = match send(&self.provider, "chat completion", builder).await? {
+            Answer::Whole(body) => return parse_answer(&body),
+            Answer::Events(response) => response,
+        };
         let mut stream = StreamAnswer::new(request.deltas.clone());
         read_events(response, |event| stream.event(&event.data)).await?;
         stream.finish()

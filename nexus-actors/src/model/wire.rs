@@ -44,7 +44,7 @@ pub(crate) fn http_client(provider: &str, request_timeout: Duration) -> Result<r
 
 /// Whether an answer is an event stream (`text/event-stream`) rather than one JSON body: a server
 /// may ignore `stream: true`, so the content type decides how the body is read.
-pub(crate) fn is_event_stream(response: &reqwest::Response) -> bool {
+fn is_event_stream(response: &reqwest::Response) -> bool {
     response
         .headers()
         .get(reqwest::header::CONTENT_TYPE)
@@ -52,8 +52,32 @@ pub(crate) fn is_event_stream(response: &reqwest::Response) -> bool {
         .is_some_and(|value| value.trim_start().to_ascii_lowercase().starts_with("text/event-stream"))
 }
 
+/// A 2xx answer of a provider, by how its body is to be read.
+pub(crate) enum Answer {
+    /// One JSON body, read whole.
+    Whole(Vec<u8>),
+    /// An event stream, to read with [`read_events`].
+    Events(reqwest::Response),
+}
+
+/// Sends a provider's request and answers its 2xx answer; any other status is read whole and
+/// mapped (module docs). `what` names the request in the debug log (`messages`, `chat
+/// completion`).
+pub(crate) async fn send(provider: &str, what: &str, request: reqwest::RequestBuilder) -> Result<Answer, ModelError> {
+    let response = request.send().await.map_err(transport_error)?;
+    let status = response.status().as_u16();
+    tracing::debug!(provider, status, "{what} answer");
+    if !(200..300).contains(&status) {
+        return Err(error_answer(response).await);
+    }
+    if is_event_stream(&response) {
+        return Ok(Answer::Events(response));
+    }
+    Ok(Answer::Whole(response.bytes().await.map_err(transport_error)?.into()))
+}
+
 /// Reads a non-2xx answer whole and maps it (module docs).
-pub(crate) async fn error_answer(response: reqwest::Response) -> ModelError {
+async fn error_answer(response: reqwest::Response) -> ModelError {
     let status = response.status().as_u16();
     let retry_after = response
         .headers()
