@@ -88,6 +88,17 @@ impl AgentGrpc {
     }
 }
 
+/// A request's `body_json`: empty means no body; a literal `null` is refused like any other body
+/// that is not an object, so it can never pass for "no body".
+fn body_arg(text: &str) -> Result<Option<serde_json::Value>, Status> {
+    match json_arg(text, "body_json")? {
+        Some(serde_json::Value::Null) => {
+            Err(Refusal::new(ErrorCode::ParameterInvalid, "body_json must be a JSON object").to_status())
+        }
+        other => Ok(other),
+    }
+}
+
 fn json_arg(text: &str, field: &str) -> Result<Option<serde_json::Value>, Status> {
     if text.trim().is_empty() {
         return Ok(None);
@@ -132,7 +143,7 @@ fn decision_execution(text: &str) -> Result<uuid::Uuid, Status> {
 /// The `body_json` of a door that takes no fields (approve, retry, abandon): empty or `{}`, as on
 /// the HTTP doors.
 fn empty_body(body_json: &str) -> Result<(), Status> {
-    let body = json_arg(body_json, "body_json")?.unwrap_or_default();
+    let body = body_arg(body_json)?.unwrap_or_default();
     known_fields(&body, &[]).map_err(|r| r.to_status())
 }
 
@@ -153,8 +164,7 @@ fn reply(value: &serde_json::Value) -> Response<JsonReply> {
 }
 
 fn body_of(text: &str) -> Result<serde_json::Value, Status> {
-    json_arg(text, "body_json")?
-        .ok_or_else(|| Refusal::new(ErrorCode::ParameterMissing, "body_json is required").to_status())
+    body_arg(text)?.ok_or_else(|| Refusal::new(ErrorCode::ParameterMissing, "body_json is required").to_status())
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<ExecutionEvent, Status>> + Send>>;
@@ -165,7 +175,7 @@ impl AgentService for AgentGrpc {
 
     async fn declare_profile(&self, request: Request<DeclareProfileRequest>) -> Result<Response<ProfileReply>, Status> {
         let caller = self.caller(&request).await?;
-        let body = json_arg(&request.get_ref().body_json, "body_json")?
+        let body = body_arg(&request.get_ref().body_json)?
             .ok_or_else(|| Refusal::new(ErrorCode::ParameterMissing, "body_json is required").to_status())?;
         let profile = self.api.declare(&caller, body).await.map_err(|r| r.to_status())?;
         Ok(Response::new(ProfileReply { profile_json: profile.to_string() }))
@@ -281,7 +291,7 @@ impl AgentService for AgentGrpc {
 
     async fn list_executors(&self, request: Request<JsonRequest>) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
-        let body = json_arg(&request.get_ref().body_json, "body_json")?.unwrap_or_default();
+        let body = body_arg(&request.get_ref().body_json)?.unwrap_or_default();
         let kind = body.get("kind").and_then(serde_json::Value::as_str);
         Ok(reply(&self.api.executors(&caller, kind).await.map_err(|r| r.to_status())?))
     }
@@ -359,7 +369,7 @@ impl AgentService for AgentGrpc {
         let caller = self.caller(&request).await?;
         let body = request.get_ref();
         let id = decision_execution(&body.execution_public_id)?;
-        let decision = json_arg(&body.body_json, "body_json")?.unwrap_or_default();
+        let decision = body_arg(&body.body_json)?.unwrap_or_default();
         Ok(reply(&self.api.deny_task(&caller, id, &body.task_key, &decision).await.map_err(|r| r.to_status())?))
     }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
@@ -118,15 +118,32 @@ where
 }
 
 /// A malformed execution id names no execution: 404, as an unknown one.
-fn execution_id(text: &str) -> Result<Uuid, Refusal> {
-    Uuid::parse_str(text).map_err(|_| Refusal::new(ErrorCode::NotFound, format!("no execution {text}")))
+/// A query string, or 400 `parameter_invalid` saying what is wrong with it (a repeated key, a
+/// value of the wrong type) as JSON, never axum's plain-text rejection.
+fn query_of<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, HttpRefusal> {
+    query.map(|Query(query)| query).map_err(|rejection| {
+        HttpRefusal(Refusal::new(
+            ErrorCode::ParameterInvalid,
+            format!("the query string is invalid: {}", rejection.body_text()),
+        ))
+    })
 }
 
-/// The body, where an empty one means `{}`.
+/// The `{id}` of an execution door: 400 `parameter_invalid` when it is not a UUID, as on the
+/// read doors and the gRPC twins.
+fn execution_id(text: &str) -> Result<Uuid, Refusal> {
+    Uuid::parse_str(text).map_err(|_| Refusal::new(ErrorCode::ParameterInvalid, "id must be a UUID"))
+}
+
+/// The body, where an empty one means no fields; a literal `null` is refused like any other body
+/// that is not an object, so it can never pass for "no body".
 fn optional_body(body: Result<Bytes, BytesRejection>) -> Result<Value, HttpRefusal> {
     match body {
         Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Ok(Value::Null),
-        other => json_body(other),
+        other => match json_body(other)? {
+            Value::Null => Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be a JSON object").into()),
+            body => Ok(body),
+        },
     }
 }
 
@@ -193,7 +210,12 @@ struct KindQuery {
     kind: Option<String>,
 }
 
-async fn get_executors(State(api): State<Arc<Api>>, headers: HeaderMap, Query(query): Query<KindQuery>) -> HttpResult {
+async fn get_executors(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    query: Result<Query<KindQuery>, QueryRejection>,
+) -> HttpResult {
+    let query = query_of(query)?;
     let caller = caller(&api, &headers).await?;
     Ok(axum::Json(api.executors(&caller, query.kind.as_deref()).await?))
 }

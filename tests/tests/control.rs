@@ -232,7 +232,7 @@ async fn a_graceful_pause_records_finished_work_and_starts_no_round_until_resume
     assert_eq!((paused_row.status.as_str(), paused_row.round), ("paused", 1), "no new round while paused");
     assert_eq!(all.iter().filter(|e| e.event_type == "round_started").count(), 1);
 
-    let resumed = http.post(&door(run, "resume"), &Value::Null).await;
+    let resumed = http.send(reqwest::Method::POST, &door(run, "resume"), None).await;
     assert_eq!(resumed.status, 200, "{:?}", resumed.body);
     assert_ne!(resumed.body["status"], "paused");
     let done = status_is(&f.server, run, "completed").await;
@@ -311,7 +311,7 @@ async fn resume_moves_open_deadlines_and_holds_forward_by_the_paused_time() {
     let parked = f.server.task_in(run, "r1t1", "needs_approval").await;
     let http = f.http();
 
-    let paused = http.post(&door(run, "pause"), &Value::Null).await;
+    let paused = http.send(reqwest::Method::POST, &door(run, "pause"), None).await;
     assert_eq!(paused.body["status"], "paused", "{:?}", paused.body);
     let frozen = wait_until("the runner task's clock to freeze", WAIT, || async {
         f.server.store().task(run, "r1t0").await.ok().flatten().filter(|t| is_frozen(t.deadline_at))
@@ -328,7 +328,7 @@ async fn resume_moves_open_deadlines_and_holds_forward_by_the_paused_time() {
     assert_eq!(f.server.task_in(run, "r1t0", "dispatched").await.deadline_at, frozen.deadline_at);
     f.server.task_in(run, "r1t1", "needs_approval").await;
 
-    let resumed = http.post(&door(run, "resume"), &Value::Null).await;
+    let resumed = http.send(reqwest::Method::POST, &door(run, "resume"), None).await;
     assert_eq!(resumed.status, 200, "{:?}", resumed.body);
     let paused_ms =
         turn_statuses(&f.server, run).await.last().and_then(|d| d["paused_ms"].as_i64()).expect("paused_ms");
@@ -361,7 +361,7 @@ async fn a_nexus_restart_while_paused_stays_paused_with_its_clocks_frozen() {
     f.declare_tools("scripted/restart", "bypass", Value::Null).await;
     let run = f.turn("survive").await;
     f.server.task_in(run, "r1t0", "dispatched").await;
-    let paused = f.http().post(&door(run, "pause"), &Value::Null).await;
+    let paused = f.http().send(reqwest::Method::POST, &door(run, "pause"), None).await;
     assert_eq!(paused.body["status"], "paused", "{:?}", paused.body);
     wait_until("the clock to freeze", WAIT, || async {
         f.server.store().task(run, "r1t0").await.ok().flatten().filter(|t| is_frozen(t.deadline_at))
@@ -555,7 +555,7 @@ async fn regeneration_reuses_the_frozen_declaration_after_a_profile_edit_or_take
     let refused = Uuid::parse_str(admitted.body["execution_public_id"].as_str().expect("id")).expect("uuid");
     let ended = status_is(&f.server, refused, "canceled").await;
     assert_eq!((ended.declaration, ended.error_key.as_deref()), (None, Some("tool_not_served")));
-    let none = http.post(&door(refused, "regenerate"), &Value::Null).await;
+    let none = http.send(reqwest::Method::POST, &door(refused, "regenerate"), None).await;
     assert_eq!((none.status, none.code()), (409, Some("not_regenerable")));
     let some = http
         .post(&door(refused, "regenerate"), &json!({"execution_declaration": {"default_model": "scripted/one"}}))
@@ -746,12 +746,16 @@ async fn the_control_doors_refuse_with_their_words() {
     }
     let stranger = Http::new(&f.server.url(), Some(&f.server.agent("stranger").await.token));
     for verb in ["pause", "resume", "stop", "regenerate", "estimate"] {
-        for (who, id) in
-            [(&http, Uuid::new_v4().to_string()), (&http, "not-a-uuid".to_owned()), (&stranger, run.to_string())]
-        {
+        for (who, id) in [(&http, Uuid::new_v4().to_string()), (&stranger, run.to_string())] {
             let answer = who.post(&format!("/agent_api/v1/executions/{id}/{verb}"), &json!({})).await;
             assert_eq!((answer.status, answer.code()), (404, Some("not_found")), "{verb} {id}");
         }
+        // A malformed id is bad input, as on the read doors and the gRPC twins.
+        let answer = http.post(&format!("/agent_api/v1/executions/not-a-uuid/{verb}"), &json!({})).await;
+        assert_eq!((answer.status, answer.code()), (400, Some("parameter_invalid")), "{verb}");
+        // A literal `null` body is not "no body": it is refused and changes nothing.
+        let answer = http.send(reqwest::Method::POST, &door(run, verb), Some("null".into())).await;
+        assert_eq!((answer.status, answer.code()), (400, Some("parameter_invalid")), "{verb} null");
     }
 
     let mut client = agent_client(&f.server).await;

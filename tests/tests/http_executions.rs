@@ -115,7 +115,11 @@ async fn admit_read_page_and_watch_over_http() {
     assert_eq!(resumed.iter().map(|f| &f.0).collect::<Vec<_>>(), all[1..].iter().map(|f| &f.0).collect::<Vec<_>>());
 
     // Bounds and cursors are refused with their words.
-    for bad in ["limit=0", "limit=201", "limit=x", "after=nonsense", "after=cvei_01", "after=cvei_99999"] {
+    let repeated = ["limit=5&limit=6", "after=cvei_1&after=cvei_2", "transcript=maybe"];
+    for bad in ["limit=0", "limit=201", "limit=x", "after=nonsense", "after=cvei_01", "after=cvei_99999"]
+        .iter()
+        .chain(&repeated)
+    {
         let answer = http.get(&format!("{events}?{bad}")).await;
         assert_eq!((answer.status, answer.code()), (400, Some("parameter_invalid")), "{bad}: {answer:?}");
     }

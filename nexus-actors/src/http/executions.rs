@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -31,7 +31,7 @@ use uuid::Uuid;
 
 use nexus_proto::{ErrorCode, Refusal};
 
-use super::{HttpRefusal, HttpResult, caller, json_body};
+use super::{HttpRefusal, HttpResult, caller, json_body, query_of};
 use crate::api::{Api, CreateInput, Event, known_fields};
 
 /// The page size of `GET …/events` when `limit` is absent.
@@ -127,8 +127,9 @@ async fn get_events(
     State(api): State<Arc<Api>>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    Query(query): Query<EventsQuery>,
+    query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> HttpResult {
+    let query = query_of(query)?;
     let caller = caller(&api, &headers).await?;
     let id = uuid_param("id", &id)?;
     let limit = page_limit(query.limit.as_deref())?;
@@ -144,8 +145,9 @@ async fn get_event_stream(
     State(api): State<Arc<Api>>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    Query(query): Query<EventsQuery>,
+    query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, HttpRefusal> {
+    let query = query_of(query)?;
     let caller = caller(&api, &headers).await?;
     let id = uuid_param("id", &id)?;
     // A reconnecting EventSource sends the last `id:` it saw; it wins over the query.
