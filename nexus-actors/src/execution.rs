@@ -907,32 +907,15 @@ fn holds_nul(value: &Value) -> bool {
 fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCall, truncated: bool) -> TaskRow {
     let now = now_ms();
     let default_timeout = i64::try_from(state.fabric.config.execution.default_task_timeout_ms).unwrap_or(i64::MAX);
+    // Settled `failed` until the call passes every check below.
     let mut task = TaskRow {
-        run_public_id: state.row.public_id,
-        task_key: format!("r{round}t{index}"),
-        kind: "tool_call".into(),
-        round,
-        callable_name: call.name.clone(),
-        tool_name: call.name.clone(),
-        tool_input: json!({}),
-        tool_call_id: if call.id.is_empty() || call.id.len() > 128 {
-            format!("r{round}t{index}")
-        } else {
-            call.id.clone()
-        },
-        target_executor_public_id: None,
-        effect_profile: None,
-        timeout_ms: default_timeout,
         status: "failed".into(),
-        claimed: false,
-        claim_token_digest: None,
-        started_at: now,
-        deadline_at: now,
-        result: None,
-        error_key: None,
         settled_at: Some(now),
-        approval: None,
+        ..TaskRow::new(state.row.public_id, format!("r{round}t{index}"), round, call.name.clone(), default_timeout, now)
     };
+    if !call.id.is_empty() && call.id.len() <= 128 {
+        task.tool_call_id = call.id.clone();
+    }
     let fail = |mut task: TaskRow, key: &str, message: String| {
         task.error_key = Some(key.to_owned());
         task.result = Some(json!({"content": message, "is_error": true, "outcome": "failed"}));

@@ -271,6 +271,35 @@ pub struct TaskRow {
 }
 
 impl TaskRow {
+    /// A fresh `tool_call` row of `run` in `round`, not yet started anywhere: `waiting`, never
+    /// claimed, no target, input `{}`, its `tool_call_id` its key, started (and due) at `now`
+    /// (Unix milliseconds) with a budget of `timeout_ms`. The round driver, hooks and compaction
+    /// set the rest before the row is written.
+    pub fn new(run: Uuid, task_key: String, round: i64, tool_name: String, timeout_ms: i64, now: i64) -> TaskRow {
+        TaskRow {
+            run_public_id: run,
+            tool_call_id: task_key.clone(),
+            task_key,
+            kind: "tool_call".into(),
+            round,
+            callable_name: tool_name.clone(),
+            tool_name,
+            tool_input: Value::Object(serde_json::Map::new()),
+            target_executor_public_id: None,
+            effect_profile: None,
+            timeout_ms,
+            status: "waiting".into(),
+            claimed: false,
+            claim_token_digest: None,
+            started_at: now,
+            deadline_at: now,
+            result: None,
+            error_key: None,
+            settled_at: None,
+            approval: None,
+        }
+    }
+
     /// Whether the task reached a terminal status.
     pub fn is_settled(&self) -> bool {
         crate::execution::task_status_is_settled(&self.status)

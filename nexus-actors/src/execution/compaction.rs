@@ -604,30 +604,13 @@ fn waiting_task(state: &ExecutionState, key: &str, mode: Mode) -> TaskRow {
             state.declaration.as_deref().and_then(policy).and_then(|p| p.tool_name).unwrap_or_else(|| SUMMARIZER.into())
         }
     };
+    let timeout_ms = i64::try_from(state.fabric.config.execution.default_task_timeout_ms).unwrap_or(i64::MAX);
     TaskRow {
-        run_public_id: state.row.public_id,
-        task_key: key.to_owned(),
         kind: match mode {
             Mode::Kernel => "model_task".into(),
             Mode::Delegate => "tool_call".into(),
         },
-        round: state.row.round,
-        callable_name: name.clone(),
-        tool_name: name,
-        tool_input: json!({}),
-        tool_call_id: key.to_owned(),
-        target_executor_public_id: None,
-        effect_profile: None,
-        timeout_ms: i64::try_from(state.fabric.config.execution.default_task_timeout_ms).unwrap_or(i64::MAX),
-        status: "waiting".into(),
-        claimed: false,
-        claim_token_digest: None,
-        started_at: now,
-        deadline_at: now,
-        result: None,
-        error_key: None,
-        settled_at: None,
-        approval: None,
+        ..TaskRow::new(state.row.public_id, key.to_owned(), state.row.round, name, timeout_ms, now)
     }
 }
 

@@ -458,28 +458,12 @@ pub(crate) async fn gate(
     let source = format!("r{}", key.round);
     let input = hook_input(&event, &source, state.row.public_id, Some(state.row.conversation_public_id));
     let now = now_ms();
-    let task_key = key.key();
+    // Settled `failed` until it is addressed to the runner that serves the hook tool.
     let mut task = TaskRow {
-        run_public_id: state.row.public_id,
-        task_key: task_key.clone(),
-        kind: "tool_call".into(),
-        round: state.row.round,
-        callable_name: hook.tool.clone(),
-        tool_name: hook.tool.clone(),
         tool_input: input,
-        tool_call_id: task_key,
-        target_executor_public_id: None,
-        effect_profile: None,
-        timeout_ms: hook.timeout_ms,
         status: "failed".into(),
-        claimed: false,
-        claim_token_digest: None,
-        started_at: now,
-        deadline_at: now,
-        result: None,
-        error_key: None,
         settled_at: Some(now),
-        approval: None,
+        ..TaskRow::new(state.row.public_id, key.key(), state.row.round, hook.tool.clone(), hook.timeout_ms, now)
     };
     address(state, &mut task).await?;
     launch(myself, state, task).await?;
