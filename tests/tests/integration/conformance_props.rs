@@ -2,7 +2,7 @@
 //!
 //! The generators are deterministic: an xorshift64 seeded from `NEXUS_PROP_SEED` (or a fixed
 //! default). Every assertion message carries the seed and the iteration, so a failure can be
-//! replayed with `NEXUS_PROP_SEED=<seed> cargo test -p nexus-tests --test conformance_props`.
+//! replayed with `NEXUS_PROP_SEED=<seed> cargo test -p nexus-tests --test integration conformance_props`.
 
 use std::collections::{BTreeSet, HashSet};
 

@@ -1,0 +1,19 @@
+//! The integration suites in one test binary: each module drives a real server (in this process
+//! or as a child) with real or scripted runners on 127.0.0.1. One binary links the server once;
+//! the chaos suite is its own binary because it runs serialized and time-boxed.
+
+mod approval;
+mod approval_runner_agent;
+mod compaction;
+mod conformance;
+mod conformance_props;
+mod control;
+mod executions;
+mod fabric;
+mod hooks;
+mod http_executions;
+mod models;
+mod quickstart;
+mod round_driver;
+mod store;
+mod tls;
