@@ -17,11 +17,11 @@ use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
 use uuid::Uuid;
 
-use nexus_actors::admin::{MemberKind, create_member};
+use nexus_actors::actors::profile::profile_json;
+use nexus_actors::cli::admin::{MemberKind, create_member};
 use nexus_actors::config::{DoorsConfig, ServerConfig};
 use nexus_actors::declaration::tools::canonical_tool_definitions_at;
 use nexus_actors::declaration::{TOOL_DEFINITIONS_BOUND, validate_profile_put};
-use nexus_actors::profile::profile_json;
 use nexus_actors::store::Store;
 
 /// The target: the whole PUT costs at most this many plain parses.

@@ -106,7 +106,7 @@ pub struct ExecutionConfig {
     pub default_task_timeout_ms: u64,
     /// How long a task parked in `needs_approval` waits for a decision before it settles
     /// `timed_out` with `approval_expired`, in milliseconds (REFERENCE.md 10, "Park").
-    /// Default 86400000 (24 hours, [`crate::execution::approval::APPROVAL_HOLD_MS`]).
+    /// Default 86400000 (24 hours, [`crate::actors::execution::approval::APPROVAL_HOLD_MS`]).
     pub approval_hold_ms: u64,
     /// How long a forced stop waits in `canceling` for the runners' tasks to settle before the
     /// execution ends `canceled` anyway, in milliseconds (REFERENCE.md 7, "Pause, stop, delete").
@@ -131,10 +131,10 @@ impl Default for ExecutionConfig {
             model_retry_max_delay_ms: 10_000,
             model_retry_after_max_ms: 60_000,
             default_task_timeout_ms: crate::declaration::DEFAULT_TIMEOUT_MS,
-            approval_hold_ms: crate::execution::approval::APPROVAL_HOLD_MS,
-            stop_drain_ms: crate::execution::control::STOP_DRAIN_MS,
-            compaction_threshold_percent: crate::execution::compaction::THRESHOLD_PERCENT,
-            request_bytes_bound: crate::execution::compaction::REQUEST_BYTES_BOUND,
+            approval_hold_ms: crate::actors::execution::approval::APPROVAL_HOLD_MS,
+            stop_drain_ms: crate::actors::execution::control::STOP_DRAIN_MS,
+            compaction_threshold_percent: crate::actors::execution::compaction::THRESHOLD_PERCENT,
+            request_bytes_bound: crate::actors::execution::compaction::REQUEST_BYTES_BOUND,
         }
     }
 }

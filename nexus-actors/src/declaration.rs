@@ -14,6 +14,7 @@
 //! `fallback_models` here. A refusal's message starts with the field's path
 //! (`configuration.<field>`, `execution_declaration.<field>`, `prompt_documents.<slot>`).
 
+pub mod announcement;
 pub mod approval;
 pub mod compaction;
 pub mod delegation;

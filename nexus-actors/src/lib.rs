@@ -9,23 +9,14 @@
 //! Main entry points: [`serve`] runs a server until a shutdown future resolves; [`start`] returns
 //! a [`RunningServer`] handle (tests and `nexus quickstart` use it); [`admin`] mints credentials.
 
-pub mod admin;
-pub mod announcement;
-pub mod api;
+pub mod actors;
 pub mod auth;
+pub mod cli;
 pub mod config;
-pub mod connection;
 pub mod declaration;
-pub mod execution;
-pub mod executor;
-pub mod grpc;
-pub mod http;
+pub mod doors;
 pub mod model;
-pub mod profile;
-pub mod quickstart;
-pub mod root;
 pub mod store;
-pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -44,13 +35,13 @@ use nexus_proto::FILE_DESCRIPTOR_SET;
 use nexus_proto::agent::v1::agent_service_server::AgentServiceServer;
 use nexus_proto::runner::v1::runner_service_server::RunnerServiceServer;
 
-use crate::api::Api;
+use crate::actors::root::{EventBus, Fabric, RootActor, RootArgs, RootHandle};
 use crate::config::ServerConfig;
+use crate::doors::api::Api;
+use crate::doors::tls::Acceptor;
+pub use crate::doors::tls::install_crypto_provider;
 use crate::model::ModelRegistry;
-use crate::root::{EventBus, Fabric, RootActor, RootArgs, RootHandle};
 use crate::store::Store;
-use crate::tls::Acceptor;
-pub use crate::tls::install_crypto_provider;
 
 /// The largest answer of the client API, in bytes (64 MiB).
 pub const AGENT_REPLY_BOUND: usize = 64 * 1024 * 1024;
@@ -73,7 +64,7 @@ pub enum ServeError {
     Transport(String),
     /// A TLS file or setting cannot be used.
     #[error(transparent)]
-    Tls(#[from] tls::TlsError),
+    Tls(#[from] doors::tls::TlsError),
     /// The listener has no local address.
     #[error("listener: {0}")]
     Io(#[from] std::io::Error),
@@ -171,9 +162,9 @@ pub async fn start_with_models(
         events: EventBus::default(),
         connections: Default::default(),
         closing: tokio::sync::watch::channel(false).0,
-        declarations: root::FrozenDeclarations::default(),
+        declarations: actors::root::FrozenDeclarations::default(),
     });
-    let registry = Arc::new(root::Registry::default());
+    let registry = Arc::new(actors::root::Registry::default());
     let (root_ref, _) =
         ractor::Actor::spawn(None, RootActor, RootArgs { fabric: fabric.clone(), registry: registry.clone() })
             .await
@@ -195,8 +186,8 @@ pub async fn start_with_models(
     let api = Arc::new(Api::new(fabric.clone(), root));
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter.set_serving::<RunnerServiceServer<grpc::RunnerGrpc>>().await;
-    health_reporter.set_serving::<AgentServiceServer<grpc::AgentGrpc>>().await;
+    health_reporter.set_serving::<RunnerServiceServer<doors::grpc::RunnerGrpc>>().await;
+    health_reporter.set_serving::<AgentServiceServer<doors::grpc::AgentGrpc>>().await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -208,12 +199,12 @@ pub async fn start_with_models(
         .build_v1alpha()
         .map_err(|e| ServeError::Transport(e.to_string()))?;
     let max_frame = fabric.config.runner.max_frame_bytes;
-    let runner_service = RunnerServiceServer::new(grpc::RunnerGrpc::new(api.clone()))
+    let runner_service = RunnerServiceServer::new(doors::grpc::RunnerGrpc::new(api.clone()))
         .max_decoding_message_size(max_frame)
         .max_encoding_message_size(max_frame);
-    let routes = Routes::from(http::router(api.clone()));
+    let routes = Routes::from(doors::http::router(api.clone()));
     let routes = if acceptor.as_ref().is_some_and(|acceptor| acceptor.gate_runner_stream) {
-        routes.add_service(InterceptedService::new(runner_service, tls::require_client_certificate))
+        routes.add_service(InterceptedService::new(runner_service, doors::tls::require_client_certificate))
     } else {
         routes.add_service(runner_service)
     };
@@ -221,7 +212,7 @@ pub async fn start_with_models(
         .add_service(
             // An execution's JSON carries its task results (each at most 1 MB), so answers may be
             // larger than requests.
-            AgentServiceServer::new(grpc::AgentGrpc::new(api.clone()))
+            AgentServiceServer::new(doors::grpc::AgentGrpc::new(api.clone()))
                 .max_decoding_message_size(max_frame)
                 .max_encoding_message_size(AGENT_REPLY_BOUND),
         )

@@ -7,9 +7,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
-use nexus_actors::admin::{MemberKind, create_member, create_runner};
+use nexus_actors::cli::admin::{MemberKind, create_member, create_runner};
+use nexus_actors::cli::quickstart::{QuickstartOptions, run as quickstart};
 use nexus_actors::config::{ServerConfig, StoreConfig};
-use nexus_actors::quickstart::{QuickstartOptions, run as quickstart};
 use nexus_actors::store::Store;
 
 /// nexus: hosts Agent profiles and runs their executions over a fabric of runners.
@@ -232,19 +232,19 @@ async fn main() -> anyhow::Result<()> {
                 }
                 AdminCommand::Member { command: MemberCommand::Suspend { store, member_id } } => {
                     let store = open_existing(store).await?;
-                    nexus_actors::admin::set_member_status(&store, member_id, "suspended").await
+                    nexus_actors::cli::admin::set_member_status(&store, member_id, "suspended").await
                 }
                 AdminCommand::Member { command: MemberCommand::Reinstate { store, member_id } } => {
                     let store = open_existing(store).await?;
-                    nexus_actors::admin::set_member_status(&store, member_id, "active").await
+                    nexus_actors::cli::admin::set_member_status(&store, member_id, "active").await
                 }
                 AdminCommand::Runner { command: RunnerCommand::Repair { store, runner_id } } => {
                     let store = open_existing(store).await?;
-                    nexus_actors::admin::repair_runner(&store, runner_id).await
+                    nexus_actors::cli::admin::repair_runner(&store, runner_id).await
                 }
                 AdminCommand::Runner { command: RunnerCommand::Revoke { store, runner_id } } => {
                     let store = open_existing(store).await?;
-                    nexus_actors::admin::revoke_runner(&store, runner_id).await
+                    nexus_actors::cli::admin::revoke_runner(&store, runner_id).await
                 }
             };
             match output {

@@ -302,7 +302,7 @@ impl TaskRow {
 
     /// Whether the task reached a terminal status.
     pub fn is_settled(&self) -> bool {
-        crate::execution::task_status_is_settled(&self.status)
+        crate::actors::execution::task_status_is_settled(&self.status)
     }
 }
 

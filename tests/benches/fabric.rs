@@ -35,8 +35,8 @@ use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tonic::transport::Endpoint;
 use uuid::Uuid;
 
-use nexus_actors::api::{Caller, CreateInput};
 use nexus_actors::config::StoreConfig;
+use nexus_actors::doors::api::{Caller, CreateInput};
 use nexus_actors::store::Store;
 use nexus_proto::runner::v1::runner_service_client::RunnerServiceClient;
 use nexus_proto::runner::v1::runner_service_server::{RunnerService, RunnerServiceServer};

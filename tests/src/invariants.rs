@@ -29,9 +29,9 @@ use serde_json::Value;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use nexus_actors::actors::execution::task_status_is_settled;
+use nexus_actors::actors::root::{Census, RootHandle};
 use nexus_actors::auth::digest;
-use nexus_actors::execution::task_status_is_settled;
-use nexus_actors::root::{Census, RootHandle};
 use nexus_actors::store::{EventRow, Store, TaskRow, now_ms};
 
 /// A `work_available` push a runner received.

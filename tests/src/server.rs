@@ -12,11 +12,11 @@ use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
-use nexus_actors::admin::{MemberKind, create_member, create_runner};
-use nexus_actors::api::{Caller, CreateInput};
+use nexus_actors::actors::execution::run_status_is_quiescent;
+use nexus_actors::actors::executor::ExecutorMsg;
+use nexus_actors::cli::admin::{MemberKind, create_member, create_runner};
 use nexus_actors::config::ServerConfig;
-use nexus_actors::execution::run_status_is_quiescent;
-use nexus_actors::executor::ExecutorMsg;
+use nexus_actors::doors::api::{Caller, CreateInput};
 use nexus_actors::model::{ModelRegistry, Script};
 use nexus_actors::store::{ExecutionRow, Store, StoreBackend, TaskRow};
 use nexus_actors::{RunningServer, start_with_models};

@@ -30,11 +30,11 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use uuid::Uuid;
 
-use nexus_actors::api::{Caller, CreateInput};
+use nexus_actors::actors::execution::run_status_is_quiescent;
+use nexus_actors::actors::root::Census;
 use nexus_actors::auth::digest;
 use nexus_actors::config::StoreConfig;
-use nexus_actors::execution::run_status_is_quiescent;
-use nexus_actors::root::Census;
+use nexus_actors::doors::api::{Caller, CreateInput};
 use nexus_actors::store::{EventRow, ExecutionRow, Store, StoreBackend, TaskRow};
 use nexus_proto::agent::v1::agent_service_client::AgentServiceClient;
 use nexus_proto::agent::v1::{CreateInputRequest, DeclareProfileRequest};
@@ -1027,7 +1027,9 @@ async fn kill_point_reached(store: &Store, run: Uuid, point: KillPoint) -> Optio
                 events.iter().any(|e| {
                     e.event_type == "task_status"
                         && e.data["task_key"] == key
-                        && e.data["status"].as_str().is_some_and(nexus_actors::execution::task_status_is_settled)
+                        && e.data["status"]
+                            .as_str()
+                            .is_some_and(nexus_actors::actors::execution::task_status_is_settled)
                 })
             };
             in_round.any(|t| t.is_settled() && !narrated(&t.task_key))

@@ -21,7 +21,7 @@ use nexus_kernel_tools::{
 use nexus_proto::{ErrorCode, Refusal};
 
 use super::invalid;
-use crate::announcement::is_model_visible;
+use crate::declaration::announcement::is_model_visible;
 
 /// The bound of `tool_definitions` as canonical JSON, in bytes (`tool_definitions_bound`).
 pub const TOOL_DEFINITIONS_BOUND: usize = 1_048_576;
@@ -412,7 +412,7 @@ pub struct FrozenDeclaration {
     /// As declared; run by a later part of the fabric.
     pub lifecycle_hooks: Value,
     /// `compaction_policy` as declared (REFERENCE.md 13), or null; run by
-    /// [`crate::execution::compaction`]. Absent in declarations frozen before it was captured.
+    /// [`crate::actors::execution::compaction`]. Absent in declarations frozen before it was captured.
     #[serde(default)]
     pub compaction_policy: Value,
     /// The `summarizer` prompt document `{content, role}`, if any: the kernel summarizer's

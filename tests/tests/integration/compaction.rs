@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use nexus_actors::execution::compaction::{DEFAULT_INSTRUCTIONS, SUMMARY_HEADER};
+use nexus_actors::actors::execution::compaction::{DEFAULT_INSTRUCTIONS, SUMMARY_HEADER};
 use nexus_actors::model::{ModelConfig, ProviderConfig, ProviderKind};
 use nexus_actors::store::{EventRow, ExecutionRow, TaskRow};
 use nexus_proto::Refusal;

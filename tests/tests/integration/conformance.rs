@@ -26,8 +26,8 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use uuid::Uuid;
 
-use nexus_actors::api::CreateInput;
 use nexus_actors::config::ServerConfig;
+use nexus_actors::doors::api::CreateInput;
 use nexus_actors::model::{ModelConfig, ProviderConfig, ProviderKind};
 use nexus_actors::store::ExecutionRow;
 use nexus_proto::Refusal;
@@ -2380,7 +2380,7 @@ async fn r09_a_suspended_agent_is_not_authorized_at_the_lock() {
     let before = d.snapshot().await;
     // The operator suspends the Agent: its credential still authenticates, but it is no longer
     // eligible when the ProfileActor takes the declaration lock.
-    nexus_actors::admin::set_member_status(d.server.store(), d.agent.id, "suspended").await.expect("suspended");
+    nexus_actors::cli::admin::set_member_status(d.server.store(), d.agent.id, "suspended").await.expect("suspended");
     let answer = d.http.declare(&json!({"configuration": {}})).await;
     assert_eq!((answer.status, answer.code()), (403, Some("not_authorized")), "{:?}", answer.body);
     let slot = d.http.put("/agent_api/v1/profile/prompt_documents/system_prompt", &json!({"content": "x"})).await;
@@ -2390,6 +2390,6 @@ async fn r09_a_suspended_agent_is_not_authorized_at_the_lock() {
     assert_eq!((named.status, named.code()), (403, Some("not_authorized")));
     assert_eq!(d.snapshot().await.0, before.0, "nothing changed");
     assert_eq!(d.http.profile().await.status, 200, "reading stays open");
-    nexus_actors::admin::set_member_status(d.server.store(), d.agent.id, "active").await.expect("reinstated");
+    nexus_actors::cli::admin::set_member_status(d.server.store(), d.agent.id, "active").await.expect("reinstated");
     assert_eq!(d.http.declare(&json!({"configuration": {}})).await.status, 200);
 }

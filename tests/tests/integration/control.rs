@@ -15,8 +15,8 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use uuid::Uuid;
 
+use nexus_actors::actors::execution::control::{FROZEN_EPOCH_MS, is_frozen};
 use nexus_actors::config::ServerConfig;
-use nexus_actors::execution::control::{FROZEN_EPOCH_MS, is_frozen};
 use nexus_actors::model::{ProviderConfig, ProviderKind};
 use nexus_actors::store::{EventRow, ExecutionRow};
 use nexus_proto::Refusal;

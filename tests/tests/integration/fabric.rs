@@ -6,8 +6,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use nexus_actors::api::CreateInput;
-use nexus_actors::executor::OFFER_WINDOW;
+use nexus_actors::actors::executor::OFFER_WINDOW;
+use nexus_actors::doors::api::CreateInput;
 use nexus_actors::store::TaskRow;
 use nexus_proto::runner::v1::{WorkAvailable, nexus_frame};
 use nexus_tests::{Minted, RawRunner, Reply, TcpProxy, TestServer, wait_until};
@@ -478,7 +478,7 @@ async fn repairing_fences_the_old_stream_token_and_claims() {
     let work = old.next_work(WAIT).await.expect("work");
     let (old_token, _) = old.claim(&work.run_public_id, &work.task_key).await.granted().expect("claim");
 
-    let repaired = nexus_actors::admin::repair_runner(server.store(), runner.id).await.expect("repaired");
+    let repaired = nexus_actors::cli::admin::repair_runner(server.store(), runner.id).await.expect("repaired");
     assert_eq!(repaired["credential_epoch"], 1);
     let new_credential = repaired["token"].as_str().expect("token").to_owned();
     // The old stream is closed within a ping interval, and its credential no longer says Hello.
@@ -506,7 +506,7 @@ async fn a_revoked_runner_gets_no_new_work_and_leaves_discovery() {
     assert_eq!(listed.body["executors"][0]["presence"], "online");
     assert_eq!(listed.body["executors"][0]["served_tools"][0]["name"], "probe");
 
-    nexus_actors::admin::revoke_runner(s.server.store(), s.runner.id).await.expect("revoked");
+    nexus_actors::cli::admin::revoke_runner(s.server.store(), s.runner.id).await.expect("revoked");
     let run = admit(&s.server, &s.agent, "probe it").await;
     // Eligibility is checked at acceptance: the only candidate is revoked, so the convenience
     // default selects no Runner, nothing is imported, and the model's call is unknown.
@@ -523,14 +523,15 @@ async fn a_revoked_runner_gets_no_new_work_and_leaves_discovery() {
 async fn a_revoked_runner_is_never_paired_again() {
     let server = TestServer::start(&[]).await;
     let runner = server.runner("runner").await;
-    nexus_actors::admin::revoke_runner(server.store(), runner.id).await.expect("revoked");
-    let refused = nexus_actors::admin::repair_runner(server.store(), runner.id).await.expect_err("refused");
+    nexus_actors::cli::admin::revoke_runner(server.store(), runner.id).await.expect("revoked");
+    let refused = nexus_actors::cli::admin::repair_runner(server.store(), runner.id).await.expect_err("refused");
     assert_eq!(refused.code, "not_eligible");
     let row = server.store().executor(runner.id).await.expect("store").expect("row");
     assert_eq!((row.status.as_str(), row.credential_epoch), ("revoked", 0), "the row is left as it was");
     let (_raw, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
     assert_eq!(hello.code(), Some("unauthorized"));
-    let unknown = nexus_actors::admin::repair_runner(server.store(), uuid::Uuid::new_v4()).await.expect_err("unknown");
+    let unknown =
+        nexus_actors::cli::admin::repair_runner(server.store(), uuid::Uuid::new_v4()).await.expect_err("unknown");
     assert_eq!(unknown.code, "not_found");
 }
 

@@ -11,9 +11,9 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
-use nexus_actors::execution::run_status_is_quiescent;
+use nexus_actors::actors::execution::run_status_is_quiescent;
+use nexus_actors::actors::root::TranscriptEvent;
 use nexus_actors::model::{ProviderConfig, ProviderKind, TranscriptDelta};
-use nexus_actors::root::TranscriptEvent;
 use nexus_actors::store::{EventRow, ExecutionRow};
 use nexus_tests::{Act, FakeProvider, Minted, TestServer, Wire, wait_until};
 

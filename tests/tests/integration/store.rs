@@ -149,8 +149,12 @@ async fn writes_beside_a_busy_writer_never_fail_as_locked() {
     for i in 0..40 {
         let store = store.clone();
         minted.push(tokio::spawn(async move {
-            nexus_actors::admin::create_member(&store, nexus_actors::admin::MemberKind::Agent, &format!("agent-{i}"))
-                .await
+            nexus_actors::cli::admin::create_member(
+                &store,
+                nexus_actors::cli::admin::MemberKind::Agent,
+                &format!("agent-{i}"),
+            )
+            .await
         }));
     }
     for handle in minted {
@@ -159,6 +163,7 @@ async fn writes_beside_a_busy_writer_never_fail_as_locked() {
     }
     writer.await.expect("writer");
     // A taken handle is still refused by the unique index.
-    let again = nexus_actors::admin::create_member(&store, nexus_actors::admin::MemberKind::Agent, "agent-0").await;
+    let again =
+        nexus_actors::cli::admin::create_member(&store, nexus_actors::cli::admin::MemberKind::Agent, "agent-0").await;
     assert_eq!(again.map_err(|r| r.code).err().as_deref(), Some("validation_failed"));
 }

@@ -375,7 +375,7 @@ async fn client_auth_without_a_client_ca_is_refused_instead_of_checking_no_certi
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let error = nexus_actors::start(listener, config).await.expect_err("refused at start");
         assert!(
-            matches!(error, nexus_actors::ServeError::Tls(nexus_actors::tls::TlsError::ClientAuthWithoutCa(auth)) if auth == client_auth),
+            matches!(error, nexus_actors::ServeError::Tls(nexus_actors::doors::tls::TlsError::ClientAuthWithoutCa(auth)) if auth == client_auth),
             "{error}"
         );
         assert!(!data_dir.path().join("nexus.db").exists(), "no store was created");

@@ -15,11 +15,11 @@ use uuid::Uuid;
 
 use nexus_proto::{ErrorCode, Refusal};
 
+use crate::actors::execution::{ExecutionActor, ExecutionArgs, ExecutionMsg};
+use crate::actors::executor::{ExecutorActor, ExecutorArgs, ExecutorMsg};
+use crate::actors::profile::{ProfileActor, ProfileArgs, ProfileMsg};
 use crate::config::ServerConfig;
-use crate::execution::{ExecutionActor, ExecutionArgs, ExecutionMsg};
-use crate::executor::{ExecutorActor, ExecutorArgs, ExecutorMsg};
 use crate::model::ModelRegistry;
-use crate::profile::{ProfileActor, ProfileArgs, ProfileMsg};
 use crate::store::Store;
 
 /// What every actor shares: the store, the configuration, the model registry, the event bus and

@@ -1,7 +1,7 @@
 //! The execution control doors on HTTP (spec/REFERENCE.md 7, "Pause, stop, delete"; 8; SPEC-000
 //! "Inline execution declarations"). They call the same [`Api`] as the gRPC twins
 //! `PauseExecution`, `ResumeExecution`, `StopExecution`, `RegenerateExecution` and
-//! `EstimateContext`; the semantics are in [`crate::execution::control`].
+//! `EstimateContext`; the semantics are in [`crate::actors::execution::control`].
 //!
 //! - `POST /agent_api/v1/executions/{id}/pause` `{force?}` (default `false`) → the execution,
 //!   `paused`. 409 `not_pausable` unless it is running.
@@ -29,7 +29,7 @@ use serde_json::Value;
 use nexus_proto::{ErrorCode, Refusal};
 
 use super::{ExecutionDoor, HttpRefusal, HttpResult, empty_body, execution_id, optional_body};
-use crate::api::{Api, known_fields};
+use crate::doors::api::{Api, known_fields};
 
 /// The control doors, merged into [`super::router`].
 pub fn routes() -> Router<Arc<Api>> {

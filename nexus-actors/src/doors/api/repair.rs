@@ -8,8 +8,8 @@ use uuid::Uuid;
 use nexus_proto::Refusal;
 
 use super::{Api, Caller, task_view};
-use crate::execution::ExecutionMsg;
-use crate::execution::hooks::{Repair, repairable_status};
+use crate::actors::execution::ExecutionMsg;
+use crate::actors::execution::hooks::{Repair, repairable_status};
 use crate::store::TaskRow;
 
 impl Api {

@@ -32,7 +32,7 @@ use uuid::Uuid;
 use nexus_proto::{ErrorCode, Refusal};
 
 use super::{HttpRefusal, HttpResult, caller, json_body, query_of};
-use crate::api::{Api, CreateInput, Event, known_fields};
+use crate::doors::api::{Api, CreateInput, Event, known_fields};
 
 /// The page size of `GET …/events` when `limit` is absent.
 pub const EVENTS_DEFAULT_LIMIT: usize = 100;

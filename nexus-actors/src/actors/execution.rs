@@ -4,7 +4,7 @@
 //!
 //! The handler never waits on a model or a runner: a model call runs in a task the actor owns and
 //! comes back as [`ExecutionMsg::ModelDone`]; a task's settlement comes back from its
-//! [`ExecutorActor`](crate::executor::ExecutorActor) as [`ExecutionMsg::TaskSettled`]. Each
+//! [`ExecutorActor`](crate::actors::executor::ExecutorActor) as [`ExecutionMsg::TaskSettled`]. Each
 //! round's expansion (its tasks, the transcript and the events narrating it) is one store
 //! transaction, and the actor rebuilds itself from the store after a restart.
 
@@ -25,16 +25,16 @@ use uuid::Uuid;
 
 use nexus_proto::{ErrorCode, Refusal};
 
+use crate::actors::executor::ExecutorMsg;
+use crate::actors::executor::commit::model_text;
+use crate::actors::root::{Fabric, RootHandle, TranscriptEvent};
 use crate::declaration::approval::CallOrigin;
 use crate::declaration::tools::RunnerSelection;
 use crate::declaration::{FrozenDeclaration, RunnerFacts, freeze, validate_execution_declaration, wire_projection};
-use crate::executor::ExecutorMsg;
-use crate::executor::commit::model_text;
 use crate::model::retry::call_with_retries;
 use crate::model::{
     ChatMessage, DeltaSink, ModelFailure, ModelRequest, ModelResponse, ResolvedModel, RetryPolicy, ToolCall,
 };
-use crate::root::{Fabric, RootHandle, TranscriptEvent};
 use crate::store::{EventRow, ExecutionRow, TaskRow, now_ms};
 
 /// The largest tool input, in bytes (`tool_input_too_large`).

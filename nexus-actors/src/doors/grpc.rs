@@ -25,12 +25,12 @@ use nexus_proto::runner::v1::runner_service_server::RunnerService;
 use nexus_proto::runner::v1::{NexusFrame, RunnerFrame};
 use nexus_proto::{ErrorCode, Refusal};
 
-use crate::api::{Api, Caller, CreateInput, known_fields};
+use crate::actors::connection::{ConnectionActor, ConnectionArgs};
 use crate::auth::bearer;
-use crate::connection::{ConnectionActor, ConnectionArgs};
+use crate::doors::api::{Api, Caller, CreateInput, known_fields};
 
 /// Frames buffered towards one runner before the stream is dropped as too slow. Offers take at
-/// most [`OFFER_WINDOW`](crate::executor::OFFER_WINDOW) of them (checked at compile time), so the
+/// most [`OFFER_WINDOW`](crate::actors::executor::OFFER_WINDOW) of them (checked at compile time), so the
 /// rest is always free for answers, Welcome and `work_canceled`; only a runner that stops reading
 /// its answers fills it.
 pub const OUTBOUND_BUFFER: usize = 1024;
@@ -104,10 +104,10 @@ fn json_arg(text: &str, field: &str) -> Result<Option<serde_json::Value>, Status
         return Ok(None);
     }
     // The same bound as the HTTP doors' bodies.
-    if text.len() > crate::http::BODY_LIMIT {
+    if text.len() > crate::doors::http::BODY_LIMIT {
         return Err(Refusal::new(
             ErrorCode::ContentTooLarge,
-            format!("{field} is over {} bytes", crate::http::BODY_LIMIT),
+            format!("{field} is over {} bytes", crate::doors::http::BODY_LIMIT),
         )
         .to_status());
     }

@@ -19,9 +19,9 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::admin::{MemberKind, create_member, create_runner};
-use crate::api::{Caller, CreateInput};
+use crate::cli::admin::{MemberKind, create_member, create_runner};
 use crate::config::ServerConfig;
+use crate::doors::api::{Caller, CreateInput};
 use crate::model::{ModelRegistry, Script};
 
 /// The display name of the quickstart's runner.
@@ -31,7 +31,7 @@ pub const QUESTION: &str = "How many lines of Rust are in this repository?";
 /// The scripted model the quickstart installs.
 pub const SCRIPTED_MODEL: &str = "scripted/quickstart";
 /// The script shipped with the repository, compiled in so the binary works from any directory.
-pub const BUNDLED_SCRIPT: &str = include_str!("../../deploy/quickstart/script.json");
+pub const BUNDLED_SCRIPT: &str = include_str!("../../../deploy/quickstart/script.json");
 
 /// Options of `nexus quickstart`.
 #[derive(Clone, Debug)]
@@ -312,7 +312,7 @@ fn indent(text: &str) -> String {
 }
 
 async fn follow(
-    api: &crate::api::Api,
+    api: &crate::doors::api::Api,
     caller: &Caller,
     execution: Uuid,
     runner_id: &str,

@@ -4,7 +4,7 @@
 //!
 //! Durable events come from the store, so a slow reader never loses one: it reads on from its
 //! cursor. Deltas are never stored: they come from the execution's broadcast as they happen, and a
-//! watcher that falls more than [`crate::root::TRANSCRIPT_FEED_CAPACITY`] deltas behind is sent one explicit
+//! watcher that falls more than [`crate::actors::root::TRANSCRIPT_FEED_CAPACITY`] deltas behind is sent one explicit
 //! `resync` item `{missed, cursor}` instead of a silent gap — the durable `round_result` events
 //! carry every settled answer in full, so a client that sees `resync` rebuilds the transcript from
 //! them.
@@ -19,7 +19,7 @@ use uuid::Uuid;
 use nexus_proto::Refusal;
 
 use super::{Api, Caller, Event};
-use crate::root::TranscriptEvent;
+use crate::actors::root::TranscriptEvent;
 use crate::store::now_ms;
 
 /// The item type that tells a watcher deltas were dropped because it read too slowly.
@@ -119,8 +119,8 @@ impl Api {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::actors::root::{EventBus, TRANSCRIPT_FEED_CAPACITY};
     use crate::model::TranscriptDelta;
-    use crate::root::{EventBus, TRANSCRIPT_FEED_CAPACITY};
 
     fn delta(execution: Uuid, text: &str) -> TranscriptEvent {
         TranscriptEvent {

@@ -24,8 +24,8 @@ use uuid::Uuid;
 
 use nexus_proto::{ErrorCode, Refusal};
 
-use crate::api::{Api, Caller, known_fields};
 use crate::auth::bearer;
+use crate::doors::api::{Api, Caller, known_fields};
 
 /// The largest request body, in bytes; larger bodies get 413 `content_too_large`.
 pub const BODY_LIMIT: usize = 4 * 1024 * 1024;

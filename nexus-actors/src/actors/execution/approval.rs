@@ -28,11 +28,11 @@ use uuid::Uuid;
 
 use nexus_proto::{ErrorCode, Refusal};
 
+use crate::actors::executor::ExecutorMsg;
 use crate::declaration::FrozenDeclaration;
 use crate::declaration::approval::{
     ApprovalMode, CallOrigin, Decision, RuleMatch, Verdict, cut_reason, decide, evaluate,
 };
-use crate::executor::ExecutorMsg;
 use crate::store::{TaskRow, now_ms};
 
 use super::{ExecutionMsg, ExecutionState, advance, emit, kernel, save, task_status_data};

@@ -3,7 +3,7 @@
 //! A reader task forwards inbound frames as messages (tonic gives the server no disconnect
 //! event, so the reader's end is the disconnect). The first frame must be Hello: it is
 //! authenticated on the executor-transport plane and the stream is attached to its
-//! [`ExecutorActor`](crate::executor::ExecutorActor), which fences any older stream. Later frames
+//! [`ExecutorActor`](crate::actors::executor::ExecutorActor), which fences any older stream. Later frames
 //! go to the executor; Pong is handled here. Application Ping/Pong detects a half-open stream,
 //! because proxies answer HTTP/2 pings themselves. A drop stops only this actor.
 
@@ -18,9 +18,9 @@ use uuid::Uuid;
 use nexus_proto::runner::v1::{NexusFrame, Ping, RunnerFrame, nexus_frame, runner_frame::Frame};
 use nexus_proto::{ErrorCode, Refusal};
 
+use crate::actors::executor::{ExecutorMsg, Outbound, RunnerRequest};
+use crate::actors::root::{Fabric, RootHandle};
 use crate::auth::{Plane, authenticate};
-use crate::executor::{ExecutorMsg, Outbound, RunnerRequest};
-use crate::root::{Fabric, RootHandle};
 
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 

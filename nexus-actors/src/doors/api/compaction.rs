@@ -1,6 +1,6 @@
 //! The manual compaction door (spec/REFERENCE.md 13, trigger `manual`): the HTTP door
 //! `POST /agent_api/v1/executions/{id}/compact` and its gRPC twin `CompactExecution` call this.
-//! The semantics are in [`crate::execution::compaction`].
+//! The semantics are in [`crate::actors::execution::compaction`].
 
 use serde_json::Value;
 use uuid::Uuid;
@@ -8,8 +8,8 @@ use uuid::Uuid;
 use nexus_proto::Refusal;
 
 use super::{Api, Caller};
-use crate::execution::ExecutionMsg;
-use crate::execution::compaction::CompactionMsg;
+use crate::actors::execution::ExecutionMsg;
+use crate::actors::execution::compaction::CompactionMsg;
 
 impl Api {
     /// `POST /agent_api/v1/executions/{id}/compact` (gRPC `CompactExecution`): asks for a

@@ -16,7 +16,7 @@ use axum::routing::post;
 use serde_json::Value;
 
 use super::{ExecutionDoor, HttpRefusal, empty_body, execution_id};
-use crate::api::Api;
+use crate::doors::api::Api;
 
 /// The compaction door, merged into [`super::router`].
 pub fn routes() -> Router<Arc<Api>> {

@@ -17,7 +17,7 @@
 //! timed, the window keeps its bound, a settled task's token never takes effect); the chaos
 //! suite checks the same facts from the outside (`nexus_tests::invariants`).
 //!
-//! [`ConnectionActor`]: crate::connection::ConnectionActor
+//! [`ConnectionActor`]: crate::actors::connection::ConnectionActor
 
 pub mod commit;
 mod offers;
@@ -39,10 +39,10 @@ use nexus_proto::runner::v1::{
 };
 use nexus_proto::{ErrorCode, RUNNER_PROTOCOL_VERSION, Refusal};
 
+use crate::actors::connection::ConnectionMsg;
+use crate::actors::execution::ExecutionMsg;
+use crate::actors::root::{Fabric, RootHandle};
 use crate::auth::digest;
-use crate::connection::ConnectionMsg;
-use crate::execution::ExecutionMsg;
-use crate::root::{Fabric, RootHandle};
 use crate::store::{ExecutorRow, PresenceEvent, TaskRow, now_ms};
 
 use self::commit::CommitRefusal;
@@ -59,7 +59,7 @@ pub const PROGRESS_FRAME_BOUND: usize = 65_536;
 /// settled (committed, canceled, expired). Further claimable tasks wait in the executor, oldest
 /// `(started_at, task_key)` first, and are offered as earlier offers leave the window.
 ///
-/// Kept well below the stream's outbound buffer ([`OUTBOUND_BUFFER`](crate::grpc::OUTBOUND_BUFFER)
+/// Kept well below the stream's outbound buffer ([`OUTBOUND_BUFFER`](crate::doors::grpc::OUTBOUND_BUFFER)
 /// frames) so that offers can never fill it: answers, Welcome and `work_canceled` always find room,
 /// and only a runner that stops reading its answers loses its stream. A runner-agent queues the
 /// hints it cannot claim yet, so the window bounds the frames in flight, not the runner's
@@ -67,7 +67,7 @@ pub const PROGRESS_FRAME_BOUND: usize = 65_536;
 pub const OFFER_WINDOW: usize = 256;
 
 // Offers may take at most half the outbound buffer; the rest is for control frames.
-const _: () = assert!(OFFER_WINDOW >= 1 && OFFER_WINDOW * 2 <= crate::grpc::OUTBOUND_BUFFER);
+const _: () = assert!(OFFER_WINDOW >= 1 && OFFER_WINDOW * 2 <= crate::doors::grpc::OUTBOUND_BUFFER);
 
 /// Frames to one runner stream. A control frame (an answer, Welcome, `work_canceled`) that cannot
 /// be queued drops the stream: the runner reconnects and the level-triggered inbox is offered
@@ -196,7 +196,7 @@ pub enum ExecutorMsg {
         /// The execution.
         run: Uuid,
         /// How each open task's deadline moves.
-        shift: crate::execution::control::DeadlineShift,
+        shift: crate::actors::execution::control::DeadlineShift,
     },
 }
 
@@ -635,7 +635,7 @@ async fn attach(
 async fn announce(state: &mut ExecutorState, body_json: &str) -> Result<Frame, Refusal> {
     let body: Value = serde_json::from_str(body_json)
         .map_err(|e| Refusal::new(ErrorCode::ParameterMissing, format!("the announcement is not JSON: {e}")))?;
-    let canonical = crate::announcement::validate(&body)?;
+    let canonical = crate::declaration::announcement::validate(&body)?;
     state.fabric.store.set_announcement(state.row.public_id, &canonical).await.map_err(internal)?;
     state.row.announcement = canonical;
     state.row.announced_at = Some(now_ms());
@@ -905,7 +905,7 @@ async fn settle(
 ) -> Result<(), crate::store::StoreError> {
     let Some(mut task) = state.open.get(id).cloned() else { return Ok(()) };
     debug_assert!(!task.is_settled(), "a task settles at most once: {id:?} is already {}", task.status);
-    debug_assert!(crate::execution::task_status_is_settled(status), "{status} is not a settled status");
+    debug_assert!(crate::actors::execution::task_status_is_settled(status), "{status} is not a settled status");
     task.status = status.to_owned();
     task.result = result;
     task.error_key = error_key.map(str::to_owned);

@@ -9,7 +9,7 @@
 //! round number (the new generation), so a late answer of the aborted call is never read.
 //!
 //! **Clocks freeze.** While paused, neither a runner task's deadline (the park clock, held by its
-//! [`ExecutorActor`](crate::executor::ExecutorActor)) nor an approval hold (held here) runs out.
+//! [`ExecutorActor`](crate::actors::executor::ExecutorActor)) nor an approval hold (held here) runs out.
 //! A frozen deadline is stored as [`FROZEN_EPOCH_MS`] plus the milliseconds that were left, so
 //! it is durable (a nexus restart while paused stays paused, with its clocks frozen) and no
 //! expiry timer can reach it. Resume stores `resume time + what was left`: every open deadline
@@ -53,11 +53,11 @@ use uuid::Uuid;
 
 use nexus_proto::{ErrorCode, Refusal};
 
+use crate::actors::executor::ExecutorMsg;
+use crate::actors::root::Fabric;
 use crate::declaration::tools::RunnerSelection;
 use crate::declaration::{FrozenDeclaration, freeze, validate_execution_declaration, wire_projection};
-use crate::executor::ExecutorMsg;
 use crate::model::{ChatMessage, ModelFailure, ModelResponse};
-use crate::root::Fabric;
 use crate::store::{EventRow, ExecutionRow, InputRow, TaskRow, now_ms};
 
 use super::approval::{self, NEEDS_APPROVAL};
@@ -607,7 +607,7 @@ pub async fn resolve(
 /// # Errors
 /// 400 `parameter_invalid` for a body that is not an object or names another field.
 pub fn supplied_declaration(body: &Value) -> Result<Option<Value>, Refusal> {
-    crate::api::known_fields(body, &["execution_declaration"])?;
+    crate::doors::api::known_fields(body, &["execution_declaration"])?;
     Ok(body.get("execution_declaration").filter(|v| !v.is_null()).cloned())
 }
 

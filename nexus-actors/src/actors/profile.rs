@@ -11,8 +11,8 @@ use uuid::Uuid;
 
 use nexus_proto::{ErrorCode, Refusal};
 
+use crate::actors::root::Fabric;
 use crate::declaration::{CONFIGURATION_FIELDS, validate_profile_put};
-use crate::root::Fabric;
 use crate::store::{MemberRow, ProfileRow, now_ms};
 
 /// The ProfileActor's messages.

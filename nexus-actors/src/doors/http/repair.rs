@@ -17,7 +17,7 @@ use axum::Router;
 use axum::routing::post;
 
 use super::{ExecutionDoor, HttpResult, empty_body, execution_id};
-use crate::api::Api;
+use crate::doors::api::Api;
 
 /// The repair doors, merged into [`super::router`].
 pub fn routes() -> Router<Arc<Api>> {

@@ -85,9 +85,9 @@ use tracing::Instrument;
 
 use nexus_proto::{ErrorCode, Refusal};
 
+use crate::actors::executor::commit::model_text;
 use crate::declaration::approval::CallOrigin;
 use crate::declaration::{FrozenDeclaration, wire_projection};
-use crate::executor::commit::model_text;
 use crate::model::retry::call_with_retries;
 use crate::model::{ChatMessage, ModelFailure, ModelRequest, ModelResponse, ResolvedModel, RetryPolicy};
 use crate::store::{EventRow, TaskRow, now_ms};

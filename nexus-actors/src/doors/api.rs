@@ -16,14 +16,14 @@ use uuid::Uuid;
 
 use nexus_proto::{ErrorCode, Refusal};
 
+use crate::actors::execution::approval::{Adjudication, Adjudicator, NEEDS_APPROVAL};
+use crate::actors::execution::control::{self, ControlMsg};
+use crate::actors::execution::{ExecutionMsg, run_status_is_quiescent};
+use crate::actors::profile::{ProfileMsg, profile_json};
+use crate::actors::root::{Fabric, RootHandle};
 use crate::auth::{Plane, authenticate};
 use crate::declaration::tools::RunnerSelection;
 use crate::declaration::validate_configuration;
-use crate::execution::approval::{Adjudication, Adjudicator, NEEDS_APPROVAL};
-use crate::execution::control::{self, ControlMsg};
-use crate::execution::{ExecutionMsg, run_status_is_quiescent};
-use crate::profile::{ProfileMsg, profile_json};
-use crate::root::{Fabric, RootHandle};
 use crate::store::{EventRow, ExecutionRow, InputRow, MemberRow, TaskRow};
 
 /// The prefix of event cursors (REFERENCE.md 7, "Events").
@@ -239,7 +239,7 @@ impl Api {
             return Err(Refusal::new(ErrorCode::NotFound, "the slots are system_prompt and summarizer"));
         }
         let profile = self.fabric.store.profile(caller.member.public_id).await.map_err(internal)?.unwrap_or_default();
-        Ok(crate::profile::slot_json(&profile, slot))
+        Ok(crate::actors::profile::slot_json(&profile, slot))
     }
 
     /// `PUT /agent_api/v1/profile/prompt_documents/{slot}` with `{content, role?}` (or null to
@@ -276,7 +276,7 @@ impl Api {
         let listed: Vec<Value> = rows
             .iter()
             .filter(|row| row.status == "active" && row.kind == kind)
-            .map(crate::executor::executor_json)
+            .map(crate::actors::executor::executor_json)
             .collect();
         Ok(json!({"executors": listed}))
     }
@@ -289,7 +289,7 @@ impl Api {
         let missing = || Refusal::new(ErrorCode::NotFound, format!("no eligible executor {id}"));
         let id = Uuid::parse_str(id).map_err(|_| missing())?;
         let row = self.fabric.store.executor(id).await.map_err(internal)?.filter(|row| row.status == "active");
-        row.map(|row| crate::executor::executor_json(&row)).ok_or_else(missing)
+        row.map(|row| crate::actors::executor::executor_json(&row)).ok_or_else(missing)
     }
 
     /// `GET /agent_api/v1/profile/agents`: the Agent's live named definitions.
@@ -299,7 +299,7 @@ impl Api {
     pub async fn named_definitions(&self, caller: &Caller) -> Result<Value, Refusal> {
         caller.require_agent("has named definitions")?;
         let rows = self.fabric.store.named_definitions(caller.member.public_id).await.map_err(internal)?;
-        Ok(json!({"agents": rows.iter().map(crate::profile::named_definition_json).collect::<Vec<_>>()}))
+        Ok(json!({"agents": rows.iter().map(crate::actors::profile::named_definition_json).collect::<Vec<_>>()}))
     }
 
     /// `PUT /agent_api/v1/profile/agents/{name}`: returns `(minted, definition)`; 201 when minted,
@@ -382,7 +382,7 @@ impl Api {
         }
         fields.insert("approval_mode".into(), json!("bypass"));
         let configuration = validate_configuration(&fields, &|_| Ok(()))?;
-        let runners = crate::execution::runner_facts(&self.fabric.store, &configuration).await?;
+        let runners = crate::actors::execution::runner_facts(&self.fabric.store, &configuration).await?;
         let selection = selected.map_or(RunnerSelection::NoRunner, RunnerSelection::Named);
         let frozen = crate::declaration::freeze(&configuration, None, selection, &runners, None)?;
         let executors: Vec<Value> = runners
@@ -590,7 +590,7 @@ impl Api {
     }
 
     /// `POST /agent_api/v1/executions/{id}/stop` `{force?}` (gRPC `StopExecution`), forced unless
-    /// `force` is false (REFERENCE.md 7, "Pause, stop, delete"; [`crate::execution::control`]). A
+    /// `force` is false (REFERENCE.md 7, "Pause, stop, delete"; [`crate::actors::execution::control`]). A
     /// forced stop answers once the drain through `canceling` has ended (bounded by `[execution]
     /// stop_drain_ms`); a graceful one answers at once, `canceling` while dispatched work
     /// finishes. A finished execution is answered as it is.
@@ -811,7 +811,7 @@ pub fn task_view(task: &TaskRow) -> Value {
         "deadline_at": (!control::is_frozen(task.deadline_at)).then_some(task.deadline_at),
         "frozen_remaining_ms": control::frozen_remaining_ms(task.deadline_at),
         "error_key": task.error_key,
-        "error_message": (task.error_key.is_some() && task.is_settled()).then(|| crate::execution::result_text(task)),
+        "error_message": (task.error_key.is_some() && task.is_settled()).then(|| crate::actors::execution::result_text(task)),
         "result": task.result,
         "approval": task.approval,
     })

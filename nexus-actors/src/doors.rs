@@ -1,0 +1,7 @@
+//! The doors: [`api`] is the one client API that [`grpc`] and [`http`] serve on one port, in
+//! plaintext or over [`tls`]; the runner stream enters through [`grpc`] too.
+
+pub mod api;
+pub mod grpc;
+pub mod http;
+pub mod tls;
