@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
-use uuid::Uuid;
 
 use nexus_actors::actors::profile::profile_json;
 use nexus_actors::cli::admin::{MemberKind, create_member};
@@ -228,7 +227,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (store, member) = runtime.block_on(async {
         let store = Store::open(store_dir.path()).await?;
         let minted = create_member(&store, MemberKind::Agent, "bench").await?;
-        let member = Uuid::parse_str(minted["public_id"].as_str().unwrap_or_default())?;
+        let member: nexus_proto::MemberId = minted["public_id"].as_str().unwrap_or_default().parse()?;
         Ok::<_, Box<dyn std::error::Error>>((store, member))
     })?;
     let configuration = &validated.configuration;

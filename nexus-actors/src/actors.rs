@@ -6,5 +6,7 @@
 pub mod connection;
 pub mod execution;
 pub mod executor;
+pub mod fabric;
+pub mod handle;
 pub mod profile;
 pub mod root;

@@ -1,4 +1,4 @@
-//! Bearer credentials and their two planes (spec/REFERENCE.md 6.1, "Planes").
+//! Bearer credentials and their two planes (`docs/protocol.md`, "Credentials and planes").
 //!
 //! A member-plane credential opens the profile and execution doors; an executor-transport
 //! credential opens only the runner stream. Each plane's doors refuse the other's credential with
@@ -9,8 +9,6 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use nexus_proto::{ErrorCode, Refusal};
-
-use crate::store::Store;
 
 /// The plane a credential belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,7 +45,8 @@ impl Plane {
     }
 }
 
-/// A credential ready to store: its digest, plane and subject. The token itself is never stored.
+/// A credential ready to store: its digest, plane and subject. The token itself is never stored;
+/// [`Store::authenticate`](crate::store::Store::authenticate) checks a presented one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Credential {
     /// SHA-256 hex of the token.
@@ -75,30 +74,6 @@ pub fn mint(plane: Plane, subject: Uuid) -> (String, Credential) {
     let token = format!("{}{}", plane.prefix(), random_token());
     let credential = Credential { digest: digest(&token), plane, subject };
     (token, credential)
-}
-
-/// Authenticates a bearer token on `plane`: returns the subject and the credential's epoch.
-///
-/// # Errors
-/// `unauthorized` when the token is unknown, expired, or belongs to the other plane.
-pub async fn authenticate(store: &Store, token: &str, plane: Plane) -> Result<(Uuid, i64), Refusal> {
-    let found = store
-        .credential(&digest(token.trim()))
-        .await
-        .map_err(|e| Refusal::new(ErrorCode::Internal, format!("credential lookup failed: {e}")))?;
-    match found {
-        Some((found_plane, subject, epoch)) if found_plane == plane => Ok((subject, epoch)),
-        Some(_) => Err(Refusal::new(
-            ErrorCode::Unauthorized,
-            format!(
-                "this door needs a credential of the {} plane; the token presented belongs to the other plane",
-                plane.as_str()
-            ),
-        )),
-        None => {
-            Err(Refusal::new(ErrorCode::Unauthorized, "unknown or expired credential; mint one with `nexus admin`"))
-        }
-    }
 }
 
 /// Extracts the token from an `Authorization: Bearer <token>` header value.
@@ -133,7 +108,7 @@ mod tests {
     #[test]
     fn bearer_header_parsing() {
         assert_eq!(bearer(Some("Bearer abc")).ok(), Some("abc"));
-        assert_eq!(bearer(Some("Basic abc")).map_err(|r| r.code).err().as_deref(), Some("unauthorized"));
+        assert_eq!(bearer(Some("Basic abc")).map_err(|r| r.code).err(), Some(ErrorCode::Unauthorized));
         assert!(bearer(None).is_err());
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::model::ProviderTable;
+pub use crate::store::StoreConfig;
 
 /// The whole server configuration.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -26,6 +27,8 @@ pub struct ServerConfig {
     pub execution: ExecutionConfig,
     /// Request budgets of the member doors (HTTP and gRPC).
     pub doors: DoorsConfig,
+    /// How long one actor waits for another's answer.
+    pub actors: ActorsConfig,
     /// The model provider table (see README, "Model providers").
     pub providers: ProviderTable,
     /// TLS on the one port (gRPC and HTTP alike). Default: off, plaintext.
@@ -40,6 +43,7 @@ impl Default for ServerConfig {
             runner: RunnerStreamConfig::default(),
             execution: ExecutionConfig::default(),
             doors: DoorsConfig::default(),
+            actors: ActorsConfig::default(),
             providers: ProviderTable::default(),
             tls: TlsConfig::default(),
         }
@@ -87,6 +91,17 @@ impl RunnerStreamConfig {
     }
 }
 
+/// The default of `[execution] approval_hold_ms`: a parked call waits 24 hours for a decision.
+pub const APPROVAL_HOLD_MS: u64 = 86_400_000;
+/// The default of `[execution] stop_drain_ms`: a forced stop waits 30 s for its runners' tasks.
+pub const STOP_DRAIN_MS: u64 = 30_000;
+/// The default of `[execution] compaction_threshold_percent`: compaction runs when the next
+/// request would fill more than 80 % of the model's context window.
+pub const COMPACTION_THRESHOLD_PERCENT: u64 = 80;
+/// The default of `[execution] request_bytes_bound`: the byte bound of one model request's
+/// canonical JSON, 8 MiB.
+pub const REQUEST_BYTES_BOUND: u64 = 8 * 1024 * 1024;
+
 /// Timing of executions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -106,7 +121,7 @@ pub struct ExecutionConfig {
     pub default_task_timeout_ms: u64,
     /// How long a task parked in `needs_approval` waits for a decision before it settles
     /// `timed_out` with `approval_expired`, in milliseconds (REFERENCE.md 10, "Park").
-    /// Default 86400000 (24 hours, [`crate::actors::execution::approval::APPROVAL_HOLD_MS`]).
+    /// Default 86400000 (24 hours, [`APPROVAL_HOLD_MS`]).
     pub approval_hold_ms: u64,
     /// How long a forced stop waits in `canceling` for the runners' tasks to settle before the
     /// execution ends `canceled` anyway, in milliseconds (REFERENCE.md 7, "Pause, stop, delete").
@@ -131,11 +146,47 @@ impl Default for ExecutionConfig {
             model_retry_max_delay_ms: 10_000,
             model_retry_after_max_ms: 60_000,
             default_task_timeout_ms: crate::declaration::DEFAULT_TIMEOUT_MS,
-            approval_hold_ms: crate::actors::execution::approval::APPROVAL_HOLD_MS,
-            stop_drain_ms: crate::actors::execution::control::STOP_DRAIN_MS,
-            compaction_threshold_percent: crate::actors::execution::compaction::THRESHOLD_PERCENT,
-            request_bytes_bound: crate::actors::execution::compaction::REQUEST_BYTES_BOUND,
+            approval_hold_ms: APPROVAL_HOLD_MS,
+            stop_drain_ms: STOP_DRAIN_MS,
+            compaction_threshold_percent: COMPACTION_THRESHOLD_PERCENT,
+            request_bytes_bound: REQUEST_BYTES_BOUND,
         }
+    }
+}
+
+impl ExecutionConfig {
+    /// The retry policy of one model call.
+    #[must_use]
+    pub fn retry_policy(&self) -> crate::model::RetryPolicy {
+        crate::model::RetryPolicy {
+            attempts: self.model_attempts.max(1),
+            min_delay: Duration::from_millis(self.model_retry_min_delay_ms),
+            max_delay: Duration::from_millis(self.model_retry_max_delay_ms),
+            retry_after_cap: Duration::from_millis(self.model_retry_after_max_ms),
+        }
+    }
+}
+
+/// How long a caller waits for an actor's answer (`docs/architecture.md`, "Handles").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ActorsConfig {
+    /// The deadline of every call to an actor (a door asking an execution to stop, a stream's
+    /// hello waiting for its inbox), in milliseconds. A call past it answers `unavailable`; what
+    /// the actor did is then unknown, and the caller reads the state again. Default 30000.
+    pub call_timeout_ms: u64,
+}
+
+impl Default for ActorsConfig {
+    fn default() -> Self {
+        ActorsConfig { call_timeout_ms: 30_000 }
+    }
+}
+
+impl ActorsConfig {
+    /// The call deadline as a duration.
+    pub fn call_timeout(&self) -> Duration {
+        Duration::from_millis(self.call_timeout_ms.max(1))
     }
 }
 
@@ -153,61 +204,6 @@ pub struct DoorsConfig {
 impl Default for DoorsConfig {
     fn default() -> Self {
         DoorsConfig { requests_per_minute: 1200, burst: 120 }
-    }
-}
-
-/// Where the durable store lives (see README, "Store"). One schema and one `Store` interface
-/// serve both backends.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct StoreConfig {
-    /// The database. Default: unset, the embedded SQLite file `DATA_DIR/nexus.db`.
-    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=...]` (or `postgresql://`)
-    /// selects PostgreSQL: the database must exist, nexus creates and migrates its tables, and
-    /// several nexus nodes (each with its own data dir) may share it. The flag `--database-url`
-    /// and `NEXUS_DATABASE_URL` override it.
-    pub database_url: Option<String>,
-    /// Most open connections to the database, a count. Default: unset, which is 4 on SQLite (one
-    /// writer at a time) and 16 on PostgreSQL.
-    pub max_connections: Option<u32>,
-    /// Bound on opening a connection or waiting for a free one, in milliseconds. Default 10000.
-    pub acquire_timeout_ms: u64,
-}
-
-impl Default for StoreConfig {
-    fn default() -> Self {
-        StoreConfig { database_url: None, max_connections: None, acquire_timeout_ms: 10_000 }
-    }
-}
-
-// By hand, so that a password in the URL never reaches a log line through `{:?}`.
-impl std::fmt::Debug for StoreConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreConfig")
-            .field("database_url", &self.database_url.as_deref().map(crate::store::redact_url))
-            .field("max_connections", &self.max_connections)
-            .field("acquire_timeout_ms", &self.acquire_timeout_ms)
-            .finish()
-    }
-}
-
-impl StoreConfig {
-    /// The backend the configuration selects.
-    pub fn backend(&self) -> crate::store::StoreBackend {
-        match &self.database_url {
-            Some(_) => crate::store::StoreBackend::Postgres,
-            None => crate::store::StoreBackend::Sqlite,
-        }
-    }
-
-    /// The pool size: `max_connections`, or the backend's default.
-    pub fn pool_size(&self) -> u32 {
-        self.max_connections.unwrap_or_else(|| self.backend().default_max_connections())
-    }
-
-    /// The connection bound as a duration.
-    pub fn acquire_timeout(&self) -> Duration {
-        Duration::from_millis(self.acquire_timeout_ms.max(1))
     }
 }
 
@@ -369,6 +365,9 @@ impl ServerConfig {
         }
         if self.execution.request_bytes_bound == 0 {
             return invalid("execution.request_bytes_bound", "must be positive");
+        }
+        if self.actors.call_timeout_ms == 0 {
+            return invalid("actors.call_timeout_ms", "must be positive");
         }
         if self.doors.requests_per_minute == 0 || self.doors.burst == 0 {
             return invalid("doors", "requests_per_minute and burst must be positive");

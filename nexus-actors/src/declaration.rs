@@ -35,7 +35,8 @@ pub use self::tools::{
 use self::tools::{canonical_tool_definitions, validate_kernel_tools, validate_runner_ids, validate_runner_tool_names};
 
 pub use self::approval::{ApprovalMode, CallOrigin, Decision, GrantOrigin, RuleMatch, Verdict, decide, evaluate};
-use self::documents::{SLOTS, document};
+pub use self::documents::PromptSlot;
+use self::documents::document;
 use self::template::configuration_variables;
 
 /// The envelope bound of the smaller structured fields (`approval_rules`, `prompt_template`,
@@ -73,6 +74,26 @@ pub(crate) fn invalid(field: &str, detail: impl std::fmt::Display) -> Refusal {
 /// Resolves a model reference at declaration time: `Ok` or the resolver's word and a message.
 pub type ModelCheck<'a> = &'a dyn Fn(&str) -> Result<(), (String, String)>;
 
+/// Checks a door body: empty (`null`) or a JSON object that names only `known` fields. Every
+/// door that takes a body checks it here, on both transports: a misspelled field is refused
+/// rather than ignored, because ignoring it silently changes what the door does (a stop with
+/// `{"forse": false}` would be a forced one).
+///
+/// # Errors
+/// 400 `parameter_invalid` for a body that is not an object or a field outside `known`.
+pub fn known_fields(body: &Value, known: &[&str]) -> Result<(), Refusal> {
+    let fields = match body {
+        Value::Null => return Ok(()),
+        Value::Object(fields) => fields,
+        _ => return Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be a JSON object")),
+    };
+    let Some(unknown) = fields.keys().find(|key| !known.contains(&key.as_str())) else {
+        return Ok(());
+    };
+    let takes = if known.is_empty() { "no fields".to_owned() } else { known.join(", ") };
+    Err(Refusal::new(ErrorCode::ParameterInvalid, format!("unknown field {unknown}; this door takes {takes}")))
+}
+
 /// A validated declaration: the canonical configuration and both prompt-document slots.
 ///
 /// Returned by [`validate_profile_put`] and [`validate_execution_declaration`].
@@ -108,8 +129,8 @@ pub fn validate_profile_put(body: &Value, check_model: ModelCheck<'_>) -> Result
         Some(Value::Object(slots)) => Some(slots),
         Some(_) => return Err(Refusal::new(ErrorCode::ParameterMissing, "`prompt_documents` must be an object")),
     };
-    let mut shaped = Vec::with_capacity(SLOTS.len());
-    for (name, system_only) in SLOTS {
+    let mut shaped = Vec::with_capacity(PromptSlot::ALL.len());
+    for (name, system_only) in PromptSlot::ALL.iter().map(|slot| (slot.as_str(), slot.system_only())) {
         match slots.and_then(|s| s.get(name)) {
             None | Some(Value::Null) => shaped.push(None),
             Some(Value::Object(slot)) => shaped.push(Some((name, system_only, slot))),
@@ -122,7 +143,7 @@ pub fn validate_profile_put(body: &Value, check_model: ModelCheck<'_>) -> Result
         }
     }
     let (configuration, variables) = validate_fields(configuration, "configuration", check_model, false)?;
-    let mut documents = Vec::with_capacity(SLOTS.len());
+    let mut documents = Vec::with_capacity(PromptSlot::ALL.len());
     for slot in shaped {
         documents.push(match slot {
             None => None,
@@ -168,22 +189,30 @@ pub fn validate_execution_declaration(
     validate_inline(declaration, "execution_declaration", check_model, false)
 }
 
+/// The owned slot a door names.
+///
+/// # Errors
+/// 404 `not_found` for a name other than `system_prompt` and `summarizer`.
+pub fn prompt_slot(name: &str) -> Result<PromptSlot, Refusal> {
+    name.parse().map_err(|_| {
+        Refusal::new(
+            ErrorCode::NotFound,
+            format!("{name}: no owned prompt document by that name; the slots are system_prompt and summarizer"),
+        )
+    })
+}
+
 /// Validates one prompt-document edit on its own door against the Agent's then-current stored
 /// `configuration` (its template's variables, R7): `body` is `{content, role?}`, or null to clear.
 ///
 /// Returns the canonical `{content, role}` to store, or `None` to clear the slot.
 ///
 /// # Errors
-/// 404 `not_found` for a slot other than `system_prompt` and `summarizer`; 400
-/// `parameter_missing` for a body that is neither an object nor null; 422
+/// 400 `parameter_missing` for a body that is neither an object nor null; 422
 /// `prompt_document_invalid`, `prompt_document_too_large` or `prompt_document_macro_unknown`.
-pub fn validate_slot_edit(slot: &str, body: &Value, configuration: &Value) -> Result<Option<Value>, Refusal> {
-    let Some(system_only) = documents::system_only(slot) else {
-        return Err(Refusal::new(
-            ErrorCode::NotFound,
-            format!("{slot}: no owned prompt document by that name; the slots are system_prompt and summarizer"),
-        ));
-    };
+pub fn validate_slot_edit(slot: PromptSlot, body: &Value, configuration: &Value) -> Result<Option<Value>, Refusal> {
+    let system_only = slot.system_only();
+    let slot = slot.as_str();
     match body {
         Value::Null => Ok(None),
         Value::Object(document_body) => {
@@ -204,8 +233,8 @@ fn validate_inline(
     if configuration.get("fallback_models").is_none_or(Value::is_null) {
         configuration.insert("fallback_models".into(), json!([]));
     }
-    let mut documents = Vec::with_capacity(SLOTS.len());
-    for (name, system_only) in SLOTS {
+    let mut documents = Vec::with_capacity(PromptSlot::ALL.len());
+    for (name, system_only) in PromptSlot::ALL.iter().map(|slot| (slot.as_str(), slot.system_only())) {
         let path = format!("{prefix}.{name}");
         documents.push(match declaration.get(name) {
             None | Some(Value::Null) => None,
@@ -418,7 +447,7 @@ mod tests {
             ),
         ];
         for (name, documents, code) in rows {
-            assert_eq!(docs(documents).expect_err(name).code, code, "{name}");
+            assert_eq!(docs(documents).expect_err(name).code.as_str(), code, "{name}");
         }
         let ok = docs(json!({"system_prompt": {"content": "be brief, {{agent}}"}})).expect("valid");
         assert_eq!(ok.system_prompt, Some(json!({"content": "be brief, {{agent}}", "role": "system"})));
@@ -432,8 +461,8 @@ mod tests {
             let cleared = docs(clears).expect("r3 clears");
             assert_eq!((cleared.system_prompt, cleared.summarizer), (None, None));
         }
-        assert_eq!(put(json!({"configuration": []})).expect_err("r1").code, "parameter_missing");
-        assert_eq!(put(json!({})).expect_err("r1").code, "parameter_missing");
+        assert_eq!(put(json!({"configuration": []})).expect_err("r1").code, ErrorCode::ParameterMissing);
+        assert_eq!(put(json!({})).expect_err("r1").code, ErrorCode::ParameterMissing);
     }
 
     #[test]
@@ -567,7 +596,7 @@ mod tests {
         ];
         for (name, cfg, field) in cases {
             let refusal = refused(cfg);
-            assert_eq!(refusal.code, "validation_failed", "{name}");
+            assert_eq!(refusal.code, ErrorCode::ValidationFailed, "{name}");
             assert!(refusal.message.starts_with(field), "{name}: {} should name {field}", refusal.message);
         }
         let refuse_model = |_: &str| Err(("unknown_provider".to_owned(), "no such provider".to_owned()));
@@ -585,7 +614,7 @@ mod tests {
             ),
         ] {
             let refusal = validate_configuration(cfg.as_object().expect("object"), &refuse_model).expect_err("refused");
-            assert_eq!(refusal.code, "validation_failed", "{name}");
+            assert_eq!(refusal.code, ErrorCode::ValidationFailed, "{name}");
             assert!(refusal.message.starts_with(field), "{name}: {}", refusal.message);
         }
         // Fallback availability is judged live, not at declaration: a complete reference the
@@ -606,7 +635,7 @@ mod tests {
         ];
         for (name, cfg) in needs_mode {
             let refusal = refused(cfg);
-            assert_eq!(refusal.code, "validation_failed", "{name}");
+            assert_eq!(refusal.code, ErrorCode::ValidationFailed, "{name}");
             assert!(refusal.message.starts_with("configuration.approval_mode"), "{name}: {}", refusal.message);
         }
         // runner_tool_names [] imports nothing, and {} hooks enable nothing: no mode is needed.
@@ -628,7 +657,7 @@ mod tests {
         .expect("renamed in one PUT");
         assert_eq!(renamed.system_prompt, Some(json!({"content": "Be {{voice}}.", "role": "system"})));
         let stale = put(body(json!({"voice": "calm"}), "Be {{tone}}.")).expect_err("old name");
-        assert_eq!(stale.code, "prompt_document_macro_unknown");
+        assert_eq!(stale.code, ErrorCode::PromptDocumentMacroUnknown);
         assert!(stale.message.starts_with("prompt_documents.system_prompt.content"));
         // The template is stored unread under default: its variables are not in force.
         let unread = put(
@@ -636,7 +665,7 @@ mod tests {
             "prompt_documents": {"system_prompt": {"content": "{{tone}}"}}}),
         )
         .expect_err("unread template");
-        assert_eq!(unread.code, "prompt_document_macro_unknown");
+        assert_eq!(unread.code, ErrorCode::PromptDocumentMacroUnknown);
     }
 
     #[test]
@@ -644,11 +673,11 @@ mod tests {
         let refusal = put(json!({"configuration": {"approval_mode": "never"},
             "prompt_documents": {"system_prompt": {"content": "fine"}}}))
         .expect_err("refused");
-        assert_eq!(refusal.code, "validation_failed");
+        assert_eq!(refusal.code, ErrorCode::ValidationFailed);
         let refusal = put(json!({"configuration": {"approval_mode": "ask"},
             "prompt_documents": {"system_prompt": {"content": "fine"}, "summarizer": {"content": "{{nope}}"}}}))
         .expect_err("refused");
-        assert_eq!(refusal.code, "prompt_document_macro_unknown");
+        assert_eq!(refusal.code, ErrorCode::PromptDocumentMacroUnknown);
         assert!(refusal.message.starts_with("prompt_documents.summarizer.content"));
     }
 
@@ -657,10 +686,10 @@ mod tests {
         let stored =
             config(json!({"prompt_mechanism": "assembly", "prompt_template": template(json!({"tone": "calm"}))}));
         assert_eq!(
-            validate_slot_edit("system_prompt", &json!({"content": "{{tone}}", "role": "developer"}), &stored),
+            validate_slot_edit(PromptSlot::SystemPrompt, &json!({"content": "{{tone}}", "role": "developer"}), &stored),
             Ok(Some(json!({"content": "{{tone}}", "role": "developer"})))
         );
-        assert_eq!(validate_slot_edit("summarizer", &Value::Null, &stored), Ok(None));
+        assert_eq!(validate_slot_edit(PromptSlot::Summarizer, &Value::Null, &stored), Ok(None));
         let rows = [
             ("unknown_macro", "system_prompt", json!({"content": "{{voice}}"}), "prompt_document_macro_unknown"),
             ("r4_empty_object", "system_prompt", json!({}), "prompt_document_invalid"),
@@ -680,10 +709,11 @@ mod tests {
             ("unknown_slot", "persona", json!({"content": ""}), "not_found"),
         ];
         for (name, slot, body, code) in rows {
-            assert_eq!(validate_slot_edit(slot, &body, &stored).expect_err(name).code, code, "{name}");
+            let edited = prompt_slot(slot).and_then(|slot| validate_slot_edit(slot, &body, &stored));
+            assert_eq!(edited.expect_err(name).code.as_str(), code, "{name}");
         }
-        let undeclared = validate_slot_edit("system_prompt", &json!({"content": "{{tone}}"}), &Value::Null);
-        assert_eq!(undeclared.expect_err("no template").code, "prompt_document_macro_unknown");
+        let undeclared = validate_slot_edit(PromptSlot::SystemPrompt, &json!({"content": "{{tone}}"}), &Value::Null);
+        assert_eq!(undeclared.expect_err("no template").code, ErrorCode::PromptDocumentMacroUnknown);
     }
 
     #[test]
@@ -803,7 +833,7 @@ mod tests {
         ];
         for (name, declaration, code, field) in rows {
             let refusal = inline(declaration).expect_err(name);
-            assert_eq!(refusal.code, code, "{name}");
+            assert_eq!(refusal.code.as_str(), code, "{name}");
             assert!(refusal.message.starts_with(field), "{name}: {} should name {field}", refusal.message);
         }
         let with_variables =
@@ -879,12 +909,12 @@ mod tests {
         ];
         for (name, cfg, field) in rows {
             let refusal = refused(cfg);
-            assert_eq!(refusal.code, "validation_failed", "{name}");
+            assert_eq!(refusal.code, ErrorCode::ValidationFailed, "{name}");
             assert!(refusal.message.starts_with(field), "{name}: {} should name {field}", refusal.message);
         }
         let leaf_doc =
             refused(json!({"delegation_catalog": [entry("a", json!({"system_prompt": {"content": "{{x}}"}}))]}));
-        assert_eq!(leaf_doc.code, "prompt_document_macro_unknown");
+        assert_eq!(leaf_doc.code, ErrorCode::PromptDocumentMacroUnknown);
         assert!(leaf_doc.message.starts_with("configuration.delegation_catalog[0].declaration.system_prompt.content"));
     }
 }

@@ -35,7 +35,8 @@ use nexus_proto::FILE_DESCRIPTOR_SET;
 use nexus_proto::agent::v1::agent_service_server::AgentServiceServer;
 use nexus_proto::runner::v1::runner_service_server::RunnerServiceServer;
 
-use crate::actors::root::{EventBus, Fabric, RootActor, RootArgs, RootHandle};
+use crate::actors::fabric::{EventBus, Fabric, FrozenDeclarations};
+use crate::actors::root::{RootActor, RootArgs, RootHandle};
 use crate::config::ServerConfig;
 use crate::doors::api::Api;
 use crate::doors::tls::Acceptor;
@@ -162,14 +163,14 @@ pub async fn start_with_models(
         events: EventBus::default(),
         connections: Default::default(),
         closing: tokio::sync::watch::channel(false).0,
-        declarations: actors::root::FrozenDeclarations::default(),
+        declarations: FrozenDeclarations::default(),
     });
     let registry = Arc::new(actors::root::Registry::default());
     let (root_ref, _) =
         ractor::Actor::spawn(None, RootActor, RootArgs { fabric: fabric.clone(), registry: registry.clone() })
             .await
             .map_err(|e| ServeError::Actor(e.to_string()))?;
-    let root = RootHandle::new(root_ref, registry);
+    let root = RootHandle::new(root_ref, registry, fabric.config.actors.call_timeout());
     // Recovery runs beside the doors: a runner's inbox and an execution load from the store on
     // first use anyway, so a reconnecting runner's claims are taken at once while the other park
     // clocks and executions resume in the background.
@@ -301,7 +302,7 @@ async fn recover(fabric: &Fabric, root: &RootHandle) -> Result<(), ServeError> {
         if closing() {
             return Ok(());
         }
-        if let Err(refusal) = root.executor(runner).await {
+        if let Err(refusal) = root.load_executor(runner).await {
             tracing::error!(runner_id = %runner, code = %refusal.code, "could not recover a runner inbox");
         }
     }
@@ -313,7 +314,7 @@ async fn recover(fabric: &Fabric, root: &RootHandle) -> Result<(), ServeError> {
         if closing() {
             return Ok(());
         }
-        if let Err(refusal) = root.execution(execution).await {
+        if let Err(refusal) = root.load_execution(execution).await {
             tracing::error!(execution_id = %execution, code = %refusal.code, "could not recover an execution");
         }
     }

@@ -110,7 +110,7 @@ enum MemberCommand {
         store: StoreArgs,
         /// The member's UUID.
         #[arg(long)]
-        member_id: uuid::Uuid,
+        member_id: nexus_proto::MemberId,
     },
     /// Reinstate a suspended member. Prints {public_id, status}.
     Reinstate {
@@ -118,7 +118,7 @@ enum MemberCommand {
         store: StoreArgs,
         /// The member's UUID.
         #[arg(long)]
-        member_id: uuid::Uuid,
+        member_id: nexus_proto::MemberId,
     },
 }
 
@@ -139,7 +139,7 @@ enum RunnerCommand {
         store: StoreArgs,
         /// The runner's UUID.
         #[arg(long)]
-        runner_id: uuid::Uuid,
+        runner_id: nexus_proto::RunnerId,
     },
     /// Revoke a runner for good: no new claims or dispatch, and `repair` refuses it (create a new
     /// runner instead). Prints {runner_executor_public_id, status}.
@@ -148,7 +148,7 @@ enum RunnerCommand {
         store: StoreArgs,
         /// The runner's UUID.
         #[arg(long)]
-        runner_id: uuid::Uuid,
+        runner_id: nexus_proto::RunnerId,
     },
 }
 
@@ -232,11 +232,13 @@ async fn main() -> anyhow::Result<()> {
                 }
                 AdminCommand::Member { command: MemberCommand::Suspend { store, member_id } } => {
                     let store = open_existing(store).await?;
-                    nexus_actors::cli::admin::set_member_status(&store, member_id, "suspended").await
+                    nexus_actors::cli::admin::set_member_status(&store, member_id, nexus_proto::MemberStatus::Suspended)
+                        .await
                 }
                 AdminCommand::Member { command: MemberCommand::Reinstate { store, member_id } } => {
                     let store = open_existing(store).await?;
-                    nexus_actors::cli::admin::set_member_status(&store, member_id, "active").await
+                    nexus_actors::cli::admin::set_member_status(&store, member_id, nexus_proto::MemberStatus::Active)
+                        .await
                 }
                 AdminCommand::Runner { command: RunnerCommand::Repair { store, runner_id } } => {
                     let store = open_existing(store).await?;

@@ -167,16 +167,29 @@ impl ResetReason {
     }
 }
 
+nexus_proto::words! {
+    /// The type of a transcript delta on a live watch.
+    pub enum DeltaType("transcript delta type") {
+        /// A piece of the answer's text.
+        TextDelta => "text_delta",
+        /// A tool call began.
+        ToolCallStarted => "tool_call_started",
+        /// A piece of a tool call's arguments.
+        ToolCallArgumentsDelta => "tool_call_arguments_delta",
+        /// What streamed so far is void.
+        StreamReset => "stream_reset",
+    }
+}
+
 impl TranscriptDelta {
-    /// The event type: `text_delta`, `tool_call_started`, `tool_call_arguments_delta` or
-    /// `stream_reset`.
+    /// The event type.
     #[must_use]
-    pub fn event_type(&self) -> &'static str {
+    pub fn event_type(&self) -> DeltaType {
         match self {
-            Self::Text { .. } => "text_delta",
-            Self::ToolCallStarted { .. } => "tool_call_started",
-            Self::ToolCallArguments { .. } => "tool_call_arguments_delta",
-            Self::StreamReset { .. } => "stream_reset",
+            Self::Text { .. } => DeltaType::TextDelta,
+            Self::ToolCallStarted { .. } => DeltaType::ToolCallStarted,
+            Self::ToolCallArguments { .. } => DeltaType::ToolCallArgumentsDelta,
+            Self::StreamReset { .. } => DeltaType::StreamReset,
         }
     }
 
@@ -474,7 +487,7 @@ mod tests {
             (TranscriptDelta::StreamReset { reason: ResetReason::Failed }, "stream_reset", json!({"reason": "failed"})),
         ];
         for (delta, event_type, data) in rows {
-            assert_eq!(delta.event_type(), event_type);
+            assert_eq!(delta.event_type().as_str(), event_type);
             assert_eq!(delta.data(), data, "{event_type}");
         }
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));

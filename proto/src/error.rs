@@ -1,4 +1,5 @@
-//! Stable refusal words (spec/REFERENCE.md sections 3, 6 and 7) and their transport mapping.
+//! Stable refusal words (`docs/protocol.md`, "Refusals"; `docs/declaration.md`; `docs/executions.md`,
+//! "Error keys") and their transport mapping.
 //!
 //! One word names one meaning. Tests assert codes, never message text.
 
@@ -43,6 +44,28 @@ macro_rules! error_codes {
             }
         }
     };
+}
+
+impl Serialize for ErrorCode {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ErrorCode {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let word = <std::borrow::Cow<'de, str> as Deserialize>::deserialize(deserializer)?;
+        ErrorCode::from_word(&word).ok_or_else(|| serde::de::Error::custom(format!("{word:?} is not an error code")))
+    }
+}
+
+impl std::str::FromStr for ErrorCode {
+    type Err = crate::words::UnknownWord;
+
+    fn from_str(word: &str) -> Result<Self, Self::Err> {
+        ErrorCode::from_word(word)
+            .ok_or_else(|| crate::words::UnknownWord { vocabulary: "error code", word: word.to_owned() })
+    }
 }
 
 error_codes! {
@@ -141,7 +164,7 @@ impl fmt::Display for ErrorCode {
 #[error("{code}: {message}")]
 pub struct Refusal {
     /// The spec's word.
-    pub code: String,
+    pub code: ErrorCode,
     /// Human-readable guidance; never asserted by tests.
     pub message: String,
     /// For `rate_limited`: whole seconds to wait before retrying (HTTP `Retry-After`, gRPC
@@ -153,38 +176,38 @@ pub struct Refusal {
 impl Refusal {
     /// A refusal with `code` and `message`.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Refusal { code: code.as_str().to_owned(), message: message.into(), retry_after: None }
+        Refusal { code, message: message.into(), retry_after: None }
     }
 
     /// A `rate_limited` refusal that asks the caller to wait `seconds` (at least 1).
     pub fn rate_limited(seconds: u64) -> Self {
         let seconds = seconds.max(1);
         Refusal {
-            code: ErrorCode::RateLimited.as_str().to_owned(),
+            code: ErrorCode::RateLimited,
             message: format!("the request budget is spent; retry after {seconds} s"),
             retry_after: Some(seconds),
         }
     }
 
-    /// The typed code, when the word is known to this build.
-    pub fn error_code(&self) -> Option<ErrorCode> {
-        ErrorCode::from_word(&self.code)
+    /// A refusal read off the wire (a runner-stream refusal frame, an HTTP error body): the word
+    /// when this build knows it; otherwise the code its HTTP status stands for (a newer peer's
+    /// word), with the unknown word kept at the head of the message.
+    pub fn from_wire(word: &str, message: &str, http_status: u16) -> Refusal {
+        match ErrorCode::from_word(word) {
+            Some(code) => Refusal::new(code, message),
+            None => Refusal::new(ErrorCode::for_http_status(http_status), format!("{word}: {message}")),
+        }
     }
 
     /// The gRPC status for this refusal: the mapped code, with the word in the message's head and
     /// in the `nexus-error-code` metadata entry.
     pub fn to_status(&self) -> tonic::Status {
-        let grpc = self.error_code().map_or(tonic::Code::Unknown, ErrorCode::grpc_code);
+        let word = self.code.as_str();
         // The word leads the message for generic clients, unless the message already names it.
-        let message = if self.message.contains(self.code.as_str()) {
-            self.message.clone()
-        } else {
-            format!("{}: {}", self.code, self.message)
-        };
-        let mut status = tonic::Status::new(grpc, message);
-        if let Ok(value) = self.code.parse() {
-            status.metadata_mut().insert("nexus-error-code", value);
-        }
+        let message =
+            if self.message.contains(word) { self.message.clone() } else { format!("{word}: {}", self.message) };
+        let mut status = tonic::Status::new(self.code.grpc_code(), message);
+        status.metadata_mut().insert("nexus-error-code", tonic::metadata::MetadataValue::from_static(word));
         if let Some(seconds) = self.retry_after
             && let Ok(value) = seconds.to_string().parse()
         {
@@ -193,19 +216,53 @@ impl Refusal {
         status
     }
 
-    /// Reads a refusal back from a gRPC status made by [`Refusal::to_status`].
+    /// Reads a refusal back from a gRPC status made by [`Refusal::to_status`]. A status without a
+    /// known word (from a proxy, or a newer peer) takes the code its gRPC code stands for, and
+    /// its message is kept whole.
     pub fn from_status(status: &tonic::Status) -> Refusal {
-        let code = status
-            .metadata()
-            .get("nexus-error-code")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-            .unwrap_or_else(|| format!("grpc_{:?}", status.code()).to_lowercase());
+        let word = status.metadata().get("nexus-error-code").and_then(|v| v.to_str().ok());
         let retry_after =
             status.metadata().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+        let Some(code) = word.and_then(ErrorCode::from_word) else {
+            return Refusal {
+                code: ErrorCode::for_grpc_code(status.code()),
+                message: status.message().to_owned(),
+                retry_after,
+            };
+        };
         // `to_status` puts the word in front of the message; take it back off.
         let message = status.message().strip_prefix(&format!("{code}: ")).unwrap_or(status.message()).to_owned();
         Refusal { code, message, retry_after }
+    }
+}
+
+impl ErrorCode {
+    /// The general code a gRPC status code stands for, when no word came with it.
+    pub fn for_grpc_code(code: tonic::Code) -> ErrorCode {
+        match code {
+            tonic::Code::Unauthenticated => ErrorCode::Unauthorized,
+            tonic::Code::PermissionDenied => ErrorCode::NotAuthorized,
+            tonic::Code::NotFound => ErrorCode::NotFound,
+            tonic::Code::InvalidArgument => ErrorCode::ParameterInvalid,
+            tonic::Code::ResourceExhausted => ErrorCode::RateLimited,
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => ErrorCode::Unavailable,
+            _ => ErrorCode::Internal,
+        }
+    }
+
+    /// The general code an HTTP status stands for, when no known word came with it.
+    pub fn for_http_status(status: u16) -> ErrorCode {
+        match status {
+            401 => ErrorCode::Unauthorized,
+            403 => ErrorCode::NotAuthorized,
+            404 => ErrorCode::NotFound,
+            413 => ErrorCode::ContentTooLarge,
+            422 => ErrorCode::ValidationFailed,
+            429 => ErrorCode::RateLimited,
+            400..=499 => ErrorCode::ParameterInvalid,
+            503 => ErrorCode::Unavailable,
+            _ => ErrorCode::Internal,
+        }
     }
 }
 
@@ -233,5 +290,14 @@ mod tests {
         assert_eq!(Refusal::from_status(&limited.to_status()).retry_after, Some(7));
         let named = Refusal::new(ErrorCode::ValidationFailed, "configuration.x: validation_failed: y");
         assert_eq!(named.to_status().message(), "configuration.x: validation_failed: y", "the word is not repeated");
+        // A status no nexus made keeps its message and takes its code's general word.
+        let foreign = Refusal::from_status(&tonic::Status::unavailable("upstream connect error"));
+        assert_eq!((foreign.code, foreign.message.as_str()), (ErrorCode::Unavailable, "upstream connect error"));
+        let newer = Refusal::from_wire("quota_spent", "wait", 429);
+        assert_eq!((newer.code, newer.message.as_str()), (ErrorCode::RateLimited, "quota_spent: wait"));
+        assert_eq!(Refusal::from_wire("stale_claim", "again", 409), Refusal::new(ErrorCode::StaleClaim, "again"));
+        let body = serde_json::to_value(&refusal).expect("json");
+        assert_eq!(body, serde_json::json!({"code": "stale_claim", "message": "claim again"}));
+        assert_eq!(serde_json::from_value::<Refusal>(body).expect("parses"), refusal);
     }
 }

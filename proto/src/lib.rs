@@ -1,15 +1,28 @@
 //! The wire contract of nexus, and the only language that the server and the runner share.
 //!
 //! Owns: the generated `nexus.runner.v1` and `nexus.agent.v1` modules (tonic and prost), the
-//! encoded file descriptor set that server reflection serves, and [`ErrorCode`]: the stable
-//! refusal words of spec/REFERENCE.md with their HTTP status and gRPC code.
+//! encoded file descriptor set that server reflection serves, [`ErrorCode`] (the stable refusal
+//! words with their HTTP status and gRPC code), and the typed vocabulary both sides share: id
+//! newtypes ([`ids`]), statuses and kinds ([`status`]) and task keys ([`TaskKey`]).
 //!
 //! Does not own: actors, I/O or any domain logic. Generated types are converted to domain types
 //! at the edge of each crate and go no further.
 
 pub mod error;
+pub mod ids;
+pub mod status;
+pub mod task_key;
+#[doc(hidden)]
+pub mod words;
 
 pub use error::{ErrorCode, Refusal};
+pub use ids::{ConversationId, ExecutionId, InputId, MemberId, RunnerId};
+pub use status::{
+    AssignmentScope, AttentionReason, ExecutorKind, ExecutorStatus, InboxKind, LifecycleEvent, MemberKind,
+    MemberStatus, Presence, RunStatus, TaskKind, TaskStatus,
+};
+pub use task_key::{InvalidTaskKey, TaskKey};
+pub use words::UnknownWord;
 
 /// `nexus.runner.v1`: the runner stream (`RunnerService/Connect`).
 pub mod runner {

@@ -18,7 +18,7 @@ use nexus_proto::runner::v1::{
     Announce, Claim, ClaimGranted, ClaimStatus, Commit, Extend, Hello, NexusFrame, Pong, Progress, RunnerFrame,
     WorkAvailable, WorkCanceled,
 };
-use nexus_proto::{ErrorCode, RUNNER_PROTOCOL_VERSION, Refusal};
+use nexus_proto::{ErrorCode, InboxKind, RUNNER_PROTOCOL_VERSION, Refusal};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
@@ -493,7 +493,8 @@ impl Agent {
 
     fn on_work_available(&mut self, work: WorkAvailable) {
         let key = TaskKey { run_public_id: work.run_public_id, task_key: work.task_key };
-        if work.kind != "tool_call" {
+        // Only tool calls are claimable; another kind (a newer nexus's) is not this runner's.
+        if work.kind.parse::<InboxKind>() != Ok(InboxKind::ToolCall) {
             debug!(kind = %work.kind, task_key = %key.task_key, "ignoring work that is not a tool call");
             return;
         }
@@ -569,7 +570,7 @@ impl Agent {
                 }
             }
             (Pending::Probe(key), Answer::Refusal(refusal)) => {
-                if refusal.code == ErrorCode::NotClaimant.as_str() {
+                if refusal_of(refusal).code == ErrorCode::NotClaimant {
                     self.stop_task(&key, "nexus says this runner no longer holds the claim");
                 }
             }
@@ -681,15 +682,17 @@ impl Agent {
         self.send_commit(key);
     }
 
-    async fn on_commit_refused(&mut self, key: TaskKey, refusal: nexus_proto::runner::v1::Refusal) {
+    async fn on_commit_refused(&mut self, key: TaskKey, frame: nexus_proto::runner::v1::Refusal) {
         let (run_public_id, task_key) = (&key.run_public_id, &key.task_key);
-        if retry::is_retryable_refusal(&refusal.code) {
+        let http_status = frame.http_status;
+        let refusal = refusal_of(frame);
+        if retry::is_retryable_refusal(refusal.code) {
             warn!(%run_public_id, %task_key, code = %refusal.code, "nexus could not take the result now; it stays journaled");
             return;
         }
         // A malformed result leaves the park standing: replace it once with a short error the
         // model can read, rather than letting the task run into its deadline.
-        let malformed = refusal.http_status == 422 && refusal.code != ErrorCode::ResultUnstorable.as_str();
+        let malformed = http_status == 422 && refusal.code != ErrorCode::ResultUnstorable;
         if malformed
             && let Some(entry) = self.journal.get_mut(&key)
             && matches!(entry.state, EntryState::CommitPending { fallback: false, .. })
@@ -799,8 +802,11 @@ async fn persist(journal: &Journal) -> bool {
     }
 }
 
+/// A refusal frame as a typed refusal: a word this build does not know takes the code its HTTP
+/// status stands for.
 fn refusal_of(refusal: nexus_proto::runner::v1::Refusal) -> Refusal {
-    Refusal { code: refusal.code, message: refusal.message, retry_after: None }
+    let http_status = u16::try_from(refusal.http_status).unwrap_or(500);
+    Refusal::from_wire(&refusal.code, &refusal.message, http_status)
 }
 
 fn unix_now_ms() -> i64 {
@@ -894,7 +900,7 @@ mod tests {
 
     fn work(task: &str) -> NexusFrame {
         push(Answer::WorkAvailable(WorkAvailable {
-            kind: "tool_call".into(),
+            kind: InboxKind::ToolCall.as_str().into(),
             run_public_id: "run-1".into(),
             task_key: task.into(),
             tool_name: "bash".into(),

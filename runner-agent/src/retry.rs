@@ -13,9 +13,9 @@ use crate::config::AgentConfig;
 /// sent again. Every other refusal is final.
 const RETRYABLE_REFUSALS: &[ErrorCode] = &[ErrorCode::Unavailable, ErrorCode::Internal, ErrorCode::RateLimited];
 
-/// Whether a refusal with this word is worth repeating unchanged.
-pub(crate) fn is_retryable_refusal(code: &str) -> bool {
-    ErrorCode::from_word(code).is_some_and(|code| RETRYABLE_REFUSALS.contains(&code))
+/// Whether a refusal with this code is worth repeating unchanged.
+pub(crate) fn is_retryable_refusal(code: ErrorCode) -> bool {
+    RETRYABLE_REFUSALS.contains(&code)
 }
 
 /// Whether a gRPC status ending a stream means the credential itself was rejected: reconnecting
@@ -92,12 +92,15 @@ mod tests {
 
     #[test]
     fn only_server_side_conditions_are_retryable() {
-        assert!(is_retryable_refusal("unavailable"));
-        assert!(is_retryable_refusal("rate_limited"));
-        assert!(is_retryable_refusal("internal"));
-        assert!(!is_retryable_refusal("unauthorized"));
-        assert!(!is_retryable_refusal("stale_claim"));
-        assert!(!is_retryable_refusal("some_future_word"));
+        let code = |word: &str, http_status: u16| nexus_proto::Refusal::from_wire(word, "", http_status).code;
+        assert!(is_retryable_refusal(code("unavailable", 503)));
+        assert!(is_retryable_refusal(code("rate_limited", 429)));
+        assert!(is_retryable_refusal(code("internal", 500)));
+        assert!(!is_retryable_refusal(code("unauthorized", 401)));
+        assert!(!is_retryable_refusal(code("stale_claim", 409)));
+        // A newer nexus's word is judged by its status: a conflict is final, an outage passes.
+        assert!(!is_retryable_refusal(code("some_future_word", 409)));
+        assert!(is_retryable_refusal(code("some_future_word", 503)));
         assert!(is_fatal_status(&tonic::Status::unauthenticated("bad token")));
         assert!(!is_fatal_status(&tonic::Status::unavailable("restarting")));
     }

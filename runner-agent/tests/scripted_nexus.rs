@@ -262,7 +262,7 @@ async fn an_unauthorized_hello_ends_run_with_the_refusal() {
         }),
     );
     match finished(agent).await {
-        Err(AgentError::Refused(refusal)) => assert_eq!(refusal.code, "unauthorized"),
+        Err(AgentError::Refused(refusal)) => assert_eq!(refusal.code, nexus_proto::ErrorCode::Unauthorized),
         other => panic!("expected the unauthorized refusal, got {other:?}"),
     }
 }

@@ -302,7 +302,7 @@ async fn agent_for(server: &TestServer, handle: &str, runner: Uuid, model: &str)
     caller
 }
 
-async fn admit(server: &TestServer, caller: &Caller) -> Uuid {
+async fn admit(server: &TestServer, caller: &Caller) -> nexus_proto::ExecutionId {
     let input = CreateInput { text: "go".to_owned(), ..CreateInput::default() };
     server.server.api.create_input(caller, input).await.expect("admitted").execution_public_id
 }
@@ -489,7 +489,7 @@ async fn memory_of_a_nexus_process(runners: usize, executions: usize) -> (f64, f
     .await
     .expect("the child's store");
     let deadline = Instant::now() + Duration::from_secs(120);
-    while store.open_tasks_for(parked.id).await.expect("open tasks").len() < executions + 1 {
+    while store.open_tasks_for(parked.runner()).await.expect("open tasks").len() < executions + 1 {
         assert!(Instant::now() < deadline, "not every execution parked");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -548,11 +548,11 @@ async fn recovery(open: usize, per_runner: usize) -> (Duration, Duration, bool) 
         let run = admit(&first, &caller).await;
         assert!(wait_until_count(&fast.counters.received, 1, Duration::from_secs(10)).await, "recovery: no dispatch");
         let execution = store.execution(run).await.expect("execution").expect("row");
-        let task = store.task(run, "r1t0").await.expect("task").expect("row");
+        let task = store.task(run, nexus_tests::key("r1t0")).await.expect("task").expect("row");
         let clones: Vec<_> = (1..count)
             .map(|i| {
                 let mut t = task.clone();
-                t.task_key = format!("r1t{i}");
+                t.task_key = nexus_proto::TaskKey::Call { round: 1, index: u32::try_from(i).expect("fits") };
                 t.tool_call_id = format!("c{i}");
                 t
             })

@@ -29,10 +29,10 @@ use serde_json::Value;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use nexus_actors::actors::execution::task_status_is_settled;
 use nexus_actors::actors::root::{Census, RootHandle};
 use nexus_actors::auth::digest;
 use nexus_actors::store::{EventRow, Store, TaskRow, now_ms};
+use nexus_proto::{ExecutionId, TaskStatus};
 
 /// A `work_available` push a runner received.
 #[derive(Clone, Debug, PartialEq)]
@@ -142,7 +142,7 @@ pub struct History {
     /// What the fake runners observed (empty when only real runners ran).
     pub observations: Observations,
     /// The runner each run selected (`CreateInput.runner_executor_public_id`), when known.
-    pub targets: BTreeMap<Uuid, Uuid>,
+    pub targets: BTreeMap<ExecutionId, Uuid>,
     /// When the history was read, Unix milliseconds.
     pub checked_at_ms: i64,
     /// How long past its deadline a task may take to settle: the expiry timer's scheduling lag,
@@ -158,19 +158,20 @@ pub const DEFAULT_DEADLINE_SLACK_MS: i64 = 2_000;
 ///
 /// # Panics
 /// When the store cannot be read.
-pub async fn collect(store: &Store, runs: &[Uuid], observations: Observations) -> History {
+pub async fn collect(store: &Store, runs: &[ExecutionId], observations: Observations) -> History {
     let mut history = History { observations, deadline_slack_ms: DEFAULT_DEADLINE_SLACK_MS, ..History::default() };
     for &run in runs {
-        history.tasks.extend(store.tasks_of(run).await.expect("read tasks"));
+        let execution = run;
+        history.tasks.extend(store.tasks_of(execution).await.expect("read tasks"));
         let mut events = Vec::new();
         let mut after = 0;
         loop {
-            let page = store.events_after(run, after, 1_000).await.expect("read events");
+            let page = store.events_after(execution, after, 1_000).await.expect("read events");
             let Some(last) = page.last() else { break };
             after = last.seq;
             events.extend(page);
         }
-        history.events.insert(run, events);
+        history.events.insert(run.uuid(), events);
     }
     history.checked_at_ms = now_ms();
     history
@@ -189,7 +190,7 @@ fn name(key: &Key) -> String {
 /// Checks every invariant but the census against `history`; empty means all hold.
 pub fn check(history: &History) -> Vec<Violation> {
     let rows: HashMap<Key, &TaskRow> =
-        history.tasks.iter().map(|t| (key_of(t.run_public_id, &t.task_key), t)).collect();
+        history.tasks.iter().map(|t| (key_of(t.run_public_id.uuid(), &t.task_key.to_string()), t)).collect();
     let mut found = Vec::new();
     settles_once(history, &rows, &mut found);
     claims_granted_once(history, &rows, &mut found);
@@ -201,16 +202,14 @@ pub fn check(history: &History) -> Vec<Violation> {
 
 fn settles_once(history: &History, rows: &HashMap<Key, &TaskRow>, found: &mut Vec<Violation>) {
     use Invariant::SettlesOnce;
-    let mut settled_events: HashMap<Key, Vec<String>> = HashMap::new();
+    let mut settled_events: HashMap<Key, Vec<TaskStatus>> = HashMap::new();
     for (run, events) in &history.events {
         // An event with a `failure_resolution` (a retried or abandoned task) narrates the
         // repair of a settled task, not another settlement.
-        for event in events.iter().filter(|e| e.event_type == "task_status" && e.data["failure_resolution"].is_null()) {
-            let status = event.data["status"].as_str().unwrap_or_default();
-            let task_key = event.data["task_key"].as_str().unwrap_or_default();
-            if task_status_is_settled(status) {
-                settled_events.entry(key_of(*run, task_key)).or_default().push(status.to_owned());
-            }
+        let narrations = events.iter().filter_map(|e| e.event.as_task_status());
+        for narration in narrations.filter(|n| n.failure_resolution.is_none() && n.status.is_settled()) {
+            let key = key_of(*run, &narration.task_key.to_string());
+            settled_events.entry(key).or_default().push(narration.status);
         }
     }
     for (key, statuses) in &settled_events {
@@ -286,7 +285,7 @@ fn claims_granted_once(history: &History, rows: &HashMap<Key, &TaskRow>, found: 
         if !task.claimed && task.claim_token_digest.is_some() {
             found.push(violation(ClaimGrantedOnce, format!("{} holds a token but was never claimed", name(key))));
         }
-        if task.target_executor_public_id.is_some() && task.status == "completed" && !task.claimed {
+        if task.target_executor_public_id.is_some() && task.status == TaskStatus::Completed && !task.claimed {
             found.push(violation(ClaimGrantedOnce, format!("{} completed on a runner without a claim", name(key))));
         }
     }
@@ -306,7 +305,8 @@ fn results_kept(history: &History, rows: &HashMap<Key, &TaskRow>, found: &mut Ve
                 format!("{} acknowledged a commit whose token does not hold the claim", name(&key)),
             ));
         }
-        if ack.status != task.status {
+        let acknowledged = ack.status.parse::<TaskStatus>().ok();
+        if acknowledged != Some(task.status) {
             found.push(violation(
                 ResultKept,
                 format!(
@@ -319,7 +319,7 @@ fn results_kept(history: &History, rows: &HashMap<Key, &TaskRow>, found: &mut Ve
             ));
             continue;
         }
-        if ack.idle || ack.status != "completed" {
+        if ack.idle || acknowledged != Some(TaskStatus::Completed) {
             continue;
         }
         let stored = task.result.as_ref().unwrap_or(&Value::Null);
@@ -337,7 +337,9 @@ fn results_kept(history: &History, rows: &HashMap<Key, &TaskRow>, found: &mut Ve
 
 fn own_work_only(history: &History, rows: &HashMap<Key, &TaskRow>, found: &mut Vec<Violation>) {
     use Invariant::OwnWorkOnly;
-    let target = |run: Uuid, task_key: &str| rows.get(&key_of(run, task_key)).and_then(|t| t.target_executor_public_id);
+    let target = |run: Uuid, task_key: &str| {
+        rows.get(&key_of(run, task_key)).and_then(|t| t.target_executor_public_id).map(nexus_proto::RunnerId::uuid)
+    };
     for offer in &history.observations.offers {
         if target(offer.run, &offer.task_key) != Some(offer.runner) {
             found.push(violation(
@@ -383,7 +385,7 @@ fn own_work_only(history: &History, rows: &HashMap<Key, &TaskRow>, found: &mut V
         else {
             continue;
         };
-        if *expected != actual {
+        if *expected != actual.uuid() {
             found.push(violation(
                 OwnWorkOnly,
                 format!("{}/{} went to {actual} but its run selected {expected}", task.run_public_id, task.task_key),
@@ -476,7 +478,7 @@ pub async fn census_settles(root: &RootHandle, bound: CensusBound, limit: Durati
     let deadline = Instant::now() + limit;
     loop {
         let census =
-            root.census().await.map_err(|r| violation(Invariant::CensusBaseline, format!("no census: {}", r.code)))?;
+            root.census().await.map_err(|e| violation(Invariant::CensusBaseline, format!("no census: {e}")))?;
         match census_within(census, bound) {
             None => return Ok(census),
             Some(v) if Instant::now() >= deadline => {
@@ -488,10 +490,10 @@ pub async fn census_settles(root: &RootHandle, bound: CensusBound, limit: Durati
 }
 
 /// Counts the runs' tasks by status, for the scenario's report.
-pub fn status_counts(history: &History) -> BTreeMap<String, usize> {
+pub fn status_counts(history: &History) -> BTreeMap<TaskStatus, usize> {
     let mut counts = BTreeMap::new();
     for task in &history.tasks {
-        *counts.entry(task.status.clone()).or_default() += 1;
+        *counts.entry(task.status).or_default() += 1;
     }
     counts
 }

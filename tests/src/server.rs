@@ -12,14 +12,13 @@ use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
-use nexus_actors::actors::execution::run_status_is_quiescent;
-use nexus_actors::actors::executor::ExecutorMsg;
 use nexus_actors::cli::admin::{MemberKind, create_member, create_runner};
 use nexus_actors::config::ServerConfig;
 use nexus_actors::doors::api::{Caller, CreateInput};
 use nexus_actors::model::{ModelRegistry, Script};
 use nexus_actors::store::{ExecutionRow, Store, StoreBackend, TaskRow};
 use nexus_actors::{RunningServer, start_with_models};
+use nexus_proto::{ExecutionId, MemberId, RunnerId, TaskKey, TaskStatus};
 
 /// A credential minted for a test: the subject's id and its bearer token.
 #[derive(Clone, Debug)]
@@ -28,6 +27,26 @@ pub struct Minted {
     pub id: Uuid,
     /// The bearer token.
     pub token: String,
+}
+
+impl Minted {
+    /// The id as a runner's.
+    pub fn runner(&self) -> RunnerId {
+        RunnerId::from_uuid(self.id)
+    }
+
+    /// The id as a member's.
+    pub fn member(&self) -> MemberId {
+        MemberId::from_uuid(self.id)
+    }
+}
+
+/// A task key written as text in a test.
+///
+/// # Panics
+/// When `key` is in none of the task-key grammars.
+pub fn key(key: &str) -> TaskKey {
+    key.parse().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// nexus running in this process on 127.0.0.1:0 with its own temporary data dir, and its own
@@ -245,7 +264,7 @@ impl TestServer {
 
     /// Admits `text` for `member` through the Api with an inline execution declaration and
     /// answers the execution.
-    pub async fn run_declared(&self, member: &Minted, text: &str, declaration: Value) -> Uuid {
+    pub async fn run_declared(&self, member: &Minted, text: &str, declaration: Value) -> ExecutionId {
         let caller = self.caller(member).await;
         let input =
             CreateInput { text: text.to_owned(), execution_declaration: Some(declaration), ..CreateInput::default() };
@@ -254,19 +273,27 @@ impl TestServer {
 
     /// Waits up to `limit` for the execution to be quiescent (completed, canceled or
     /// needs_attention) and answers its row.
-    pub async fn settled(&self, run: Uuid, limit: Duration) -> ExecutionRow {
+    pub async fn settled(&self, run: ExecutionId, limit: Duration) -> ExecutionRow {
         wait_until("the execution to settle", limit, || async {
-            self.store().execution(run).await.ok().flatten().filter(|row| run_status_is_quiescent(&row.status))
+            self.store().execution(run).await.ok().flatten().filter(|row| row.status.is_quiescent())
         })
         .await
     }
 
-    /// Waits up to [`WAIT`] for task `run`/`key` to reach `status` and answers its row.
-    pub async fn task_in(&self, run: Uuid, key: &str, status: &str) -> TaskRow {
-        wait_until(&format!("{key} to be {status}"), WAIT, || async {
-            self.store().task(run, key).await.ok().flatten().filter(|t| t.status == status)
+    /// Waits up to [`WAIT`] for task `run`/`task_key` to reach `status` and answers its row.
+    pub async fn task_in(&self, run: ExecutionId, task_key: &str, status: TaskStatus) -> TaskRow {
+        wait_until(&format!("{task_key} to be {status}"), WAIT, || async {
+            self.store().task(run, key(task_key)).await.ok().flatten().filter(|t| t.status == status)
         })
         .await
+    }
+
+    /// Task `run`/`task_key` as the store has it now.
+    ///
+    /// # Panics
+    /// When the store fails.
+    pub async fn task(&self, run: ExecutionId, task_key: &str) -> Option<TaskRow> {
+        self.store().task(run, key(task_key)).await.expect("the store reads")
     }
 
     /// Starts `runner-agent` as `runner` against this server (killed when the handle drops),
@@ -309,17 +336,18 @@ impl TestServer {
     ///
     /// # Panics
     /// When the template is missing, is not addressed to a runner, or a write fails.
-    pub async fn dispatch_copies(&self, run: Uuid, template: &str, count: usize) -> Vec<TaskRow> {
+    pub async fn dispatch_copies(&self, run: ExecutionId, template: &str, count: usize) -> Vec<TaskRow> {
         let store = self.store();
         let execution = store.execution(run).await.expect("execution").expect("the execution exists");
-        let template = store.task(run, template).await.expect("task").expect("the template task exists");
+        let template = store.task(run, key(template)).await.expect("task").expect("the template task exists");
         let runner = template.target_executor_public_id.expect("the template is addressed to a runner");
         let first = store.tasks_of(run).await.expect("tasks").len();
         let copies: Vec<TaskRow> = (0..count)
             .map(|i| {
                 let n = first + i;
                 let mut copy = template.clone();
-                copy.task_key = format!("r{}t{n}", template.round);
+                let index = u32::try_from(n).expect("count fits u32");
+                copy.task_key = TaskKey::Call { round: template.round, index };
                 copy.tool_call_id = format!("copy-{n}");
                 copy.started_at = template.started_at + i64::try_from(i / 2 + 1).expect("count fits i64");
                 copy
@@ -328,11 +356,9 @@ impl TestServer {
         for chunk in copies.chunks(1_000) {
             store.save_execution(&execution, chunk, &[]).await.expect("copies written");
         }
-        let inbox = self.server.api.root.executor(runner).await.expect("the runner's inbox");
+        let inbox = self.server.api.root.executor(runner);
         for copy in &copies {
-            inbox
-                .cast(ExecutorMsg::Offer { run, task_key: copy.task_key.clone(), task: None })
-                .expect("the runner's inbox takes offers");
+            inbox.offer(copy.clone()).expect("the runner's inbox takes offers");
         }
         copies
     }

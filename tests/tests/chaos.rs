@@ -18,6 +18,8 @@
 //! thread and socket timing still vary, which is why the checks are invariants. On PostgreSQL:
 //! `NEXUS_TEST_STORE=postgres`, as for the other suites.
 
+use nexus_proto::{ExecutionId, RunStatus, TaskStatus};
+use nexus_tests::key;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -30,15 +32,16 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use uuid::Uuid;
 
-use nexus_actors::actors::execution::run_status_is_quiescent;
 use nexus_actors::actors::root::Census;
 use nexus_actors::auth::digest;
 use nexus_actors::config::StoreConfig;
 use nexus_actors::doors::api::{Caller, CreateInput};
-use nexus_actors::store::{EventRow, ExecutionRow, Store, StoreBackend, TaskRow};
+use nexus_actors::store::event::TaskNarration;
+use nexus_actors::store::{Event, EventRow, ExecutionRow, Store, StoreBackend, TaskRow};
 use nexus_proto::agent::v1::agent_service_client::AgentServiceClient;
 use nexus_proto::agent::v1::{CreateInputRequest, DeclareProfileRequest};
 use nexus_proto::runner::v1::{WorkAvailable, nexus_frame};
+use nexus_proto::{RunnerId, TaskKey, TaskKind};
 use nexus_runner_agent::journal::{EntryState, Journal};
 use nexus_tests::chaos::{ChaosRng, Ledger, ObservedRunner, Push, Scenario};
 use nexus_tests::invariants::{
@@ -103,48 +106,45 @@ async fn declare(server: &TestServer, agent: &Minted, runners: &[Uuid], model: &
     server.server.api.declare(&caller, body).await.expect("declared");
 }
 
-async fn admit(server: &TestServer, caller: &Caller, text: &str, runner: Option<Uuid>) -> Uuid {
+async fn admit(server: &TestServer, caller: &Caller, text: &str, runner: Option<RunnerId>) -> ExecutionId {
     let input = CreateInput { text: text.to_owned(), runner_executor_public_id: runner, ..CreateInput::default() };
     server.server.api.create_input(caller, input).await.expect("admitted").execution_public_id
 }
 
-async fn task(store: &Store, run: Uuid, key: &str) -> TaskRow {
-    store.task(run, key).await.expect("store").unwrap_or_else(|| panic!("no task {run}/{key}"))
+async fn task(store: &Store, run: ExecutionId, task_key: &str) -> TaskRow {
+    store.task(run, key(task_key)).await.expect("store").unwrap_or_else(|| panic!("no task {run}/{task_key}"))
 }
 
 /// Waits until the task satisfies `ready`.
 async fn wait_task(
     tag: &str,
     store: &Store,
-    run: Uuid,
+    run: ExecutionId,
     key: &str,
     what: &str,
     ready: impl Fn(&TaskRow) -> bool,
 ) -> TaskRow {
     wait_until(&format!("{tag} {key} {what}"), WAIT, || async {
-        store.task(run, key).await.ok().flatten().filter(|t| ready(t))
+        store.task(run, nexus_tests::key(key)).await.ok().flatten().filter(|t| ready(t))
     })
     .await
 }
 
 /// Waits until every run is quiescent (completed, canceled or needs attention) and returns the
 /// rows. Polls gently: these stores are busy.
-async fn wait_runs_quiet(tag: &str, store: &Store, runs: &[Uuid], limit: Duration) -> Vec<ExecutionRow> {
+async fn wait_runs_quiet(tag: &str, store: &Store, runs: &[ExecutionId], limit: Duration) -> Vec<ExecutionRow> {
     let deadline = Instant::now() + limit;
     loop {
         let mut rows = Vec::new();
         for run in runs {
             rows.push(store.execution(*run).await.expect("store").expect("execution row"));
         }
-        if rows.iter().all(|r| run_status_is_quiescent(&r.status)) {
+        if rows.iter().all(|r| r.status.is_quiescent()) {
             return rows;
         }
         if Instant::now() >= deadline {
-            let open: Vec<(Uuid, String)> = rows
-                .iter()
-                .filter(|r| !run_status_is_quiescent(&r.status))
-                .map(|r| (r.public_id, r.status.clone()))
-                .collect();
+            let open: Vec<(ExecutionId, RunStatus)> =
+                rows.iter().filter(|r| !r.status.is_quiescent()).map(|r| (r.public_id, r.status)).collect();
             panic!("{tag} {} run(s) still live after {limit:?}: {open:?}", open.len());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -160,9 +160,9 @@ async fn closing_checks(
     sc: &Scenario,
     server: &TestServer,
     bound: CensusBound,
-    runs: &[Uuid],
+    runs: &[ExecutionId],
     observations: Observations,
-    targets: BTreeMap<Uuid, Uuid>,
+    targets: BTreeMap<ExecutionId, Uuid>,
 ) -> History {
     let tag = sc.tag();
     if let Err(violation) = census_settles(&server.server.api.root, bound, WAIT).await {
@@ -190,7 +190,7 @@ fn assert_side_effects(tag: &str, tasks: &[TaskRow], workdir: &Path) {
     for (id, count) in &runs {
         assert_eq!(*count, 1, "{tag} the tool of call {id} ran {count} times");
     }
-    for t in tasks.iter().filter(|t| t.status == "completed") {
+    for t in tasks.iter().filter(|t| t.status == TaskStatus::Completed) {
         assert_eq!(runs.get(&t.tool_call_id), Some(&1), "{tag} {} completed but its tool never ran", t.task_key);
         let content = t.result.as_ref().and_then(|r| r["content"].as_str()).unwrap_or_default();
         assert!(content.contains(&t.tool_call_id), "{tag} {} stored another call's output: {content}", t.task_key);
@@ -204,7 +204,7 @@ fn unacknowledged(state_dir: &Path, runner: Uuid) -> usize {
 }
 
 /// The next offer of `run`/`key`, skipping others.
-async fn await_offer(tag: &str, runner: &mut ObservedRunner, run: Uuid, key: &str) -> WorkAvailable {
+async fn await_offer(tag: &str, runner: &mut ObservedRunner, run: ExecutionId, key: &str) -> WorkAvailable {
     let deadline = Instant::now() + WAIT;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -221,24 +221,24 @@ fn body(text: &str) -> Value {
 
 // ---- the checker itself ------------------------------------------------------------------
 
-const RUN: Uuid = Uuid::from_u128(0x5eed);
+const RUN: ExecutionId = ExecutionId::from_uuid(Uuid::from_u128(0x5eed));
 const RUNNER_A: Uuid = Uuid::from_u128(0xa);
 const RUNNER_B: Uuid = Uuid::from_u128(0xb);
 
 fn row(key: &str, status: &str, claimed: Option<&str>, settled_at: i64) -> TaskRow {
     TaskRow {
         run_public_id: RUN,
-        task_key: key.to_owned(),
-        kind: "tool_call".into(),
+        task_key: nexus_tests::key(key),
+        kind: TaskKind::ToolTask,
         round: 1,
         callable_name: "probe".into(),
         tool_name: "probe".into(),
         tool_input: json!({}),
         tool_call_id: key.to_owned(),
-        target_executor_public_id: Some(RUNNER_A),
+        target_executor_public_id: Some(RunnerId::from_uuid(RUNNER_A)),
         effect_profile: Some(effect("write", "none")),
         timeout_ms: 5_000,
-        status: status.to_owned(),
+        status: status.parse().expect("a task status"),
         claimed: claimed.is_some(),
         claim_token_digest: claimed.map(digest),
         started_at: 5_000,
@@ -250,8 +250,39 @@ fn row(key: &str, status: &str, claimed: Option<&str>, settled_at: i64) -> TaskR
     }
 }
 
-fn status_event(seq: i64, key: &str, status: &str) -> EventRow {
-    EventRow { seq, event_type: "task_status".into(), data: json!({"task_key": key, "status": status}), at: 0 }
+fn status_event(seq: i64, task_key: TaskKey, status: TaskStatus) -> EventRow {
+    let narration = TaskNarration {
+        task_key,
+        kind: TaskKind::ToolTask,
+        status,
+        tool_name: "probe".into(),
+        served_name: "probe".into(),
+        tool_call_id: task_key.to_string(),
+        runner_executor_public_id: Some(RunnerId::from_uuid(RUNNER_A)),
+        error_key: None,
+        approval: None,
+        hook: None,
+        content: None,
+        is_error: None,
+        compaction: None,
+        decision: None,
+        failure_resolution: None,
+        retried_as: None,
+    };
+    EventRow { seq, event: Event::TaskStatus(Box::new(narration)), at: 0 }
+}
+
+/// The narration of the `index`th event of the history's run, to break.
+fn narration(h: &mut History, index: usize) -> &mut TaskNarration {
+    match &mut h.events.get_mut(&RUN.uuid()).expect("events")[index].event {
+        Event::TaskStatus(narration) => narration,
+        other => panic!("not a task_status: {other:?}"),
+    }
+}
+
+/// Whether `event` narrates `task_key`.
+fn narrates(event: &EventRow, task_key: &str) -> bool {
+    event.event.as_task_status().is_some_and(|n| n.task_key == nexus_tests::key(task_key))
 }
 
 /// A consistent history: a completed task acknowledged twice (once idle), a claimed task that
@@ -266,13 +297,13 @@ fn clean_history() -> History {
     let mut events = Vec::new();
     for (i, t) in [&completed, &uncertain, &timed_out, &kernel].into_iter().enumerate() {
         let seq = i64::try_from(i).expect("small") * 2;
-        events.push(status_event(seq + 1, &t.task_key, "dispatched"));
-        events.push(status_event(seq + 2, &t.task_key, &t.status));
+        events.push(status_event(seq + 1, t.task_key, TaskStatus::Dispatched));
+        events.push(status_event(seq + 2, t.task_key, t.status));
     }
-    let offer = |key: &str| Offer { runner: RUNNER_A, run: RUN, task_key: key.into() };
+    let offer = |key: &str| Offer { runner: RUNNER_A, run: RUN.uuid(), task_key: key.into() };
     let grant = |key: &str, token: &str| Grant {
         runner: RUNNER_A,
-        run: RUN,
+        run: RUN.uuid(),
         task_key: key.into(),
         token: token.into(),
         addressed_to: Some(RUNNER_A),
@@ -280,7 +311,7 @@ fn clean_history() -> History {
     };
     let ack = |text: &str, idle: bool| Ack {
         runner: RUNNER_A,
-        run: RUN,
+        run: RUN.uuid(),
         task_key: "r1t0".into(),
         token: "T0".into(),
         body: body(text),
@@ -290,7 +321,7 @@ fn clean_history() -> History {
     };
     History {
         tasks: vec![completed, uncertain, timed_out, kernel],
-        events: BTreeMap::from([(RUN, events)]),
+        events: BTreeMap::from([(RUN.uuid(), events)]),
         observations: Observations {
             offers: vec![offer("r1t0"), offer("r1t1"), offer("r1t2")],
             grants: vec![grant("r1t0", "T0"), grant("r1t1", "T1")],
@@ -337,25 +368,25 @@ fn the_checker_reports_every_broken_invariant() {
         (
             "an acknowledged completion settled otherwise",
             |h| {
-                h.tasks[0].status = "timed_out".into();
-                h.events.get_mut(&RUN).expect("events")[1].data["status"] = json!("timed_out");
+                h.tasks[0].status = TaskStatus::TimedOut;
+                narration(h, 1).status = TaskStatus::TimedOut;
             },
             Invariant::ResultKept,
         ),
         (
             "a task settled twice",
             |h| {
-                let events = h.events.get_mut(&RUN).expect("events");
-                events.push(status_event(99, "r1t1", "uncertain"));
+                let events = h.events.get_mut(&RUN.uuid()).expect("events");
+                events.push(status_event(99, nexus_tests::key("r1t1"), TaskStatus::Uncertain));
             },
             Invariant::SettlesOnce,
         ),
         (
             "a task never settled",
             |h| {
-                h.tasks[2].status = "dispatched".into();
+                h.tasks[2].status = TaskStatus::Dispatched;
                 h.tasks[2].settled_at = None;
-                h.events.get_mut(&RUN).expect("events").retain(|e| !(e.data["task_key"] == "r1t2" && e.seq > 5));
+                h.events.get_mut(&RUN.uuid()).expect("events").retain(|e| !(narrates(e, "r1t2") && e.seq > 5));
             },
             Invariant::SettlesOnce,
         ),
@@ -370,7 +401,7 @@ fn the_checker_reports_every_broken_invariant() {
         ),
         (
             "runner B offered runner A's work",
-            |h| h.observations.offers.push(Offer { runner: RUNNER_B, run: RUN, task_key: "r1t2".into() }),
+            |h| h.observations.offers.push(Offer { runner: RUNNER_B, run: RUN.uuid(), task_key: "r1t2".into() }),
             Invariant::OwnWorkOnly,
         ),
         (
@@ -396,9 +427,9 @@ fn the_checker_reports_every_broken_invariant() {
         (
             "an open task past its deadline",
             |h| {
-                h.tasks[1].status = "dispatched".into();
+                h.tasks[1].status = TaskStatus::Dispatched;
                 h.tasks[1].settled_at = None;
-                h.events.get_mut(&RUN).expect("events").retain(|e| !(e.data["task_key"] == "r1t1" && e.seq > 3));
+                h.events.get_mut(&RUN.uuid()).expect("events").retain(|e| !(narrates(e, "r1t1") && e.seq > 3));
             },
             Invariant::DeadlineKept,
         ),
@@ -459,7 +490,7 @@ struct StepRig {
     runner: Minted,
     ledger: Ledger,
     raw: ObservedRunner,
-    run: Uuid,
+    run: ExecutionId,
 }
 
 impl StepRig {
@@ -528,7 +559,7 @@ async fn proxy_faults_at_every_protocol_step() {
     ];
     sc.rng.shuffle(&mut steps);
     let mut probes = (0..5).map(|i| format!("r1t{i}"));
-    let mut expected: Vec<(Uuid, String, &str)> = Vec::new();
+    let mut expected: Vec<(ExecutionId, String, TaskStatus)> = Vec::new();
     let mut lost_run = None;
     for step in steps {
         eprintln!("{tag} step {step:?}");
@@ -540,14 +571,14 @@ async fn proxy_faults_at_every_protocol_step() {
                 let steps_run = rig.run;
                 rig.run = admit(&rig.server, &lost_caller, "lose the grant", None).await;
                 await_offer(&tag, &mut rig.raw, rig.run, "r1t0").await;
-                let outcome = step_fault(&mut rig, &mut sc.rng, step, "r1t0").await;
+                let outcome = step_fault(&mut rig, &mut sc.rng, step, "r1t0").await.expect("a task step");
                 expected.push((rig.run, "r1t0".into(), outcome));
                 lost_run = Some(rig.run);
                 rig.run = steps_run;
             }
             _ => {
                 let key = probes.next().expect("a probe task per step");
-                let outcome = step_fault(&mut rig, &mut sc.rng, step, &key).await;
+                let outcome = step_fault(&mut rig, &mut sc.rng, step, &key).await.expect("a task step");
                 expected.push((run, key, outcome));
             }
         }
@@ -555,8 +586,9 @@ async fn proxy_faults_at_every_protocol_step() {
 
     let runs = [run, lost_run.expect("the lost-answer run")];
     let rows = wait_runs_quiet(&tag, rig.store(), &runs, WAIT).await;
-    let finals: Vec<(&str, Option<&str>)> = rows.iter().map(|r| (r.status.as_str(), r.final_text.as_deref())).collect();
-    assert_eq!(finals, [("completed", Some("steps done")), ("completed", Some("lost done"))], "{tag}");
+    let finals: Vec<(RunStatus, Option<&str>)> = rows.iter().map(|r| (r.status, r.final_text.as_deref())).collect();
+    let done = RunStatus::Completed;
+    assert_eq!(finals, [(done, Some("steps done")), (done, Some("lost done"))], "{tag}");
     for (run, key, status) in &expected {
         assert_eq!(task(rig.store(), *run, key).await.status, *status, "{tag} {key}");
     }
@@ -568,8 +600,9 @@ async fn proxy_faults_at_every_protocol_step() {
     closing_checks(&sc, &server, bound, &runs, ledger.snapshot(), targets).await;
 }
 
-/// Runs one step on `key` and returns the status the task must end in.
-async fn step_fault(rig: &mut StepRig, rng: &mut ChaosRng, step: Step, key: &str) -> &'static str {
+/// Runs one step on `key` and returns the status the task must end in (`None` for a step that
+/// runs no task).
+async fn step_fault(rig: &mut StepRig, rng: &mut ChaosRng, step: Step, key: &str) -> Option<TaskStatus> {
     let tag = rig.tag.clone();
     let run = rig.run;
     let run_id = run.to_string();
@@ -591,7 +624,7 @@ async fn step_fault(rig: &mut StepRig, rng: &mut ChaosRng, step: Step, key: &str
             let token = rig.claim(key).await;
             let reply = rig.raw.commit(&run_id, key, &token, body("after a lost claim")).await;
             assert_eq!(reply.committed(), Some((false, "completed".into())), "{tag} {reply:?}");
-            "completed"
+            Some(TaskStatus::Completed)
         }
         Step::ClaimAnswerLost => {
             rig.proxy.black_hole(Direction::Downstream);
@@ -611,7 +644,7 @@ async fn step_fault(rig: &mut StepRig, rng: &mut ChaosRng, step: Step, key: &str
             let settled = wait_task(&tag, rig.store(), run, key, "settled", TaskRow::is_settled).await;
             assert_eq!(settled.error_key.as_deref(), Some("tool_uncertain"), "{tag}");
             assert_eq!(settled.result, None, "{tag}");
-            "uncertain"
+            Some(TaskStatus::Uncertain)
         }
         Step::AfterClaim => {
             let token = rig.claim(key).await;
@@ -620,7 +653,7 @@ async fn step_fault(rig: &mut StepRig, rng: &mut ChaosRng, step: Step, key: &str
             // The claim outlives the stream: the same token commits on the new one.
             let reply = rig.raw.commit(&run_id, key, &token, body("after the cut")).await;
             assert_eq!(reply.committed(), Some((false, "completed".into())), "{tag} {reply:?}");
-            "completed"
+            Some(TaskStatus::Completed)
         }
         Step::DuringCommit => {
             let token = rig.claim(key).await;
@@ -643,7 +676,7 @@ async fn step_fault(rig: &mut StepRig, rng: &mut ChaosRng, step: Step, key: &str
             let (idle, status) = again.committed().unwrap_or_else(|| panic!("{tag} {again:?}"));
             assert_eq!(status, "completed", "{tag}");
             eprintln!("{tag} cut {cut_after:?} into a {delay:?} delay: first answer {reply:?}, repeat idle {idle}");
-            "completed"
+            Some(TaskStatus::Completed)
         }
         Step::AfterCommitBeforeAck => {
             let token = rig.claim(key).await;
@@ -658,7 +691,7 @@ async fn step_fault(rig: &mut StepRig, rng: &mut ChaosRng, step: Step, key: &str
             assert_eq!(again.committed(), Some((true, "completed".into())), "{tag} the repeat is idle");
             let stored = task(rig.store(), run, key).await.result.expect("result");
             assert_eq!(stored["content"], "first", "{tag} write-once keeps the first result");
-            "completed"
+            Some(TaskStatus::Completed)
         }
         Step::BlackHole => {
             wait_until(&format!("{tag} one live stream"), WAIT, || async {
@@ -680,7 +713,7 @@ async fn step_fault(rig: &mut StepRig, rng: &mut ChaosRng, step: Step, key: &str
             assert!(took >= earliest, "{tag} dropped after {took:?}, before the liveness bound");
             rig.proxy.cut();
             rig.reconnect().await;
-            ""
+            None
         }
         Step::Delay => {
             let delay = rng.millis(80, 200);
@@ -692,7 +725,7 @@ async fn step_fault(rig: &mut StepRig, rng: &mut ChaosRng, step: Step, key: &str
             let reply = rig.raw.commit(&run_id, key, &token, body("delayed")).await;
             assert_eq!(reply.committed(), Some((false, "completed".into())), "{tag} {reply:?}");
             rig.proxy.heal();
-            "completed"
+            Some(TaskStatus::Completed)
         }
     }
 }
@@ -767,12 +800,12 @@ async fn runner_agent_through_proxy_faults() {
         let _ = stop_rx.await;
     }));
     wait_until(&format!("{tag} the announcement"), WAIT, || async {
-        server.store().executor(runner.id).await.ok().flatten().and_then(|r| r.announced_at)
+        server.store().executor(runner.runner()).await.ok().flatten().and_then(|r| r.announced_at)
     })
     .await;
     declare(&server, &agent, &[runner.id], "scripted/agent").await;
     let caller = server.caller(&agent).await;
-    let run = admit(&server, &caller, "run through the faults", Some(runner.id)).await;
+    let run = admit(&server, &caller, "run through the faults", Some(runner.runner())).await;
 
     let started = |id: String| {
         let workdir = workdir.path().to_owned();
@@ -858,11 +891,11 @@ async fn runner_agent_through_proxy_faults() {
         proxy.heal();
     }
     let rows = wait_runs_quiet(&tag, server.store(), &[run], WAIT).await;
-    assert_eq!(rows[0].status, "completed", "{tag}");
+    assert_eq!(rows[0].status, RunStatus::Completed, "{tag}");
     let tasks = server.store().tasks_of(run).await.expect("tasks");
     for t in &tasks {
-        let lost_grant = never_ran.iter().any(|(key, _)| *key == t.task_key);
-        let expected = if lost_grant { "uncertain" } else { "completed" };
+        let lost_grant = never_ran.iter().any(|(key, _)| *key == t.task_key.to_string());
+        let expected = if lost_grant { TaskStatus::Uncertain } else { TaskStatus::Completed };
         assert_eq!(t.status, expected, "{tag} {} ({:?})", t.task_key, t.error_key);
     }
     for (key, id) in &never_ran {
@@ -911,7 +944,7 @@ async fn runner_agent_sigkill_mid_task_and_restart() {
     }
     for spec in &specs {
         wait_until(&format!("{tag} the announcement"), WAIT, || async {
-            server.store().executor(spec.runner.id).await.ok().flatten().and_then(|r| r.announced_at)
+            server.store().executor(spec.runner.runner()).await.ok().flatten().and_then(|r| r.announced_at)
         })
         .await;
     }
@@ -920,7 +953,7 @@ async fn runner_agent_sigkill_mid_task_and_restart() {
     let caller = server.caller(&agent).await;
     let mut runs = Vec::new();
     for id in &ids {
-        runs.push(admit(&server, &caller, "run, and survive a kill", Some(*id)).await);
+        runs.push(admit(&server, &caller, "run, and survive a kill", Some(RunnerId::from_uuid(*id))).await);
     }
 
     // The plan: each runner is killed once its run has had k claims, and the second runner once
@@ -937,7 +970,10 @@ async fn runner_agent_sigkill_mid_task_and_restart() {
         plans.push(kills);
     }
     let store = server.store();
-    let kill_and_restart = |run: Uuid, spec: RunnerAgentProcess, mut child: Child, kills: Vec<(usize, Duration)>| {
+    let kill_and_restart = |run: ExecutionId,
+                            spec: RunnerAgentProcess,
+                            mut child: Child,
+                            kills: Vec<(usize, Duration)>| {
         let tag = tag.clone();
         async move {
             for (claims, pause) in kills {
@@ -964,7 +1000,7 @@ async fn runner_agent_sigkill_mid_task_and_restart() {
     );
     let rows = wait_runs_quiet(&tag, store, &runs, Duration::from_secs(60)).await;
     for row in &rows {
-        assert_eq!(row.status, "completed", "{tag} {}", row.public_id);
+        assert_eq!(row.status, RunStatus::Completed, "{tag} {}", row.public_id);
     }
     for (((mut child, spec), run), (workdir, state)) in [first, second].into_iter().zip(&specs).zip(&runs).zip(&dirs) {
         let tasks = store.tasks_of(*run).await.expect("tasks");
@@ -1015,7 +1051,7 @@ impl KillPoint {
 
 /// The tasks as `key:status` (`*` when claimed) once `point` is reached, or once the round is
 /// past it (then the kill still happens, later than planned).
-async fn kill_point_reached(store: &Store, run: Uuid, point: KillPoint) -> Option<Vec<String>> {
+async fn kill_point_reached(store: &Store, run: ExecutionId, point: KillPoint) -> Option<Vec<String>> {
     let tasks = store.tasks_of(run).await.ok()?;
     let mut in_round = tasks.iter().filter(|t| t.round == point.round());
     let hit = match point {
@@ -1023,16 +1059,13 @@ async fn kill_point_reached(store: &Store, run: Uuid, point: KillPoint) -> Optio
         KillPoint::FirstSettle(_) => in_round.any(TaskRow::is_settled),
         KillPoint::SettledUnnarrated(_) => {
             let events = store.events_after(run, 0, 10_000).await.ok()?;
-            let narrated = |key: &str| {
-                events.iter().any(|e| {
-                    e.event_type == "task_status"
-                        && e.data["task_key"] == key
-                        && e.data["status"]
-                            .as_str()
-                            .is_some_and(nexus_actors::actors::execution::task_status_is_settled)
-                })
+            let narrated = |task_key: TaskKey| {
+                events
+                    .iter()
+                    .filter_map(|e| e.event.as_task_status())
+                    .any(|n| n.task_key == task_key && n.status.is_settled())
             };
-            in_round.any(|t| t.is_settled() && !narrated(&t.task_key))
+            in_round.any(|t| t.is_settled() && !narrated(t.task_key))
         }
     };
     let later = tasks.iter().any(|t| t.round > point.round());
@@ -1085,7 +1118,7 @@ async fn nexus_sigkill_and_restart_on_the_same_data_dir() {
         StoreConfig { database_url: at.database_url.clone(), max_connections: Some(2), ..StoreConfig::default() };
     let store = Store::connect_existing(&at.data_dir, &store_config).await.expect("open the store beside nexus");
     wait_until(&format!("{tag} the announcement"), WAIT, || async {
-        store.executor(runner.id).await.ok().flatten().and_then(|r| r.announced_at)
+        store.executor(runner.runner()).await.ok().flatten().and_then(|r| r.announced_at)
     })
     .await;
     let mut client = agent_client(&format!("http://{addr}")).await;
@@ -1102,7 +1135,7 @@ async fn nexus_sigkill_and_restart_on_the_same_data_dir() {
         ..CreateInputRequest::default()
     };
     let execution = client.create_input(authed(request, &agent)).await.expect("create input").into_inner();
-    let run = Uuid::parse_str(&execution.execution_public_id).expect("uuid");
+    let run: ExecutionId = execution.execution_public_id.parse().expect("uuid");
     drop(client);
 
     let first_round = i64::try_from(sc.rng.range(1, 3)).expect("small");
@@ -1137,7 +1170,7 @@ async fn nexus_sigkill_and_restart_on_the_same_data_dir() {
         longest_outage = longest_outage.max(down.elapsed());
     }
     let rows = wait_runs_quiet(&tag, &store, &[run], Duration::from_secs(60)).await;
-    assert_eq!(rows[0].status, "completed", "{tag}");
+    assert_eq!(rows[0].status, RunStatus::Completed, "{tag}");
     assert_eq!(rows[0].final_text.as_deref(), Some("all rounds done"), "{tag}");
     wait_until(&format!("{tag} the journal to empty"), WAIT, || async {
         (unacknowledged(state.path(), runner.id) == 0).then_some(())
@@ -1287,7 +1320,7 @@ async fn duplicated_reordered_and_stale_frames_change_nothing() {
         BTreeMap::from([(run, minted_a.id)]),
     )
     .await;
-    assert_eq!(status_counts(&history).get("completed"), Some(&8), "{tag}");
+    assert_eq!(status_counts(&history).get(&TaskStatus::Completed), Some(&8), "{tag}");
 }
 
 // ---- the soak: 20 runners, 2,000 tasks, random faults -----------------------------------------
@@ -1343,7 +1376,7 @@ struct SoakRunner {
     proxy: Arc<TcpProxy>,
     ledger: Ledger,
     seed: u64,
-    ordinals: Arc<Mutex<HashMap<Uuid, usize>>>,
+    ordinals: Arc<Mutex<HashMap<ExecutionId, usize>>>,
     journal: BTreeMap<(String, String), String>,
     last_token: Option<String>,
     stop: Arc<AtomicBool>,
@@ -1406,7 +1439,7 @@ impl SoakRunner {
     }
 
     async fn ordinal(&self, run: &str) -> usize {
-        let run = Uuid::parse_str(run).expect("uuid");
+        let run: ExecutionId = run.parse().expect("uuid");
         wait_until("the run's ordinal", WAIT, || async { self.ordinals.lock().expect("ordinals").get(&run).copied() })
             .await
     }
@@ -1528,7 +1561,7 @@ async fn soak_20_runners_2000_tasks_under_random_faults() {
     let ledger = Ledger::new();
     let stop = Arc::new(AtomicBool::new(false));
     let surprises: Arc<Mutex<Vec<String>>> = Arc::default();
-    let ordinals: Arc<Mutex<HashMap<Uuid, usize>>> = Arc::default();
+    let ordinals: Arc<Mutex<HashMap<ExecutionId, usize>>> = Arc::default();
     let mut minted = Vec::new();
     let mut proxies = Vec::new();
     for i in 0..SOAK_RUNNERS {
@@ -1579,7 +1612,7 @@ async fn soak_20_runners_2000_tasks_under_random_faults() {
     let mut targets = BTreeMap::new();
     for ordinal in 0..SOAK_RUNS {
         let runner = ids[ordinal % SOAK_RUNNERS];
-        let run = admit(&server, &caller, &format!("soak {ordinal}"), Some(runner)).await;
+        let run = admit(&server, &caller, &format!("soak {ordinal}"), Some(RunnerId::from_uuid(runner))).await;
         ordinals.lock().expect("ordinals").insert(run, ordinal);
         targets.insert(run, runner);
         runs.push(run);
@@ -1597,8 +1630,8 @@ async fn soak_20_runners_2000_tasks_under_random_faults() {
     drop(proxies);
     for row in &rows {
         assert_eq!(
-            (row.status.as_str(), row.final_text.as_deref()),
-            ("completed", Some("soaked")),
+            (row.status, row.final_text.as_deref()),
+            (RunStatus::Completed, Some("soaked")),
             "{tag} {}",
             row.public_id
         );
@@ -1614,14 +1647,14 @@ async fn soak_20_runners_2000_tasks_under_random_faults() {
     let statuses = status_counts(&history);
     // How each planned fault ended: (fault, status, claimed) -> tasks.
     let ordinal_of = ordinals.lock().expect("ordinals").clone();
-    let mut outcomes: BTreeMap<(SoakFault, String, bool), usize> = BTreeMap::new();
+    let mut outcomes: BTreeMap<(SoakFault, TaskStatus, bool), usize> = BTreeMap::new();
     for t in &history.tasks {
-        let fault = soak_fault(sc.seed, ordinal_of[&t.run_public_id], &t.task_key);
-        *outcomes.entry((fault, t.status.clone(), t.claimed)).or_default() += 1;
+        let fault = soak_fault(sc.seed, ordinal_of[&t.run_public_id], &t.task_key.to_string());
+        *outcomes.entry((fault, t.status, t.claimed)).or_default() += 1;
     }
     eprintln!("{tag} outcomes by planned fault (fault, status, claimed): {outcomes:?}");
     for t in &history.tasks {
-        let fault = soak_fault(sc.seed, ordinal_of[&t.run_public_id], &t.task_key);
+        let fault = soak_fault(sc.seed, ordinal_of[&t.run_public_id], &t.task_key.to_string());
         // The inbox is level-triggered: an offer lost to a cut comes again after the reconnect,
         // so only a task its runner chose to ignore can end unclaimed.
         assert!(
@@ -1631,8 +1664,9 @@ async fn soak_20_runners_2000_tasks_under_random_faults() {
             t.task_key
         );
         // The expiry rule: unclaimed or replayable is timed_out, otherwise uncertain.
-        if matches!(t.status.as_str(), "timed_out" | "uncertain") {
-            let expected = if t.claimed && t.tool_name == "poke" { "uncertain" } else { "timed_out" };
+        if matches!(t.status, TaskStatus::TimedOut | TaskStatus::Uncertain) {
+            let expected =
+                if t.claimed && t.tool_name == "poke" { TaskStatus::Uncertain } else { TaskStatus::TimedOut };
             assert_eq!(
                 t.status, expected,
                 "{tag} {}/{} ({fault:?}, claimed {})",
@@ -1646,11 +1680,12 @@ async fn soak_20_runners_2000_tasks_under_random_faults() {
         cuts.load(Ordering::SeqCst)
     );
     assert_eq!(history.tasks.len(), SOAK_RUNS * SOAK_ROUNDS * SOAK_CALLS, "{tag}");
+    let ends = [TaskStatus::Completed, TaskStatus::TimedOut, TaskStatus::Uncertain];
     for status in statuses.keys() {
-        assert!(["completed", "timed_out", "uncertain"].contains(&status.as_str()), "{tag} a task ended {status}");
+        assert!(ends.contains(status), "{tag} a task ended {status}");
     }
     // The faults really happened.
-    for status in ["completed", "timed_out", "uncertain"] {
+    for status in &ends {
         assert!(statuses.contains_key(status), "{tag} no task ended {status}: {statuses:?}");
     }
     assert!(idle_acks > 0 && cuts.load(Ordering::SeqCst) > 0, "{tag} no idle repeats or no cuts");

@@ -1,11 +1,14 @@
-//! The ConnectionActor: one per live runner stream; transient.
+//! The ConnectionActor: one per live runner stream; transient (`docs/architecture.md`,
+//! "Actors"; `docs/protocol.md`, "Hello and Welcome").
 //!
 //! A reader task forwards inbound frames as messages (tonic gives the server no disconnect
 //! event, so the reader's end is the disconnect). The first frame must be Hello: it is
 //! authenticated on the executor-transport plane and the stream is attached to its
-//! [`ExecutorActor`](crate::actors::executor::ExecutorActor), which fences any older stream. Later frames
-//! go to the executor; Pong is handled here. Application Ping/Pong detects a half-open stream,
-//! because proxies answer HTTP/2 pings themselves. A drop stops only this actor.
+//! [`ExecutorActor`](crate::actors::executor::ExecutorActor), which fences any older stream. That
+//! check reads the store and may load a cold inbox, so it runs in a task this actor owns, and
+//! frames that arrive meanwhile wait for it in order. Later frames go to the executor; Pong is
+//! handled here. Application Ping/Pong detects a half-open stream, because proxies answer HTTP/2
+//! pings themselves. A drop stops only this actor.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,16 +16,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use uuid::Uuid;
 
-use nexus_proto::runner::v1::{NexusFrame, Ping, RunnerFrame, nexus_frame, runner_frame::Frame};
-use nexus_proto::{ErrorCode, Refusal};
+use nexus_proto::runner::v1::{Hello, NexusFrame, Ping, RunnerFrame, nexus_frame, runner_frame::Frame};
+use nexus_proto::{ErrorCode, ExecutionId, ExecutorStatus, Refusal, RunnerId, TaskKey};
 
-use crate::actors::executor::{ExecutorMsg, Outbound, RunnerRequest};
-use crate::actors::root::{Fabric, RootHandle};
-use crate::auth::{Plane, authenticate};
+use crate::actors::executor::{Attach, ExecutorHandle, Outbound, RunnerRequest, TaskId, no_task, refusal_frame};
+use crate::actors::fabric::Fabric;
+use crate::actors::root::RootHandle;
+use crate::auth::Plane;
+use crate::store::PresenceEvent;
 
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
+
+/// Frames a runner may send before its Hello is answered; more is a protocol violation.
+pub const FRAMES_BEFORE_WELCOME_BOUND: usize = 1_024;
 
 /// The ConnectionActor's messages.
 pub enum ConnectionMsg {
@@ -32,6 +39,28 @@ pub enum ConnectionMsg {
     Closed(Option<String>),
     /// Ping timer.
     Tick,
+    /// The Hello, checked in a task this actor owns: the runner and the credential's epoch it
+    /// attached with, or why it was refused.
+    HelloDone {
+        /// The Hello's request id.
+        request_id: u64,
+        /// The attached runner and the credential's epoch, or the refusal.
+        result: Result<(RunnerId, i64), Refusal>,
+    },
+}
+
+/// The typed handle on one runner stream.
+#[derive(Clone, Debug)]
+pub struct ConnectionHandle {
+    actor: ActorRef<ConnectionMsg>,
+}
+
+impl ConnectionHandle {
+    /// Closes the stream (a newer stream fenced it, or its outbound buffer is full); the runner
+    /// reconnects.
+    pub fn close(&self, reason: &str) {
+        self.actor.stop(Some(reason.to_owned()));
+    }
 }
 
 /// Arguments: the two halves of the stream.
@@ -46,15 +75,23 @@ pub struct ConnectionArgs {
     pub outbound: Outbound,
 }
 
+/// Where the stream stands with its Hello.
+enum Standing {
+    /// No Hello yet.
+    Fresh,
+    /// The Hello is being checked; the frames that arrived since wait here, in order.
+    Hello { task: JoinHandle<()>, waiting: Vec<RunnerFrame> },
+    /// Attached to the runner's inbox under the credential's epoch.
+    Attached { executor: ExecutorHandle, credential_epoch: i64 },
+}
+
 /// The ConnectionActor's state.
 pub struct ConnectionState {
     fabric: Arc<Fabric>,
     root: RootHandle,
     id: u64,
     outbound: Outbound,
-    executor: Option<(Uuid, ActorRef<ExecutorMsg>)>,
-    /// The epoch of the credential that said Hello.
-    credential_epoch: i64,
+    standing: Standing,
     last_inbound: Instant,
     nonce: u64,
     reader: JoinHandle<()>,
@@ -64,21 +101,17 @@ pub struct ConnectionState {
 /// The ConnectionActor.
 pub struct ConnectionActor;
 
-fn uuid_field(value: &str, field: &str) -> Result<Uuid, Refusal> {
-    Uuid::parse_str(value).map_err(|_| Refusal::new(ErrorCode::ParameterMissing, format!("{field} must be a UUID")))
+/// The task a frame names: its `run_public_id` must be a UUID (`parameter_missing`), and a task
+/// key in none of the grammars names no task (`not_found`).
+fn task_field(run: &str, task_key: &str) -> Result<TaskId, Refusal> {
+    let run: ExecutionId =
+        run.parse().map_err(|_| Refusal::new(ErrorCode::ParameterMissing, "run_public_id must be a UUID"))?;
+    let task_key: TaskKey = task_key.parse().map_err(|_| no_task(run, &task_key))?;
+    Ok((run, task_key))
 }
 
 fn refuse(state: &ConnectionState, request_id: u64, refusal: &Refusal) {
-    let http_status = refusal.error_code().map_or(500, ErrorCode::http_status);
-    let frame = NexusFrame {
-        request_id,
-        frame: Some(nexus_frame::Frame::Refusal(nexus_proto::runner::v1::Refusal {
-            code: refusal.code.clone(),
-            message: refusal.message.clone(),
-            http_status: u32::from(http_status),
-        })),
-    };
-    let _ = state.outbound.try_send(Ok(frame));
+    let _ = state.outbound.try_send(Ok(refusal_frame(request_id, refusal)));
 }
 
 impl Actor for ConnectionActor {
@@ -139,8 +172,7 @@ impl Actor for ConnectionActor {
             root: args.root,
             id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
             outbound: args.outbound,
-            executor: None,
-            credential_epoch: 0,
+            standing: Standing::Fresh,
             last_inbound: Instant::now(),
             nonce: 0,
             reader,
@@ -156,8 +188,12 @@ impl Actor for ConnectionActor {
         state.reader.abort();
         state.ticker.abort();
         state.fabric.connections.fetch_sub(1, Ordering::Relaxed);
-        if let Some((_, executor)) = &state.executor {
-            let _ = executor.cast(ExecutorMsg::Detach { conn_id: state.id });
+        match &state.standing {
+            Standing::Attached { executor, .. } => {
+                let _ = executor.detach(state.id);
+            }
+            Standing::Hello { task, .. } => task.abort(),
+            Standing::Fresh => {}
         }
         Ok(())
     }
@@ -171,8 +207,9 @@ impl Actor for ConnectionActor {
         match msg {
             ConnectionMsg::Inbound(frame) => {
                 state.last_inbound = Instant::now();
-                inbound(&myself, state, frame).await;
+                inbound(&myself, state, frame);
             }
+            ConnectionMsg::HelloDone { request_id, result } => hello_done(&myself, state, request_id, result),
             ConnectionMsg::Closed(error) => {
                 match error {
                     Some(error) => tracing::info!(conn = state.id, error = %error, "runner stream broke"),
@@ -180,117 +217,104 @@ impl Actor for ConnectionActor {
                 }
                 myself.stop(None);
             }
-            ConnectionMsg::Tick => {
-                if state.last_inbound.elapsed() > state.fabric.config.runner.liveness_timeout() {
-                    tracing::warn!(conn = state.id, "no frame within the liveness bound; closing the stream as dead");
-                    myself.stop(Some("liveness timeout".into()));
-                    return Ok(());
-                }
-                if let Some((runner, executor)) = state.executor.clone() {
-                    // Presence is refreshed each ping, and a re-pairing or revocation done by
-                    // `nexus admin` in another process fences this stream within one interval.
-                    let store = &state.fabric.store;
-                    if let Err(e) = store.touch_executor(runner, crate::store::PresenceEvent::Seen).await {
-                        tracing::debug!(error = %e, "could not record presence");
-                    }
-                    if let Ok(Some(row)) = store.executor(runner).await
-                        && (row.credential_epoch != state.credential_epoch || row.status != "active")
-                    {
-                        tracing::info!(conn = state.id, runner_id = %runner, "stream fenced: the runner was paired again or revoked");
-                        let _ = executor.cast(ExecutorMsg::Refresh);
-                        myself.stop(Some("fenced".into()));
-                        return Ok(());
-                    }
-                }
-                state.nonce += 1;
-                let ping =
-                    NexusFrame { request_id: 0, frame: Some(nexus_frame::Frame::Ping(Ping { nonce: state.nonce })) };
-                if state.outbound.try_send(Ok(ping)).is_err() {
-                    myself.stop(Some("outbound closed".into()));
-                }
-            }
+            ConnectionMsg::Tick => tick(&myself, state).await,
         }
         Ok(())
     }
 }
 
-async fn inbound(myself: &ActorRef<ConnectionMsg>, state: &mut ConnectionState, frame: RunnerFrame) {
-    let request_id = frame.request_id;
-    let Some(body) = frame.frame else {
-        refuse(state, request_id, &Refusal::new(ErrorCode::ProtocolViolation, "an empty frame"));
+async fn tick(myself: &ActorRef<ConnectionMsg>, state: &mut ConnectionState) {
+    if state.last_inbound.elapsed() > state.fabric.config.runner.liveness_timeout() {
+        tracing::warn!(conn = state.id, "no frame within the liveness bound; closing the stream as dead");
+        myself.stop(Some("liveness timeout".into()));
         return;
-    };
-    let Some((_, executor)) = state.executor.clone() else {
-        match body {
-            Frame::Hello(hello) => {
-                if let Err(refusal) = hello_frame(myself, state, request_id, hello).await {
-                    tracing::info!(conn = state.id, code = %refusal.code, "hello refused");
-                    refuse(state, request_id, &refusal);
-                    myself.stop(Some("hello refused".into()));
-                }
-            }
-            _ => {
-                refuse(state, request_id, &Refusal::new(ErrorCode::ProtocolViolation, "the first frame must be hello"));
-                myself.stop(Some("no hello".into()));
-            }
+    }
+    if let Standing::Attached { executor, credential_epoch } = &state.standing {
+        // Presence is refreshed each ping, and a re-pairing or revocation done by `nexus admin`
+        // in another process fences this stream within one interval.
+        let runner = executor.runner();
+        let store = &state.fabric.store;
+        if let Err(e) = store.touch_executor(runner, PresenceEvent::Seen).await {
+            tracing::debug!(error = %e, "could not record presence");
         }
-        return;
-    };
-    let request =
-        match body {
-            Frame::Pong(_) => return,
-            Frame::Hello(_) => {
-                refuse(
-                    state,
-                    request_id,
-                    &Refusal::new(ErrorCode::ProtocolViolation, "hello was already said on this stream"),
-                );
-                return;
-            }
-            Frame::Announce(announce) => Ok(RunnerRequest::Announce(announce.body_json)),
-            Frame::Claim(c) => uuid_field(&c.run_public_id, "run_public_id")
-                .map(|run| RunnerRequest::Claim { run, task_key: c.task_key }),
-            Frame::ClaimStatus(c) => uuid_field(&c.run_public_id, "run_public_id")
-                .map(|run| RunnerRequest::ClaimStatus { run, task_key: c.task_key, claim_token: c.claim_token }),
-            Frame::Extend(e) => uuid_field(&e.run_public_id, "run_public_id").map(|run| RunnerRequest::Extend {
-                run,
-                task_key: e.task_key,
-                claim_token: e.claim_token,
-                timeout_ms: e.timeout_ms,
-            }),
-            Frame::Commit(c) => uuid_field(&c.run_public_id, "run_public_id").map(|run| RunnerRequest::Commit {
-                run,
-                task_key: c.task_key,
-                claim_token: c.claim_token,
-                body_json: c.body_json,
-            }),
-            Frame::Progress(p) => uuid_field(&p.run_public_id, "run_public_id").map(|run| RunnerRequest::Progress {
-                run,
-                task_key: p.task_key,
-                claim_token: p.claim_token,
-                frame_json: p.frame_json,
-            }),
-        };
-    match request {
-        Ok(request) => {
-            if executor.cast(ExecutorMsg::Request { conn_id: state.id, request_id, request }).is_err() {
-                myself.stop(Some("executor gone".into()));
-            }
+        if let Ok(Some(row)) = store.executor(runner).await
+            && (row.credential_epoch != *credential_epoch || row.status != ExecutorStatus::Active)
+        {
+            tracing::info!(conn = state.id, runner_id = %runner, "stream fenced: the runner was paired again or revoked");
+            let _ = executor.refresh();
+            myself.stop(Some("fenced".into()));
+            return;
         }
-        Err(refusal) => refuse(state, request_id, &refusal),
+    }
+    state.nonce += 1;
+    let ping = NexusFrame { request_id: 0, frame: Some(nexus_frame::Frame::Ping(Ping { nonce: state.nonce })) };
+    if state.outbound.try_send(Ok(ping)).is_err() {
+        myself.stop(Some("outbound closed".into()));
     }
 }
 
-async fn hello_frame(
-    myself: &ActorRef<ConnectionMsg>,
-    state: &mut ConnectionState,
+fn inbound(myself: &ActorRef<ConnectionMsg>, state: &mut ConnectionState, frame: RunnerFrame) {
+    let request_id = frame.request_id;
+    match &mut state.standing {
+        Standing::Fresh => match frame.frame {
+            Some(Frame::Hello(hello)) => start_hello(myself, state, request_id, hello),
+            Some(_) => {
+                refuse(state, request_id, &Refusal::new(ErrorCode::ProtocolViolation, "the first frame must be hello"));
+                myself.stop(Some("no hello".into()));
+            }
+            None => refuse(state, request_id, &Refusal::new(ErrorCode::ProtocolViolation, "an empty frame")),
+        },
+        Standing::Hello { waiting, .. } => {
+            if waiting.len() >= FRAMES_BEFORE_WELCOME_BOUND {
+                let refusal = Refusal::new(
+                    ErrorCode::ProtocolViolation,
+                    format!("more than {FRAMES_BEFORE_WELCOME_BOUND} frames before welcome; wait for welcome"),
+                );
+                refuse(state, request_id, &refusal);
+                myself.stop(Some("too many frames before welcome".into()));
+                return;
+            }
+            waiting.push(frame);
+        }
+        Standing::Attached { executor, .. } => {
+            let executor = executor.clone();
+            forward(myself, state, &executor, frame);
+        }
+    }
+}
+
+/// Checks a Hello in a task this actor owns: authenticate, then attach to the runner's inbox
+/// (loading it when cold). The answer comes back as [`ConnectionMsg::HelloDone`].
+fn start_hello(myself: &ActorRef<ConnectionMsg>, state: &mut ConnectionState, request_id: u64, hello: Hello) {
+    let (fabric, root, outbound, conn_id) =
+        (state.fabric.clone(), state.root.clone(), state.outbound.clone(), state.id);
+    let connection = ConnectionHandle { actor: myself.clone() };
+    let actor = myself.clone();
+    let task = tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            let result = check_hello(&fabric, &root, conn_id, request_id, hello, connection, outbound).await;
+            let _ = actor.cast(ConnectionMsg::HelloDone { request_id, result });
+        },
+        tracing::info_span!("hello", conn = conn_id),
+    ));
+    state.standing = Standing::Hello { task, waiting: Vec::new() };
+}
+
+async fn check_hello(
+    fabric: &Fabric,
+    root: &RootHandle,
+    conn_id: u64,
     request_id: u64,
-    hello: nexus_proto::runner::v1::Hello,
-) -> Result<(), Refusal> {
-    let claimed_id = Uuid::parse_str(&hello.executor_public_id)
+    hello: Hello,
+    connection: ConnectionHandle,
+    outbound: Outbound,
+) -> Result<(RunnerId, i64), Refusal> {
+    let claimed: RunnerId = hello
+        .executor_public_id
+        .parse()
         .map_err(|_| Refusal::new(ErrorCode::Unauthorized, "executor_public_id must be the runner's UUID"))?;
-    let (subject, epoch) = authenticate(&state.fabric.store, &hello.credential, Plane::ExecutorTransport).await?;
-    if subject != claimed_id {
+    let (subject, credential_epoch) = fabric.store.authenticate(&hello.credential, Plane::ExecutorTransport).await?;
+    if subject != claimed.uuid() {
         return Err(Refusal::new(ErrorCode::Unauthorized, "this credential belongs to another runner"));
     }
     if hello.protocol_version != nexus_proto::RUNNER_PROTOCOL_VERSION {
@@ -299,18 +323,85 @@ async fn hello_frame(
             format!("protocol_version {} is not spoken here; upgrade runner-agent", hello.protocol_version),
         ));
     }
-    let executor = state.root.executor(subject).await?;
-    let attached = ractor::call!(executor, |reply| ExecutorMsg::Attach {
-        conn_id: state.id,
-        hello_request_id: request_id,
-        connection: myself.clone(),
-        outbound: state.outbound.clone(),
-        credential_epoch: epoch,
-        reply,
-    })
-    .map_err(|_| Refusal::new(ErrorCode::Unavailable, "the runner's inbox is restarting; reconnect"))?;
-    attached?;
-    state.credential_epoch = epoch;
-    state.executor = Some((subject, executor));
-    Ok(())
+    let attach = Attach { conn_id, hello_request_id: request_id, connection, outbound, credential_epoch };
+    root.executor(claimed).attach(attach).await?;
+    Ok((claimed, credential_epoch))
+}
+
+fn hello_done(
+    myself: &ActorRef<ConnectionMsg>,
+    state: &mut ConnectionState,
+    request_id: u64,
+    result: Result<(RunnerId, i64), Refusal>,
+) {
+    let waiting = match std::mem::replace(&mut state.standing, Standing::Fresh) {
+        Standing::Hello { waiting, .. } => waiting,
+        other => {
+            state.standing = other;
+            return;
+        }
+    };
+    let (runner, credential_epoch) = match result {
+        Ok(attached) => attached,
+        Err(refusal) => {
+            tracing::info!(conn = state.id, code = %refusal.code, "hello refused");
+            refuse(state, request_id, &refusal);
+            myself.stop(Some("hello refused".into()));
+            return;
+        }
+    };
+    let executor = state.root.executor(runner);
+    state.standing = Standing::Attached { executor: executor.clone(), credential_epoch };
+    for frame in waiting {
+        forward(myself, state, &executor, frame);
+    }
+}
+
+/// Hands a frame of an attached stream to its inbox, or answers it here.
+fn forward(myself: &ActorRef<ConnectionMsg>, state: &ConnectionState, executor: &ExecutorHandle, frame: RunnerFrame) {
+    let request_id = frame.request_id;
+    let Some(body) = frame.frame else {
+        refuse(state, request_id, &Refusal::new(ErrorCode::ProtocolViolation, "an empty frame"));
+        return;
+    };
+    let request = match body {
+        Frame::Pong(_) => return,
+        Frame::Hello(_) => {
+            refuse(
+                state,
+                request_id,
+                &Refusal::new(ErrorCode::ProtocolViolation, "hello was already said on this stream"),
+            );
+            return;
+        }
+        Frame::Announce(announce) => Ok(RunnerRequest::Announce(announce.body_json)),
+        Frame::Claim(c) => task_field(&c.run_public_id, &c.task_key).map(|task| RunnerRequest::Claim { task }),
+        Frame::ClaimStatus(c) => task_field(&c.run_public_id, &c.task_key)
+            .map(|task| RunnerRequest::ClaimStatus { task, claim_token: c.claim_token }),
+        Frame::Extend(e) => task_field(&e.run_public_id, &e.task_key).map(|task| RunnerRequest::Extend {
+            task,
+            claim_token: e.claim_token,
+            timeout_ms: e.timeout_ms,
+        }),
+        Frame::Commit(c) => task_field(&c.run_public_id, &c.task_key).map(|task| RunnerRequest::Commit {
+            task,
+            claim_token: c.claim_token,
+            body_json: c.body_json,
+        }),
+        // Progress names a live claim or nothing: a key of no task has none.
+        Frame::Progress(p) => task_field(&p.run_public_id, &p.task_key)
+            .map_err(|refusal| match refusal.code {
+                ErrorCode::NotFound => Refusal::new(ErrorCode::NotClaimant, "no live claim on this task"),
+                _ => refusal,
+            })
+            .map(|task| RunnerRequest::Progress { task, claim_token: p.claim_token, frame_json: p.frame_json }),
+    };
+    match request {
+        Ok(request) => {
+            if executor.request(state.id, request_id, request).is_err() {
+                myself.stop(Some("executor gone".into()));
+            }
+        }
+        Err(refusal) => refuse(state, request_id, &refusal),
+    }
 }

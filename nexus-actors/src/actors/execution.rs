@@ -14,6 +14,7 @@ pub mod compaction;
 pub mod control;
 pub mod hooks;
 pub mod kernel;
+pub mod resolve;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -21,37 +22,37 @@ use std::sync::Arc;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
-use uuid::Uuid;
 
-use nexus_proto::{ErrorCode, Refusal};
+use nexus_proto::{AttentionReason, ErrorCode, ExecutionId, Refusal, RunStatus, TaskKey, TaskStatus};
 
-use crate::actors::executor::ExecutorMsg;
 use crate::actors::executor::commit::model_text;
-use crate::actors::root::{Fabric, RootHandle, TranscriptEvent};
+use crate::actors::fabric::{Fabric, TranscriptEvent};
+use crate::actors::handle::ActorError;
+use crate::actors::root::RootHandle;
 use crate::declaration::approval::CallOrigin;
-use crate::declaration::tools::RunnerSelection;
-use crate::declaration::{FrozenDeclaration, RunnerFacts, freeze, validate_execution_declaration, wire_projection};
+use crate::declaration::{FrozenDeclaration, wire_projection};
 use crate::model::retry::call_with_retries;
-use crate::model::{
-    ChatMessage, DeltaSink, ModelFailure, ModelRequest, ModelResponse, ResolvedModel, RetryPolicy, ToolCall,
+use crate::model::{ChatMessage, DeltaSink, ModelFailure, ModelRequest, ModelResponse, ResolvedModel, ToolCall};
+use crate::store::event::{
+    AttentionRequired, DeadlineExtended, Materialized, MaterializedTool, ModelChange, RoundCall, RoundResult,
+    RoundStarted, TaskNarration, TurnStatus, Usage,
 };
-use crate::store::{EventRow, ExecutionRow, TaskRow, now_ms};
+use crate::store::{Event, EventRow, ExecutionRow, TaskRow, now_ms};
+
+/// Hands a task just written `dispatched` to its runner's inbox. Never waits: a cold inbox loads
+/// in Root meanwhile, and a runner that cannot be reached now is offered the durable row when its
+/// inbox next loads.
+fn offer(state: &ExecutionState, task: &TaskRow) {
+    let Some(target) = task.target_executor_public_id else { return };
+    if let Err(error) = state.root.executor(target).offer(task.clone()) {
+        tracing::warn!(runner_id = %target, %error, "cannot reach the runner's inbox now; it is offered when the inbox loads");
+    }
+}
 
 /// The largest tool input, in bytes (`tool_input_too_large`).
 pub const TOOL_INPUT_BOUND: usize = 65_536;
 /// The longest tool name a model may call (`unknown_tool` beyond it).
 pub const TOOL_NAME_BOUND: usize = 128;
-
-/// Whether a task status is terminal (REFERENCE.md 7, "Statuses"). Unknown statuses are live.
-pub fn task_status_is_settled(status: &str) -> bool {
-    matches!(status, "completed" | "failed" | "canceled" | "timed_out" | "uncertain" | "skipped")
-}
-
-/// Whether a run status ends the execution for a follower: terminal, or quiescent until a person
-/// acts.
-pub fn run_status_is_quiescent(status: &str) -> bool {
-    matches!(status, "completed" | "canceled" | "needs_attention")
-}
 
 /// The ExecutionActor's messages.
 pub enum ExecutionMsg {
@@ -74,7 +75,7 @@ pub enum ExecutionMsg {
     /// A claimant extended its task's deadline.
     DeadlineExtended {
         /// The task.
-        task_key: String,
+        task_key: TaskKey,
         /// The new deadline, Unix milliseconds.
         deadline_at: i64,
         /// The extension asked for, in milliseconds.
@@ -95,7 +96,7 @@ pub enum ExecutionMsg {
     /// the task as it now stands, or 409 `not_awaiting_approval` / `not_adjudicable`.
     Adjudicate {
         /// The parked task.
-        task_key: String,
+        task_key: TaskKey,
         /// Approve, or deny with a reason.
         adjudication: approval::Adjudication,
         /// Who decided.
@@ -106,7 +107,7 @@ pub enum ExecutionMsg {
     /// A parked task's approval hold ran out.
     HoldExpired {
         /// The parked task.
-        task_key: String,
+        task_key: TaskKey,
         /// The hold's deadline the timer was set for; a moved deadline makes it stale.
         deadline_at: i64,
     },
@@ -115,7 +116,7 @@ pub enum ExecutionMsg {
     /// abandoned task, or 409 `not_retryable` / `not_abandonable`.
     Repair {
         /// The held task.
-        task_key: String,
+        task_key: TaskKey,
         /// Retry or abandon.
         repair: hooks::Repair,
         /// The task after the repair.
@@ -125,14 +126,128 @@ pub enum ExecutionMsg {
     Compaction(compaction::CompactionMsg),
 }
 
+/// The typed handle on an execution's actor, found by id: a message reaches the live actor at
+/// once, or waits in Root while the actor loads ([`RootHandle`]). Notices never wait; questions
+/// wait at most the call deadline.
+#[derive(Clone, Debug)]
+pub struct ExecutionHandle {
+    execution: ExecutionId,
+    root: RootHandle,
+}
+
+impl ExecutionHandle {
+    pub(crate) fn new(execution: ExecutionId, root: RootHandle) -> Self {
+        ExecutionHandle { execution, root }
+    }
+
+    /// Tells the execution that one of its tasks settled (durably, in its executor).
+    ///
+    /// # Errors
+    /// [`ActorError::Stopped`] during shutdown; the execution narrates the settlement from the
+    /// store when it next loads.
+    pub fn task_settled(&self, task: TaskRow) -> Result<(), ActorError> {
+        self.root.to_execution(self.execution, ExecutionMsg::TaskSettled(Box::new(task)))
+    }
+
+    /// Tells the execution that a claimant extended a task's deadline to `deadline_at` (Unix
+    /// milliseconds), asking for `timeout_ms`.
+    ///
+    /// # Errors
+    /// [`ActorError::Stopped`] during shutdown.
+    pub fn deadline_extended(&self, task_key: TaskKey, deadline_at: i64, timeout_ms: i64) -> Result<(), ActorError> {
+        self.root.to_execution(self.execution, ExecutionMsg::DeadlineExtended { task_key, deadline_at, timeout_ms })
+    }
+
+    /// Makes sure the execution's actor is live (it runs as soon as it is, when it can).
+    ///
+    /// # Errors
+    /// `not_found` for an unknown execution; `unavailable` when it cannot be loaded in time.
+    pub async fn load(&self) -> Result<(), Refusal> {
+        self.root.load_execution(self.execution).await
+    }
+
+    /// Stops the execution, forced or graceful; answers it `canceled`, or `canceling` while it
+    /// drains.
+    ///
+    /// # Errors
+    /// The stop's refusals; `unavailable` when the actor cannot answer in time.
+    pub async fn stop(&self, force: bool) -> Result<ExecutionRow, Refusal> {
+        self.root.ask_execution(self.execution, |reply| ExecutionMsg::Stop { force, reply }).await?
+    }
+
+    /// Pauses a running execution; answers it `paused`.
+    ///
+    /// # Errors
+    /// 409 `not_pausable`; `unavailable` when the actor cannot answer in time.
+    pub async fn pause(&self, force: bool) -> Result<ExecutionRow, Refusal> {
+        self.root
+            .ask_execution(self.execution, |reply| ExecutionMsg::Control(control::ControlMsg::Pause { force, reply }))
+            .await?
+    }
+
+    /// Resumes a paused execution; answers it `running`.
+    ///
+    /// # Errors
+    /// 409 `not_paused`; `unavailable` when the actor cannot answer in time.
+    pub async fn resume(&self) -> Result<ExecutionRow, Refusal> {
+        self.root
+            .ask_execution(self.execution, |reply| ExecutionMsg::Control(control::ControlMsg::Resume { reply }))
+            .await?
+    }
+
+    /// Approves or denies a parked task; answers the task as it now stands.
+    ///
+    /// # Errors
+    /// 409 `not_awaiting_approval` or `not_adjudicable`; `unavailable` when the actor cannot
+    /// answer in time.
+    pub async fn adjudicate(
+        &self,
+        task_key: TaskKey,
+        adjudication: approval::Adjudication,
+        by: approval::Adjudicator,
+    ) -> Result<TaskRow, Refusal> {
+        self.root
+            .ask_execution(self.execution, |reply| ExecutionMsg::Adjudicate {
+                task_key,
+                adjudication: adjudication.clone(),
+                by: by.clone(),
+                reply,
+            })
+            .await?
+    }
+
+    /// Retries or abandons a failed hook task that holds the execution; answers the new
+    /// generation or the abandoned task.
+    ///
+    /// # Errors
+    /// 409 `not_retryable` or `not_abandonable`; `unavailable` when the actor cannot answer in
+    /// time.
+    pub async fn repair(&self, task_key: TaskKey, repair: hooks::Repair) -> Result<TaskRow, Refusal> {
+        self.root.ask_execution(self.execution, |reply| ExecutionMsg::Repair { task_key, repair, reply }).await?
+    }
+
+    /// Asks for a compaction before the next round (the manual door).
+    ///
+    /// # Errors
+    /// 409 `compaction_disabled`, `task_not_queued`, `already_compacted` or `nothing_to_compact`;
+    /// `unavailable` when the actor cannot answer in time.
+    pub async fn compact(&self) -> Result<Value, Refusal> {
+        self.root
+            .ask_execution(self.execution, |reply| {
+                ExecutionMsg::Compaction(compaction::CompactionMsg::Manual { reply })
+            })
+            .await?
+    }
+}
+
 /// Arguments: which execution.
 pub struct ExecutionArgs {
     /// Shared context.
     pub fabric: Arc<Fabric>,
     /// Root, to find executors.
     pub root: RootHandle,
-    /// The execution's UUID.
-    pub public_id: Uuid,
+    /// The execution.
+    pub public_id: ExecutionId,
 }
 
 /// The ExecutionActor's state.
@@ -145,12 +260,12 @@ pub struct ExecutionState {
     transcript: Vec<ChatMessage>,
     /// The current round's tasks by key, settled or not, whose results the model has not read,
     /// and the unresolved hook tasks ([`hooks`]), which the model never reads.
-    pending: BTreeMap<String, TaskRow>,
+    pending: BTreeMap<TaskKey, TaskRow>,
     /// Events written with the next save.
     events: Vec<EventRow>,
     model_call: Option<JoinHandle<()>>,
     /// The approval hold timer of each parked task, by task key.
-    holds: HashMap<String, JoinHandle<()>>,
+    holds: HashMap<TaskKey, JoinHandle<()>>,
     /// Index into [`model_chain`] where each round starts looking for an available route: 0, or
     /// the route the last `model_change` switched to (restored from the event log).
     model_index: usize,
@@ -203,10 +318,11 @@ impl Actor for ExecutionActor {
         // two leaves a settled task with no `task_status` event. Recovery writes what is missing,
         // so every settlement reaches the feed exactly once.
         let history = store.events_after(args.public_id, 0, i64::MAX).await?;
-        let narrated: HashSet<String> = history
+        let narrated: HashSet<TaskKey> = history
             .iter()
-            .filter(|e| e.event_type == "task_status" && e.data["status"].as_str().is_some_and(task_status_is_settled))
-            .filter_map(|e| e.data["task_key"].as_str().map(str::to_owned))
+            .filter_map(|e| e.event.as_task_status())
+            .filter(|narration| narration.status.is_settled())
+            .map(|narration| narration.task_key)
             .collect();
         // A switch of the fallback chain is durable: a restart keeps the model it switched to.
         let model_index = declaration.as_ref().map_or(0, |d| switched_index(d, &history));
@@ -215,7 +331,7 @@ impl Actor for ExecutionActor {
         let pending = tasks
             .into_iter()
             .filter(|t| t.round == row.round && !answered.contains(t.tool_call_id.as_str()))
-            .map(|t| (t.task_key.clone(), t))
+            .map(|t| (t.task_key, t))
             .collect();
         let mut state = ExecutionState {
             fabric: args.fabric,
@@ -235,7 +351,7 @@ impl Actor for ExecutionActor {
             flush_queued: false,
         };
         for task in &unnarrated {
-            emit(&mut state, "task_status", task_status_data(task));
+            narrate(&mut state, task);
         }
         hooks::rebuild(&mut state, hook_tasks, &history);
         compaction::rebuild(&myself, &mut state, summary_tasks, &history);
@@ -254,7 +370,7 @@ impl Actor for ExecutionActor {
         }
         // A quiescent execution (loaded for a door, or for a late settlement) waits for that
         // message: an `Advance` first would find nothing to do and stop the actor before it.
-        if !run_status_is_quiescent(&state.row.status) {
+        if !state.row.status.is_quiescent() {
             myself.cast(ExecutionMsg::Advance)?;
         }
         Ok(())
@@ -287,22 +403,22 @@ impl Actor for ExecutionActor {
         match msg {
             ExecutionMsg::Advance => advance(&myself, state).await?,
             // A graceful pause lets the model call finish; its answer waits for the resume.
-            ExecutionMsg::ModelDone { round, model, result } if state.row.status == "paused" => {
+            ExecutionMsg::ModelDone { round, model, result } if state.row.status == RunStatus::Paused => {
                 control::hold_answer(state, round, model, result);
             }
             ExecutionMsg::ModelDone { round, model, result } => {
-                if round != state.row.round || state.row.status != "running" {
+                if round != state.row.round || state.row.status != RunStatus::Running {
                     return Ok(());
                 }
                 state.model_call = None;
                 model_done(&myself, state, &model, result).await?;
             }
             // While a stop drains, settlements are narrated and counted, never read by a model.
-            ExecutionMsg::TaskSettled(task) if state.row.status == "canceling" => {
+            ExecutionMsg::TaskSettled(task) if state.row.status == RunStatus::Canceling => {
                 control::settled_while_canceling(state, *task).await?;
             }
             // A hook task is judged before it is narrated ([`hooks`]).
-            ExecutionMsg::TaskSettled(task) if hooks::is_hook_key(&task.task_key) => {
+            ExecutionMsg::TaskSettled(task) if task.task_key.is_hook() => {
                 hooks::settled(&myself, state, *task).await?;
             }
             ExecutionMsg::TaskSettled(task) => {
@@ -311,10 +427,10 @@ impl Actor for ExecutionActor {
                     return Ok(());
                 }
                 *held = (*task).clone();
-                emit(state, "task_status", task_status_data(&task));
+                narrate(state, &task);
                 if state.pending.values().all(TaskRow::is_settled) {
                     save(state, &[]).await?;
-                    if state.row.status == "running" {
+                    if state.row.status == RunStatus::Running {
                         advance(&myself, state).await?;
                     }
                 } else if !state.flush_queued {
@@ -337,8 +453,7 @@ impl Actor for ExecutionActor {
                     task.deadline_at = deadline_at;
                     emit(
                         state,
-                        "task_deadline_extended",
-                        json!({"task_key": task_key, "deadline_at": deadline_at, "by": by, "timeout_ms": timeout_ms}),
+                        Event::TaskDeadlineExtended(DeadlineExtended { task_key, deadline_at, by, timeout_ms }),
                     );
                     save(state, &[]).await?;
                 }
@@ -346,13 +461,13 @@ impl Actor for ExecutionActor {
             ExecutionMsg::Stop { force, reply } => {
                 let stopped = control::stop(&myself, state, force).await;
                 control::answer(reply, stopped)?;
-                if run_status_is_quiescent(&state.row.status) {
+                if state.row.status.is_quiescent() {
                     myself.stop(None);
                 }
             }
             ExecutionMsg::Control(msg) => control::handle(&myself, state, msg).await?,
             ExecutionMsg::Adjudicate { task_key, adjudication, by, reply } => {
-                let result = approval::adjudicate(&myself, state, &task_key, adjudication, &by).await;
+                let result = approval::adjudicate(&myself, state, task_key, adjudication, &by).await;
                 match result {
                     Ok(answer) => {
                         let _ = reply.send(answer);
@@ -367,10 +482,10 @@ impl Actor for ExecutionActor {
                 }
             }
             ExecutionMsg::HoldExpired { task_key, deadline_at } => {
-                approval::expire(&myself, state, &task_key, deadline_at).await?;
+                approval::expire(&myself, state, task_key, deadline_at).await?;
             }
             ExecutionMsg::Repair { task_key, repair, reply } => {
-                match hooks::repair(&myself, state, &task_key, repair).await {
+                match hooks::repair(&myself, state, task_key, repair).await {
                     Ok(answer) => {
                         let _ = reply.send(answer);
                     }
@@ -385,16 +500,22 @@ impl Actor for ExecutionActor {
             }
             ExecutionMsg::Compaction(msg) => compaction::handle(&myself, state, msg).await?,
         }
-        if run_status_is_quiescent(&state.row.status) && state.pending.values().all(TaskRow::is_settled) {
+        if state.row.status.is_quiescent() && state.pending.values().all(TaskRow::is_settled) {
             myself.stop(None);
         }
         Ok(())
     }
 }
 
-fn emit(state: &mut ExecutionState, event_type: &str, data: Value) {
+/// Queues `event` for the next save, under the execution's next sequence number.
+fn emit(state: &mut ExecutionState, event: Event) {
     state.row.event_seq += 1;
-    state.events.push(EventRow { seq: state.row.event_seq, event_type: event_type.to_owned(), data, at: now_ms() });
+    state.events.push(EventRow { seq: state.row.event_seq, event, at: now_ms() });
+}
+
+/// Queues the `task_status` of `task` as it now stands.
+fn narrate(state: &mut ExecutionState, task: &TaskRow) {
+    emit(state, Event::TaskStatus(Box::new(narration(task))));
 }
 
 /// Writes the row, new tasks and pending events in one transaction, then wakes followers.
@@ -416,51 +537,50 @@ async fn save(state: &mut ExecutionState, new_tasks: &[TaskRow]) -> Result<(), A
     state.row.declaration = None;
     written?;
     state.fabric.events.publish(state.row.public_id, state.row.event_seq);
-    if run_status_is_quiescent(&state.row.status) {
+    if state.row.status.is_quiescent() {
         state.fabric.events.close(state.row.public_id);
     }
     Ok(())
 }
 
-fn task_status_data(task: &TaskRow) -> Value {
-    let mut data = json!({
-        "task_key": task.task_key,
-        "kind": if task.kind == "model_task" { "model_task" } else { "tool_task" },
-        "status": task.status,
-        "tool_name": task.callable_name,
-        "served_name": task.tool_name,
-        "tool_call_id": task.tool_call_id,
-        "runner_executor_public_id": task.target_executor_public_id,
-        "error_key": task.error_key,
-        "approval": task.approval,
-    });
-    if let Some(event) = hooks::event_of(&task.task_key) {
-        data["hook"] = json!(event);
+/// The `task_status` narration of `task` as it now stands.
+fn narration(task: &TaskRow) -> TaskNarration {
+    let settled = task.is_settled();
+    TaskNarration {
+        task_key: task.task_key,
+        kind: task.kind,
+        status: task.status,
+        tool_name: task.callable_name.clone(),
+        served_name: task.tool_name.clone(),
+        tool_call_id: task.tool_call_id.clone(),
+        runner_executor_public_id: task.target_executor_public_id,
+        error_key: task.error_key.clone(),
+        approval: task.approval.clone(),
+        hook: task.task_key.hook_event(),
+        content: settled.then(|| result_text(task)),
+        is_error: task.result.as_ref().filter(|_| settled).map(|result| result["is_error"].as_bool().unwrap_or(false)),
+        compaction: None,
+        decision: None,
+        failure_resolution: None,
+        retried_as: None,
     }
-    if task.is_settled() {
-        data["content"] = json!(result_text(task));
-        if let Some(result) = &task.result {
-            data["is_error"] = result["is_error"].clone();
-        }
-    }
-    data
 }
 
 /// The text the model reads for a settled task.
 pub(crate) fn result_text(task: &TaskRow) -> String {
     let content = task.result.as_ref().map(model_text).unwrap_or_default();
-    match (task.status.as_str(), task.error_key.as_deref()) {
-        ("completed", _) => content,
+    match (task.status, task.error_key.as_deref()) {
+        (TaskStatus::Completed, _) => content,
         // The approval stage's results are the origin's tool-use errors, as written.
         (_, Some("approval_denied" | "approval_expired")) => content,
-        ("timed_out", _) => {
+        (TaskStatus::TimedOut, _) => {
             format!("tool_timeout: {} did not finish within its deadline ({} ms)", task.callable_name, task.timeout_ms)
         }
-        ("uncertain", _) => format!(
+        (TaskStatus::Uncertain, _) => format!(
             "tool_uncertain: {} was claimed but no result arrived before its deadline; its effect may have happened",
             task.callable_name
         ),
-        ("canceled", _) => format!("task_canceled: {} was canceled", task.callable_name),
+        (TaskStatus::Canceled, _) => format!("task_canceled: {} was canceled", task.callable_name),
         (_, Some(key)) if content.is_empty() => format!("{key}: {} could not run", task.callable_name),
         (_, Some(key)) => format!("{key}: {content}"),
         (status, None) => format!("{status}: {content}"),
@@ -468,18 +588,18 @@ pub(crate) fn result_text(task: &TaskRow) -> String {
 }
 
 async fn advance(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Result<(), ActorProcessingErr> {
-    let status = state.row.status.clone();
-    match status.as_str() {
-        // The `turn_start` hook runs before the first model round (REFERENCE.md 11).
-        "pending"
+    let status = state.row.status;
+    match status {
+        // The `turn_start` hook runs before the first model round (`docs/executions.md`, "Hooks").
+        RunStatus::Pending
             if materialize(state).await?
                 && hooks::gate(myself, state, hooks::HookEvent::TurnStart).await? == hooks::Gate::Open =>
         {
             start_round(myself, state).await?
         }
-        // A restart found a stop draining: it goes on draining (REFERENCE.md 7).
-        "canceling" => control::resume_drain(myself, state).await?,
-        "running" => {
+        // A restart found a stop draining: it goes on draining (`docs/executions.md`, "Stop").
+        RunStatus::Canceling => control::resume_drain(myself, state).await?,
+        RunStatus::Running => {
             if state.model_call.is_some() || !state.pending.values().all(TaskRow::is_settled) {
                 return Ok(());
             }
@@ -496,10 +616,9 @@ async fn advance(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) ->
                 let text = content.clone().unwrap_or_default();
                 return deliver(myself, state, text).await;
             }
-            // Every call of the round has settled: its results go back to the model in call order.
-            let mut settled: Vec<TaskRow> = std::mem::take(&mut state.pending).into_values().collect();
-            settled
-                .sort_by_key(|t| t.task_key.trim_start_matches(&format!("r{}t", t.round)).parse::<u64>().unwrap_or(0));
+            // Every call of the round has settled: its results go back to the model in call order
+            // (the keys of one round sort that way).
+            let settled: Vec<TaskRow> = std::mem::take(&mut state.pending).into_values().collect();
             for task in &settled {
                 state
                     .transcript
@@ -525,51 +644,13 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
         let input = state.fabric.store.input(state.row.input_public_id).await?;
         return adopt(state, &input.ok_or("the execution's input is missing")?, frozen).await;
     }
-    let store = &state.fabric.store;
-    let input = store.input(state.row.input_public_id).await?.ok_or("the execution's input is missing")?;
-    let profile = store.profile(state.row.member_public_id).await?.unwrap_or_default();
-    let models = &state.fabric.models;
-    let check = |reference: &str| models.check(reference);
-    let (configuration, system_prompt, summarizer) = match &input.execution_declaration {
-        Some(inline) => {
-            let Some(object) = inline.as_object() else {
-                return end_refused(
-                    state,
-                    &Refusal::new(ErrorCode::ValidationFailed, "execution_declaration must be an object"),
-                )
-                .await;
-            };
-            match validate_execution_declaration(object, &check) {
-                Ok(validated) => (validated.configuration, validated.system_prompt, validated.summarizer),
-                Err(refusal) => return end_refused(state, &refusal).await,
-            }
-        }
-        None => match profile.configuration.clone() {
-            Some(configuration) => (configuration, profile.system_prompt.clone(), profile.summarizer.clone()),
-            None => {
-                let refusal =
-                    Refusal::new(ErrorCode::ValidationFailed, "the answering profile has not declared a configuration");
-                return end_refused(state, &refusal).await;
-            }
-        },
-    };
-    let runners = runner_facts(store, &configuration).await.map_err(|r| r.message)?;
-    let tool_names: Option<Vec<String>> =
-        input.tool_names.as_ref().and_then(|v| serde_json::from_value(v.clone()).ok());
-    let frozen = match freeze(
-        &configuration,
-        system_prompt,
-        RunnerSelection::or_first_eligible(input.runner_executor_public_id),
-        &runners,
-        tool_names.as_deref(),
-    ) {
-        Ok(frozen) => frozen.with_summarizer(summarizer),
+    let input = state.fabric.store.input(state.row.input_public_id).await?.ok_or("the execution's input is missing")?;
+    let frozen = match resolve::resolve(&state.fabric, &input, None).await {
+        Ok(frozen) => frozen,
+        // A store failure stops the actor; it resolves again when it reloads.
+        Err(refusal) if refusal.code == ErrorCode::Internal => return Err(refusal.message.into()),
         Err(refusal) => return end_refused(state, &refusal).await,
     };
-    if frozen.default_model.is_none() {
-        let refusal = Refusal::new(ErrorCode::ValidationFailed, "default_model: the declaration names no model to run");
-        return end_refused(state, &refusal).await;
-    }
     let frozen = state.fabric.declarations.intern(frozen);
     adopt(state, &input, frozen).await
 }
@@ -589,67 +670,39 @@ async fn adopt(
     state.transcript.push(ChatMessage::User { content: input.text.clone() });
     emit(
         state,
-        "input_materialized",
-        json!({
-            "input_public_id": input.public_id,
-            "declaration_digest": frozen.digest,
-            "default_model": frozen.default_model,
-            "default_runner_executor_public_id": frozen.default_runner_executor_public_id,
-            "tools": frozen.tools.iter().map(|t| json!({"name": t.name, "route": t.route})).collect::<Vec<_>>(),
-            "runner_candidates": frozen.runner_candidates,
-        }),
+        Event::InputMaterialized(Box::new(Materialized {
+            input_public_id: input.public_id,
+            declaration_digest: frozen.digest.clone(),
+            default_model: frozen.default_model.clone(),
+            default_runner_executor_public_id: frozen.default_runner_executor_public_id,
+            tools: frozen
+                .tools
+                .iter()
+                .map(|t| MaterializedTool { name: t.name.clone(), route: json!(t.route) })
+                .collect(),
+            runner_candidates: json!(frozen.runner_candidates),
+        })),
     );
     tracing::info!(execution_id = %state.row.public_id, tools = frozen.tools.len(), "execution materialized");
     state.declaration = Some(frozen);
     state.declaration_stored = false;
-    state.row.status = "running".into();
-    emit(state, "turn_status", json!({"status": "running"}));
+    state.row.status = RunStatus::Running;
+    emit(state, Event::TurnStatus(TurnStatus::Running { resumed: None, paused_ms: None }));
     save(state, &[]).await?;
     Ok(true)
 }
 
-/// The facts of every runner a configuration names (candidates, then explicit route targets) that
-/// exists, read from the store.
-///
-/// # Errors
-/// `internal` on a store failure.
-pub async fn runner_facts(store: &crate::store::Store, configuration: &Value) -> Result<Vec<RunnerFacts>, Refusal> {
-    let mut ids: Vec<Uuid> = configuration["runner_executor_public_ids"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str().and_then(|s| Uuid::parse_str(s).ok()))
-        .collect();
-    for entry in configuration["tool_definitions"].as_array().into_iter().flatten() {
-        if let Some(id) = entry["route"]["runner_executor_public_id"].as_str().and_then(|s| Uuid::parse_str(s).ok())
-            && !ids.contains(&id)
-        {
-            ids.push(id);
-        }
-    }
-    let mut runners = Vec::new();
-    for id in ids {
-        let row = store
-            .executor(id)
-            .await
-            .map_err(|e| Refusal::new(ErrorCode::Internal, format!("the store failed: {e}")))?;
-        if let Some(row) = row {
-            runners.push(RunnerFacts {
-                public_id: id,
-                display_name: row.display_name.clone(),
-                eligible: row.status == "active",
-                announcement: row.announcement.clone(),
-            });
-        }
-    }
-    Ok(runners)
-}
-
 async fn end_refused(state: &mut ExecutionState, refusal: &Refusal) -> Result<bool, ActorProcessingErr> {
     tracing::info!(execution_id = %state.row.public_id, code = %refusal.code, "execution refused at materialization");
-    state.row.status = "canceled".into();
-    state.row.error_key = Some(refusal.code.clone());
-    emit(state, "turn_status", json!({"status": "failed", "error_key": refusal.code, "message": refusal.message}));
+    state.row.status = RunStatus::Canceled;
+    state.row.error_key = Some(refusal.code.as_str().to_owned());
+    emit(
+        state,
+        Event::TurnStatus(TurnStatus::Failed {
+            error_key: refusal.code.as_str().to_owned(),
+            message: Some(refusal.message.clone()),
+        }),
+    );
     save(state, &[]).await?;
     Ok(false)
 }
@@ -673,8 +726,10 @@ fn switched_index(declaration: &FrozenDeclaration, history: &[EventRow]) -> usiz
     history
         .iter()
         .rev()
-        .filter(|e| e.event_type == "model_change")
-        .find_map(|e| e.data["to"].as_str().and_then(|to| chain.iter().position(|route| route == to)))
+        .find_map(|e| match &e.event {
+            Event::ModelChange(change) => chain.iter().position(|route| *route == change.to),
+            _ => None,
+        })
         .unwrap_or(0)
 }
 
@@ -700,7 +755,7 @@ async fn start_round(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState
     };
     state.row.round += 1;
     let round = state.row.round;
-    emit(state, "round_started", json!({"round": round, "model": model.reference}));
+    emit(state, Event::RoundStarted(RoundStarted { round, model: model.reference.clone() }));
     save(state, &[]).await?;
 
     // Deltas are ephemeral: published as they arrive, never stored; `round_result` settles them.
@@ -719,7 +774,7 @@ async fn start_round(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState
     };
     let request =
         ModelRequest { model: model.model.clone(), messages: state.transcript.clone(), tools, deltas: Some(deltas) };
-    let policy = RetryPolicy::from_config(&state.fabric.config.execution);
+    let policy = state.fabric.config.execution.retry_policy();
     let actor = myself.clone();
     let reference = model.reference.clone();
     let span = tracing::info_span!("model_call", %execution_id, round, model = %reference);
@@ -735,11 +790,21 @@ async fn start_round(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState
 
 async fn halt(state: &mut ExecutionState, error_key: &str, message: &str) -> Result<(), ActorProcessingErr> {
     tracing::warn!(execution_id = %state.row.public_id, error_key, "execution halted");
-    state.row.status = "needs_attention".into();
-    state.row.attention_reason = Some("halt_failure".into());
+    state.row.status = RunStatus::NeedsAttention;
+    state.row.attention_reason = Some(AttentionReason::HaltFailure);
     state.row.error_key = Some(error_key.to_owned());
-    emit(state, "attention_required", json!({"reason": "halt_failure", "error_key": error_key, "message": message}));
-    emit(state, "turn_status", json!({"status": "failed", "error_key": error_key}));
+    emit(
+        state,
+        Event::AttentionRequired(AttentionRequired {
+            reason: AttentionReason::HaltFailure,
+            error_key: error_key.to_owned(),
+            message: message.to_owned(),
+            task_key: None,
+            hook: None,
+            blocked_task_keys: None,
+        }),
+    );
+    emit(state, Event::TurnStatus(TurnStatus::Failed { error_key: error_key.to_owned(), message: None }));
     save(state, &[]).await
 }
 
@@ -757,8 +822,13 @@ async fn model_done(
     if let Some(usage) = &response.usage {
         emit(
             state,
-            "usage",
-            json!({"round": round, "model": model, "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}),
+            Event::Usage(Usage {
+                round: Some(round),
+                model: model.to_owned(),
+                summary_task_key: None,
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+            }),
         );
         compaction::observe_usage(state, round, usage.input_tokens);
     }
@@ -767,8 +837,13 @@ async fn model_done(
         state.transcript.push(ChatMessage::Assistant { content: Some(text.clone()), tool_calls: Vec::new() });
         emit(
             state,
-            "round_result",
-            json!({"round": round, "model": model, "text": text, "tool_calls": [], "finish_reason": response.finish_reason}),
+            Event::RoundResult(Box::new(RoundResult {
+                round,
+                model: model.to_owned(),
+                text: Some(text.clone()),
+                finish_reason: response.finish_reason.clone(),
+                tool_calls: Vec::new(),
+            })),
         );
         return deliver(myself, state, text).await;
     }
@@ -790,42 +865,34 @@ async fn model_done(
         .collect();
     emit(
         state,
-        "round_result",
-        json!({
-            "round": round,
-            "model": model,
-            "text": response.text,
-            "finish_reason": response.finish_reason,
-            "tool_calls": tasks.iter().map(|t| json!({
-                "task_key": t.task_key, "name": t.callable_name, "tool_call_id": t.tool_call_id, "input": t.tool_input,
-                "runner_executor_public_id": t.target_executor_public_id,
-            })).collect::<Vec<_>>(),
-        }),
+        Event::RoundResult(Box::new(RoundResult {
+            round,
+            model: model.to_owned(),
+            text: response.text.clone(),
+            finish_reason: response.finish_reason.clone(),
+            tool_calls: tasks
+                .iter()
+                .map(|t| RoundCall {
+                    task_key: t.task_key,
+                    name: t.callable_name.clone(),
+                    tool_call_id: t.tool_call_id.clone(),
+                    input: t.tool_input.clone(),
+                    runner_executor_public_id: t.target_executor_public_id,
+                })
+                .collect(),
+        })),
     );
     for task in &tasks {
-        emit(state, "task_status", task_status_data(task));
+        narrate(state, task);
     }
     for task in &tasks {
-        state.pending.insert(task.task_key.clone(), task.clone());
+        state.pending.insert(task.task_key, task.clone());
     }
     // Parked calls wait for a person while the run stays `running` (REFERENCE.md 10, "Park").
     approval::announce_parks(myself, state, &tasks);
     save(state, &tasks).await?;
-    for task in tasks.iter().filter(|t| t.status == "dispatched") {
-        let Some(target) = task.target_executor_public_id else { continue };
-        match state.root.executor(target).await {
-            Ok(executor) => {
-                let _ = executor.cast(ExecutorMsg::Offer {
-                    run: task.run_public_id,
-                    task_key: task.task_key.clone(),
-                    task: Some(Box::new(task.clone())),
-                });
-            }
-            // The row is durable and addressed; the executor offers it when it next loads.
-            Err(refusal) => {
-                tracing::warn!(runner_id = %target, code = %refusal.code, "cannot reach the runner's inbox now")
-            }
-        }
+    for task in tasks.iter().filter(|t| t.status == TaskStatus::Dispatched) {
+        offer(state, task);
     }
     advance(myself, state).await
 }
@@ -841,8 +908,8 @@ async fn deliver(
         return Ok(());
     }
     state.row.final_text = Some(text);
-    state.row.status = "completed".into();
-    emit(state, "turn_status", json!({"status": "completed"}));
+    state.row.status = RunStatus::Completed;
+    emit(state, Event::TurnStatus(TurnStatus::Completed {}));
     save(state, &[]).await?;
     tracing::info!(execution_id = %state.row.public_id, rounds = state.row.round, "execution completed");
     Ok(())
@@ -867,14 +934,18 @@ async fn model_failed(
     };
     if let Some((reason, index)) = next {
         let round = state.row.round;
-        let mut data = json!({
-            "round": round, "from": model, "to": chain[index], "reason": reason.word(), "error_key": failure.key,
-        });
-        if let Some(category) = failure.category {
-            data["category"] = json!(category);
-        }
-        tracing::info!(execution_id = %state.row.public_id, from = model, to = %chain[index], reason = reason.word(), "model fallback");
-        emit(state, "model_change", data);
+        tracing::info!(execution_id = %state.row.public_id, from = model, to = %chain[index], %reason, "model fallback");
+        emit(
+            state,
+            Event::ModelChange(ModelChange {
+                round,
+                from: model.to_owned(),
+                to: chain[index].clone(),
+                reason,
+                error_key: failure.key.to_owned(),
+                category: failure.category.map(str::to_owned),
+            }),
+        );
         state.model_index = index;
         // The same round again, on the next route.
         state.row.round -= 1;
@@ -908,10 +979,18 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
     let now = now_ms();
     let default_timeout = i64::try_from(state.fabric.config.execution.default_task_timeout_ms).unwrap_or(i64::MAX);
     // Settled `failed` until the call passes every check below.
+    let index = u32::try_from(index).unwrap_or(u32::MAX);
     let mut task = TaskRow {
-        status: "failed".into(),
+        status: TaskStatus::Failed,
         settled_at: Some(now),
-        ..TaskRow::new(state.row.public_id, format!("r{round}t{index}"), round, call.name.clone(), default_timeout, now)
+        ..TaskRow::new(
+            state.row.public_id,
+            TaskKey::Call { round, index },
+            round,
+            call.name.clone(),
+            default_timeout,
+            now,
+        )
     };
     if !call.id.is_empty() && call.id.len() <= 128 {
         task.tool_call_id = call.id.clone();

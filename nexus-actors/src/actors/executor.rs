@@ -30,18 +30,22 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use uuid::Uuid;
 
 use nexus_kernel_tools::EffectProfile;
 use nexus_proto::runner::v1::{
     Announced, ClaimGranted, ClaimState, Committed, Extended, NexusFrame, ProgressAccepted, Refusal as RefusalFrame,
     Welcome, WorkAvailable, WorkCanceled, nexus_frame::Frame,
 };
-use nexus_proto::{ErrorCode, RUNNER_PROTOCOL_VERSION, Refusal};
+use nexus_proto::{
+    ErrorCode, ExecutionId, ExecutorStatus, InboxKind, Presence, RUNNER_PROTOCOL_VERSION, Refusal, RunnerId, TaskKey,
+    TaskStatus,
+};
 
-use crate::actors::connection::ConnectionMsg;
-use crate::actors::execution::ExecutionMsg;
-use crate::actors::root::{Fabric, RootHandle};
+use crate::actors::connection::ConnectionHandle;
+use crate::actors::execution::control::DeadlineShift;
+use crate::actors::fabric::Fabric;
+use crate::actors::handle::ActorError;
+use crate::actors::root::RootHandle;
 use crate::auth::digest;
 use crate::store::{ExecutorRow, PresenceEvent, TaskRow, now_ms};
 
@@ -81,26 +85,20 @@ pub enum RunnerRequest {
     Announce(String),
     /// Claim one task.
     Claim {
-        /// The execution (`run_public_id`).
-        run: Uuid,
-        /// The task key.
-        task_key: String,
+        /// The task: its execution (`run_public_id`) and key.
+        task: TaskId,
     },
     /// Read whether a claim is active; never renews.
     ClaimStatus {
-        /// The execution.
-        run: Uuid,
-        /// The task key.
-        task_key: String,
+        /// The task: its execution (`run_public_id`) and key.
+        task: TaskId,
         /// The claim token.
         claim_token: String,
     },
     /// Move the deadline.
     Extend {
-        /// The execution.
-        run: Uuid,
-        /// The task key.
-        task_key: String,
+        /// The task: its execution (`run_public_id`) and key.
+        task: TaskId,
         /// The claim token.
         claim_token: String,
         /// New park from now, in milliseconds.
@@ -108,10 +106,8 @@ pub enum RunnerRequest {
     },
     /// Write-once result.
     Commit {
-        /// The execution.
-        run: Uuid,
-        /// The task key.
-        task_key: String,
+        /// The task: its execution (`run_public_id`) and key.
+        task: TaskId,
         /// The claim token.
         claim_token: String,
         /// `{content?, structured_content?, is_error?, outcome?, ...}`.
@@ -119,10 +115,8 @@ pub enum RunnerRequest {
     },
     /// Ephemeral progress.
     Progress {
-        /// The execution.
-        run: Uuid,
-        /// The task key.
-        task_key: String,
+        /// The task: its execution (`run_public_id`) and key.
+        task: TaskId,
         /// The claim token.
         claim_token: String,
         /// The frame, a JSON object.
@@ -134,16 +128,8 @@ pub enum RunnerRequest {
 pub enum ExecutorMsg {
     /// A stream passed Hello: fence any older stream, welcome this one, offer the inbox again.
     Attach {
-        /// The connection's id.
-        conn_id: u64,
-        /// The Hello's request id, echoed on Welcome.
-        hello_request_id: u64,
-        /// The connection actor, stopped when fenced.
-        connection: ActorRef<ConnectionMsg>,
-        /// Frames to the runner.
-        outbound: Outbound,
-        /// The epoch of the credential that said Hello.
-        credential_epoch: i64,
+        /// The stream.
+        attach: Attach,
         /// `Ok` once Welcome is queued; `unauthorized` when fenced by the epoch or revoked.
         reply: RpcReplyPort<Result<(), Refusal>>,
     },
@@ -161,42 +147,32 @@ pub enum ExecutorMsg {
         /// The request.
         request: RunnerRequest,
     },
-    /// A task addressed here was written to the store: hold it and push `work_available`.
-    Offer {
-        /// The execution.
-        run: Uuid,
-        /// The task key.
-        task_key: String,
-        /// The row exactly as its writer just made it durable, which spares a store read on the
-        /// dispatch path; `None` reads it from the store.
-        task: Option<Box<TaskRow>>,
-    },
+    /// A task addressed here was written to the store: hold it and push `work_available`. The
+    /// row is exactly as its writer just made it durable, which spares a store read on the
+    /// dispatch path.
+    Offer(Box<TaskRow>),
     /// Cancel a task: it settles `canceled` and the claimant gets `work_canceled`.
     Cancel {
-        /// The execution.
-        run: Uuid,
-        /// The task key.
-        task_key: String,
+        /// The task: its execution (`run_public_id`) and key.
+        task: TaskId,
     },
     /// The stored row changed behind the actor (re-paired or revoked by `nexus admin`): reread it.
     Refresh,
     /// A deadline timer fired.
     Expire {
-        /// The execution.
-        run: Uuid,
-        /// The task key.
-        task_key: String,
+        /// The task: its execution (`run_public_id`) and key.
+        task: TaskId,
         /// The deadline the timer was set for; a moved deadline makes it stale.
         deadline_at: i64,
     },
     /// The execution paused or resumed: its open tasks here take their new deadlines from
-    /// `shift` (durably) and their expiry timers follow (REFERENCE.md 7, "Pause, stop, delete":
-    /// the clocks freeze, and resume shifts them forward).
+    /// `shift` (durably) and their expiry timers follow (`docs/executions.md`, "Pause and
+    /// resume": the clocks freeze, and resume shifts them forward).
     ShiftDeadlines {
         /// The execution.
-        run: Uuid,
+        run: ExecutionId,
         /// How each open task's deadline moves.
-        shift: crate::actors::execution::control::DeadlineShift,
+        shift: DeadlineShift,
     },
 }
 
@@ -206,17 +182,127 @@ pub struct ExecutorArgs {
     pub fabric: Arc<Fabric>,
     /// Root, to find executions.
     pub root: RootHandle,
-    /// The runner's UUID.
-    pub public_id: Uuid,
+    /// The runner.
+    pub public_id: RunnerId,
+}
+
+/// The typed handle on a runner's inbox (its ExecutorActor), found by id: a message reaches the
+/// live actor at once, or waits in Root while the actor loads ([`RootHandle`]). No method waits
+/// on the actor except [`ExecutorHandle::attach`], which waits at most the call deadline.
+#[derive(Clone, Debug)]
+pub struct ExecutorHandle {
+    runner: RunnerId,
+    root: RootHandle,
+}
+
+impl ExecutorHandle {
+    pub(crate) fn new(runner: RunnerId, root: RootHandle) -> Self {
+        ExecutorHandle { runner, root }
+    }
+
+    /// The runner.
+    pub fn runner(&self) -> RunnerId {
+        self.runner
+    }
+
+    fn send(&self, message: ExecutorMsg) -> Result<(), ActorError> {
+        self.root.to_executor(self.runner, message)
+    }
+
+    /// Hands over a task just written `dispatched` to this runner, to hold and offer.
+    ///
+    /// # Errors
+    /// [`ActorError::Stopped`] during shutdown; the row is durable and is offered when the
+    /// inbox next loads.
+    pub fn offer(&self, task: TaskRow) -> Result<(), ActorError> {
+        self.send(ExecutorMsg::Offer(Box::new(task)))
+    }
+
+    /// Cancels an open task: it settles `canceled`, and a claimant hears `work_canceled`.
+    ///
+    /// # Errors
+    /// [`ActorError::Stopped`] during shutdown.
+    pub fn cancel(&self, task: TaskId) -> Result<(), ActorError> {
+        self.send(ExecutorMsg::Cancel { task })
+    }
+
+    /// Moves the deadlines of `run`'s open tasks here by `shift` (a pause or a resume).
+    ///
+    /// # Errors
+    /// [`ActorError::Stopped`] during shutdown.
+    pub fn shift_deadlines(&self, run: ExecutionId, shift: DeadlineShift) -> Result<(), ActorError> {
+        self.send(ExecutorMsg::ShiftDeadlines { run, shift })
+    }
+
+    /// Rereads the runner's row (re-paired or revoked behind the actor's back).
+    ///
+    /// # Errors
+    /// [`ActorError::Stopped`] during shutdown.
+    pub fn refresh(&self) -> Result<(), ActorError> {
+        self.send(ExecutorMsg::Refresh)
+    }
+
+    /// Tells the inbox that the stream `conn_id` ended.
+    ///
+    /// # Errors
+    /// [`ActorError::Stopped`] during shutdown.
+    pub fn detach(&self, conn_id: u64) -> Result<(), ActorError> {
+        self.send(ExecutorMsg::Detach { conn_id })
+    }
+
+    /// Hands the inbox a request read from the stream `conn_id`; the answer goes back on the
+    /// stream with `request_id`.
+    ///
+    /// # Errors
+    /// [`ActorError::Stopped`] during shutdown.
+    pub fn request(&self, conn_id: u64, request_id: u64, request: RunnerRequest) -> Result<(), ActorError> {
+        self.send(ExecutorMsg::Request { conn_id, request_id, request })
+    }
+
+    /// Attaches a stream that passed Hello: fences an older one, queues Welcome, offers the inbox
+    /// again. Waits (loading the inbox first when it is cold) at most the call deadline.
+    ///
+    /// # Errors
+    /// `unauthorized` when the credential's epoch was fenced or the runner is revoked;
+    /// `unavailable` when the inbox cannot be reached in time.
+    pub async fn attach(&self, attach: Attach) -> Result<(), Refusal> {
+        self.root.load_executor(self.runner).await?;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.send(ExecutorMsg::Attach { attach, reply: reply.into() })?;
+        match tokio::time::timeout(self.root.deadline(), answer).await {
+            Ok(Ok(attached)) => attached,
+            Ok(Err(_)) => Err(ActorError::Stopped { actor: "runner inbox" }.into()),
+            Err(_) => Err(ActorError::Timeout {
+                actor: "runner inbox",
+                after_ms: u64::try_from(self.root.deadline().as_millis()).unwrap_or(u64::MAX),
+            }
+            .into()),
+        }
+    }
+}
+
+/// A stream that passed Hello, as [`ExecutorHandle::attach`] hands it over.
+pub struct Attach {
+    /// The connection's id.
+    pub conn_id: u64,
+    /// The Hello's request id, echoed on Welcome.
+    pub hello_request_id: u64,
+    /// The connection actor, stopped when fenced.
+    pub connection: ConnectionHandle,
+    /// Frames to the runner.
+    pub outbound: Outbound,
+    /// The epoch of the credential that said Hello.
+    pub credential_epoch: i64,
 }
 
 struct Connection {
     id: u64,
-    actor: ActorRef<ConnectionMsg>,
+    actor: ConnectionHandle,
     outbound: Outbound,
 }
 
-type TaskId = (Uuid, String);
+/// A task by its execution and key.
+pub type TaskId = (ExecutionId, TaskKey);
 
 /// The ExecutorActor's state.
 pub struct ExecutorState {
@@ -262,22 +348,22 @@ fn internal(e: impl std::fmt::Display) -> Refusal {
     Refusal::new(ErrorCode::Internal, format!("the inbox store failed: {e}"))
 }
 
-fn refusal_frame(request_id: u64, refusal: &Refusal) -> NexusFrame {
-    let http_status = refusal.error_code().map_or(500, ErrorCode::http_status);
+/// The refusal frame answering `request_id` (`docs/protocol.md`, "Refusals").
+pub(crate) fn refusal_frame(request_id: u64, refusal: &Refusal) -> NexusFrame {
     NexusFrame {
         request_id,
         frame: Some(Frame::Refusal(RefusalFrame {
-            code: refusal.code.clone(),
+            code: refusal.code.as_str().to_owned(),
             message: refusal.message.clone(),
-            http_status: u32::from(http_status),
+            http_status: u32::from(refusal.code.http_status()),
         })),
     }
 }
 
-/// The inbox row as the runner sees it on claim (REFERENCE.md 6.5, "Row fields").
+/// The inbox row as the runner sees it on claim (`docs/protocol.md`, "Inbox rows").
 pub fn task_json(task: &TaskRow) -> Value {
     json!({
-        "kind": task.kind,
+        "kind": task.kind.inbox_kind(),
         "run_public_id": task.run_public_id,
         "task_key": task.task_key,
         "tool_name": task.tool_name,
@@ -293,13 +379,13 @@ pub fn task_json(task: &TaskRow) -> Value {
     })
 }
 
-/// The expiry rule (REFERENCE.md 6.10): never claimed, or claimed and replayable, is `timed_out`
-/// (`tool_timeout`); claimed and not replayable is `uncertain` (`tool_uncertain`).
-pub fn expiry_outcome(task: &TaskRow) -> (&'static str, &'static str) {
+/// The expiry rule (`docs/protocol.md`, "Expiry"): never claimed, or claimed and replayable, is
+/// `timed_out` (`tool_timeout`); claimed and not replayable is `uncertain` (`tool_uncertain`).
+pub fn expiry_outcome(task: &TaskRow) -> (TaskStatus, &'static str) {
     if !task.claimed || EffectProfile::json_replayable(task.effect_profile.as_ref()) {
-        ("timed_out", "tool_timeout")
+        (TaskStatus::TimedOut, "tool_timeout")
     } else {
-        ("uncertain", "tool_uncertain")
+        (TaskStatus::Uncertain, "tool_uncertain")
     }
 }
 
@@ -331,7 +417,7 @@ impl Actor for ExecutorActor {
         };
         // The park clock resumes: every open task gets its timer back.
         for task in state.fabric.store.open_tasks_for(args.public_id).await? {
-            let id = (task.run_public_id, task.task_key.clone());
+            let id = (task.run_public_id, task.task_key);
             schedule_expiry(&myself, &mut state, &id, task.deadline_at);
             hold(&mut state, id, task);
         }
@@ -374,8 +460,8 @@ async fn handle_msg(
     state: &mut ExecutorState,
 ) -> Result<(), ActorProcessingErr> {
     match msg {
-        ExecutorMsg::Attach { conn_id, hello_request_id, connection, outbound, credential_epoch, reply } => {
-            let result = attach(state, conn_id, hello_request_id, connection, outbound, credential_epoch).await;
+        ExecutorMsg::Attach { attach: stream, reply } => {
+            let result = attach(state, stream).await;
             let _ = reply.send(result);
         }
         ExecutorMsg::Detach { conn_id } => {
@@ -395,18 +481,16 @@ async fn handle_msg(
             }
             let answer = match request {
                 RunnerRequest::Announce(body) => announce(state, &body).await,
-                RunnerRequest::Claim { run, task_key } => claim(myself, state, run, task_key).await,
-                RunnerRequest::ClaimStatus { run, task_key, claim_token } => {
-                    claim_status(state, run, &task_key, &claim_token).await
+                RunnerRequest::Claim { task } => claim(myself, state, task).await,
+                RunnerRequest::ClaimStatus { task, claim_token } => claim_status(state, task, &claim_token).await,
+                RunnerRequest::Extend { task, claim_token, timeout_ms } => {
+                    extend(myself, state, task, &claim_token, timeout_ms).await
                 }
-                RunnerRequest::Extend { run, task_key, claim_token, timeout_ms } => {
-                    extend(myself, state, run, task_key, &claim_token, timeout_ms).await
+                RunnerRequest::Commit { task, claim_token, body_json } => {
+                    commit(state, task, &claim_token, &body_json).await
                 }
-                RunnerRequest::Commit { run, task_key, claim_token, body_json } => {
-                    commit(state, run, task_key, &claim_token, &body_json).await
-                }
-                RunnerRequest::Progress { run, task_key, claim_token, frame_json } => {
-                    progress(state, run, task_key, &claim_token, &frame_json)
+                RunnerRequest::Progress { task, claim_token, frame_json } => {
+                    progress(state, task, &claim_token, &frame_json)
                 }
             };
             let frame = match answer {
@@ -420,65 +504,57 @@ async fn handle_msg(
                 state.row = row;
             }
         }
-        ExecutorMsg::Offer { run, task_key, task } => {
-            let id = (run, task_key);
+        ExecutorMsg::Offer(task) => {
+            let id = (task.run_public_id, task.task_key);
             // Eligibility is checked at dispatch: a revoked runner gets no new work, and the
             // call fails at once rather than waiting out its park.
             if let Some(row) = state.fabric.store.executor(state.row.public_id).await? {
                 state.row = row;
             }
             if !state.open.contains_key(&id) {
-                let task = match task {
-                    Some(task) => Some(*task),
-                    None => state.fabric.store.task(run, &id.1).await?,
-                };
-                match task {
-                    Some(task) if !task.is_settled() => {
-                        schedule_expiry(myself, state, &id, task.deadline_at);
-                        hold(state, id.clone(), task);
-                    }
-                    _ => return Ok(()),
+                if task.is_settled() {
+                    return Ok(());
                 }
+                schedule_expiry(myself, state, &id, task.deadline_at);
+                hold(state, id, *task);
             }
-            if state.row.status != "active" {
-                settle(state, &id, "failed", None, Some("executor_revoked")).await?;
+            if state.row.status != ExecutorStatus::Active {
+                settle(state, &id, TaskStatus::Failed, None, Some("executor_revoked")).await?;
                 return Ok(());
             }
             // Offered when the window has room; a repeated offer of a task already offered on
             // this stream is not sent twice.
             enqueue_offer(state, &id);
         }
-        ExecutorMsg::Cancel { run, task_key } => {
-            let id = (run, task_key);
+        ExecutorMsg::Cancel { task: id } => {
             if let Some(task) = state.open.get(&id) {
                 let claimed = task.claimed;
-                settle(state, &id, "canceled", None, Some("task_canceled")).await?;
+                settle(state, &id, TaskStatus::Canceled, None, Some("task_canceled")).await?;
                 if claimed {
                     push(
                         state,
                         NexusFrame {
                             request_id: 0,
                             frame: Some(Frame::WorkCanceled(WorkCanceled {
-                                run_public_id: run.to_string(),
-                                task_key: id.1,
+                                run_public_id: id.0.to_string(),
+                                task_key: id.1.to_string(),
                             })),
                         },
                     );
                 }
             }
         }
-        ExecutorMsg::Expire { run, task_key, deadline_at } => {
-            let id = (run, task_key);
+        ExecutorMsg::Expire { task: id, deadline_at } => {
             let Some(task) = state.open.get(&id) else { return Ok(()) };
             if task.deadline_at != deadline_at {
                 return Ok(());
             }
             let (status, error_key) = expiry_outcome(task);
-            tracing::info!(runner_id = %state.row.public_id, run_id = %run, task_key = %id.1, status, "task expired");
+            tracing::info!(runner_id = %state.row.public_id, run_id = %id.0, task_key = %id.1, %status, "task expired");
             settle(state, &id, status, None, Some(error_key)).await?;
         }
         ExecutorMsg::ShiftDeadlines { run, shift } => {
-            let ids: Vec<TaskId> = state.open.keys().filter(|id| id.0 == run).cloned().collect();
+            let ids: Vec<TaskId> = state.open.keys().filter(|id| id.0 == run).copied().collect();
             for id in ids {
                 let Some(mut task) = state.open.get(&id).cloned() else { continue };
                 let Some(deadline_at) = shift.apply(task.deadline_at) else { continue };
@@ -492,16 +568,17 @@ async fn handle_msg(
     Ok(())
 }
 
-fn work_available(task: &TaskRow) -> NexusFrame {
-    NexusFrame {
+fn work_available(task: &TaskRow) -> Option<NexusFrame> {
+    let kind = task.kind.inbox_kind()?;
+    Some(NexusFrame {
         request_id: 0,
         frame: Some(Frame::WorkAvailable(WorkAvailable {
-            kind: task.kind.clone(),
+            kind: kind.as_str().to_owned(),
             run_public_id: task.run_public_id.to_string(),
-            task_key: task.task_key.clone(),
+            task_key: task.task_key.to_string(),
             tool_name: task.tool_name.clone(),
         })),
-    }
+    })
 }
 
 /// Queues a control frame (an answer, Welcome, `work_canceled`). One that cannot be queued drops
@@ -510,7 +587,7 @@ fn push(state: &mut ExecutorState, frame: NexusFrame) {
     let Some(connection) = &state.connection else { return };
     if let Err(e) = connection.outbound.try_send(Ok(frame)) {
         tracing::warn!(runner_id = %state.row.public_id, error = %e, "runner stream cannot take frames; dropping it");
-        connection.actor.stop(Some("outbound full or closed".into()));
+        connection.actor.close("outbound full or closed");
         state.connection = None;
         state.window.clear();
     }
@@ -518,7 +595,7 @@ fn push(state: &mut ExecutorState, frame: NexusFrame) {
 
 /// Whether the runner may claim the task now, so that it belongs in the offer window.
 fn claimable(task: &TaskRow) -> bool {
-    !task.claimed && task.status == "dispatched"
+    !task.claimed && task.status == TaskStatus::Dispatched && task.kind.inbox_kind() == Some(InboxKind::ToolCall)
 }
 
 /// Holds an open task: it is addressed here, unsettled, and has its expiry timer.
@@ -560,10 +637,10 @@ fn fill_window(state: &mut ExecutorState) {
     let Some(connection) = &state.connection else { return };
     let open = &state.open;
     state.window.fill(|id| {
-        let task = open.get(id).filter(|task| claimable(task));
-        debug_assert!(task.is_some(), "only open, claimable tasks wait for an offer: {id:?}");
-        let Some(task) = task else { return Sent::Gone };
-        match connection.outbound.try_send(Ok(work_available(task))) {
+        let frame = open.get(id).filter(|task| claimable(task)).and_then(work_available);
+        debug_assert!(frame.is_some(), "only open, claimable tasks wait for an offer: {id:?}");
+        let Some(frame) = frame else { return Sent::Gone };
+        match connection.outbound.try_send(Ok(frame)) {
             Ok(()) => Sent::Offered,
             // Full: only answers can fill the buffer (offers take at most OFFER_WINDOW of it), and
             // the next answer that finds it full drops the stream. Closed: the stream is gone and
@@ -574,49 +651,42 @@ fn fill_window(state: &mut ExecutorState) {
 }
 
 fn schedule_expiry(myself: &ActorRef<ExecutorMsg>, state: &mut ExecutorState, id: &TaskId, deadline_at: i64) {
-    let wait = Duration::from_millis(u64::try_from(deadline_at - now_ms()).unwrap_or(0));
+    let wait = Duration::from_millis(u64::try_from(deadline_at.saturating_sub(now_ms())).unwrap_or(0));
     let actor = myself.clone();
-    let (run, task_key) = id.clone();
+    let task = *id;
     let timer = tokio::spawn(async move {
         tokio::time::sleep(wait).await;
-        let _ = actor.cast(ExecutorMsg::Expire { run, task_key, deadline_at });
+        let _ = actor.cast(ExecutorMsg::Expire { task, deadline_at });
     });
-    if let Some(old) = state.timers.insert(id.clone(), timer) {
+    if let Some(old) = state.timers.insert(*id, timer) {
         old.abort();
     }
 }
 
-async fn attach(
-    state: &mut ExecutorState,
-    conn_id: u64,
-    hello_request_id: u64,
-    connection: ActorRef<ConnectionMsg>,
-    outbound: Outbound,
-    credential_epoch: i64,
-) -> Result<(), Refusal> {
+async fn attach(state: &mut ExecutorState, stream: Attach) -> Result<(), Refusal> {
     if let Some(row) = state.fabric.store.executor(state.row.public_id).await.map_err(internal)? {
         state.row = row;
     }
-    if state.row.status != "active" {
+    if state.row.status != ExecutorStatus::Active {
         return Err(Refusal::new(
             ErrorCode::Unauthorized,
             "this runner is revoked; revocation is final — create a new runner with `nexus admin runner create`",
         ));
     }
-    if credential_epoch != state.row.credential_epoch {
+    if stream.credential_epoch != state.row.credential_epoch {
         return Err(Refusal::new(ErrorCode::Unauthorized, "this credential was fenced by a newer pairing"));
     }
     if let Some(old) = state.connection.take() {
         tracing::info!(runner_id = %state.row.public_id, "a new stream fences the old one");
-        old.actor.stop(Some("fenced by a newer stream".into()));
+        old.actor.close("fenced by a newer stream");
         state.window.clear();
     }
     state.fabric.store.touch_executor(state.row.public_id, PresenceEvent::Attached).await.map_err(internal)?;
-    state.connection = Some(Connection { id: conn_id, actor: connection, outbound });
+    state.connection = Some(Connection { id: stream.conn_id, actor: stream.connection, outbound: stream.outbound });
     push(
         state,
         NexusFrame {
-            request_id: hello_request_id,
+            request_id: stream.hello_request_id,
             frame: Some(Frame::Welcome(Welcome {
                 executor_public_id: state.row.public_id.to_string(),
                 credential_epoch: u64::try_from(state.row.credential_epoch).unwrap_or(0),
@@ -646,20 +716,20 @@ async fn announce(state: &mut ExecutorState, body_json: &str) -> Result<Frame, R
 /// A stream whose `last_seen_at` is older than this is shown `offline`, in milliseconds.
 pub const PRESENCE_WINDOW_MS: i64 = 30_000;
 
-/// An executor's presence (REFERENCE.md 6.1): `online` while a stream is attached and was seen
-/// within [`PRESENCE_WINDOW_MS`], `not_yet_seen` before any stream, else `offline`. Display only,
-/// never a gate.
-pub fn presence(row: &ExecutorRow, now: i64) -> &'static str {
+/// An executor's presence (`docs/protocol.md`, "Presence"): `online` while a stream is attached
+/// and was seen within [`PRESENCE_WINDOW_MS`], `not_yet_seen` before any stream, else `offline`.
+/// Display only, never a gate.
+pub fn presence(row: &ExecutorRow, now: i64) -> Presence {
     match (row.connected_at, row.last_seen_at) {
-        (_, None) => "not_yet_seen",
-        (Some(_), Some(seen)) if now - seen <= PRESENCE_WINDOW_MS => "online",
-        _ => "offline",
+        (_, None) => Presence::NotYetSeen,
+        (Some(_), Some(seen)) if now - seen <= PRESENCE_WINDOW_MS => Presence::Online,
+        _ => Presence::Offline,
     }
 }
 
-/// An executor's description as discovery shows it (REFERENCE.md 6.2): `{public_id, kind,
-/// display_name, status, assignment_scope, credential_epoch, served_tools, environment,
-/// served_documents, presence, last_seen_at, connected_at}`.
+/// An executor's description as discovery shows it (`docs/protocol.md`, "Discovery"):
+/// `{public_id, kind, display_name, status, assignment_scope, credential_epoch, served_tools,
+/// environment, served_documents, presence, last_seen_at, connected_at}`.
 pub fn executor_json(row: &ExecutorRow) -> Value {
     let presence = presence(row, now_ms());
     json!({
@@ -679,24 +749,25 @@ pub fn executor_json(row: &ExecutorRow) -> Value {
 }
 
 /// Finds a task: open here, or settled (or addressed elsewhere) in the store.
-async fn find(state: &ExecutorState, run: Uuid, task_key: &str) -> Result<TaskRow, Refusal> {
-    if let Some(task) = state.open.get(&(run, task_key.to_owned())) {
+async fn find(state: &ExecutorState, id: TaskId) -> Result<TaskRow, Refusal> {
+    let (run, task_key) = id;
+    if let Some(task) = state.open.get(&id) {
         // Tokens are checked against this copy: a settled one here would let a settled task's
         // token extend, commit or report progress.
         debug_assert!(!task.is_settled(), "an open task is never settled: {run}/{task_key} is {}", task.status);
         return Ok(task.clone());
     }
-    let task = state
-        .fabric
-        .store
-        .task(run, task_key)
-        .await
-        .map_err(internal)?
-        .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no task {task_key} in run {run}")))?;
+    let task =
+        state.fabric.store.task(run, task_key).await.map_err(internal)?.ok_or_else(|| no_task(run, &task_key))?;
     if task.target_executor_public_id != Some(state.row.public_id) {
         return Err(Refusal::new(ErrorCode::NotAddressedHere, "this task is addressed to another executor"));
     }
     Ok(task)
+}
+
+/// `not_found` for a task key that names no task of `run` (a malformed key names none).
+pub(crate) fn no_task(run: ExecutionId, task_key: &dyn std::fmt::Display) -> Refusal {
+    Refusal::new(ErrorCode::NotFound, format!("no task {task_key} in run {run}"))
 }
 
 fn token_matches(task: &TaskRow, token: &str) -> bool {
@@ -713,26 +784,22 @@ fn token_current(state: &ExecutorState, token: &str) -> bool {
         .is_some_and(|epoch| epoch == state.row.credential_epoch)
 }
 
-async fn claim(
-    myself: &ActorRef<ExecutorMsg>,
-    state: &mut ExecutorState,
-    run: Uuid,
-    task_key: String,
-) -> Result<Frame, Refusal> {
-    let task = find(state, run, &task_key).await?;
-    if task.kind != "tool_call" {
+async fn claim(myself: &ActorRef<ExecutorMsg>, state: &mut ExecutorState, id: TaskId) -> Result<Frame, Refusal> {
+    let (run, task_key) = id;
+    let task = find(state, id).await?;
+    if task.kind.inbox_kind() != Some(InboxKind::ToolCall) {
         return Err(Refusal::new(ErrorCode::NotClaimableKind, "asks and approvals are never claimable"));
     }
     if task.claimed {
         return Err(Refusal::new(ErrorCode::AlreadyClaimed, "this task was claimed once; a claim is never re-granted"));
     }
-    if task.status != "dispatched" || task.is_settled() {
+    if task.status != TaskStatus::Dispatched {
         return Err(Refusal::new(
             ErrorCode::TaskNotClaimable,
             format!("the task is {}, not a dispatched park", task.status),
         ));
     }
-    if state.row.status != "active" {
+    if state.row.status != ExecutorStatus::Active {
         return Err(Refusal::new(ErrorCode::NotEligible, "this runner is no longer eligible"));
     }
     debug_assert!(
@@ -746,7 +813,7 @@ async fn claim(
     granted.claimed = true;
     granted.claim_token_digest = Some(digest(&token));
     // Claiming restarts the park clock: the holder gets a full deadline.
-    granted.deadline_at = now + granted.timeout_ms;
+    granted.deadline_at = now.saturating_add(granted.timeout_ms);
     // The store's conditional write is the last word: another node that won the row first makes
     // this grant lose.
     state.fabric.store.update_task(&granted).await.map_err(|e| match e {
@@ -755,9 +822,8 @@ async fn claim(
         }
         other => internal(other),
     })?;
-    let id = (run, task_key);
     schedule_expiry(myself, state, &id, granted.deadline_at);
-    tracing::info!(runner_id = %state.row.public_id, run_id = %run, task_key = %id.1, "task claimed");
+    tracing::info!(runner_id = %state.row.public_id, run_id = %run, %task_key, "task claimed");
     let frame = Frame::ClaimGranted(ClaimGranted {
         task_json: task_json(&granted).to_string(),
         claim_token: token,
@@ -768,8 +834,8 @@ async fn claim(
     Ok(frame)
 }
 
-async fn claim_status(state: &ExecutorState, run: Uuid, task_key: &str, token: &str) -> Result<Frame, Refusal> {
-    let task = find(state, run, task_key).await?;
+async fn claim_status(state: &ExecutorState, id: TaskId, token: &str) -> Result<Frame, Refusal> {
+    let task = find(state, id).await?;
     if !token_matches(&task, token) || !token_current(state, token) {
         return Err(Refusal::new(ErrorCode::NotClaimant, "this token does not hold the claim"));
     }
@@ -780,12 +846,11 @@ async fn claim_status(state: &ExecutorState, run: Uuid, task_key: &str, token: &
 async fn extend(
     myself: &ActorRef<ExecutorMsg>,
     state: &mut ExecutorState,
-    run: Uuid,
-    task_key: String,
+    id: TaskId,
     token: &str,
     timeout_ms: i64,
 ) -> Result<Frame, Refusal> {
-    let task = find(state, run, &task_key).await?;
+    let task = find(state, id).await?;
     if !token_matches(&task, token) || !token_current(state, token) {
         return Err(Refusal::new(ErrorCode::NotClaimant, "this token does not hold the claim"));
     }
@@ -808,28 +873,23 @@ async fn extend(
         return Err(Refusal::new(ErrorCode::ExtensionTooLong, format!("at most {cap} ms may be granted")));
     }
     let mut extended = task;
-    extended.deadline_at = now + timeout_ms;
+    extended.deadline_at = now.saturating_add(timeout_ms);
     state.fabric.store.update_task(&extended).await.map_err(internal)?;
-    let id = (run, task_key);
     schedule_expiry(myself, state, &id, extended.deadline_at);
     let deadline_at = extended.deadline_at;
-    hold(state, id.clone(), extended);
-    notify(state, run, ExecutionMsg::DeadlineExtended { task_key: id.1, deadline_at, timeout_ms }).await;
+    hold(state, id, extended);
+    if let Err(error) = state.root.execution(id.0).deadline_extended(id.1, deadline_at, timeout_ms) {
+        unreachable_execution(id.0, &error);
+    }
     Ok(Frame::Extended(Extended { deadline_at_ms: deadline_at }))
 }
 
-async fn commit(
-    state: &mut ExecutorState,
-    run: Uuid,
-    task_key: String,
-    token: &str,
-    body_json: &str,
-) -> Result<Frame, Refusal> {
-    let task = find(state, run, &task_key).await?;
+async fn commit(state: &mut ExecutorState, id: TaskId, token: &str, body_json: &str) -> Result<Frame, Refusal> {
+    let task = find(state, id).await?;
     if task.is_settled() {
         // Write-once: the same token after settle is an idle success.
         if token_matches(&task, token) {
-            return Ok(Frame::Committed(Committed { idle: true, status: task.status }));
+            return Ok(Frame::Committed(Committed { idle: true, status: task.status.as_str().to_owned() }));
         }
         return Err(Refusal::new(ErrorCode::StaleClaim, "this token does not hold the claim; the task has settled"));
     }
@@ -842,39 +902,32 @@ async fn commit(
     if !token_current(state, token) {
         return Err(Refusal::new(ErrorCode::StaleClaim, "this claim was fenced when the runner was paired again"));
     }
-    let id = (run, task_key);
     if now_ms() >= task.deadline_at {
         // The deadline wins: the content is discarded and the task settles by the expiry rule.
         let (status, error_key) = expiry_outcome(&task);
         settle(state, &id, status, None, Some(error_key)).await.map_err(internal)?;
-        return Ok(Frame::Committed(Committed { idle: false, status: status.to_owned() }));
+        return Ok(Frame::Committed(Committed { idle: false, status: status.as_str().to_owned() }));
     }
     match commit::validate(body_json) {
         Ok(body) => {
-            let (status, error_key) = if body.failed { ("failed", Some("tool_failed")) } else { ("completed", None) };
+            let (status, error_key) =
+                if body.failed { (TaskStatus::Failed, Some("tool_failed")) } else { (TaskStatus::Completed, None) };
             settle(state, &id, status, Some(body.stored), error_key).await.map_err(internal)?;
-            Ok(Frame::Committed(Committed { idle: false, status: status.to_owned() }))
+            Ok(Frame::Committed(Committed { idle: false, status: status.as_str().to_owned() }))
         }
         Err(CommitRefusal::Standing(refusal)) => Err(refusal),
         Err(CommitRefusal::Closes(refusal)) => {
-            settle(state, &id, "failed", None, Some("result_unstorable")).await.map_err(internal)?;
+            settle(state, &id, TaskStatus::Failed, None, Some("result_unstorable")).await.map_err(internal)?;
             Err(refusal)
         }
     }
 }
 
-fn progress(
-    state: &mut ExecutorState,
-    run: Uuid,
-    task_key: String,
-    token: &str,
-    frame_json: &str,
-) -> Result<Frame, Refusal> {
-    let id = (run, task_key);
+fn progress(state: &mut ExecutorState, id: TaskId, token: &str, frame_json: &str) -> Result<Frame, Refusal> {
     let Some(task) = state.open.get(&id) else {
         return Err(Refusal::new(ErrorCode::NotClaimant, "no live claim on this task"));
     };
-    debug_assert!(!task.is_settled(), "a settled task's token never reports progress: {run}/{}", id.1);
+    debug_assert!(!task.is_settled(), "a settled task's token never reports progress: {}/{}", id.0, id.1);
     if !token_matches(task, token) || !token_current(state, token) {
         return Err(Refusal::new(ErrorCode::NotClaimant, "this token does not hold the claim"));
     }
@@ -889,8 +942,8 @@ fn progress(
     let now = now_ms();
     let due = state.progress_at.get(&id).is_none_or(|last| now - last >= PROGRESS_INTERVAL_MS);
     if due {
-        state.progress_at.insert(id.clone(), now);
-        tracing::debug!(run_id = %run, task_key = %id.1, "progress");
+        state.progress_at.insert(id, now);
+        tracing::debug!(run_id = %id.0, task_key = %id.1, "progress");
     }
     Ok(Frame::ProgressAccepted(ProgressAccepted {}))
 }
@@ -899,14 +952,14 @@ fn progress(
 async fn settle(
     state: &mut ExecutorState,
     id: &TaskId,
-    status: &str,
+    status: TaskStatus,
     result: Option<Value>,
     error_key: Option<&str>,
 ) -> Result<(), crate::store::StoreError> {
     let Some(mut task) = state.open.get(id).cloned() else { return Ok(()) };
     debug_assert!(!task.is_settled(), "a task settles at most once: {id:?} is already {}", task.status);
-    debug_assert!(crate::actors::execution::task_status_is_settled(status), "{status} is not a settled status");
-    task.status = status.to_owned();
+    debug_assert!(status.is_settled(), "{status} is not a settled status");
+    task.status = status;
     task.result = result;
     task.error_key = error_key.map(str::to_owned);
     task.settled_at = Some(now_ms());
@@ -919,18 +972,15 @@ async fn settle(
     if let Some(timer) = timer {
         timer.abort();
     }
-    tracing::info!(runner_id = %state.row.public_id, run_id = %id.0, task_key = %id.1, status, "task settled");
-    notify(state, id.0, ExecutionMsg::TaskSettled(Box::new(task))).await;
+    tracing::info!(runner_id = %state.row.public_id, run_id = %id.0, task_key = %id.1, %status, "task settled");
+    // Never waits: a cold execution loads in Root while this actor goes on, and hears of its
+    // tasks in the order they settled.
+    if let Err(error) = state.root.execution(id.0).task_settled(task) {
+        unreachable_execution(id.0, &error);
+    }
     Ok(())
 }
 
-async fn notify(state: &ExecutorState, run: Uuid, msg: ExecutionMsg) {
-    match state.root.execution(run).await {
-        Ok(execution) => {
-            if execution.cast(msg).is_err() {
-                tracing::warn!(run_id = %run, "execution stopped before hearing of its task; it rereads the store");
-            }
-        }
-        Err(refusal) => tracing::warn!(run_id = %run, code = %refusal.code, "cannot reach the execution"),
-    }
+fn unreachable_execution(run: ExecutionId, error: &ActorError) {
+    tracing::warn!(run_id = %run, %error, "cannot reach the execution; it rereads the store when it next loads");
 }

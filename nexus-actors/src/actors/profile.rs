@@ -1,17 +1,18 @@
 //! The ProfileActor: the only writer of one Agent's standing declaration.
 //!
-//! PUTs serialize here: validate, one atomic store write, reply (spec/REFERENCE.md 3, "PUT
-//! semantics"). Reads go straight to the store.
+//! PUTs serialize here: validate, one atomic store write, reply (`docs/declaration.md`, "Whole
+//! replacement"). Reads go straight to the store.
 
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::{Value, json};
-use uuid::Uuid;
 
-use nexus_proto::{ErrorCode, Refusal};
+use nexus_proto::{ErrorCode, MemberId, MemberKind, MemberStatus, Refusal};
 
-use crate::actors::root::Fabric;
+use crate::actors::fabric::Fabric;
+use crate::actors::handle;
+use crate::declaration::PromptSlot;
 use crate::declaration::{CONFIGURATION_FIELDS, validate_profile_put};
 use crate::store::{MemberRow, ProfileRow, now_ms};
 
@@ -26,7 +27,52 @@ pub enum ProfileMsg {
     DeleteAgent(String, RpcReplyPort<Result<(), Refusal>>),
     /// `PUT /agent_api/v1/profile/prompt_documents/{slot}`: one slot against the then-current
     /// template. Replies with the slot as its GET door reads it.
-    EditSlot(String, Value, RpcReplyPort<Result<Value, Refusal>>),
+    EditSlot(PromptSlot, Value, RpcReplyPort<Result<Value, Refusal>>),
+}
+
+/// The typed handle on an Agent's ProfileActor. Each method waits at most the call deadline.
+#[derive(Clone, Debug)]
+pub struct ProfileHandle {
+    actor: ActorRef<ProfileMsg>,
+    deadline: std::time::Duration,
+}
+
+impl ProfileHandle {
+    pub(crate) fn new(actor: ActorRef<ProfileMsg>, deadline: std::time::Duration) -> Self {
+        ProfileHandle { actor, deadline }
+    }
+
+    /// Replaces the whole declaration; answers the profile as GET reads it.
+    ///
+    /// # Errors
+    /// The declaration's refusals; `unavailable` when the actor cannot answer in time.
+    pub async fn declare(&self, body: Value) -> Result<Value, Refusal> {
+        handle::call(&self.actor, "profile", self.deadline, |reply| ProfileMsg::Declare(body, reply)).await?
+    }
+
+    /// Rewrites one prompt-document slot; answers the slot as its GET door reads it.
+    ///
+    /// # Errors
+    /// The slot's refusals; `unavailable` when the actor cannot answer in time.
+    pub async fn edit_slot(&self, slot: PromptSlot, body: Value) -> Result<Value, Refusal> {
+        handle::call(&self.actor, "profile", self.deadline, |reply| ProfileMsg::EditSlot(slot, body, reply)).await?
+    }
+
+    /// Creates, replaces or restores a named definition; answers `(minted, definition)`.
+    ///
+    /// # Errors
+    /// The definition's refusals; `unavailable` when the actor cannot answer in time.
+    pub async fn put_agent(&self, name: String, body: Value) -> Result<(bool, Value), Refusal> {
+        handle::call(&self.actor, "profile", self.deadline, |reply| ProfileMsg::PutAgent(name, body, reply)).await?
+    }
+
+    /// Deletes a named definition.
+    ///
+    /// # Errors
+    /// 404 `not_found` for no live definition; `unavailable` when the actor cannot answer in time.
+    pub async fn delete_agent(&self, name: String) -> Result<(), Refusal> {
+        handle::call(&self.actor, "profile", self.deadline, |reply| ProfileMsg::DeleteAgent(name, reply)).await?
+    }
 }
 
 /// Arguments: the Agent member whose profile this is.
@@ -34,13 +80,13 @@ pub struct ProfileArgs {
     /// Shared context.
     pub fabric: Arc<Fabric>,
     /// The Agent member.
-    pub member: Uuid,
+    pub member: MemberId,
 }
 
 /// State: the member and the shared context.
 pub struct ProfileState {
     fabric: Arc<Fabric>,
-    member: Uuid,
+    member: MemberId,
 }
 
 /// The ProfileActor.
@@ -79,7 +125,7 @@ impl Actor for ProfileActor {
                 let _ = reply.send(result);
             }
             ProfileMsg::EditSlot(slot, body, reply) => {
-                let result = edit_slot(state, &slot, &body).await;
+                let result = edit_slot(state, slot, &body).await;
                 let _ = reply.send(result);
             }
             ProfileMsg::DeleteAgent(name, reply) => {
@@ -101,11 +147,11 @@ async fn agent_member(state: &ProfileState, refusal: &str) -> Result<MemberRow, 
         state.fabric.store.member(state.member).await.map_err(internal)?.ok_or_else(|| {
             Refusal::new(ErrorCode::Unauthorized, "the member behind this credential no longer exists")
         })?;
-    if member.kind != "agent" {
+    if member.kind != MemberKind::Agent {
         return Err(Refusal::new(ErrorCode::NotAgent, refusal));
     }
     // Eligibility is judged when the declaration lock is held, here in the Agent's own actor.
-    if member.status != "active" {
+    if member.status != MemberStatus::Active {
         return Err(Refusal::new(
             ErrorCode::NotAuthorized,
             "this Agent is suspended and may not declare; ask an operator to reinstate it",
@@ -133,7 +179,7 @@ async fn declare(state: &ProfileState, body: &Value) -> Result<Value, Refusal> {
     Ok(profile_json(&member, Some(profile)))
 }
 
-async fn edit_slot(state: &ProfileState, slot: &str, body: &Value) -> Result<Value, Refusal> {
+async fn edit_slot(state: &ProfileState, slot: PromptSlot, body: &Value) -> Result<Value, Refusal> {
     let store = &state.fabric.store;
     agent_member(state, "only an Agent member has prompt documents").await?;
     let profile = store
@@ -149,10 +195,10 @@ async fn edit_slot(state: &ProfileState, slot: &str, body: &Value) -> Result<Val
 
 /// One prompt-document slot as its door reads it: `{slot, content, role, version}`; `content` and
 /// `role` are null for a cleared slot.
-pub fn slot_json(profile: &ProfileRow, slot: &str) -> Value {
+pub fn slot_json(profile: &ProfileRow, slot: PromptSlot) -> Value {
     let (document, version) = match slot {
-        "summarizer" => (profile.summarizer.as_ref(), profile.summarizer_version),
-        _ => (profile.system_prompt.as_ref(), profile.system_prompt_version),
+        PromptSlot::Summarizer => (profile.summarizer.as_ref(), profile.summarizer_version),
+        PromptSlot::SystemPrompt => (profile.system_prompt.as_ref(), profile.system_prompt_version),
     };
     json!({
         "slot": slot,
@@ -272,7 +318,7 @@ pub fn profile_json(member: &MemberRow, profile: Option<ProfileRow>) -> Value {
         "credential": {"plane": "member", "expires_at": Value::Null},
         "measured_at": now_ms(),
     });
-    if member.kind == "agent" {
+    if member.kind == MemberKind::Agent {
         let mut row = profile.unwrap_or_default();
         // Moved, not copied: the configuration may be a megabyte.
         let configuration = row.configuration.take().unwrap_or_else(|| {

@@ -1,75 +1,31 @@
-//! The Root actor: the supervisor of every other actor and the registry that finds them.
+//! The Root actor: the supervisor of every other actor and the registry that finds them
+//! (`docs/architecture.md`, "Actors").
 //!
-//! Root owns the maps from public ids to live actors. It spawns an actor on first use (the actor
-//! loads its state from the store in `pre_start`), and forgets it when it stops. A child's
-//! failure is logged and never stops Root: one runner's drop never stops the registry. Root never
-//! calls another actor, so any actor may call Root from a handler without risking a deadlock;
-//! in return, no actor calls Root from its `pre_start`.
+//! Root owns the maps from public ids to live actors. An ExecutorActor or ExecutionActor is
+//! started on first use and loads its state from the store in `pre_start`; Root forgets it when it
+//! stops, and a child's failure never stops Root.
+//!
+//! No handler waits for a cold peer to load. A message for an actor that is not live is handed
+//! to Root ([`RootMsg::Deliver`]), which queues it, starts the actor in a loading task it owns,
+//! and delivers the queue in order once the actor is up ([`RootMsg::Loaded`]). A message for a
+//! live actor goes straight to it from the sender, read off the shared [`Registry`], so the hot
+//! path never passes through Root's mailbox. Messages from one sender to one actor keep their
+//! order either way: while an actor loads, every message for it queues behind the first.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::time::Duration;
 
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use tokio::sync::watch;
-use uuid::Uuid;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, ActorStatus, RpcReplyPort, SupervisionEvent};
+use tokio::task::JoinHandle;
 
-use nexus_proto::{ErrorCode, Refusal};
+use nexus_proto::{ErrorCode, ExecutionId, MemberId, Refusal, RunnerId};
 
-use crate::actors::execution::{ExecutionActor, ExecutionArgs, ExecutionMsg};
-use crate::actors::executor::{ExecutorActor, ExecutorArgs, ExecutorMsg};
-use crate::actors::profile::{ProfileActor, ProfileArgs, ProfileMsg};
-use crate::config::ServerConfig;
-use crate::model::ModelRegistry;
-use crate::store::Store;
-
-/// What every actor shares: the store, the configuration, the model registry, the event bus and
-/// the handle to Root.
-#[derive(Debug)]
-pub struct Fabric {
-    /// The durable store.
-    pub store: Store,
-    /// The validated configuration.
-    pub config: ServerConfig,
-    /// Resolved model providers.
-    pub models: ModelRegistry,
-    /// Wake-ups for event followers.
-    pub events: EventBus,
-    /// Live runner streams (ConnectionActors), for the census.
-    pub connections: std::sync::atomic::AtomicUsize,
-    /// Turns `true` when the server shuts down: runner streams close first, so the transport's
-    /// drain does not wait on them.
-    pub closing: watch::Sender<bool>,
-    /// The frozen declarations the live executions hold, shared by digest.
-    pub declarations: FrozenDeclarations,
-}
-
-/// Frozen declarations shared by the executions that froze the same bytes: the digest is SHA-256
-/// over the canonical JSON, so one digest is one declaration, and a thousand idle executions of
-/// one profile hold one copy of its tool schemas rather than a thousand.
-#[derive(Debug, Default)]
-pub struct FrozenDeclarations {
-    live: Mutex<HashMap<String, std::sync::Weak<crate::declaration::FrozenDeclaration>>>,
-}
-
-impl FrozenDeclarations {
-    /// The shared copy of `declaration`: the one a live execution already holds, or this one.
-    pub fn intern(
-        &self,
-        declaration: crate::declaration::FrozenDeclaration,
-    ) -> Arc<crate::declaration::FrozenDeclaration> {
-        let mut live = self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(shared) = live.get(&declaration.digest).and_then(std::sync::Weak::upgrade) {
-            return shared;
-        }
-        // Entries of ended executions are swept whenever the table doubles.
-        if live.len() >= 64 && live.len().is_power_of_two() {
-            live.retain(|_, held| held.strong_count() > 0);
-        }
-        let shared = Arc::new(declaration);
-        live.insert(shared.digest.clone(), Arc::downgrade(&shared));
-        shared
-    }
-}
+use crate::actors::execution::{ExecutionActor, ExecutionArgs, ExecutionHandle, ExecutionMsg};
+use crate::actors::executor::{ExecutorActor, ExecutorArgs, ExecutorHandle, ExecutorMsg};
+use crate::actors::fabric::Fabric;
+use crate::actors::handle::{self, ActorError};
+use crate::actors::profile::{ProfileActor, ProfileArgs, ProfileHandle, ProfileMsg};
 
 /// How many actors of each kind are alive: chaos tests check that counts return to baseline.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -84,80 +40,36 @@ pub struct Census {
     pub connections: usize,
 }
 
-/// Per-execution wake-ups: the last durable event sequence. Followers read the store; this only
-/// tells them when to look. Also the ephemeral transcript feed ([`TranscriptEvent`]): deltas of
-/// streamed model answers, never stored.
-#[derive(Debug, Default)]
-pub struct EventBus {
-    feeds: Mutex<HashMap<Uuid, watch::Sender<i64>>>,
-    /// Made by the first subscriber; until then deltas are dropped at no cost.
-    transcript: std::sync::OnceLock<tokio::sync::broadcast::Sender<TranscriptEvent>>,
+/// A message for an actor Root finds by id.
+pub enum Delivery {
+    /// To the ExecutorActor of a runner.
+    Executor(RunnerId, ExecutorMsg),
+    /// To the ExecutionActor of an execution.
+    Execution(ExecutionId, ExecutionMsg),
 }
 
-/// How many transcript events a subscriber may fall behind before it is told it lagged.
-pub const TRANSCRIPT_FEED_CAPACITY: usize = 4096;
-
-/// One ephemeral transcript delta of an execution's model step (REFERENCE.md 7, "Events":
-/// `text_delta`, `tool_call_started`, `tool_call_arguments_delta`, `stream_reset`). Not durable:
-/// a subscriber that connects later never sees it, and the settled `round_result` event carries
-/// the same answer durably.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TranscriptEvent {
-    /// The execution.
-    pub execution_public_id: Uuid,
-    /// The round whose model step streamed it.
-    pub round: i64,
-    /// The model reference streaming it.
-    pub model: String,
-    /// The delta.
-    pub delta: crate::model::TranscriptDelta,
-}
-
-impl EventBus {
-    /// A receiver of the execution's last sequence number.
-    pub fn subscribe(&self, execution: Uuid) -> watch::Receiver<i64> {
-        let mut feeds = self.feeds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        feeds.entry(execution).or_insert_with(|| watch::channel(0).0).subscribe()
-    }
-
-    /// Announces that events up to `seq` are durable.
-    pub fn publish(&self, execution: Uuid, seq: i64) {
-        let feeds = self.feeds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(feed) = feeds.get(&execution) {
-            feed.send_replace(seq);
-        }
-    }
-
-    /// Closes the feed of an execution that has ended; followers see the close and finish.
-    pub fn close(&self, execution: Uuid) {
-        let mut feeds = self.feeds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        feeds.remove(&execution);
-    }
-
-    /// A receiver of every execution's transcript deltas from now on (filter by
-    /// [`TranscriptEvent::execution_public_id`]). A receiver more than
-    /// [`TRANSCRIPT_FEED_CAPACITY`] events behind gets `RecvError::Lagged`: an explicit resync
-    /// signal (read the durable events), never a silent gap.
-    pub fn subscribe_transcript(&self) -> tokio::sync::broadcast::Receiver<TranscriptEvent> {
-        self.transcript.get_or_init(|| tokio::sync::broadcast::channel(TRANSCRIPT_FEED_CAPACITY).0).subscribe()
-    }
-
-    /// Publishes one transcript delta to the current subscribers; without any it is dropped.
-    pub fn publish_transcript(&self, event: TranscriptEvent) {
-        if let Some(feed) = self.transcript.get() {
-            let _ = feed.send(event);
-        }
-    }
+/// What a loading task reports.
+pub enum Loaded {
+    /// An ExecutorActor started, or could not.
+    Executor(RunnerId, Result<ActorRef<ExecutorMsg>, Refusal>),
+    /// An ExecutionActor started, or could not.
+    Execution(ExecutionId, Result<ActorRef<ExecutionMsg>, Refusal>),
 }
 
 /// Root's messages.
 pub enum RootMsg {
-    /// Finds or spawns the ExecutorActor of a runner.
-    Executor(Uuid, RpcReplyPort<Result<ActorRef<ExecutorMsg>, Refusal>>),
-    /// Finds or spawns the ExecutionActor of an execution.
-    Execution(Uuid, RpcReplyPort<Result<ActorRef<ExecutionMsg>, Refusal>>),
-    /// Finds or spawns the ProfileActor of an Agent member.
-    Profile(Uuid, RpcReplyPort<Result<ActorRef<ProfileMsg>, Refusal>>),
+    /// Deliver a message to an actor that was not live when it was sent; start it if needed.
+    Deliver(Delivery),
+    /// Make sure the actor of an execution is live; answers once it is, or why it cannot be
+    /// (`not_found` for an unknown execution).
+    LoadExecution(ExecutionId, RpcReplyPort<Result<(), Refusal>>),
+    /// Make sure the actor of a runner's inbox is live.
+    LoadExecutor(RunnerId, RpcReplyPort<Result<(), Refusal>>),
+    /// A loading task finished.
+    Loaded(Loaded),
+    /// Finds or spawns the ProfileActor of an Agent member (it loads nothing, so this never
+    /// waits on the store).
+    Profile(MemberId, RpcReplyPort<Result<ActorRef<ProfileMsg>, Refusal>>),
     /// Counts the live actors.
     Census(RpcReplyPort<Census>),
 }
@@ -170,13 +82,13 @@ pub struct RootArgs {
     pub registry: Arc<Registry>,
 }
 
-/// The live ExecutorActors and ExecutionActors by public id. Root alone writes it (on spawn and
-/// on a child's exit); [`RootHandle`] reads it, so that finding a live actor — every offer,
-/// settlement and door call does — never waits in Root's mailbox behind an actor being loaded.
+/// The live ExecutorActors and ExecutionActors by public id. Root alone writes it (when an actor
+/// is up, and on a child's exit); [`RootHandle`] reads it, so that reaching a live actor (every
+/// offer, settlement and door call does) never waits in Root's mailbox.
 #[derive(Debug, Default)]
 pub struct Registry {
-    executors: std::sync::RwLock<HashMap<Uuid, ActorRef<ExecutorMsg>>>,
-    executions: std::sync::RwLock<HashMap<Uuid, ActorRef<ExecutionMsg>>>,
+    executors: std::sync::RwLock<HashMap<RunnerId, ActorRef<ExecutorMsg>>>,
+    executions: std::sync::RwLock<HashMap<ExecutionId, ActorRef<ExecutionMsg>>>,
 }
 
 fn read<K: std::hash::Hash + Eq, V: Clone>(map: &std::sync::RwLock<HashMap<K, V>>, key: &K) -> Option<V> {
@@ -187,31 +99,64 @@ fn write<K, V>(map: &std::sync::RwLock<HashMap<K, V>>) -> std::sync::RwLockWrite
     map.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Root's state: the live actors by public id.
+/// Removes the entry of the actor `id` that exited, returning its key.
+fn take_exited<K: Copy + std::hash::Hash + Eq, M>(
+    map: &std::sync::RwLock<HashMap<K, ActorRef<M>>>,
+    id: ractor::ActorId,
+) -> Option<K> {
+    let mut map = write(map);
+    let key = map.iter().find(|(_, actor)| actor.get_id() == id).map(|(key, _)| *key)?;
+    map.remove(&key);
+    Some(key)
+}
+
+fn count<K, V>(map: &std::sync::RwLock<HashMap<K, V>>) -> usize {
+    map.read().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+}
+
+/// An actor being loaded: what waits for it, and the task loading it; no task yet while the
+/// actor's previous incarnation is still stopping (it is started once that one has exited, so
+/// that two actors never hold one execution).
+struct Loading<M> {
+    queued: Vec<M>,
+    waiters: Vec<RpcReplyPort<Result<(), Refusal>>>,
+    task: Option<JoinHandle<()>>,
+}
+
+/// Root's state.
 pub struct RootState {
     fabric: Arc<Fabric>,
     registry: Arc<Registry>,
-    profiles: HashMap<Uuid, ActorRef<ProfileMsg>>,
+    profiles: HashMap<MemberId, ActorRef<ProfileMsg>>,
+    loading_executors: HashMap<RunnerId, Loading<ExecutorMsg>>,
+    loading_executions: HashMap<ExecutionId, Loading<ExecutionMsg>>,
 }
 
 /// The Root actor.
 pub struct RootActor;
 
-/// A typed handle on Root.
+/// The typed handle on Root, and through it on every actor found by id.
 #[derive(Clone, Debug)]
 pub struct RootHandle {
     actor: ActorRef<RootMsg>,
     registry: Arc<Registry>,
+    deadline: Duration,
 }
 
-fn gone(what: &str) -> Refusal {
-    Refusal::new(ErrorCode::Unavailable, format!("the {what} is shutting down; retry shortly"))
+/// A live actor ref that is still worth sending to: a stopping actor drops its mailbox.
+fn alive<M>(actor: Option<ActorRef<M>>) -> Option<ActorRef<M>> {
+    actor.filter(|actor| matches!(actor.get_status(), ActorStatus::Starting | ActorStatus::Running))
 }
 
 impl RootHandle {
-    /// Wraps Root's actor ref and the registry it keeps.
-    pub fn new(actor: ActorRef<RootMsg>, registry: Arc<Registry>) -> Self {
-        RootHandle { actor, registry }
+    /// Wraps Root's actor ref and the registry it keeps; calls wait at most `deadline`.
+    pub fn new(actor: ActorRef<RootMsg>, registry: Arc<Registry>, deadline: Duration) -> Self {
+        RootHandle { actor, registry, deadline }
+    }
+
+    /// The deadline of every call made through this handle and the handles it gives out.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
     }
 
     /// The cell to link children to.
@@ -219,53 +164,290 @@ impl RootHandle {
         self.actor.get_cell()
     }
 
-    /// The ExecutorActor of `runner`.
-    ///
-    /// # Errors
-    /// `unavailable` during shutdown; `internal` when its state cannot be loaded.
-    pub async fn executor(&self, runner: Uuid) -> Result<ActorRef<ExecutorMsg>, Refusal> {
-        if let Some(live) = read(&self.registry.executors, &runner) {
-            return Ok(live);
-        }
-        ractor::call!(self.actor, RootMsg::Executor, runner).map_err(|_| gone("server"))?
+    /// The handle of a runner's inbox (its ExecutorActor), live or not.
+    pub fn executor(&self, runner: RunnerId) -> ExecutorHandle {
+        ExecutorHandle::new(runner, self.clone())
     }
 
-    /// The ExecutionActor of `execution`.
-    ///
-    /// # Errors
-    /// `unavailable` during shutdown; `not_found` for an unknown execution.
-    pub async fn execution(&self, execution: Uuid) -> Result<ActorRef<ExecutionMsg>, Refusal> {
-        if let Some(live) = read(&self.registry.executions, &execution) {
-            return Ok(live);
-        }
-        ractor::call!(self.actor, RootMsg::Execution, execution).map_err(|_| gone("server"))?
+    /// The handle of an execution's actor, live or not.
+    pub fn execution(&self, execution: ExecutionId) -> ExecutionHandle {
+        ExecutionHandle::new(execution, self.clone())
     }
 
     /// The ProfileActor of `member`.
     ///
     /// # Errors
-    /// `unavailable` during shutdown.
-    pub async fn profile(&self, member: Uuid) -> Result<ActorRef<ProfileMsg>, Refusal> {
-        ractor::call!(self.actor, RootMsg::Profile, member).map_err(|_| gone("server"))?
+    /// [`ActorError`] during shutdown, or when Root does not answer in time.
+    pub async fn profile(&self, member: MemberId) -> Result<ProfileHandle, Refusal> {
+        let actor =
+            handle::call(&self.actor, "server", self.deadline, |reply| RootMsg::Profile(member, reply)).await??;
+        Ok(ProfileHandle::new(actor, self.deadline))
     }
 
     /// Counts the live actors.
     ///
     /// # Errors
-    /// `unavailable` during shutdown.
-    pub async fn census(&self) -> Result<Census, Refusal> {
-        ractor::call!(self.actor, RootMsg::Census).map_err(|_| gone("server"))
+    /// [`ActorError`] during shutdown, or when Root does not answer in time.
+    pub async fn census(&self) -> Result<Census, ActorError> {
+        handle::call(&self.actor, "server", self.deadline, RootMsg::Census).await
     }
 
     /// Stops Root and, through supervision, every actor.
     pub fn stop(&self) {
         self.actor.stop(Some("shutdown".into()));
     }
+
+    /// Sends `message` to the ExecutorActor of `runner`: at once when it is live, else through
+    /// Root, which starts it. Never waits.
+    ///
+    /// # Errors
+    /// [`ActorError::Stopped`] during shutdown.
+    pub(crate) fn to_executor(&self, runner: RunnerId, message: ExecutorMsg) -> Result<(), ActorError> {
+        match alive(read(&self.registry.executors, &runner)) {
+            Some(actor) => match actor.cast(message) {
+                Ok(()) => Ok(()),
+                // It began stopping after the look-up: Root holds the message for its successor.
+                Err(ractor::MessagingErr::SendErr(message)) => self.via_root(Delivery::Executor(runner, message)),
+                Err(_) => Err(ActorError::Stopped { actor: "executor" }),
+            },
+            None => self.via_root(Delivery::Executor(runner, message)),
+        }
+    }
+
+    /// Sends `message` to the ExecutionActor of `execution`, as [`Self::to_executor`] does.
+    ///
+    /// # Errors
+    /// [`ActorError::Stopped`] during shutdown.
+    pub(crate) fn to_execution(&self, execution: ExecutionId, message: ExecutionMsg) -> Result<(), ActorError> {
+        match alive(read(&self.registry.executions, &execution)) {
+            Some(actor) => match actor.cast(message) {
+                Ok(()) => Ok(()),
+                // It began stopping after the look-up: Root holds the message for its successor.
+                Err(ractor::MessagingErr::SendErr(message)) => self.via_root(Delivery::Execution(execution, message)),
+                Err(_) => Err(ActorError::Stopped { actor: "execution" }),
+            },
+            None => self.via_root(Delivery::Execution(execution, message)),
+        }
+    }
+
+    fn via_root(&self, delivery: Delivery) -> Result<(), ActorError> {
+        handle::cast(&self.actor, "server", RootMsg::Deliver(delivery))
+    }
+
+    /// Asks the ExecutionActor of `execution` and waits at most the deadline for its answer,
+    /// loading the actor first when it is not live. A quiet execution's actor stops itself: a
+    /// question that finds it stopping is asked again of the fresh actor Root starts once the old
+    /// one has exited.
+    ///
+    /// # Errors
+    /// `not_found` for an unknown execution; [`ActorError`] as a refusal when the actor cannot be
+    /// reached or does not answer in time.
+    pub(crate) async fn ask_execution<T: Send + 'static>(
+        &self,
+        execution: ExecutionId,
+        build: impl Fn(RpcReplyPort<T>) -> ExecutionMsg,
+    ) -> Result<T, Refusal> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            self.load_execution(execution).await?;
+            let Some(actor) = alive(read(&self.registry.executions, &execution)) else {
+                if attempts < 5 {
+                    continue;
+                }
+                return Err(ActorError::Stopped { actor: "execution" }.into());
+            };
+            match handle::call(&actor, "execution", self.deadline, &build).await {
+                Err(ActorError::Stopped { .. }) if attempts < 5 => continue,
+                answer => return Ok(answer?),
+            }
+        }
+    }
+
+    /// Makes sure the actor of `execution` is live.
+    ///
+    /// # Errors
+    /// `not_found` for an unknown execution; `internal` when its state cannot be loaded;
+    /// `unavailable` during shutdown or past the deadline.
+    pub async fn load_execution(&self, execution: ExecutionId) -> Result<(), Refusal> {
+        if alive(read(&self.registry.executions, &execution)).is_some() {
+            return Ok(());
+        }
+        handle::call(&self.actor, "server", self.deadline, |reply| RootMsg::LoadExecution(execution, reply)).await?
+    }
+
+    /// Makes sure the actor of `runner`'s inbox is live.
+    ///
+    /// # Errors
+    /// `internal` when its state cannot be loaded; `unavailable` during shutdown or past the
+    /// deadline.
+    pub async fn load_executor(&self, runner: RunnerId) -> Result<(), Refusal> {
+        if alive(read(&self.registry.executors, &runner)).is_some() {
+            return Ok(());
+        }
+        handle::call(&self.actor, "server", self.deadline, |reply| RootMsg::LoadExecutor(runner, reply)).await?
+    }
 }
 
-fn spawn_failed(what: &str, id: Uuid, error: impl std::fmt::Display) -> Refusal {
+fn spawn_failed(what: &str, id: impl std::fmt::Display, error: impl std::fmt::Display) -> Refusal {
     tracing::error!(%id, error = %error, "{what} actor failed to start");
     Refusal::new(ErrorCode::Internal, format!("the {what} {id} could not be loaded: {error}"))
+}
+
+/// Starts the ExecutorActor of `runner` (its `pre_start` loads the inbox).
+async fn load_executor(
+    fabric: Arc<Fabric>,
+    root: RootHandle,
+    runner: RunnerId,
+) -> Result<ActorRef<ExecutorMsg>, Refusal> {
+    let cell = root.cell();
+    let args = ExecutorArgs { fabric, root, public_id: runner };
+    Actor::spawn_linked(None, ExecutorActor, args, cell)
+        .await
+        .map(|(actor, _)| actor)
+        .map_err(|e| spawn_failed("executor", runner, e))
+}
+
+/// Starts the ExecutionActor of `execution` (its `pre_start` rebuilds it from the store).
+async fn load_execution(
+    fabric: Arc<Fabric>,
+    root: RootHandle,
+    execution: ExecutionId,
+) -> Result<ActorRef<ExecutionMsg>, Refusal> {
+    match fabric.store.execution(execution).await {
+        Ok(Some(_)) => {}
+        Ok(None) => return Err(Refusal::new(ErrorCode::NotFound, format!("no execution {execution}"))),
+        Err(e) => return Err(spawn_failed("execution", execution, e)),
+    }
+    let cell = root.cell();
+    let args = ExecutionArgs { fabric, root, public_id: execution };
+    Actor::spawn_linked(None, ExecutionActor, args, cell)
+        .await
+        .map(|(actor, _)| actor)
+        .map_err(|e| spawn_failed("execution", execution, e))
+}
+
+impl RootState {
+    fn root(&self, myself: &ActorRef<RootMsg>) -> RootHandle {
+        RootHandle::new(myself.clone(), self.registry.clone(), self.fabric.config.actors.call_timeout())
+    }
+
+    /// Queues `message` (if any) and `waiter` (if any) for the ExecutorActor of `runner`, starting
+    /// its loading task unless one runs or its previous incarnation is still stopping.
+    fn await_executor(
+        &mut self,
+        myself: &ActorRef<RootMsg>,
+        runner: RunnerId,
+        message: Option<ExecutorMsg>,
+        waiter: Option<RpcReplyPort<Result<(), Refusal>>>,
+    ) {
+        let registered = read(&self.registry.executors, &runner);
+        if let Some(actor) = alive(registered.clone()) {
+            deliver_now(&actor, message, waiter);
+            return;
+        }
+        let (fabric, root) = (self.fabric.clone(), self.root(myself));
+        let loading = self.loading_executors.entry(runner).or_insert_with(Loading::new);
+        loading.queued.extend(message);
+        loading.waiters.extend(waiter);
+        if registered.is_none() && loading.task.is_none() {
+            loading.task = Some(spawn_loader(myself, "load_executor", runner, async move {
+                Loaded::Executor(runner, load_executor(fabric, root, runner).await)
+            }));
+        }
+    }
+
+    /// As [`Self::await_executor`], for the ExecutionActor of `execution`.
+    fn await_execution(
+        &mut self,
+        myself: &ActorRef<RootMsg>,
+        execution: ExecutionId,
+        message: Option<ExecutionMsg>,
+        waiter: Option<RpcReplyPort<Result<(), Refusal>>>,
+    ) {
+        let registered = read(&self.registry.executions, &execution);
+        if let Some(actor) = alive(registered.clone()) {
+            deliver_now(&actor, message, waiter);
+            return;
+        }
+        let (fabric, root) = (self.fabric.clone(), self.root(myself));
+        let loading = self.loading_executions.entry(execution).or_insert_with(Loading::new);
+        loading.queued.extend(message);
+        loading.waiters.extend(waiter);
+        if registered.is_none() && loading.task.is_none() {
+            loading.task = Some(spawn_loader(myself, "load_execution", execution, async move {
+                Loaded::Execution(execution, load_execution(fabric, root, execution).await)
+            }));
+        }
+    }
+}
+
+impl<M> Loading<M> {
+    fn new() -> Self {
+        Loading { queued: Vec::new(), waiters: Vec::new(), task: None }
+    }
+}
+
+fn deliver_now<M: ractor::Message>(
+    actor: &ActorRef<M>,
+    message: Option<M>,
+    waiter: Option<RpcReplyPort<Result<(), Refusal>>>,
+) {
+    if let Some(message) = message {
+        let _ = actor.cast(message);
+    }
+    if let Some(waiter) = waiter {
+        let _ = waiter.send(Ok(()));
+    }
+}
+
+/// Runs `load` in a task Root owns (aborted when Root stops), which reports to Root.
+fn spawn_loader(
+    myself: &ActorRef<RootMsg>,
+    name: &'static str,
+    id: impl std::fmt::Display,
+    load: impl std::future::Future<Output = Loaded> + Send + 'static,
+) -> JoinHandle<()> {
+    let root = myself.clone();
+    tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            let loaded = load.await;
+            let _ = root.cast(RootMsg::Loaded(loaded));
+        },
+        tracing::info_span!("loader", task = name, id = %id),
+    ))
+}
+
+/// Hands a loaded actor its queue, in order, and answers its waiters; or, when it could not be
+/// loaded, drops the queue with a warning (what it said is in the store, and the actor rereads
+/// it when it next loads) and answers the waiters with the reason.
+fn finish_loading<M: ractor::Message>(
+    loading: Option<Loading<M>>,
+    result: &Result<ActorRef<M>, Refusal>,
+    what: &'static str,
+    id: impl std::fmt::Display,
+) {
+    let Some(loading) = loading else { return };
+    match result {
+        Ok(actor) => {
+            for message in loading.queued {
+                if actor.cast(message).is_err() {
+                    tracing::warn!(%id, "the {what} stopped before hearing of a message; it rereads the store");
+                }
+            }
+            for waiter in loading.waiters {
+                let _ = waiter.send(Ok(()));
+            }
+        }
+        Err(refusal) => {
+            if !loading.queued.is_empty() {
+                tracing::warn!(%id, code = %refusal.code, dropped = loading.queued.len(), "cannot reach the {what}");
+            }
+            for waiter in loading.waiters {
+                let _ = waiter.send(Err(refusal.clone()));
+            }
+        }
+    }
 }
 
 impl Actor for RootActor {
@@ -274,7 +456,23 @@ impl Actor for RootActor {
     type Arguments = RootArgs;
 
     async fn pre_start(&self, _myself: ActorRef<Self::Msg>, args: RootArgs) -> Result<RootState, ActorProcessingErr> {
-        Ok(RootState { fabric: args.fabric, registry: args.registry, profiles: HashMap::new() })
+        Ok(RootState {
+            fabric: args.fabric,
+            registry: args.registry,
+            profiles: HashMap::new(),
+            loading_executors: HashMap::new(),
+            loading_executions: HashMap::new(),
+        })
+    }
+
+    async fn post_stop(&self, _myself: ActorRef<Self::Msg>, state: &mut RootState) -> Result<(), ActorProcessingErr> {
+        for task in state.loading_executors.values().filter_map(|loading| loading.task.as_ref()) {
+            task.abort();
+        }
+        for task in state.loading_executions.values().filter_map(|loading| loading.task.as_ref()) {
+            task.abort();
+        }
+        Ok(())
     }
 
     async fn handle(
@@ -283,69 +481,50 @@ impl Actor for RootActor {
         msg: RootMsg,
         state: &mut RootState,
     ) -> Result<(), ActorProcessingErr> {
-        let root = RootHandle::new(myself.clone(), state.registry.clone());
         match msg {
-            RootMsg::Executor(id, reply) => {
-                if let Some(found) = read(&state.registry.executors, &id) {
-                    let _ = reply.send(Ok(found));
-                    return Ok(());
-                }
-                let args = ExecutorArgs { fabric: state.fabric.clone(), root, public_id: id };
-                let result = Actor::spawn_linked(None, ExecutorActor, args, myself.get_cell())
-                    .await
-                    .map(|(actor, _)| actor)
-                    .map_err(|e| spawn_failed("executor", id, e));
-                if let Ok(actor) = &result {
-                    write(&state.registry.executors).insert(id, actor.clone());
-                }
-                let _ = reply.send(result);
+            RootMsg::Deliver(Delivery::Executor(runner, message)) => {
+                state.await_executor(&myself, runner, Some(message), None);
             }
-            RootMsg::Execution(id, reply) => {
-                if let Some(found) = read(&state.registry.executions, &id) {
-                    let _ = reply.send(Ok(found));
-                    return Ok(());
-                }
-                match state.fabric.store.execution(id).await {
-                    Ok(Some(_)) => {}
-                    Ok(None) => {
-                        let _ = reply.send(Err(Refusal::new(ErrorCode::NotFound, format!("no execution {id}"))));
-                        return Ok(());
-                    }
-                    Err(e) => {
-                        let _ = reply.send(Err(spawn_failed("execution", id, e)));
-                        return Ok(());
-                    }
-                }
-                let args = ExecutionArgs { fabric: state.fabric.clone(), root, public_id: id };
-                let result = Actor::spawn_linked(None, ExecutionActor, args, myself.get_cell())
-                    .await
-                    .map(|(actor, _)| actor)
-                    .map_err(|e| spawn_failed("execution", id, e));
+            RootMsg::Deliver(Delivery::Execution(execution, message)) => {
+                state.await_execution(&myself, execution, Some(message), None);
+            }
+            RootMsg::LoadExecutor(runner, reply) => state.await_executor(&myself, runner, None, Some(reply)),
+            RootMsg::LoadExecution(execution, reply) => state.await_execution(&myself, execution, None, Some(reply)),
+            RootMsg::Loaded(Loaded::Executor(runner, result)) => {
+                // Registered before the queue is handed over: a sender that reads the registry
+                // from now on casts after the queued messages.
                 if let Ok(actor) = &result {
-                    write(&state.registry.executions).insert(id, actor.clone());
+                    write(&state.registry.executors).insert(runner, actor.clone());
                 }
-                let _ = reply.send(result);
+                finish_loading(state.loading_executors.remove(&runner), &result, "executor", runner);
+            }
+            RootMsg::Loaded(Loaded::Execution(execution, result)) => {
+                if let Ok(actor) = &result {
+                    write(&state.registry.executions).insert(execution, actor.clone());
+                }
+                finish_loading(state.loading_executions.remove(&execution), &result, "execution", execution);
             }
             RootMsg::Census(reply) => {
                 let _ = reply.send(Census {
-                    executors: state.registry.executors.read().map_or(0, |m| m.len()),
-                    executions: state.registry.executions.read().map_or(0, |m| m.len()),
+                    executors: count(&state.registry.executors),
+                    executions: count(&state.registry.executions),
                     profiles: state.profiles.len(),
                     connections: state.fabric.connections.load(std::sync::atomic::Ordering::Relaxed),
                 });
             }
-            RootMsg::Profile(id, reply) => {
-                if let Some(found) = state.profiles.get(&id) {
+            RootMsg::Profile(member, reply) => {
+                if let Some(found) = state.profiles.get(&member) {
                     let _ = reply.send(Ok(found.clone()));
                     return Ok(());
                 }
-                let args = ProfileArgs { fabric: state.fabric.clone(), member: id };
+                // A ProfileActor's pre_start reads nothing: spawning it never waits on the store.
+                let args = ProfileArgs { fabric: state.fabric.clone(), member };
                 let result = Actor::spawn_linked(None, ProfileActor, args, myself.get_cell())
                     .await
                     .map(|(actor, _)| actor)
-                    .map_err(|e| spawn_failed("profile", id, e));
+                    .map_err(|e| spawn_failed("profile", member, e));
                 if let Ok(actor) = &result {
-                    state.profiles.insert(id, actor.clone());
+                    state.profiles.insert(member, actor.clone());
                 }
                 let _ = reply.send(result);
             }
@@ -355,12 +534,12 @@ impl Actor for RootActor {
 
     async fn handle_supervisor_evt(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         event: SupervisionEvent,
         state: &mut RootState,
     ) -> Result<(), ActorProcessingErr> {
-        // A child's exit is never Root's exit: forget it, and the next lookup respawns it from
-        // the store.
+        // A child's exit is never Root's exit: forget it, and the next message for it starts it
+        // again from the store.
         let (cell, failure) = match &event {
             SupervisionEvent::ActorTerminated(cell, _, _) => (Some(cell.get_id()), None),
             SupervisionEvent::ActorFailed(cell, error) => (Some(cell.get_id()), Some(error.to_string())),
@@ -370,9 +549,20 @@ impl Actor for RootActor {
             if let Some(failure) = failure {
                 tracing::error!(actor = %id, error = %failure, "actor failed; it restarts from the store on next use");
             }
-            write(&state.registry.executors).retain(|_, a| a.get_id() != id);
-            write(&state.registry.executions).retain(|_, a| a.get_id() != id);
+            let executor = take_exited(&state.registry.executors, id);
+            let execution = take_exited(&state.registry.executions, id);
             state.profiles.retain(|_, a| a.get_id() != id);
+            // What queued while it stopped goes to a fresh actor.
+            if let Some(runner) = executor
+                && state.loading_executors.contains_key(&runner)
+            {
+                state.await_executor(&myself, runner, None, None);
+            }
+            if let Some(execution) = execution
+                && state.loading_executions.contains_key(&execution)
+            {
+                state.await_execution(&myself, execution, None, None);
+            }
         }
         Ok(())
     }

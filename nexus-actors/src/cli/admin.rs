@@ -7,33 +7,14 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 use serde_json::{Value, json};
-use uuid::Uuid;
 
-use nexus_proto::{ErrorCode, Refusal};
+pub use nexus_proto::MemberKind;
+use nexus_proto::{ErrorCode, MemberId, MemberStatus, Refusal, RunnerId};
 
 use crate::auth::{Plane, mint};
 use crate::store::{MemberRow, Store, StoreError};
 
 static HANDLE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[a-z0-9][a-z0-9_-]{1,31}$").expect("static regex"));
-
-/// The kind of member to create.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MemberKind {
-    /// An Agent: has a profile that answers inputs.
-    Agent,
-    /// A Human.
-    Human,
-}
-
-impl MemberKind {
-    /// `agent` or `human`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MemberKind::Agent => "agent",
-            MemberKind::Human => "human",
-        }
-    }
-}
 
 fn store_refusal(e: StoreError) -> Refusal {
     match e {
@@ -53,47 +34,44 @@ pub async fn create_member(store: &Store, kind: MemberKind, handle: &str) -> Res
         return Err(Refusal::new(ErrorCode::ValidationFailed, "handle: must match [a-z0-9][a-z0-9_-]{1,31}"));
     }
     let member = MemberRow {
-        public_id: Uuid::new_v4(),
-        kind: kind.as_str().to_owned(),
+        public_id: MemberId::new_v4(),
+        kind,
         handle: handle.to_owned(),
         display_name: handle.to_owned(),
-        status: "active".to_owned(),
+        status: MemberStatus::Active,
     };
-    let (token, credential) = mint(Plane::Member, member.public_id);
+    let (token, credential) = mint(Plane::Member, member.public_id.uuid());
     store.create_member(&member, &credential).await.map_err(store_refusal)?;
     Ok(json!({"public_id": member.public_id, "kind": member.kind, "handle": member.handle, "token": token}))
 }
 
-/// Suspends or reinstates a member (`active` or `suspended`). A suspended Agent keeps its
-/// credentials but its declaration doors answer 403 `not_authorized`.
+/// Suspends or reinstates a member. A suspended Agent keeps its credentials but its declaration
+/// doors answer 403 `not_authorized`.
 ///
 /// Returns `{"public_id", "status"}`.
 ///
 /// # Errors
-/// 404 `not_found` for an unknown member; 422 `validation_failed` for another status.
-pub async fn set_member_status(store: &Store, member: Uuid, status: &str) -> Result<Value, Refusal> {
-    if !matches!(status, "active" | "suspended") {
-        return Err(Refusal::new(ErrorCode::ValidationFailed, "status: must be active or suspended"));
-    }
+/// 404 `not_found` for an unknown member.
+pub async fn set_member_status(store: &Store, member: MemberId, status: MemberStatus) -> Result<Value, Refusal> {
     if !store.set_member_status(member, status).await.map_err(store_refusal)? {
         return Err(Refusal::new(ErrorCode::NotFound, format!("no member {member}")));
     }
     Ok(json!({"public_id": member, "status": status}))
 }
 
-/// Pairs a runner again (REFERENCE.md 6.1, "Re-pairing keeps the same public_id and bumps
-/// credential_epoch"): mints a new transport token under the next epoch. Streams, tokens and
+/// Pairs a runner again (`docs/protocol.md`, "Credential epochs and fencing": re-pairing keeps the
+/// runner's id and bumps its `credential_epoch`): mints a new transport token under the next epoch. Streams, tokens and
 /// claims of older epochs are fenced; a live old stream is closed within one ping interval.
 ///
-/// A revoked runner is refused: revocation is final (REFERENCE.md 6.1, "After terminal revoke, a
-/// new address is created"), so a token minted for it could never say Hello.
+/// A revoked runner is refused: revocation is final (a new runner gets a new id), so a token minted
+/// for it could never say Hello.
 ///
 /// Returns `{"runner_executor_public_id", "credential_epoch", "token"}`.
 ///
 /// # Errors
 /// 404 `not_found` for an unknown runner; 409 `not_eligible` for a revoked one.
-pub async fn repair_runner(store: &Store, runner: Uuid) -> Result<Value, Refusal> {
-    let (token, credential) = mint(Plane::ExecutorTransport, runner);
+pub async fn repair_runner(store: &Store, runner: RunnerId) -> Result<Value, Refusal> {
+    let (token, credential) = mint(Plane::ExecutorTransport, runner.uuid());
     // The store bumps only an active row, so a revocation racing this one cannot be undone.
     if let Some(epoch) = store.repair_executor(runner, &credential).await.map_err(store_refusal)? {
         return Ok(json!({"runner_executor_public_id": runner, "credential_epoch": epoch, "token": token}));
@@ -116,7 +94,7 @@ pub async fn repair_runner(store: &Store, runner: Uuid) -> Result<Value, Refusal
 ///
 /// # Errors
 /// 404 `not_found` for an unknown runner.
-pub async fn revoke_runner(store: &Store, runner: Uuid) -> Result<Value, Refusal> {
+pub async fn revoke_runner(store: &Store, runner: RunnerId) -> Result<Value, Refusal> {
     if !store.revoke_executor(runner).await.map_err(store_refusal)? {
         return Err(Refusal::new(ErrorCode::NotFound, format!("no runner {runner}")));
     }
@@ -133,8 +111,8 @@ pub async fn create_runner(store: &Store, name: &str) -> Result<Value, Refusal> 
     if name.trim().is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control) {
         return Err(Refusal::new(ErrorCode::ValidationFailed, "name: must be 1 to 100 printable characters"));
     }
-    let public_id = Uuid::new_v4();
-    let (token, credential) = mint(Plane::ExecutorTransport, public_id);
+    let public_id = RunnerId::new_v4();
+    let (token, credential) = mint(Plane::ExecutorTransport, public_id.uuid());
     store.create_executor(public_id, name, &credential).await.map_err(store_refusal)?;
     Ok(json!({"runner_executor_public_id": public_id, "name": name, "token": token}))
 }

@@ -77,7 +77,7 @@ pub struct QuickstartOutcome {
     /// The final text.
     pub final_text: String,
     /// The execution.
-    pub execution_public_id: Uuid,
+    pub execution_public_id: nexus_proto::ExecutionId,
 }
 
 /// Runs the quickstart, printing each round, each tool call with its runner and result, and the
@@ -280,7 +280,8 @@ async fn wait_for_announcement(
     child: &mut Child,
     timeout: Duration,
 ) -> Result<(), QuickstartError> {
-    let id = Uuid::parse_str(runner_id).map_err(|e| step("read the runner id")(e.to_string()))?;
+    let id: nexus_proto::RunnerId =
+        runner_id.parse().map_err(|e: uuid::Error| step("read the runner id")(e.to_string()))?;
     let started = Instant::now();
     let mut last_note = Instant::now();
     loop {
@@ -314,7 +315,7 @@ fn indent(text: &str) -> String {
 async fn follow(
     api: &crate::doors::api::Api,
     caller: &Caller,
-    execution: Uuid,
+    execution: nexus_proto::ExecutionId,
     runner_id: &str,
     timeout: Duration,
 ) -> Result<QuickstartOutcome, QuickstartError> {
@@ -395,7 +396,7 @@ async fn follow(
     finish(&row, execution)
 }
 
-fn finish(row: &Value, execution: Uuid) -> Result<QuickstartOutcome, QuickstartError> {
+fn finish(row: &Value, execution: nexus_proto::ExecutionId) -> Result<QuickstartOutcome, QuickstartError> {
     match (row["status"].as_str(), row["final_text"].as_str()) {
         (Some("completed"), Some(text)) => {
             println!("\nfinal answer: {text}");

@@ -185,7 +185,7 @@ mod tests {
     }
 
     fn code(body: Value) -> String {
-        validate(&body).expect_err("refused").code
+        validate(&body).expect_err("refused").code.as_str().to_owned()
     }
 
     #[test]

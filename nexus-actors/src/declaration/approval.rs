@@ -370,12 +370,13 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use nexus_proto::ErrorCode;
 
     const FIELD: &str = "configuration.approval_rules";
 
     fn refusal(rules: Value) -> String {
         let refusal = validate_rules(Some(&rules), FIELD).expect_err("refused");
-        assert_eq!(refusal.code, "validation_failed");
+        assert_eq!(refusal.code, ErrorCode::ValidationFailed);
         refusal.message
     }
 
@@ -471,7 +472,7 @@ mod tests {
         }
         for (value, needed) in [(json!("sometimes"), false), (json!(1), false), (json!(null), true)] {
             let refusal = validate_mode(Some(&value), field, needed).expect_err("refused");
-            assert_eq!(refusal.code, "validation_failed");
+            assert_eq!(refusal.code, ErrorCode::ValidationFailed);
             assert!(refusal.message.starts_with(field));
         }
         assert_eq!(validate_mode(None, field, false), Ok(()));

@@ -8,7 +8,31 @@ use nexus_proto::Refusal;
 
 use super::{ENVELOPE_BOUND, invalid};
 
-/// The compaction modes a policy may name.
+nexus_proto::words! {
+    /// How an enabled compaction produces its summary (`docs/executions.md`, "Compaction").
+    pub enum CompactionMode("compaction mode") {
+        /// A summarizer model call with no tools.
+        Kernel => "kernel",
+        /// An inbox task to the runner serving the policy's `tool_name`.
+        Delegate => "delegate",
+    }
+}
+
+nexus_proto::words! {
+    /// What made a compaction run, for `pre_compact`'s `compaction_trigger` and the events.
+    pub enum CompactionTrigger("compaction trigger") {
+        /// The manual compaction door.
+        Manual => "manual",
+        /// The provider's own token count plus the tail exceeds the window.
+        Usage => "usage",
+        /// The byte bound or the estimated input exceeds the model's limit.
+        Wall => "wall",
+        /// The provider rejected the request for length.
+        Overflow => "overflow",
+    }
+}
+
+/// The compaction modes a policy may name (`off` disables compaction).
 pub const COMPACTION_MODES: [&str; 3] = ["kernel", "delegate", "off"];
 const KEYS: [&str; 5] = ["mode", "tool_name", "model", "reasoning_enabled", "reasoning_effort"];
 
@@ -63,6 +87,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use nexus_proto::ErrorCode;
 
     const F: &str = "configuration.compaction_policy";
 
@@ -99,7 +124,7 @@ mod tests {
         ];
         for (name, policy, prefix) in cases {
             let refusal = validate_compaction(Some(&policy), F).expect_err(name);
-            assert_eq!(refusal.code, "validation_failed", "{name}");
+            assert_eq!(refusal.code, ErrorCode::ValidationFailed, "{name}");
             assert!(refusal.message.starts_with(prefix), "{name}: {} should start with {prefix}", refusal.message);
         }
     }

@@ -1,5 +1,5 @@
-//! The Agent's two owned prompt documents, `system_prompt` and `summarizer` (spec/REFERENCE.md 3
-//! and 12; R2–R4, R7, R58).
+//! The Agent's two owned prompt documents, `system_prompt` and `summarizer` (`docs/declaration.md`,
+//! "Prompt documents"; R2–R4, R7, R58).
 //!
 //! A document is `{content, role?}`: `content` a string of at most 64 KiB (empty stores an empty
 //! document), `role` `system` (the default) or `developer`; `summarizer` permits only `system`.
@@ -12,12 +12,21 @@ use nexus_proto::{ErrorCode, Refusal};
 use super::PROMPT_DOCUMENT_BOUND;
 use super::template::{MACROS, unknown_macro};
 
-/// The owned slots and whether each is restricted to the `system` role.
-pub const SLOTS: [(&str, bool); 2] = [("system_prompt", false), ("summarizer", true)];
+nexus_proto::words! {
+    /// An Agent's owned prompt-document slot.
+    pub enum PromptSlot("prompt-document slot") {
+        /// The Agent's system prompt (`system` or `developer` role).
+        SystemPrompt => "system_prompt",
+        /// The summarizer's instructions (`system` role only).
+        Summarizer => "summarizer",
+    }
+}
 
-/// Whether `name` is an owned slot restricted to `system`; `None` when it is no owned slot.
-pub fn system_only(name: &str) -> Option<bool> {
-    SLOTS.iter().find(|(slot, _)| *slot == name).map(|(_, only)| *only)
+impl PromptSlot {
+    /// Whether the slot is restricted to the `system` role.
+    pub const fn system_only(self) -> bool {
+        matches!(self, PromptSlot::Summarizer)
+    }
 }
 
 /// Validates one document object at `path` (e.g. `prompt_documents.system_prompt`) and returns
@@ -99,7 +108,7 @@ mod tests {
         ];
         for (name, slot, only, code) in cases {
             let refusal = check(slot, only, &tone).expect_err(name);
-            assert_eq!(refusal.code, code, "{name}");
+            assert_eq!(refusal.code.as_str(), code, "{name}");
             assert!(refusal.message.starts_with("prompt_documents.x."), "{name}: {}", refusal.message);
         }
     }
@@ -117,8 +126,9 @@ mod tests {
             check(json!({"content": exactly_bound, "role": null}), true, &[]),
             Ok(json!({"content": exactly_bound, "role": "system"}))
         );
-        assert_eq!(system_only("summarizer"), Some(true));
-        assert_eq!(system_only("system_prompt"), Some(false));
-        assert_eq!(system_only("persona"), None);
+        let only = |slot: &str| slot.parse::<PromptSlot>().ok().map(PromptSlot::system_only);
+        assert_eq!(only("summarizer"), Some(true));
+        assert_eq!(only("system_prompt"), Some(false));
+        assert_eq!(only("persona"), None);
     }
 }

@@ -78,6 +78,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use nexus_proto::ErrorCode;
 
     const F: &str = "configuration.lifecycle_hooks";
 
@@ -189,7 +190,7 @@ mod tests {
         ];
         for (name, hooks, prefix) in cases {
             let refusal = validate_hooks(Some(&hooks), F).expect_err(name);
-            assert_eq!(refusal.code, "validation_failed", "{name}");
+            assert_eq!(refusal.code, ErrorCode::ValidationFailed, "{name}");
             assert!(refusal.message.starts_with(prefix), "{name}: {} should start with {prefix}", refusal.message);
         }
     }

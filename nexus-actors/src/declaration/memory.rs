@@ -92,6 +92,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use nexus_proto::ErrorCode;
 
     const F: &str = "configuration.memory_context_limit";
 
@@ -157,7 +158,7 @@ mod tests {
         ];
         for (name, limit, prefix) in cases {
             let refusal = validate_memory_limit(Some(&limit), F).expect_err(name);
-            assert_eq!(refusal.code, "validation_failed", "{name}");
+            assert_eq!(refusal.code, ErrorCode::ValidationFailed, "{name}");
             assert!(refusal.message.starts_with(prefix), "{name}: {} should start with {prefix}", refusal.message);
         }
     }
@@ -189,7 +190,7 @@ mod tests {
         assert_eq!(validate_reach(None, f), Ok(()));
         for reach in [json!("global"), json!(""), json!(true)] {
             let refusal = validate_reach(Some(&reach), f).expect_err("refused");
-            assert_eq!(refusal.code, "validation_failed");
+            assert_eq!(refusal.code, ErrorCode::ValidationFailed);
             assert!(refusal.message.starts_with(f));
         }
     }

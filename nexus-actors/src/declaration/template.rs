@@ -276,6 +276,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use nexus_proto::ErrorCode;
 
     const M: &str = "configuration.prompt_mechanism";
     const T: &str = "configuration.prompt_template";
@@ -296,7 +297,7 @@ mod tests {
         }
         for word in [json!("fancy"), json!(1), json!(["raw"])] {
             let refusal = validate_prompt(Some(&word), None, M, T).expect_err("refused");
-            assert_eq!(refusal.code, "validation_failed");
+            assert_eq!(refusal.code, ErrorCode::ValidationFailed);
             assert!(refusal.message.starts_with(M), "{}", refusal.message);
         }
     }
@@ -386,7 +387,7 @@ mod tests {
         ];
         for (name, template, pointer) in cases {
             let refusal = assembly(template).expect_err(name);
-            assert_eq!(refusal.code, "validation_failed", "{name}");
+            assert_eq!(refusal.code, ErrorCode::ValidationFailed, "{name}");
             let expected = format!("{T}: {pointer}");
             assert!(refusal.message.starts_with(&expected), "{name}: {} should start with {expected}", refusal.message);
         }

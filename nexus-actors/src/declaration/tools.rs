@@ -8,11 +8,11 @@
 use std::collections::HashSet;
 use std::sync::LazyLock;
 
+use nexus_proto::RunnerId;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
-use uuid::Uuid;
 
 use nexus_kernel_tools::{
     KernelTool, ResolvedCall, Spellings, canonicalize_alias, is_alias, live as kernel_live, lookup as kernel_lookup,
@@ -319,7 +319,7 @@ pub(super) fn validate_runner_tool_names(value: Option<&Value>) -> Result<(), Re
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunnerRoute {
     /// The frozen target Runner.
-    pub runner_executor_public_id: Uuid,
+    pub runner_executor_public_id: RunnerId,
     /// The name the runner announced (the collision name never reaches the runner).
     pub tool_name: String,
 }
@@ -381,7 +381,7 @@ impl FrozenTool {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunnerFacts {
     /// The runner's UUID.
-    pub public_id: Uuid,
+    pub public_id: RunnerId,
     /// Display name.
     pub display_name: String,
     /// Whether it is eligible (active, credential ready).
@@ -406,7 +406,7 @@ pub struct FrozenDeclaration {
     /// The system prompt document, if any.
     pub system_prompt: Option<Value>,
     /// The selected Runner (`default_runner_executor_public_id`).
-    pub default_runner_executor_public_id: Option<Uuid>,
+    pub default_runner_executor_public_id: Option<RunnerId>,
     /// The candidates with their display names and environments, in declaration order.
     pub runner_candidates: Vec<Value>,
     /// As declared; run by a later part of the fabric.
@@ -443,7 +443,7 @@ impl FrozenDeclaration {
 /// A character of the head outside `[a-zA-Z0-9_-]` is written as `_`, so the name always fits the
 /// provider rule `^[a-zA-Z0-9_-]{1,64}$`; for a served name inside that rule the name is exactly
 /// the spec's. The digest covers the full served name as announced.
-pub fn qualified_name(runner: Uuid, served: &str) -> String {
+pub fn qualified_name(runner: RunnerId, served: &str) -> String {
     let mut hasher = Sha256::new();
     hasher.update(runner.to_string().as_bytes());
     hasher.update([0u8]);
@@ -459,13 +459,13 @@ pub fn qualified_name(runner: Uuid, served: &str) -> String {
 
 /// An assembled tool set: the callables, the selected Runner and the candidate rows
 /// `{runner_executor_public_id, display_name, environment}`.
-pub type Assembly = (Vec<FrozenTool>, Option<Uuid>, Vec<Value>);
+pub type Assembly = (Vec<FrozenTool>, Option<RunnerId>, Vec<Value>);
 
 /// Which Runner an assembly imports from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunnerSelection {
     /// This Runner: it must be a declared candidate and eligible.
-    Named(Uuid),
+    Named(RunnerId),
     /// No Runner: no Runner tools are imported (the preview's explicit `null`).
     NoRunner,
     /// The host's convenience default for an input that names none: the first eligible candidate
@@ -475,7 +475,7 @@ pub enum RunnerSelection {
 
 impl RunnerSelection {
     /// `Named` for `Some`, the convenience default for `None`.
-    pub fn or_first_eligible(id: Option<Uuid>) -> Self {
+    pub fn or_first_eligible(id: Option<RunnerId>) -> Self {
         id.map_or(RunnerSelection::FirstEligible, RunnerSelection::Named)
     }
 }
@@ -495,13 +495,13 @@ pub fn assemble(
     selection: RunnerSelection,
     runners: &[RunnerFacts],
 ) -> Result<Assembly, Refusal> {
-    let candidates: Vec<Uuid> = configuration["runner_executor_public_ids"]
+    let candidates: Vec<RunnerId> = configuration["runner_executor_public_ids"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|v| v.as_str().and_then(|s| Uuid::parse_str(s).ok()))
+        .filter_map(|v| v.as_str().and_then(|s| s.parse::<RunnerId>().ok()))
         .collect();
-    let facts_of = |id: Uuid| runners.iter().find(|r| r.public_id == id);
+    let facts_of = |id: RunnerId| runners.iter().find(|r| r.public_id == id);
     let selected = match selection {
         RunnerSelection::Named(id) if !candidates.contains(&id) => {
             return Err(Refusal::new(
@@ -533,7 +533,7 @@ pub fn assemble(
         let (route, mut effect_profile, timeout_ms) = match entry.get("route") {
             None => (None, None, None),
             Some(route) => {
-                let target = route["runner_executor_public_id"].as_str().and_then(|s| Uuid::parse_str(s).ok());
+                let target = route["runner_executor_public_id"].as_str().and_then(|s| s.parse::<RunnerId>().ok());
                 let served = route.get("tool_name").and_then(Value::as_str).unwrap_or(&name).to_owned();
                 let announced = target.and_then(facts_of).and_then(|facts| {
                     facts.announcement["tools"].as_array()?.iter().find(|t| t["name"] == served.as_str()).cloned()
@@ -773,11 +773,11 @@ mod tests {
         Ok(())
     }
 
-    fn runner_id() -> Uuid {
-        Uuid::parse_str(RUNNER).expect("uuid")
+    fn runner_id() -> RunnerId {
+        RUNNER.parse().expect("uuid")
     }
 
-    fn runner(id: Uuid, tools: Value) -> RunnerFacts {
+    fn runner(id: RunnerId, tools: Value) -> RunnerFacts {
         RunnerFacts {
             public_id: id,
             display_name: "r".into(),
@@ -803,7 +803,7 @@ mod tests {
     /// The refusal word of a list: the message is `configuration.tool_definitions...: word: ...`.
     fn word_of(list: Value) -> (String, String) {
         let refusal = definitions(list).expect_err("refused");
-        assert_eq!(refusal.code, "validation_failed");
+        assert_eq!(refusal.code, ErrorCode::ValidationFailed);
         let (path, rest) = refusal.message.split_once(": ").expect("path: word");
         let word = rest.split(':').next().unwrap_or_default().to_owned();
         (path.to_owned(), word)
@@ -1092,7 +1092,7 @@ mod tests {
         assert_eq!(names, ["alpha", "wait", "zeta"]);
         let big = json!([{"type":"function","function":{"name":"big","description":"x".repeat(TOOL_DEFINITIONS_BOUND),"parameters":{}}}]);
         let refusal = definitions(big).expect_err("over bound");
-        assert_eq!(refusal.code, "validation_failed");
+        assert_eq!(refusal.code, ErrorCode::ValidationFailed);
         assert!(refusal.message.starts_with("configuration.tool_definitions: tool_definitions_bound"));
         assert_eq!(definitions(json!([])).expect("empty"), json!([]));
         assert_eq!(canonical_tool_definitions(None).expect("omitted"), json!([]));
@@ -1300,7 +1300,7 @@ mod tests {
             let result = validate_kernel_tools(Some(&value));
             assert_eq!(result.is_ok(), ok, "{row}");
             if let Err(refusal) = result {
-                assert_eq!(refusal.code, "validation_failed", "{row}");
+                assert_eq!(refusal.code, ErrorCode::ValidationFailed, "{row}");
                 assert!(refusal.message.starts_with("configuration.kernel_tools"), "{row}");
             }
         }
@@ -1308,7 +1308,7 @@ mod tests {
 
     #[test]
     fn r26_imports_selected_runner_narrowed_and_deferred() {
-        let id = Uuid::new_v4();
+        let id = RunnerId::new_v4();
         let facts = runner(id, json!([visible("bash"), visible("read_file"), {"name": "logs", "effect_profile": {}}]));
         let cfg = config(
             json!({"runner_executor_public_ids": [id], "runner_tool_names": ["bash", "logs"], "approval_mode": "bypass"}),
@@ -1370,10 +1370,10 @@ mod tests {
 
     #[test]
     fn r28_to_r30_assembly_refusals() {
-        let id = Uuid::new_v4();
-        let other = Uuid::new_v4();
+        let id = RunnerId::new_v4();
+        let other = RunnerId::new_v4();
         let cfg = config(json!({"runner_executor_public_ids": [id], "approval_mode": "bypass"}));
-        let code = |r: Result<FrozenDeclaration, Refusal>| r.expect_err("refused").code;
+        let code = |r: Result<FrozenDeclaration, Refusal>| r.expect_err("refused").code.as_str();
         assert_eq!(
             code(freeze(&cfg, None, RunnerSelection::Named(other), &[runner(id, json!([]))], None)),
             "runner_not_declared"
@@ -1402,8 +1402,8 @@ mod tests {
 
     #[test]
     fn selection_first_eligible_named_and_none() {
-        let gone = Uuid::new_v4();
-        let here = Uuid::new_v4();
+        let gone = RunnerId::new_v4();
+        let here = RunnerId::new_v4();
         let cfg = config(json!({"runner_executor_public_ids": [gone, here], "approval_mode": "bypass"}));
         let mut revoked = runner(gone, json!([visible("old")]));
         revoked.eligible = false;
@@ -1419,6 +1419,6 @@ mod tests {
         assert_eq!(none.runner_candidates.len(), 2, "the candidates are still reported");
         // A named ineligible runner is refused, never replaced.
         let refused = freeze(&cfg, None, RunnerSelection::Named(gone), &runners, None).expect_err("refused");
-        assert_eq!(refused.code, "runner_not_eligible");
+        assert_eq!(refused.code, ErrorCode::RunnerNotEligible);
     }
 }

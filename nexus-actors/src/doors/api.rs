@@ -10,23 +10,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
-use ractor::RpcReplyPort;
 use serde_json::{Value, json};
-use uuid::Uuid;
 
-use nexus_proto::{ErrorCode, Refusal};
+use nexus_proto::{
+    ConversationId, ErrorCode, ExecutionId, ExecutorKind, ExecutorStatus, InputId, MemberId, MemberKind, MemberStatus,
+    Refusal, RunStatus, RunnerId, TaskKey, TaskStatus,
+};
 
-use crate::actors::execution::approval::{Adjudication, Adjudicator, NEEDS_APPROVAL};
-use crate::actors::execution::control::{self, ControlMsg};
-use crate::actors::execution::{ExecutionMsg, run_status_is_quiescent};
-use crate::actors::profile::{ProfileMsg, profile_json};
-use crate::actors::root::{Fabric, RootHandle};
-use crate::auth::{Plane, authenticate};
+use crate::actors::execution::approval::{Adjudication, Adjudicator};
+use crate::actors::execution::{control, resolve};
+use crate::actors::fabric::Fabric;
+use crate::actors::profile::profile_json;
+use crate::actors::root::RootHandle;
+use crate::auth::Plane;
 use crate::declaration::tools::RunnerSelection;
-use crate::declaration::validate_configuration;
-use crate::store::{EventRow, ExecutionRow, InputRow, MemberRow, TaskRow};
+use crate::declaration::{known_fields, prompt_slot, validate_configuration};
+use crate::model::DeltaType;
+use crate::store::{EventRow, EventType, ExecutionRow, InputRow, MemberRow, TaskRow};
 
-/// The prefix of event cursors (REFERENCE.md 7, "Events").
+/// The prefix of event cursors (`docs/executions.md`, "Events").
 pub const CURSOR_PREFIX: &str = "cvei_";
 /// The largest input text, in bytes (1 MiB).
 pub const INPUT_TEXT_BOUND: usize = 1_048_576;
@@ -36,7 +38,7 @@ const EVENT_PAGE: i64 = 200;
 const FOLLOW_POLL: Duration = Duration::from_secs(5);
 
 /// Per-member request budgets (a GCRA token bucket per member).
-pub type DoorLimiter = governor::DefaultKeyedRateLimiter<Uuid>;
+pub type DoorLimiter = governor::DefaultKeyedRateLimiter<MemberId>;
 
 /// The shared API: the fabric, the handle to Root and the door budgets.
 #[derive(Debug)]
@@ -73,7 +75,7 @@ impl Caller {
     /// # Errors
     /// `not_agent` when the caller is not an Agent.
     pub fn require_agent(&self, what: &str) -> Result<(), Refusal> {
-        if self.member.kind == "agent" {
+        if self.member.kind == MemberKind::Agent {
             return Ok(());
         }
         Err(Refusal::new(ErrorCode::NotAgent, format!("only an Agent member {what}")))
@@ -85,7 +87,7 @@ impl Caller {
     /// # Errors
     /// `not_authorized` when the member is not `active`.
     pub fn require_active(&self, what: &str) -> Result<(), Refusal> {
-        if self.member.status == "active" {
+        if self.member.status == MemberStatus::Active {
             return Ok(());
         }
         Err(Refusal::new(
@@ -99,13 +101,13 @@ impl Caller {
 #[derive(Clone, Debug, Default)]
 pub struct CreateInput {
     /// Continue this conversation; `None` starts a new one.
-    pub conversation_public_id: Option<Uuid>,
+    pub conversation_public_id: Option<ConversationId>,
     /// The user's text (required, non-empty).
     pub text: String,
     /// Inline `execution_declaration` (SPEC-000), or `None` for the standing profile.
     pub execution_declaration: Option<Value>,
     /// The selected Runner among the candidates.
-    pub runner_executor_public_id: Option<Uuid>,
+    pub runner_executor_public_id: Option<RunnerId>,
     /// `tool_names` subset (a JSON array of strings).
     pub tool_names: Option<Value>,
 }
@@ -114,11 +116,33 @@ pub struct CreateInput {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Admitted {
     /// The conversation.
-    pub conversation_public_id: Uuid,
+    pub conversation_public_id: ConversationId,
     /// The input.
-    pub input_public_id: Uuid,
+    pub input_public_id: InputId,
     /// The execution that materializes it.
-    pub execution_public_id: Uuid,
+    pub execution_public_id: ExecutionId,
+}
+
+/// The type of a feed item: a durable event's, a transcript delta's, or `resync`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FeedType {
+    /// A durable event (it has a cursor).
+    Durable(EventType),
+    /// An ephemeral transcript delta.
+    Delta(DeltaType),
+    /// `resync`: deltas were dropped because the watcher read too slowly.
+    Resync,
+}
+
+impl FeedType {
+    /// The item's `type` word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FeedType::Durable(event) => event.as_str(),
+            FeedType::Delta(delta) => delta.as_str(),
+            FeedType::Resync => "resync",
+        }
+    }
 }
 
 /// One event as the doors show it.
@@ -127,7 +151,7 @@ pub struct Event {
     /// Resumable cursor (`cvei_<seq>`).
     pub cursor: String,
     /// The item type.
-    pub event_type: String,
+    pub event_type: FeedType,
     /// The item's data.
     pub data: Value,
     /// Unix milliseconds.
@@ -136,30 +160,6 @@ pub struct Event {
 
 fn internal(e: impl std::fmt::Display) -> Refusal {
     Refusal::new(ErrorCode::Internal, format!("the store failed: {e}"))
-}
-
-fn unavailable() -> Refusal {
-    Refusal::new(ErrorCode::Unavailable, "the server is shutting down; retry shortly")
-}
-
-/// Checks a door body: empty (`null`) or a JSON object that names only `known` fields. Every
-/// door that takes a body checks it here, on both transports: a misspelled field is refused
-/// rather than ignored, because ignoring it silently changes what the door does (a stop with
-/// `{"forse": false}` would be a forced one).
-///
-/// # Errors
-/// 400 `parameter_invalid` for a body that is not an object or a field outside `known`.
-pub fn known_fields(body: &Value, known: &[&str]) -> Result<(), Refusal> {
-    let fields = match body {
-        Value::Null => return Ok(()),
-        Value::Object(fields) => fields,
-        _ => return Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be a JSON object")),
-    };
-    let Some(unknown) = fields.keys().find(|key| !known.contains(&key.as_str())) else {
-        return Ok(());
-    };
-    let takes = if known.is_empty() { "no fields".to_owned() } else { known.join(", ") };
-    Err(Refusal::new(ErrorCode::ParameterInvalid, format!("unknown field {unknown}; this door takes {takes}")))
 }
 
 /// Parses an event cursor; empty means the beginning.
@@ -186,7 +186,8 @@ impl Api {
     /// 401 `unauthorized` for an unknown token or a transport-plane token; 429 `rate_limited`
     /// with `retry_after` when the member's budget is spent.
     pub async fn member(&self, token: &str) -> Result<Caller, Refusal> {
-        let (subject, _) = authenticate(&self.fabric.store, token, Plane::Member).await?;
+        let (subject, _) = self.fabric.store.authenticate(token, Plane::Member).await?;
+        let subject = MemberId::from_uuid(subject);
         if let Err(not_until) = self.limiter.check_key(&subject) {
             let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
             return Err(Refusal::rate_limited(wait.as_secs() + u64::from(wait.subsec_nanos() > 0)));
@@ -212,12 +213,11 @@ impl Api {
     /// 403 `not_agent` for a Human; the grammar's refusals (see [`crate::declaration`]).
     pub async fn declare(&self, caller: &Caller, body: Value) -> Result<Value, Refusal> {
         caller.require_agent("has a profile to declare")?;
-        let profile = self.root.profile(caller.member.public_id).await?;
-        ractor::call!(profile, ProfileMsg::Declare, body).map_err(|_| unavailable())?
+        self.root.profile(caller.member.public_id).await?.declare(body).await
     }
 
     /// `GET /agent_api/v1/tools`: the kernel catalog, `{tools:[{canonical_name, name,
-    /// effect_profile, definition, template}]}` (REFERENCE.md 5, "Catalog endpoint").
+    /// effect_profile, definition, template}]}` (`docs/declaration.md`, "Kernel imports").
     pub fn tools(&self, _caller: &Caller) -> Value {
         json!({"tools": nexus_kernel_tools::catalog::catalog_json()})
     }
@@ -235,9 +235,7 @@ impl Api {
     /// `summarizer`.
     pub async fn prompt_document(&self, caller: &Caller, slot: &str) -> Result<Value, Refusal> {
         caller.require_agent("has prompt documents")?;
-        if !matches!(slot, "system_prompt" | "summarizer") {
-            return Err(Refusal::new(ErrorCode::NotFound, "the slots are system_prompt and summarizer"));
-        }
+        let slot = prompt_slot(slot)?;
         let profile = self.fabric.store.profile(caller.member.public_id).await.map_err(internal)?.unwrap_or_default();
         Ok(crate::actors::profile::slot_json(&profile, slot))
     }
@@ -250,11 +248,12 @@ impl Api {
     /// `prompt_document_too_large` or `prompt_document_macro_unknown`.
     pub async fn put_prompt_document(&self, caller: &Caller, slot: &str, body: Value) -> Result<Value, Refusal> {
         caller.require_agent("has prompt documents")?;
-        let profile = self.root.profile(caller.member.public_id).await?;
-        ractor::call!(profile, |reply| ProfileMsg::EditSlot(slot.to_owned(), body, reply)).map_err(|_| unavailable())?
+        let slot = prompt_slot(slot)?;
+        self.root.profile(caller.member.public_id).await?.edit_slot(slot, body).await
     }
 
-    /// `GET /agent_api/v1/executors[?kind=runner|tools_provider]` (REFERENCE.md 6.2): the
+    /// `GET /agent_api/v1/executors[?kind=runner|tools_provider]` (`docs/protocol.md`,
+    /// "Discovery"): the
     /// eligible executors, `{executors:[{public_id, kind, display_name, status, assignment_scope,
     /// served_tools, environment, served_documents, presence, last_seen_at, connected_at}]}`.
     /// Discovery filters by eligibility, never by presence.
@@ -263,8 +262,8 @@ impl Api {
     /// 400 `parameter_invalid` for another `kind`.
     pub async fn executors(&self, _caller: &Caller, kind: Option<&str>) -> Result<Value, Refusal> {
         let kind = match kind {
-            None | Some("runner") => "runner",
-            Some("tools_provider" | "tool_provider") => "tool_provider",
+            None | Some("runner") => ExecutorKind::Runner,
+            Some("tools_provider" | "tool_provider") => ExecutorKind::ToolsProvider,
             Some(other) => {
                 return Err(Refusal::new(
                     ErrorCode::ParameterInvalid,
@@ -275,7 +274,7 @@ impl Api {
         let rows = self.fabric.store.executors().await.map_err(internal)?;
         let listed: Vec<Value> = rows
             .iter()
-            .filter(|row| row.status == "active" && row.kind == kind)
+            .filter(|row| row.status == ExecutorStatus::Active && row.kind == kind)
             .map(crate::actors::executor::executor_json)
             .collect();
         Ok(json!({"executors": listed}))
@@ -287,8 +286,9 @@ impl Api {
     /// 404 `not_found` for an unknown, malformed or ineligible id.
     pub async fn executor(&self, _caller: &Caller, id: &str) -> Result<Value, Refusal> {
         let missing = || Refusal::new(ErrorCode::NotFound, format!("no eligible executor {id}"));
-        let id = Uuid::parse_str(id).map_err(|_| missing())?;
-        let row = self.fabric.store.executor(id).await.map_err(internal)?.filter(|row| row.status == "active");
+        let id: RunnerId = id.parse().map_err(|_| missing())?;
+        let row =
+            self.fabric.store.executor(id).await.map_err(internal)?.filter(|row| row.status == ExecutorStatus::Active);
         row.map(|row| crate::actors::executor::executor_json(&row)).ok_or_else(missing)
     }
 
@@ -315,8 +315,7 @@ impl Api {
         body: Value,
     ) -> Result<(bool, Value), Refusal> {
         caller.require_agent("has named definitions")?;
-        let profile = self.root.profile(caller.member.public_id).await?;
-        ractor::call!(profile, |reply| ProfileMsg::PutAgent(name.to_owned(), body, reply)).map_err(|_| unavailable())?
+        self.root.profile(caller.member.public_id).await?.put_agent(name.to_owned(), body).await
     }
 
     /// `DELETE /agent_api/v1/profile/agents/{name}`.
@@ -325,8 +324,7 @@ impl Api {
     /// 403 `not_agent`; 404 `not_found`.
     pub async fn delete_named_definition(&self, caller: &Caller, name: &str) -> Result<(), Refusal> {
         caller.require_agent("has named definitions")?;
-        let profile = self.root.profile(caller.member.public_id).await?;
-        ractor::call!(profile, |reply| ProfileMsg::DeleteAgent(name.to_owned(), reply)).map_err(|_| unavailable())?
+        self.root.profile(caller.member.public_id).await?.delete_agent(name.to_owned()).await
     }
 
     /// `POST /agent_api/v1/tools/assembly`: a read-only projection of what an execution would
@@ -352,7 +350,7 @@ impl Api {
                 ));
             }
             Some(Value::Null) => None,
-            Some(Value::String(id)) => Some(Uuid::parse_str(id).map_err(|_| {
+            Some(Value::String(id)) => Some(id.parse::<RunnerId>().map_err(|_| {
                 Refusal::new(ErrorCode::ValidationFailed, "default_runner_executor_public_id: must be a UUID")
             })?),
             Some(_) => {
@@ -382,7 +380,7 @@ impl Api {
         }
         fields.insert("approval_mode".into(), json!("bypass"));
         let configuration = validate_configuration(&fields, &|_| Ok(()))?;
-        let runners = crate::actors::execution::runner_facts(&self.fabric.store, &configuration).await?;
+        let runners = resolve::runner_facts(&self.fabric.store, &configuration).await?;
         let selection = selected.map_or(RunnerSelection::NoRunner, RunnerSelection::Named);
         let frozen = crate::declaration::freeze(&configuration, None, selection, &runners, None)?;
         let executors: Vec<Value> = runners
@@ -406,7 +404,7 @@ impl Api {
     /// `tool_names`); 404 `not_found` (unknown conversation); 422 `validation_failed` (an invalid
     /// inline declaration, no declaration at all, or no model to run).
     pub async fn create_input(&self, caller: &Caller, input: CreateInput) -> Result<Admitted, Refusal> {
-        if caller.member.kind != "agent" {
+        if caller.member.kind != MemberKind::Agent {
             return Err(Refusal::new(
                 ErrorCode::NotAgent,
                 "inputs are answered by an Agent's profile; use an Agent credential",
@@ -449,7 +447,7 @@ impl Api {
         if let Some(runner) = input.runner_executor_public_id {
             let candidates = configuration["runner_executor_public_ids"].as_array();
             if !candidates.is_some_and(|ids| {
-                ids.iter().any(|id| id.as_str().and_then(|s| Uuid::parse_str(s).ok()) == Some(runner))
+                ids.iter().any(|id| id.as_str().and_then(|s| s.parse::<RunnerId>().ok()) == Some(runner))
             }) {
                 return Err(Refusal::new(
                     ErrorCode::RunnerNotDeclared,
@@ -470,10 +468,10 @@ impl Api {
                 }
                 (id, false)
             }
-            None => (Uuid::new_v4(), true),
+            None => (ConversationId::new_v4(), true),
         };
         let row = InputRow {
-            public_id: Uuid::new_v4(),
+            public_id: InputId::new_v4(),
             conversation_public_id: conversation,
             member_public_id: caller.member.public_id,
             text: input.text,
@@ -481,11 +479,11 @@ impl Api {
             runner_executor_public_id: input.runner_executor_public_id,
             tool_names: input.tool_names,
         };
-        let execution = Uuid::new_v4();
+        let execution = ExecutionId::new_v4();
         store.admit_input(&row, new_conversation, execution).await.map_err(internal)?;
         tracing::info!(execution_id = %execution, member = %caller.member.public_id, "input admitted");
         // The actor materializes and runs as soon as it starts.
-        self.root.execution(execution).await?;
+        self.root.execution(execution).load().await?;
         Ok(Admitted {
             conversation_public_id: conversation,
             input_public_id: row.public_id,
@@ -497,7 +495,7 @@ impl Api {
     ///
     /// # Errors
     /// 404 `not_found` for an unknown execution or one the caller does not own.
-    pub async fn execution(&self, caller: &Caller, id: Uuid) -> Result<Value, Refusal> {
+    pub async fn execution(&self, caller: &Caller, id: ExecutionId) -> Result<Value, Refusal> {
         let store = &self.fabric.store;
         let row = store
             .execution(id)
@@ -526,7 +524,8 @@ impl Api {
 
     /// `POST /agent_api/v1/executions/{execution_id}/tasks/{task_key}/approve` (gRPC
     /// `ApproveTask`): a task parked in `needs_approval` runs on its frozen target, or is parked
-    /// again when its runner's effect profile changed under the park (REFERENCE.md 10). Answers
+    /// again when its runner's effect profile changed under the park (`docs/executions.md`,
+    /// "Approval"). Answers
     /// the task as the execution shows it, with its `approval` fact.
     ///
     /// # Errors
@@ -534,7 +533,7 @@ impl Api {
     /// not own the execution (write standing); 409 `not_awaiting_approval` when the task is not
     /// parked, `not_adjudicable` when the execution is not running; 403 `not_authorized` for a
     /// suspended member.
-    pub async fn approve_task(&self, caller: &Caller, id: Uuid, task_key: &str) -> Result<Value, Refusal> {
+    pub async fn approve_task(&self, caller: &Caller, id: ExecutionId, task_key: &str) -> Result<Value, Refusal> {
         // Approving starts work: a suspended member may deny, never approve.
         caller.require_active("approve calls")?;
         self.adjudicate(caller, id, task_key, Adjudication::Approve).await
@@ -547,7 +546,13 @@ impl Api {
     /// # Errors
     /// 400 `parameter_invalid` for a body that is not an object, a field other than `reason`, or
     /// a `reason` that is not a string; otherwise as [`Api::approve_task`].
-    pub async fn deny_task(&self, caller: &Caller, id: Uuid, task_key: &str, body: &Value) -> Result<Value, Refusal> {
+    pub async fn deny_task(
+        &self,
+        caller: &Caller,
+        id: ExecutionId,
+        task_key: &str,
+        body: &Value,
+    ) -> Result<Value, Refusal> {
         known_fields(body, &["reason"])?;
         let reason = match body.get("reason") {
             None | Some(Value::Null) => None,
@@ -560,37 +565,30 @@ impl Api {
     async fn adjudicate(
         &self,
         caller: &Caller,
-        id: Uuid,
+        id: ExecutionId,
         task_key: &str,
         adjudication: Adjudication,
     ) -> Result<Value, Refusal> {
         let (row, task) = self.owned_task(caller, id, task_key, "approve or deny its tasks").await?;
-        if task.status != NEEDS_APPROVAL {
+        if task.status != TaskStatus::NeedsApproval {
             return Err(Refusal::new(
                 ErrorCode::NotAwaitingApproval,
                 format!("task {task_key} is {}, not needs_approval; only a parked task takes a decision", task.status),
             ));
         }
-        if row.status != "running" {
+        if row.status != RunStatus::Running {
             return Err(Refusal::new(
                 ErrorCode::NotAdjudicable,
                 format!("execution {id} is {}; only a running execution takes decisions", row.status),
             ));
         }
-        let by = Adjudicator::new(caller.member.public_id, &caller.member.kind);
-        let decided = self
-            .ask_execution(id, &|reply| ExecutionMsg::Adjudicate {
-                task_key: task_key.to_owned(),
-                adjudication: adjudication.clone(),
-                by: by.clone(),
-                reply,
-            })
-            .await?;
+        let by = Adjudicator::new(caller.member.public_id, caller.member.kind);
+        let decided = self.root.execution(id).adjudicate(task.task_key, adjudication, by).await?;
         Ok(task_view(&decided))
     }
 
     /// `POST /agent_api/v1/executions/{id}/stop` `{force?}` (gRPC `StopExecution`), forced unless
-    /// `force` is false (REFERENCE.md 7, "Pause, stop, delete"; [`crate::actors::execution::control`]). A
+    /// `force` is false (`docs/executions.md`, "Control"; [`crate::actors::execution::control`]). A
     /// forced stop answers once the drain through `canceling` has ended (bounded by `[execution]
     /// stop_drain_ms`); a graceful one answers at once, `canceling` while dispatched work
     /// finishes. A finished execution is answered as it is.
@@ -598,20 +596,20 @@ impl Api {
     /// # Errors
     /// 404 `not_found` for an unknown execution or one the caller does not own; `unavailable`
     /// during shutdown.
-    pub async fn stop(&self, caller: &Caller, id: Uuid, force: bool) -> Result<Value, Refusal> {
-        let row = self.execution(caller, id).await?;
-        if matches!(row["status"].as_str(), Some("completed" | "canceled")) {
-            return Ok(row);
+    pub async fn stop(&self, caller: &Caller, id: ExecutionId, force: bool) -> Result<Value, Refusal> {
+        let owned = self.owned_execution(caller, id).await?;
+        if owned.status.is_terminal() {
+            return self.execution(caller, id).await;
         }
-        let stopped = self.ask_execution(id, &|reply| ExecutionMsg::Stop { force, reply }).await?;
-        if force && stopped.status == "canceling" {
+        let stopped = self.root.execution(id).stop(force).await?;
+        if force && stopped.status == RunStatus::Canceling {
             // The runners' cancellations settle within moments; the actor ends the drain at its
             // bound at the latest.
             let bound = Duration::from_millis(self.fabric.config.execution.stop_drain_ms.saturating_add(1_000));
             let deadline = tokio::time::Instant::now() + bound;
             while tokio::time::Instant::now() < deadline {
                 let status = self.fabric.store.execution(id).await.map_err(internal)?.map(|r| r.status);
-                if status.as_deref() != Some("canceling") {
+                if status != Some(RunStatus::Canceling) {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -626,9 +624,9 @@ impl Api {
     ///
     /// # Errors
     /// 404 `not_found`; 409 `not_pausable` when the execution is not running.
-    pub async fn pause(&self, caller: &Caller, id: Uuid, force: bool) -> Result<Value, Refusal> {
+    pub async fn pause(&self, caller: &Caller, id: ExecutionId, force: bool) -> Result<Value, Refusal> {
         self.execution(caller, id).await?;
-        self.ask_execution(id, &|reply| ExecutionMsg::Control(ControlMsg::Pause { force, reply })).await?;
+        self.root.execution(id).pause(force).await?;
         self.execution(caller, id).await
     }
 
@@ -637,17 +635,17 @@ impl Api {
     ///
     /// # Errors
     /// 404 `not_found`; 409 `not_paused` when the execution is not paused.
-    pub async fn resume(&self, caller: &Caller, id: Uuid) -> Result<Value, Refusal> {
+    pub async fn resume(&self, caller: &Caller, id: ExecutionId) -> Result<Value, Refusal> {
         caller.require_active("resume executions")?;
         self.execution(caller, id).await?;
-        self.ask_execution(id, &|reply| ExecutionMsg::Control(ControlMsg::Resume { reply })).await?;
+        self.root.execution(id).resume().await?;
         self.execution(caller, id).await
     }
 
     /// `POST /agent_api/v1/executions/{id}/regenerate` `{execution_declaration?}` (gRPC
     /// `RegenerateExecution`): a new execution of the same input, started at once, that reuses
     /// the original's frozen declaration, or freezes the supplied one (validated as on input
-    /// admission) (REFERENCE.md 8; R45–R48). Answers `{execution_public_id, regenerated_from,
+    /// admission) (`docs/executions.md`, "Regeneration"; R45–R48). Answers `{execution_public_id, regenerated_from,
     /// declaration: reused|replaced, declaration_digest}`.
     ///
     /// # Errors
@@ -655,13 +653,13 @@ impl Api {
     /// a body that is not an object or names another field; 409 `not_regenerable` when the
     /// original froze no declaration and none is supplied; 422 `validation_failed` and the
     /// assembly's words for a supplied declaration.
-    pub async fn regenerate(&self, caller: &Caller, id: Uuid, body: &Value) -> Result<Value, Refusal> {
+    pub async fn regenerate(&self, caller: &Caller, id: ExecutionId, body: &Value) -> Result<Value, Refusal> {
         caller.require_active("start executions")?;
-        let supplied = control::supplied_declaration(body)?;
+        let supplied = resolve::supplied_declaration(body)?;
         let original = self.owned_execution(caller, id).await?;
-        let row = control::regenerate(&self.fabric, &original, supplied.as_ref()).await?;
+        let row = resolve::regenerate(&self.fabric, &original, supplied.as_ref()).await?;
         // The actor adopts the frozen declaration and runs as soon as it starts.
-        self.root.execution(row.public_id).await?;
+        self.root.execution(row.public_id).load().await?;
         Ok(json!({
             "execution_public_id": row.public_id,
             "regenerated_from": original.public_id,
@@ -672,19 +670,19 @@ impl Api {
 
     /// `GET|POST /agent_api/v1/executions/{id}/estimate` `{execution_declaration?}` (gRPC
     /// `EstimateContext`): the size of the request the next round would send, in bytes and
-    /// estimated tokens ([`control::estimate`] says how). Writes nothing.
+    /// estimated tokens ([`resolve::estimate`] says how). Writes nothing.
     ///
     /// # Errors
     /// 404 `not_found`; 400 `parameter_invalid` for a body that is not an object or names another
     /// field; 422 `validation_failed` and the assembly's words for a supplied declaration.
-    pub async fn estimate(&self, caller: &Caller, id: Uuid, body: &Value) -> Result<Value, Refusal> {
-        let supplied = control::supplied_declaration(body)?;
+    pub async fn estimate(&self, caller: &Caller, id: ExecutionId, body: &Value) -> Result<Value, Refusal> {
+        let supplied = resolve::supplied_declaration(body)?;
         let row = self.owned_execution(caller, id).await?;
-        control::estimate(&self.fabric, &row, supplied.as_ref()).await
+        resolve::estimate(&self.fabric, &row, supplied.as_ref()).await
     }
 
     /// The stored execution, when the caller owns it.
-    async fn owned_execution(&self, caller: &Caller, id: Uuid) -> Result<ExecutionRow, Refusal> {
+    async fn owned_execution(&self, caller: &Caller, id: ExecutionId) -> Result<ExecutionRow, Refusal> {
         self.fabric
             .store
             .execution(id)
@@ -699,7 +697,7 @@ impl Api {
     async fn owned_task(
         &self,
         caller: &Caller,
-        id: Uuid,
+        id: ExecutionId,
         task_key: &str,
         doing: &str,
     ) -> Result<(ExecutionRow, TaskRow), Refusal> {
@@ -715,34 +713,11 @@ impl Api {
                 format!("only the member that owns execution {id} may {doing}"),
             ));
         }
-        let task = store
-            .task(id, task_key)
-            .await
-            .map_err(internal)?
-            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no task {task_key} in execution {id}")))?;
+        let missing = || Refusal::new(ErrorCode::NotFound, format!("no task {task_key} in execution {id}"));
+        // A key in none of the task-key grammars names no task.
+        let key: TaskKey = task_key.parse().map_err(|_| missing())?;
+        let task = store.task(id, key).await.map_err(internal)?.ok_or_else(missing)?;
         Ok((row, task))
-    }
-
-    /// Asks the execution's actor and answers its reply. A quiet execution's actor may be
-    /// stopping just now: Root forgets it within moments and the next lookup starts a fresh one
-    /// from the store.
-    async fn ask_execution<T: Send + 'static>(
-        &self,
-        id: Uuid,
-        message: &(dyn Fn(RpcReplyPort<Result<T, Refusal>>) -> ExecutionMsg + Sync),
-    ) -> Result<T, Refusal> {
-        let mut attempts = 0;
-        loop {
-            let actor = self.root.execution(id).await?;
-            match ractor::call!(actor, message) {
-                Ok(answer) => return answer,
-                Err(_) if attempts < 10 => {
-                    attempts += 1;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(_) => return Err(unavailable()),
-            }
-        }
     }
 
     /// The durable events after `after` (a cursor, or empty for the beginning). With `follow`, the
@@ -757,7 +732,7 @@ impl Api {
     pub async fn events(
         &self,
         caller: &Caller,
-        id: Uuid,
+        id: ExecutionId,
         after: &str,
         follow: bool,
     ) -> Result<impl Stream<Item = Result<Event, Refusal>> + Send + 'static + use<>, Refusal> {
@@ -775,7 +750,7 @@ impl Api {
             ));
         }
         // A quiet execution writes no more events: a follower reads to the end and stops.
-        let live = !run_status_is_quiescent(&row.status);
+        let live = !row.status.is_quiescent();
         let wake = (follow && live).then(|| self.fabric.events.subscribe(id));
         let follower = Follower {
             fabric: self.fabric.clone(),
@@ -819,7 +794,7 @@ pub fn task_view(task: &TaskRow) -> Value {
 
 struct Follower {
     fabric: Arc<Fabric>,
-    id: Uuid,
+    id: ExecutionId,
     cursor: i64,
     follow: bool,
     wake: Option<tokio::sync::watch::Receiver<i64>>,
@@ -836,8 +811,8 @@ impl Follower {
             if let Some(row) = self.buffer.pop_front() {
                 let event = Event {
                     cursor: format!("{CURSOR_PREFIX}{}", row.seq),
-                    event_type: row.event_type,
-                    data: row.data,
+                    event_type: FeedType::Durable(row.event.event_type()),
+                    data: row.event.data(),
                     at: row.at,
                 };
                 return Some((Ok(event), self));
@@ -863,7 +838,7 @@ impl Follower {
                 continue;
             }
             match store.execution(self.id).await {
-                Ok(Some(row)) if run_status_is_quiescent(&row.status) && row.event_seq <= self.cursor => {
+                Ok(Some(row)) if row.status.is_quiescent() && row.event_seq <= self.cursor => {
                     self.done = true;
                     continue;
                 }
@@ -902,9 +877,9 @@ mod tests {
     fn cursors() {
         assert_eq!(parse_cursor("").ok(), Some(0));
         assert_eq!(parse_cursor("cvei_42").ok(), Some(42));
-        assert_eq!(parse_cursor("42").map_err(|r| r.code).err().as_deref(), Some("parameter_invalid"));
+        assert_eq!(parse_cursor("42").map_err(|r| r.code).err(), Some(ErrorCode::ParameterInvalid));
         for bad in ["cvei_-1", "cvei_+3", "cvei_03", "cvei_", "cvei_1x"] {
-            assert_eq!(parse_cursor(bad).map_err(|r| r.code).err().as_deref(), Some("parameter_invalid"), "{bad}");
+            assert_eq!(parse_cursor(bad).map_err(|r| r.code).err(), Some(ErrorCode::ParameterInvalid), "{bad}");
         }
         assert_eq!(parse_cursor("cvei_0").ok(), Some(0));
     }

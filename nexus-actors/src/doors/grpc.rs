@@ -27,7 +27,8 @@ use nexus_proto::{ErrorCode, Refusal};
 
 use crate::actors::connection::{ConnectionActor, ConnectionArgs};
 use crate::auth::bearer;
-use crate::doors::api::{Api, Caller, CreateInput, known_fields};
+use crate::declaration::known_fields;
+use crate::doors::api::{Api, Caller, CreateInput};
 
 /// Frames buffered towards one runner before the stream is dropped as too slow. Offers take at
 /// most [`OFFER_WINDOW`](crate::actors::executor::OFFER_WINDOW) of them (checked at compile time), so the
@@ -116,28 +117,28 @@ fn json_arg(text: &str, field: &str) -> Result<Option<serde_json::Value>, Status
         .map_err(|e| Refusal::new(ErrorCode::ParameterMissing, format!("{field} is not JSON: {e}")).to_status())
 }
 
-fn uuid_arg(text: &str, field: &str) -> Result<Option<uuid::Uuid>, Status> {
+fn uuid_arg<T: std::str::FromStr>(text: &str, field: &str) -> Result<Option<T>, Status> {
     if text.trim().is_empty() {
         return Ok(None);
     }
-    uuid::Uuid::parse_str(text.trim())
+    text.trim()
+        .parse()
         .map(Some)
         .map_err(|_| Refusal::new(ErrorCode::ParameterInvalid, format!("{field} must be a UUID")).to_status())
 }
 
-fn required_uuid(text: &str, field: &str) -> Result<uuid::Uuid, Status> {
+fn required_uuid<T: std::str::FromStr>(text: &str, field: &str) -> Result<T, Status> {
     uuid_arg(text, field)?
         .ok_or_else(|| Refusal::new(ErrorCode::ParameterMissing, format!("{field} is required")).to_status())
 }
 
 /// The execution of an approve or deny request: required; a malformed id names no execution (404,
 /// as on the HTTP door).
-fn decision_execution(text: &str) -> Result<uuid::Uuid, Status> {
+fn decision_execution(text: &str) -> Result<nexus_proto::ExecutionId, Status> {
     if text.trim().is_empty() {
         return Err(Refusal::new(ErrorCode::ParameterMissing, "execution_public_id is required").to_status());
     }
-    uuid::Uuid::parse_str(text.trim())
-        .map_err(|_| Refusal::new(ErrorCode::NotFound, format!("no execution {text}")).to_status())
+    text.trim().parse().map_err(|_| Refusal::new(ErrorCode::NotFound, format!("no execution {text}")).to_status())
 }
 
 /// The `body_json` of a door that takes no fields (approve, retry, abandon): empty or `{}`, as on
@@ -224,7 +225,7 @@ impl AgentService for AgentGrpc {
         let stream = futures::StreamExt::map(events, |item| {
             item.map(|event| ExecutionEvent {
                 cursor: event.cursor,
-                r#type: event.event_type,
+                r#type: event.event_type.as_str().to_owned(),
                 data_json: event.data.to_string(),
                 at_ms: event.at,
             })

@@ -20,12 +20,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use uuid::Uuid;
 
-use nexus_proto::{ErrorCode, Refusal};
+use nexus_proto::{ErrorCode, ExecutionId, Refusal};
 
 use crate::auth::bearer;
-use crate::doors::api::{Api, Caller, known_fields};
+use crate::declaration::known_fields;
+use crate::doors::api::{Api, Caller};
 
 /// The largest request body, in bytes; larger bodies get 413 `content_too_large`.
 pub const BODY_LIMIT: usize = 4 * 1024 * 1024;
@@ -42,11 +42,7 @@ impl From<Refusal> for HttpRefusal {
 
 impl IntoResponse for HttpRefusal {
     fn into_response(self) -> Response {
-        let status = self
-            .0
-            .error_code()
-            .and_then(|c| StatusCode::from_u16(c.http_status()).ok())
-            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status = StatusCode::from_u16(self.0.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut response =
             (status, axum::Json(json!({"code": self.0.code, "message": self.0.message}))).into_response();
         if let Some(seconds) = self.0.retry_after
@@ -131,8 +127,8 @@ fn query_of<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, HttpRefusal
 
 /// The `{id}` of an execution door: 400 `parameter_invalid` when it is not a UUID, as on the
 /// read doors and the gRPC twins.
-fn execution_id(text: &str) -> Result<Uuid, Refusal> {
-    Uuid::parse_str(text).map_err(|_| Refusal::new(ErrorCode::ParameterInvalid, "id must be a UUID"))
+fn execution_id(text: &str) -> Result<ExecutionId, Refusal> {
+    text.parse().map_err(|_| Refusal::new(ErrorCode::ParameterInvalid, "id must be a UUID"))
 }
 
 /// The body, where an empty one means no fields; a literal `null` is refused like any other body

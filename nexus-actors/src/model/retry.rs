@@ -59,36 +59,13 @@ pub struct RetryPolicy {
     pub retry_after_cap: Duration,
 }
 
-impl RetryPolicy {
-    /// The policy of the `[execution]` configuration.
-    #[must_use]
-    pub fn from_config(config: &crate::config::ExecutionConfig) -> Self {
-        Self {
-            attempts: config.model_attempts.max(1),
-            min_delay: Duration::from_millis(config.model_retry_min_delay_ms),
-            max_delay: Duration::from_millis(config.model_retry_max_delay_ms),
-            retry_after_cap: Duration::from_millis(config.model_retry_after_max_ms),
-        }
-    }
-}
-
-/// Why the fallback chain advances: `model_change.reason`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SwitchReason {
-    /// `model_refused`: the classifier declined.
-    ModelRefused,
-    /// `provider_overloaded`: the retryable transport/server failures spent the budget.
-    ProviderOverloaded,
-}
-
-impl SwitchReason {
-    /// The spec's word.
-    #[must_use]
-    pub fn word(self) -> &'static str {
-        match self {
-            Self::ModelRefused => "model_refused",
-            Self::ProviderOverloaded => "provider_overloaded",
-        }
+nexus_proto::words! {
+    /// Why the fallback chain advances: `model_change.reason`.
+    pub enum SwitchReason("fallback reason") {
+        /// The classifier declined.
+        ModelRefused => "model_refused",
+        /// The retryable transport/server failures spent the budget.
+        ProviderOverloaded => "provider_overloaded",
     }
 }
 
@@ -390,7 +367,7 @@ mod tests {
                 (Ok(_), Ok(expected_calls)) => assert_eq!(calls, expected_calls, "{name}"),
                 (Err(failure), Err((key, advance, category, expected_calls))) => {
                     assert_eq!(failure.key, key, "{name}");
-                    assert_eq!(failure.advance.map(SwitchReason::word), advance, "{name}");
+                    assert_eq!(failure.advance.map(SwitchReason::as_str), advance, "{name}");
                     assert_eq!(failure.category, category, "{name}");
                     assert_eq!(failure.attempts, expected_calls, "{name}: attempts");
                     assert_eq!(calls, expected_calls, "{name}: calls");
@@ -436,7 +413,7 @@ mod tests {
             let sink = DeltaSink::new(move |delta: TranscriptDelta| {
                 let word = match &delta {
                     TranscriptDelta::StreamReset { reason } => format!("stream_reset:{}", reason.word()),
-                    other => other.event_type().to_owned(),
+                    other => other.event_type().as_str().to_owned(),
                 };
                 keep.lock().expect("lock").push(word);
             });

@@ -4,9 +4,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+use nexus_proto::Refusal;
 use nexus_proto::runner::v1::runner_service_client::RunnerServiceClient;
 use nexus_proto::runner::v1::{Hello, NexusFrame, Pong, RunnerFrame, Welcome, nexus_frame, runner_frame};
-use nexus_proto::{ErrorCode, Refusal};
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -54,15 +54,9 @@ impl ConnectError {
     /// word), if this is one.
     pub(super) fn fatal(&self) -> Option<Refusal> {
         match self {
-            ConnectError::Refused(refusal) if !retry::is_retryable_refusal(&refusal.code) => Some(refusal.clone()),
-            ConnectError::Status(status) if retry::is_fatal_status(status) => {
-                let refusal = Refusal::from_status(status);
-                Some(if refusal.error_code().is_some() {
-                    refusal
-                } else {
-                    Refusal::new(ErrorCode::Unauthorized, status.message())
-                })
-            }
+            ConnectError::Refused(refusal) if !retry::is_retryable_refusal(refusal.code) => Some(refusal.clone()),
+            // A status without a nexus word takes its gRPC code's: unauthorized or not_authorized.
+            ConnectError::Status(status) if retry::is_fatal_status(status) => Some(Refusal::from_status(status)),
             _ => None,
         }
     }
@@ -318,11 +312,8 @@ pub(super) async fn open(
                 return Ok(Connected { outbound, inbound, welcome });
             }
             Some(nexus_frame::Frame::Refusal(refusal)) if frame.request_id == HELLO_REQUEST_ID => {
-                return Err(ConnectError::Refused(Refusal {
-                    code: refusal.code,
-                    message: refusal.message,
-                    retry_after: None,
-                }));
+                let http_status = u16::try_from(refusal.http_status).unwrap_or(500);
+                return Err(ConnectError::Refused(Refusal::from_wire(&refusal.code, &refusal.message, http_status)));
             }
             Some(_) => return Err(ConnectError::Unexpected("another frame")),
             None => return Err(ConnectError::Unexpected("an empty frame")),

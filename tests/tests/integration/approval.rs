@@ -2,10 +2,12 @@
 //! model, a raw runner that claims only what it is offered, and the approve and deny doors on
 //! HTTP and gRPC.
 
+use nexus_actors::store::EventType;
+use nexus_proto::{ErrorCode, ExecutionId, RunStatus, TaskStatus};
+use nexus_tests::key;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use nexus_actors::store::EventRow;
 use nexus_proto::Refusal;
@@ -63,11 +65,11 @@ impl Fixture {
     }
 
     /// Admits an input over gRPC and answers its execution.
-    async fn turn(&self, text: &str) -> Uuid {
+    async fn turn(&self, text: &str) -> ExecutionId {
         let mut client = agent_client(&self.server).await;
         let request = CreateInputRequest { text: text.to_owned(), ..CreateInputRequest::default() };
         let id = client.create_input(authed(request, &self.agent)).await.expect("admitted").into_inner();
-        Uuid::parse_str(&id.execution_public_id).expect("uuid")
+        id.execution_public_id.parse::<ExecutionId>().expect("uuid")
     }
 
     fn http(&self, member: &Minted) -> Http {
@@ -81,7 +83,7 @@ async fn connect(server: &TestServer, runner: &Minted, effect: &str) -> RawRunne
         .await
 }
 
-fn decision(run: Uuid, task_key: &str, body: Value) -> TaskDecisionRequest {
+fn decision(run: ExecutionId, task_key: &str, body: Value) -> TaskDecisionRequest {
     TaskDecisionRequest {
         execution_public_id: run.to_string(),
         task_key: task_key.to_owned(),
@@ -89,26 +91,26 @@ fn decision(run: Uuid, task_key: &str, body: Value) -> TaskDecisionRequest {
     }
 }
 
-fn door(run: Uuid, task_key: &str, verb: &str) -> String {
+fn door(run: ExecutionId, task_key: &str, verb: &str) -> String {
     format!("/agent_api/v1/executions/{run}/tasks/{task_key}/{verb}")
 }
 
 /// Waits for the execution to complete and answers its final text.
-async fn completed(server: &TestServer, run: Uuid) -> String {
+async fn completed(server: &TestServer, run: ExecutionId) -> String {
     let row = wait_until("the execution to complete", WAIT, || async {
-        server.store().execution(run).await.ok().flatten().filter(|row| row.status == "completed")
+        server.store().execution(run).await.ok().flatten().filter(|row| row.status == RunStatus::Completed)
     })
     .await;
     row.final_text.unwrap_or_default()
 }
 
-async fn events(server: &TestServer, run: Uuid, event_type: &str) -> Vec<Value> {
+async fn events(server: &TestServer, run: ExecutionId, event_type: EventType) -> Vec<Value> {
     let all: Vec<EventRow> = server.store().events_after(run, 0, 10_000).await.expect("events");
-    all.into_iter().filter(|e| e.event_type == event_type).map(|e| e.data).collect()
+    all.into_iter().filter(|e| e.event.event_type() == event_type).map(|e| e.event.data()).collect()
 }
 
 /// Claims the offered task and commits `content`.
-async fn serve_one(raw: &mut RawRunner, run: Uuid, key: &str, content: &str) {
+async fn serve_one(raw: &mut RawRunner, run: ExecutionId, key: &str, content: &str) {
     let work = raw.next_work(WAIT).await.expect("work offered");
     assert_eq!((work.run_public_id.as_str(), work.task_key.as_str()), (run.to_string().as_str(), key));
     let (token, row) = raw.claim(&work.run_public_id, &work.task_key).await.granted().expect("claim granted");
@@ -131,13 +133,13 @@ async fn ask_parks_both_calls_and_approval_over_http_runs_them() {
     let run = f.turn("look around").await;
 
     // Both calls park; the run stays running and says approval_required for each.
-    let probe = f.server.task_in(run, "r1t0", "needs_approval").await;
-    let kernel = f.server.task_in(run, "r1t1", "needs_approval").await;
-    assert_eq!((probe.approval.clone(), probe.target_executor_public_id), (None, Some(f.runner.id)));
+    let probe = f.server.task_in(run, "r1t0", TaskStatus::NeedsApproval).await;
+    let kernel = f.server.task_in(run, "r1t1", TaskStatus::NeedsApproval).await;
+    assert_eq!((probe.approval.clone(), probe.target_executor_public_id), (None, Some(f.runner.runner())));
     assert_eq!(kernel.target_executor_public_id, None, "runners_list runs in-process");
     let row = f.server.store().execution(run).await.expect("store").expect("execution");
-    assert_eq!(row.status, "running");
-    let required = events(&f.server, run, "approval_required").await;
+    assert_eq!(row.status, RunStatus::Running);
+    let required = events(&f.server, run, EventType::ApprovalRequired).await;
     let keys: Vec<&str> = required.iter().filter_map(|e| e["task_key"].as_str()).collect();
     assert_eq!(keys, ["r1t0", "r1t1"]);
     assert_eq!(required[0]["kind"], "approval");
@@ -155,7 +157,7 @@ async fn ask_parks_both_calls_and_approval_over_http_runs_them() {
     let refused = f.http(&stranger).post(&door(run, "r1t0", "approve"), &json!({})).await;
     assert_eq!((refused.status, refused.code()), (403, Some("not_authorized")));
     let owner = f.http(&f.agent);
-    let unknown = owner.post(&door(Uuid::new_v4(), "r1t0", "approve"), &json!({})).await;
+    let unknown = owner.post(&door(ExecutionId::new_v4(), "r1t0", "approve"), &json!({})).await;
     assert_eq!((unknown.status, unknown.code()), (404, Some("not_found")));
     let unknown = owner.post(&door(run, "r9t9", "approve"), &json!({})).await;
     assert_eq!((unknown.status, unknown.code()), (404, Some("not_found")));
@@ -176,10 +178,10 @@ async fn ask_parks_both_calls_and_approval_over_http_runs_them() {
     assert_eq!(text, format!("probe=pong runner={}", f.runner.id));
 
     // The fact is on the task and in its task_status events.
-    let probe = f.server.store().task(run, "r1t0").await.expect("store").expect("task");
-    assert_eq!(probe.status, "completed");
+    let probe = f.server.store().task(run, key("r1t0")).await.expect("store").expect("task");
+    assert_eq!(probe.status, TaskStatus::Completed);
     assert_eq!(probe.approval.as_ref().map(|a| a["origin"].clone()), Some(json!("agent")));
-    let statuses = events(&f.server, run, "task_status").await;
+    let statuses = events(&f.server, run, EventType::TaskStatus).await;
     let settled = statuses.iter().find(|e| e["task_key"] == "r1t0" && e["status"] == "completed").expect("settled");
     assert_eq!(settled["approval"]["decided_by"], json!(f.agent.id));
 
@@ -199,23 +201,23 @@ async fn a_denial_over_grpc_reaches_the_model_as_the_tool_use_error() {
     let f = Fixture::start(&[("deny", script)], None).await;
     f.declare("scripted/deny", "ask", json!([{"tool": "danger", "verdict": "deny"}])).await;
     let run = f.turn("clean up").await;
-    f.server.task_in(run, "r1t0", "needs_approval").await;
+    f.server.task_in(run, "r1t0", TaskStatus::NeedsApproval).await;
 
     let mut client = agent_client(&f.server).await;
     let stranger = f.server.agent("stranger").await;
     let status = client.deny_task(authed(decision(run, "r1t0", json!({})), &stranger)).await.expect_err("refused");
-    assert_eq!(Refusal::from_status(&status).code, "not_authorized");
+    assert_eq!(Refusal::from_status(&status).code, ErrorCode::NotAuthorized);
     let status =
         client.deny_task(authed(decision(run, "r1t0", json!({"reason": 3})), &f.agent)).await.expect_err("refused");
-    assert_eq!(Refusal::from_status(&status).code, "parameter_invalid");
+    assert_eq!(Refusal::from_status(&status).code, ErrorCode::ParameterInvalid);
     // A misspelled field is refused, never ignored: the call stays parked.
     let status =
         client.deny_task(authed(decision(run, "r1t0", json!({"reasn": "no"})), &f.agent)).await.expect_err("refused");
-    assert_eq!(Refusal::from_status(&status).code, "parameter_invalid");
+    assert_eq!(Refusal::from_status(&status).code, ErrorCode::ParameterInvalid);
     let status =
         client.approve_task(authed(decision(run, "r1t0", json!({"ok": true})), &f.agent)).await.expect_err("refused");
-    assert_eq!(Refusal::from_status(&status).code, "parameter_invalid");
-    f.server.task_in(run, "r1t0", "needs_approval").await;
+    assert_eq!(Refusal::from_status(&status).code, ErrorCode::ParameterInvalid);
+    f.server.task_in(run, "r1t0", TaskStatus::NeedsApproval).await;
 
     let reason = "not on this machine";
     let reply = client
@@ -232,7 +234,7 @@ async fn a_denial_over_grpc_reaches_the_model_as_the_tool_use_error() {
     // The runner never had the work.
     assert_eq!(f.raw.claim(&run.to_string(), "r1t0").await.code(), Some("task_not_claimable"));
     let status = client.approve_task(authed(decision(run, "r1t0", json!({})), &f.agent)).await.expect_err("settled");
-    assert_eq!(Refusal::from_status(&status).code, "not_awaiting_approval");
+    assert_eq!(Refusal::from_status(&status).code, ErrorCode::NotAwaitingApproval);
 }
 
 #[tokio::test]
@@ -256,12 +258,13 @@ async fn rules_mode_allows_denies_and_refuses_the_unmatched_by_path_and_match() 
     f.declare("scripted/rules", "rules", rules).await;
     let run = f.turn("do things").await;
 
-    let asked = f.server.task_in(run, "r1t4", "needs_approval").await;
+    let asked = f.server.task_in(run, "r1t4", TaskStatus::NeedsApproval).await;
     assert_eq!(asked.tool_input, json!({"argv": ["git", "push"]}));
     let store = f.server.store();
-    let row = |key: &'static str| async move { store.task(run, key).await.expect("store").expect("task") };
+    let row =
+        |task_key: &'static str| async move { store.task(run, key(task_key)).await.expect("store").expect("task") };
     let allowed = row("r1t0").await;
-    assert_eq!(allowed.status, "dispatched");
+    assert_eq!(allowed.status, TaskStatus::Dispatched);
     assert_eq!(allowed.approval.as_ref().map(|a| a["origin"].clone()), Some(json!("rule")));
     for (key, origin, reason) in [
         ("r1t1", "rule", "destructive"),
@@ -317,7 +320,7 @@ async fn bypass_grants_everything_a_deny_rule_does_not_catch() {
                        {"tool": "probe", "verdict": "ask"}]);
     f.declare("scripted/bypass", "bypass", rules).await;
     let run = f.turn("go").await;
-    let granted = f.server.task_in(run, "r1t0", "dispatched").await;
+    let granted = f.server.task_in(run, "r1t0", TaskStatus::Dispatched).await;
     assert_eq!(granted.approval.as_ref().map(|a| a["origin"].clone()), Some(json!("mode")));
     serve_one(&mut f.raw, run, "r1t0", "listed").await;
     assert_eq!(
@@ -338,10 +341,10 @@ async fn an_expired_hold_times_the_call_out_with_approval_expired() {
     let text = completed(&f.server, run).await;
     assert!(text.starts_with("after: <tool_use_error>"), "{text}");
     assert!(text.contains("(approval_expired)"), "{text}");
-    let task = f.server.store().task(run, "r1t0").await.expect("store").expect("task");
+    let task = f.server.store().task(run, key("r1t0")).await.expect("store").expect("task");
     assert_eq!((task.status.as_str(), task.error_key.as_deref()), ("timed_out", Some("approval_expired")));
     assert_eq!(task.approval, None, "nobody decided");
-    let required = events(&f.server, run, "approval_required").await;
+    let required = events(&f.server, run, EventType::ApprovalRequired).await;
     assert_eq!(required.len(), 1);
     assert_eq!(required[0]["hold_until"].as_i64().map(|until| until - task.started_at), Some(300));
     assert_eq!(f.raw.claim(&run.to_string(), "r1t0").await.code(), Some("task_not_claimable"));
@@ -358,7 +361,7 @@ async fn a_changed_effect_profile_parks_the_call_again() {
     let f = Fixture::start(&[("profile", script)], None).await;
     f.declare("scripted/profile", "ask", Value::Null).await;
     let run = f.turn("probe it").await;
-    f.server.task_in(run, "r1t0", "needs_approval").await;
+    f.server.task_in(run, "r1t0", TaskStatus::NeedsApproval).await;
     // The runner now says its probe is destructive.
     drop(f.raw);
     let mut raw = connect(&f.server, &f.runner, DESTRUCTIVE).await;
@@ -367,7 +370,7 @@ async fn a_changed_effect_profile_parks_the_call_again() {
     assert_eq!(again.status, 200, "{:?}", again.body);
     assert_eq!(again.body["status"], "needs_approval");
     assert_eq!(again.body["effect_profile"]["destructive"], true);
-    let required = events(&f.server, run, "approval_required").await;
+    let required = events(&f.server, run, EventType::ApprovalRequired).await;
     assert_eq!(required.len(), 2);
     assert_eq!(
         (required[1]["reparked"].as_bool(), required[1]["effect_profile"]["kind"].as_str()),
@@ -389,14 +392,14 @@ async fn a_park_survives_a_nexus_restart_and_is_approved_after_it() {
     let f = Fixture::start(&scripts, None).await;
     f.declare("scripted/restart", "ask", Value::Null).await;
     let run = f.turn("survive").await;
-    let parked = f.server.task_in(run, "r1t0", "needs_approval").await;
+    let parked = f.server.task_in(run, "r1t0", TaskStatus::NeedsApproval).await;
     let Fixture { server, agent, runner, raw } = f;
     drop(raw);
 
     // Stop nexus and start it again on the same store.
     let server = server.restart(&scripts).await;
 
-    let still = server.store().task(run, "r1t0").await.expect("store").expect("task");
+    let still = server.store().task(run, key("r1t0")).await.expect("store").expect("task");
     assert_eq!(
         (still.status.as_str(), still.deadline_at),
         ("needs_approval", parked.deadline_at),

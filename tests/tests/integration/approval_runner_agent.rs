@@ -1,10 +1,11 @@
 //! The approval stage with a real `runner-agent` process serving the tool: a parked call runs on
 //! the worker only after it is approved over HTTP, and a denied one never runs there at all.
 
+use nexus_proto::{ExecutionId, RunStatus, TaskStatus};
+use nexus_tests::key;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use nexus_tests::processes::RunnerAgentProcess;
 use nexus_tests::{Http, TestServer, wait_until};
@@ -22,7 +23,7 @@ fn script() -> Value {
 
 /// A server, an Agent declared under `ask` on one real runner-agent, and one admitted input whose
 /// bash call is parked. Answers what the test needs, with the runner-agent kept alive.
-async fn parked_on_a_real_runner() -> (TestServer, Http, Uuid, tempfile::TempDir, tokio::process::Child) {
+async fn parked_on_a_real_runner() -> (TestServer, Http, ExecutionId, tempfile::TempDir, tokio::process::Child) {
     let server = TestServer::start(&[("touch", script())]).await;
     let agent = server.agent("agent").await;
     let runner = server.runner("worker").await;
@@ -39,7 +40,7 @@ async fn parked_on_a_real_runner() -> (TestServer, Http, Uuid, tempfile::TempDir
     }
     .spawn();
     wait_until("the runner announces its tools", WAIT, || async {
-        server.store().executor(runner.id).await.ok().flatten().and_then(|r| r.announced_at)
+        server.store().executor(runner.runner()).await.ok().flatten().and_then(|r| r.announced_at)
     })
     .await;
     let http = Http::new(&server.url(), Some(&agent.token));
@@ -50,16 +51,16 @@ async fn parked_on_a_real_runner() -> (TestServer, Http, Uuid, tempfile::TempDir
     assert_eq!(declared.status, 200, "{declared:?}");
     let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "touch the marker"})).await;
     assert_eq!(admitted.status, 201, "{admitted:?}");
-    let run: Uuid = admitted.body["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    let run: ExecutionId = admitted.body["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
     wait_until("the bash call parks", WAIT, || async {
-        let task = server.store().task(run, "r1t0").await.ok()??;
-        (task.status == "needs_approval").then_some(())
+        let task = server.store().task(run, key("r1t0")).await.ok()??;
+        (task.status == TaskStatus::NeedsApproval).then_some(())
     })
     .await;
     (server, http, run, dirs, child)
 }
 
-async fn quiet(server: &TestServer, run: Uuid) -> nexus_actors::store::ExecutionRow {
+async fn quiet(server: &TestServer, run: ExecutionId) -> nexus_actors::store::ExecutionRow {
     wait_until("the execution is quiet", WAIT, || async {
         let row = server.store().execution(run).await.ok()??;
         matches!(row.status.as_str(), "completed" | "needs_attention").then_some(row)
@@ -74,7 +75,7 @@ async fn an_approved_call_runs_on_the_runner_agent_only_after_approval() {
     // Parked: the worker has run nothing, and the call is not in its inbox to claim.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!marker.exists(), "a parked call never reaches the worker");
-    let parked = server.store().task(run, "r1t0").await.expect("task").expect("row");
+    let parked = server.store().task(run, key("r1t0")).await.expect("task").expect("row");
     assert_eq!((parked.status.as_str(), parked.claimed), ("needs_approval", false));
     let approved = http.post(&format!("/agent_api/v1/executions/{run}/tasks/r1t0/approve"), &json!({})).await;
     assert_eq!(approved.status, 200, "{approved:?}");
@@ -82,10 +83,10 @@ async fn an_approved_call_runs_on_the_runner_agent_only_after_approval() {
     assert_eq!(approved.body["approval"]["origin"], "agent", "{approved:?}");
     assert!(approved.body["approval"]["decided_by"].is_string(), "{approved:?}");
     let row = quiet(&server, run).await;
-    assert_eq!(row.status, "completed", "{row:?}");
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
     assert_eq!(row.final_text.as_deref(), Some("result: wrote"));
     assert_eq!(std::fs::read_to_string(&marker).expect("the worker ran the call"), "ran\n");
-    let task = server.store().task(run, "r1t0").await.expect("task").expect("row");
+    let task = server.store().task(run, key("r1t0")).await.expect("task").expect("row");
     assert_eq!((task.status.as_str(), task.claimed), ("completed", true));
 }
 
@@ -97,7 +98,7 @@ async fn a_denied_call_never_runs_and_the_model_reads_the_denial() {
         .await;
     assert_eq!(denied.status, 200, "{denied:?}");
     let row = quiet(&server, run).await;
-    assert_eq!(row.status, "completed", "{row:?}");
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
     assert_eq!(
         row.final_text.as_deref(),
         Some(
@@ -105,7 +106,7 @@ async fn a_denied_call_never_runs_and_the_model_reads_the_denial() {
              machine</tool_use_error>"
         )
     );
-    let task = server.store().task(run, "r1t0").await.expect("task").expect("row");
+    let task = server.store().task(run, key("r1t0")).await.expect("task").expect("row");
     assert_eq!(
         (task.status.as_str(), task.error_key.as_deref(), task.claimed),
         ("failed", Some("approval_denied"), false)

@@ -8,6 +8,8 @@
 //! first round (`a1`, `t1`) is compacted, the input is pinned and the latest round is the retained
 //! tail.
 
+use nexus_actors::store::EventType;
+use nexus_proto::{ErrorCode, ExecutionId, RunStatus, TaskStatus};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -46,23 +48,23 @@ impl Bed {
     }
 
     /// Admits an input with an inline declaration and returns its execution.
-    async fn run(&self, text: &str, declaration: Value) -> Uuid {
+    async fn run(&self, text: &str, declaration: Value) -> ExecutionId {
         self.server.run_declared(&self.agent, text, declaration).await
     }
 
-    async fn settled(&self, run: Uuid) -> ExecutionRow {
+    async fn settled(&self, run: ExecutionId) -> ExecutionRow {
         self.server.settled(run, WAIT).await
     }
 
-    async fn task(&self, run: Uuid, key: &str) -> TaskRow {
-        self.server.store().task(run, key).await.expect("store").expect("task")
+    async fn task(&self, run: ExecutionId, key: &str) -> TaskRow {
+        self.server.task(run, key).await.expect("task")
     }
 
-    async fn events(&self, run: Uuid) -> Vec<EventRow> {
+    async fn events(&self, run: ExecutionId) -> Vec<EventRow> {
         self.server.store().events_after(run, 0, i64::MAX).await.expect("events")
     }
 
-    async fn assert_invariants(&self, run: Uuid, tag: &str) {
+    async fn assert_invariants(&self, run: ExecutionId, tag: &str) {
         let history = collect(self.server.store(), &[run], Observations::default()).await;
         assert_holds(tag, &check(&history));
     }
@@ -95,8 +97,8 @@ fn declaration(model: &str, policy: Value) -> Value {
            "compaction_policy": policy})
 }
 
-fn of_type(events: &[EventRow], event_type: &str) -> Vec<Value> {
-    events.iter().filter(|e| e.event_type == event_type).map(|e| e.data.clone()).collect()
+fn of_type(events: &[EventRow], event_type: EventType) -> Vec<Value> {
+    events.iter().filter(|e| e.event.event_type() == event_type).map(|e| e.event.data().clone()).collect()
 }
 
 fn position(events: &[EventRow], what: impl Fn(&EventRow) -> bool) -> usize {
@@ -104,7 +106,7 @@ fn position(events: &[EventRow], what: impl Fn(&EventRow) -> bool) -> usize {
 }
 
 fn rounds(events: &[EventRow]) -> Vec<i64> {
-    of_type(events, "round_started").iter().filter_map(|e| e["round"].as_i64()).collect()
+    of_type(events, EventType::RoundStarted).iter().filter_map(|e| e["round"].as_i64()).collect()
 }
 
 /// The request's messages as `(role, content)`, content `""` when absent.
@@ -136,7 +138,7 @@ fn offers_no_tools(request: &FakeRequest) -> bool {
 
 /// The first `task_status` event of `key`: the one carrying the compaction's facts.
 fn first_status(events: &[EventRow], key: &str) -> Value {
-    of_type(events, "task_status").into_iter().find(|e| e["task_key"] == key).expect("a task_status")
+    of_type(events, EventType::TaskStatus).into_iter().find(|e| e["task_key"] == key).expect("a task_status")
 }
 
 #[tokio::test]
@@ -152,13 +154,13 @@ async fn an_overflow_compacts_with_the_kernel_summarizer_and_the_round_runs_agai
 
     let events = bed.events(run).await;
     assert_eq!(
-        of_type(&events, "context_compacted"),
+        of_type(&events, EventType::ContextCompacted),
         vec![json!({"run_public_id": run, "task_key": "r3", "summary_task_key": "c3-summary", "mode": "kernel",
                     "trigger": "overflow", "replaced_messages": 2, "retained_messages": 2})]
     );
     // The refused round is asked again under its own number, without a retry of its own.
     assert_eq!(rounds(&events), [1, 2, 3, 3]);
-    assert!(of_type(&events, "attention_required").is_empty());
+    assert!(of_type(&events, EventType::AttentionRequired).is_empty());
 
     // The summarizer saw no tools, the summarizer document and the history to compact.
     let summarizer = bed.fake.requests_for("sum");
@@ -192,7 +194,7 @@ async fn an_overflow_compacts_with_the_kernel_summarizer_and_the_round_runs_agai
     let first = first_status(&events, "c3-summary");
     assert_eq!((first["status"].as_str(), first["kind"].as_str()), (Some("waiting"), Some("model_task")));
     assert_eq!(first["compaction"], json!({"task_key": "r3", "trigger": "overflow", "mode": "kernel"}));
-    let usage = of_type(&events, "usage");
+    let usage = of_type(&events, EventType::Usage);
     assert!(usage.iter().any(|u| u["summary_task_key"] == "c3-summary" && u["model"] == "oa/sum"), "{usage:?}");
     let transcript = row.transcript.as_array().expect("transcript");
     assert!(transcript.iter().all(|m| m["tool_call_id"] != "c1"), "the stored transcript is compacted too");
@@ -218,7 +220,7 @@ async fn high_reported_usage_against_a_small_window_compacts_before_the_next_rou
     assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("done")), "{row:?}");
 
     let events = bed.events(run).await;
-    let compacted = of_type(&events, "context_compacted");
+    let compacted = of_type(&events, EventType::ContextCompacted);
     assert_eq!(compacted.len(), 1);
     assert_eq!(
         (compacted[0]["trigger"].as_str(), compacted[0]["mode"].as_str(), compacted[0]["task_key"].as_str()),
@@ -269,7 +271,7 @@ async fn an_estimate_over_a_small_window_compacts_at_the_wall() {
     assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("done: walls")), "{row:?}");
 
     let events = bed.events(run).await;
-    let compacted = of_type(&events, "context_compacted");
+    let compacted = of_type(&events, EventType::ContextCompacted);
     assert_eq!(compacted.len(), 1, "round 2's request had nothing to compact yet");
     assert_eq!(
         (
@@ -303,13 +305,13 @@ async fn the_manual_door_compacts_the_queued_round_and_refuses_with_its_words() 
     let request = |member: &Minted| authed(CompactExecutionRequest { execution_public_id: run.to_string() }, member);
 
     // Round 1's call is parked: only the input and an open call, nothing to compact (gRPC twin).
-    bed.server.task_in(run, "r1t0", "needs_approval").await;
+    bed.server.task_in(run, "r1t0", TaskStatus::NeedsApproval).await;
     let status = grpc.compact_execution(request(&bed.agent)).await.expect_err("nothing to compact");
-    assert_eq!(Refusal::from_status(&status).code, "nothing_to_compact");
+    assert_eq!(Refusal::from_status(&status).code, ErrorCode::NothingToCompact);
     assert_eq!(http.post(&approve("r1t0"), &json!({})).await.status, 200);
 
     // Round 2's call is parked: round 3 is queued, and round 1 can be compacted.
-    bed.server.task_in(run, "r2t0", "needs_approval").await;
+    bed.server.task_in(run, "r2t0", TaskStatus::NeedsApproval).await;
     let accepted = http.post(&door, &json!({})).await;
     assert_eq!(accepted.status, 202, "{:?}", accepted.body);
     assert_eq!(
@@ -317,11 +319,11 @@ async fn the_manual_door_compacts_the_queued_round_and_refuses_with_its_words() 
         json!({"execution_public_id": run, "summary_task_key": "c3-summary", "task_key": "r3", "trigger": "manual",
                "mode": "kernel", "status": "waiting"})
     );
-    assert_eq!(bed.task(run, "c3-summary").await.status, "waiting", "durable before the answer");
+    assert_eq!(bed.task(run, "c3-summary").await.status, TaskStatus::Waiting, "durable before the answer");
     let again = http.send(reqwest::Method::POST, &door, None).await;
     assert_eq!((again.status, again.code()), (409, Some("already_compacted")));
     let status = grpc.compact_execution(request(&bed.agent)).await.expect_err("compacted already");
-    assert_eq!(Refusal::from_status(&status).code, "already_compacted");
+    assert_eq!(Refusal::from_status(&status).code, ErrorCode::AlreadyCompacted);
     assert_eq!(bed.fake.count("m"), 2, "the compaction waits for the round boundary");
 
     // The parked call is an unresolved obligation: it is never compacted away.
@@ -329,7 +331,7 @@ async fn the_manual_door_compacts_the_queued_round_and_refuses_with_its_words() 
     let row = bed.settled(run).await;
     assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("done")), "{row:?}");
     let events = bed.events(run).await;
-    let compacted = of_type(&events, "context_compacted");
+    let compacted = of_type(&events, EventType::ContextCompacted);
     assert_eq!(
         (compacted[0]["trigger"].as_str(), compacted[0]["summary_task_key"].as_str()),
         (Some("manual"), Some("c3-summary"))
@@ -365,12 +367,12 @@ async fn mode_off_lets_the_overflow_halt_and_a_round_is_repaired_at_most_once() 
     let run = bed.run("too much", declaration("oa/off", json!({"mode": "off"}))).await;
     let row = bed.settled(run).await;
     assert_eq!(
-        (row.status.as_str(), row.attention_reason.as_deref(), row.error_key.as_deref()),
-        ("needs_attention", Some("halt_failure"), Some("provider_context_overflow"))
+        (row.status, row.attention_reason, row.error_key.as_deref()),
+        (RunStatus::NeedsAttention, Some(nexus_proto::AttentionReason::HaltFailure), Some("provider_context_overflow"))
     );
     let events = bed.events(run).await;
-    assert!(of_type(&events, "context_compacted").is_empty());
-    assert!(bed.server.store().tasks_of(run).await.expect("tasks").iter().all(|t| !t.task_key.starts_with('c')));
+    assert!(of_type(&events, EventType::ContextCompacted).is_empty());
+    assert!(bed.server.store().tasks_of(run).await.expect("tasks").iter().all(|t| !t.task_key.is_summary()));
     assert_eq!(bed.fake.count("off"), 3, "no summarizer was asked");
 
     // Under kernel a round overflowing again after its compaction is not compacted twice.
@@ -382,7 +384,7 @@ async fn mode_off_lets_the_overflow_halt_and_a_round_is_repaired_at_most_once() 
     let row = bed.settled(run).await;
     assert_eq!((row.status.as_str(), row.error_key.as_deref()), ("needs_attention", Some("provider_context_overflow")));
     let events = bed.events(run).await;
-    assert_eq!(of_type(&events, "context_compacted").len(), 1);
+    assert_eq!(of_type(&events, EventType::ContextCompacted).len(), 1);
     assert_eq!(rounds(&events), [1, 2, 3, 3]);
     assert_eq!(bed.fake.count("twice"), 5);
     bed.assert_invariants(run, "repaired once").await;
@@ -426,7 +428,7 @@ async fn connect(server: &TestServer, runner: &Minted, summarize_timeout_ms: u64
 }
 
 /// Waits for the offer of `key`, claims it, and answers the claim's token and task.
-async fn claim(raw: &mut RawRunner, run: Uuid, key: &str) -> (String, Value) {
+async fn claim(raw: &mut RawRunner, run: ExecutionId, key: &str) -> (String, Value) {
     let work = loop {
         let work = raw.next_work(WAIT).await.expect("work offered");
         if work.task_key == key {
@@ -439,12 +441,12 @@ async fn claim(raw: &mut RawRunner, run: Uuid, key: &str) -> (String, Value) {
     (token, task)
 }
 
-async fn commit(raw: &RawRunner, run: Uuid, key: &str, token: &str, body: Value) {
+async fn commit(raw: &RawRunner, run: ExecutionId, key: &str, token: &str, body: Value) {
     let committed = raw.commit(&run.to_string(), key, token, &body).await;
     assert_eq!(committed.code(), None, "commit refused: {committed:?}");
 }
 
-async fn acknowledge(raw: &mut RawRunner, run: Uuid, key: &str) -> Value {
+async fn acknowledge(raw: &mut RawRunner, run: ExecutionId, key: &str) -> Value {
     let (token, task) = claim(raw, run, key).await;
     commit(raw, run, key, &token, json!({"content": "ok", "structured_content": {"continue": false}})).await;
     task
@@ -475,7 +477,7 @@ async fn a_delegate_summarizes_on_the_runner_that_serves_its_tool() {
     assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("done")), "{row:?}");
     let events = s.bed.events(run).await;
     assert_eq!(
-        of_type(&events, "context_compacted"),
+        of_type(&events, EventType::ContextCompacted),
         vec![json!({"run_public_id": run, "task_key": "r3", "summary_task_key": "c3-summary", "mode": "delegate",
                     "trigger": "overflow", "replaced_messages": 2, "retained_messages": 2})]
     );
@@ -483,7 +485,10 @@ async fn a_delegate_summarizes_on_the_runner_that_serves_its_tool() {
     assert_eq!(requests.len(), 4, "no kernel summarizer was asked");
     assert_eq!(messages(&requests[3])[1].1, format!("{SUMMARY_HEADER}\n\nthe runner's summary"));
     let summary = s.bed.task(run, "c3-summary").await;
-    assert_eq!((summary.kind.as_str(), summary.target_executor_public_id), ("tool_call", Some(s.runner.id)));
+    assert_eq!(
+        (summary.kind, summary.target_executor_public_id),
+        (nexus_proto::TaskKind::ToolTask, Some(s.runner.runner()))
+    );
     assert_eq!(summary.approval.as_ref().map(|a| a["origin"].clone()), Some(json!("kernel")));
     s.bed.assert_invariants(run, "delegate").await;
 }
@@ -511,7 +516,7 @@ async fn a_delegate_nobody_answers_falls_back_to_the_kernel_summarizer_once() {
     assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("done")), "{row:?}");
     let events = s.bed.events(run).await;
     assert_eq!(
-        of_type(&events, "context_compacted"),
+        of_type(&events, EventType::ContextCompacted),
         vec![json!({"run_public_id": run, "task_key": "r3", "summary_task_key": "c3-summary-fallback",
                     "mode": "kernel", "trigger": "overflow", "fallback_from": "delegate",
                     "fallback_reason": "tool_timeout", "replaced_messages": 2, "retained_messages": 2})]
@@ -565,23 +570,25 @@ async fn pre_compact_and_post_compact_run_around_the_compaction() {
     let events = s.bed.events(run).await;
     let settled = |key: &'static str| {
         move |e: &EventRow| {
-            e.event_type == "task_status" && e.data["task_key"] == key && e.data["status"] == "completed"
+            e.event.event_type() == EventType::TaskStatus
+                && e.event.data()["task_key"] == key
+                && e.event.data()["status"] == "completed"
         }
     };
     let pre_done = position(&events, settled("h3-pre_compact"));
-    let compacted = position(&events, |e| e.event_type == "context_compacted");
+    let compacted = position(&events, |e| e.event.event_type() == EventType::ContextCompacted);
     let post_done = position(&events, settled("h3-post_compact"));
-    let rerun = events.iter().rposition(|e| e.event_type == "round_started").expect("rounds");
+    let rerun = events.iter().rposition(|e| e.event.event_type() == EventType::RoundStarted).expect("rounds");
     assert!(
         pre_done < compacted && compacted < post_done && post_done < rerun,
         "{pre_done} {compacted} {post_done} {rerun}"
     );
-    assert_eq!(events[post_done].data["hook"], "post_compact");
+    assert_eq!(events[post_done].event.data()["hook"], "post_compact");
     s.bed.assert_invariants(run, "hooks").await;
 }
 
 /// Claims `key`, runs `check` while the hook is out, then acknowledges it.
-async fn acknowledge_checked(s: &mut Served, run: Uuid, key: &str, check: impl FnOnce(&Served)) -> Value {
+async fn acknowledge_checked(s: &mut Served, run: ExecutionId, key: &str, check: impl FnOnce(&Served)) -> Value {
     let (token, task) = claim(&mut s.raw, run, key).await;
     check(s);
     commit(&s.raw, run, key, &token, json!({"content": "ok", "structured_content": {"continue": false}})).await;
@@ -625,7 +632,7 @@ async fn pinned_user_messages_survive_compaction() {
     assert_eq!(call_ids(&requests[4]), ["c2"]);
     let summarized = messages(&s.bed.fake.requests_for("psum")[0]);
     assert!(summarized[1].1.contains("[assistant] a first draft"), "{}", summarized[1].1);
-    let compacted_event = of_type(&s.bed.events(run).await, "context_compacted");
+    let compacted_event = of_type(&s.bed.events(run).await, EventType::ContextCompacted);
     assert_eq!(
         (compacted_event[0]["task_key"].as_str(), compacted_event[0]["replaced_messages"].as_u64()),
         (Some("r4"), Some(3))
@@ -646,10 +653,10 @@ async fn a_compaction_resumes_across_nexus_restarts() {
 
     // Restart 1: the compaction is decided and waits for its pre_compact hook, claimed.
     let (token, _) = claim(&mut raw, run, "h3-pre_compact").await;
-    assert_eq!(bed.task(run, "c3-summary").await.status, "waiting");
+    assert_eq!(bed.task(run, "c3-summary").await.status, TaskStatus::Waiting);
     drop(raw);
     bed = restart(bed).await;
-    assert_eq!(bed.task(run, "c3-summary").await.status, "waiting", "the decision is durable");
+    assert_eq!(bed.task(run, "c3-summary").await.status, TaskStatus::Waiting, "the decision is durable");
     let mut raw = connect(&bed.server, &runner, 60_000).await;
     let ack = json!({"content": "ok", "structured_content": {"continue": false}});
     commit(&raw, run, "h3-pre_compact", &token, ack).await;
@@ -665,7 +672,7 @@ async fn a_compaction_resumes_across_nexus_restarts() {
     let row = bed.settled(run).await;
     assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("done")), "{row:?}");
     let events = bed.events(run).await;
-    let compacted = of_type(&events, "context_compacted");
+    let compacted = of_type(&events, EventType::ContextCompacted);
     assert_eq!(compacted.len(), 1, "applied once");
     assert_eq!((compacted[0]["mode"].as_str(), compacted[0]["trigger"].as_str()), (Some("delegate"), Some("overflow")));
     assert_eq!(rounds(&events), [1, 2, 3, 3]);

@@ -17,6 +17,7 @@
 //! - R50's spawn half (`spawn.declaration` against a captured catalog): no kernel tool runs
 //!   in-process, so a spawn call cannot be observed apart from the kernel-tool tests R21, R32, R33.
 
+use nexus_proto::{ErrorCode, ExecutionId};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -100,7 +101,7 @@ impl Door {
 
     /// The stored profile row and the GET body, to compare before and after a refusal.
     async fn snapshot(&self) -> (Value, Value) {
-        let row = self.server.store().profile(self.agent.id).await.expect("store").expect("profile");
+        let row = self.server.store().profile(self.agent.member()).await.expect("store").expect("profile");
         let stored = json!({
             "configuration": row.configuration, "system_prompt": row.system_prompt, "summarizer": row.summarizer,
             "system_prompt_version": row.system_prompt_version, "summarizer_version": row.summarizer_version,
@@ -140,7 +141,7 @@ impl Door {
     }
 
     /// The preview of `configuration` for `selected`, asserted 200: the assembled entries.
-    async fn assembled(&self, selected: Option<Uuid>, configuration: &Value) -> Vec<Value> {
+    async fn assembled(&self, selected: Option<nexus_proto::RunnerId>, configuration: &Value) -> Vec<Value> {
         let body = json!({"default_runner_executor_public_id": selected, "configuration": configuration});
         let answer = self.preview(&body).await;
         assert_eq!(answer.status, 200, "{body} -> {:?}", answer.body);
@@ -164,7 +165,12 @@ impl Door {
     }
 
     /// Admits an input through the in-process API (the door both edges share).
-    async fn turn(&self, text: &str, declaration: Option<Value>, tool_names: Option<Value>) -> Result<Uuid, Refusal> {
+    async fn turn(
+        &self,
+        text: &str,
+        declaration: Option<Value>,
+        tool_names: Option<Value>,
+    ) -> Result<ExecutionId, Refusal> {
         let caller = self.server.caller(&self.agent).await;
         let input = CreateInput {
             text: text.to_owned(),
@@ -176,7 +182,7 @@ impl Door {
     }
 
     /// Admits an input under the standing profile with `runner` selected among its candidates.
-    async fn turn_selecting(&self, text: &str, runner: Uuid) -> Result<Uuid, Refusal> {
+    async fn turn_selecting(&self, text: &str, runner: nexus_proto::RunnerId) -> Result<ExecutionId, Refusal> {
         let caller = self.server.caller(&self.agent).await;
         let input =
             CreateInput { text: text.to_owned(), runner_executor_public_id: Some(runner), ..CreateInput::default() };
@@ -184,7 +190,7 @@ impl Door {
     }
 
     /// Waits until the execution is quiescent (completed, canceled or needs_attention).
-    async fn settled(&self, execution: Uuid) -> ExecutionRow {
+    async fn settled(&self, execution: ExecutionId) -> ExecutionRow {
         self.server.settled(execution, SETTLE).await
     }
 }
@@ -478,7 +484,7 @@ async fn r03_omitted_null_or_empty_documents_clear_slots() {
         }
         let answer = d.http.declare(&body).await;
         assert_eq!(answer.status, 200, "{body}");
-        let row = d.server.store().profile(d.agent.id).await.expect("store").expect("profile");
+        let row = d.server.store().profile(d.agent.member()).await.expect("store").expect("profile");
         assert_eq!(row.system_prompt.is_none(), system_cleared, "{docs:?}");
         assert_eq!(row.summarizer.is_none(), summarizer_cleared, "{docs:?}");
     }
@@ -501,7 +507,7 @@ async fn r04_slot_content_and_roles() {
         .declare(&json!({"configuration": {}, "prompt_documents": {"system_prompt": {"content": ""}, "summarizer": {"content": "s"}}}))
         .await;
     assert_eq!(answer.status, 200);
-    let row = d.server.store().profile(d.agent.id).await.expect("store").expect("profile");
+    let row = d.server.store().profile(d.agent.member()).await.expect("store").expect("profile");
     assert_eq!(
         row.system_prompt,
         Some(json!({"content": "", "role": "system"})),
@@ -611,10 +617,10 @@ async fn r10_the_answer_is_the_profile_and_get_output_round_trips() {
     get["measured_at"] = Value::Null;
     assert_eq!(put_body, get, "PUT answers exactly what GET reads");
     // The GET output is itself an accepted PUT body, and converges to the same contents.
-    let before = d.server.store().profile(d.agent.id).await.expect("store").expect("profile");
+    let before = d.server.store().profile(d.agent.member()).await.expect("store").expect("profile");
     let again = d.http.declare(&get).await;
     assert_eq!(again.status, 200, "{:?}", again.body);
-    let after = d.server.store().profile(d.agent.id).await.expect("store").expect("profile");
+    let after = d.server.store().profile(d.agent.member()).await.expect("store").expect("profile");
     assert_eq!(after.configuration, before.configuration);
     assert_eq!(after.system_prompt, before.system_prompt);
     assert_eq!(after.summarizer, before.summarizer);
@@ -956,7 +962,7 @@ async fn r15_defer_loading_is_boolean_stored_stripped_and_visibility_only() {
     .await;
     assert!(!offered_names(&fake.turn("authority")[0]).contains(&"later".to_owned()), "later was hidden");
     assert_eq!(task.error_key, None, "the hidden callable was refused: {task:?}");
-    assert_eq!(task.target_executor_public_id, Some(runner.id));
+    assert_eq!(task.target_executor_public_id, Some(runner.runner()));
     assert_eq!(task.tool_name, "later_served");
 }
 
@@ -1509,7 +1515,7 @@ async fn r26_runner_tool_names_filter_the_selected_runners_model_announcements()
     ];
     for (row, selected, names, expected) in rows {
         let configuration = json!({"runner_executor_public_ids": [a.id, b.id], "runner_tool_names": names});
-        let assembled = d.assembled(Some(selected), &configuration).await;
+        let assembled = d.assembled(Some(nexus_proto::RunnerId::from_uuid(selected)), &configuration).await;
         let mut got = entry_names(&assembled);
         got.sort_unstable();
         assert_eq!(got, expected, "{row}");
@@ -1545,8 +1551,8 @@ async fn r27_import_collisions_get_stable_target_qualified_names() {
         "tool_definitions": [function("bash"), function(&long)],
         "kernel_tools": ["nexus.memory.grep"],
     });
-    let assembled = d.assembled(Some(runner.id), &configuration).await;
-    let again = d.assembled(Some(runner.id), &configuration).await;
+    let assembled = d.assembled(Some(runner.runner()), &configuration).await;
+    let again = d.assembled(Some(runner.runner()), &configuration).await;
     assert_eq!(assembled, again, "the same input assembles the same names");
     let expected: Vec<(String, &str)> = vec![
         (qualified(runner.id, "bash"), "bash"),
@@ -1606,7 +1612,7 @@ async fn r28_the_selected_runner_is_a_declared_eligible_candidate() {
     }
     // A candidate that announced and then disconnected still contributes its announcements.
     drop(present_raw);
-    let assembled = d.assembled(Some(present.id), &configuration).await;
+    let assembled = d.assembled(Some(present.runner()), &configuration).await;
     assert_eq!(entry_names(&assembled), ["grep"]);
 }
 
@@ -1648,7 +1654,7 @@ async fn r30_input_tool_names_narrow_the_assembled_set_or_refuse_tool_not_declar
         ("an undeclared kernel name", json!(["memory_read"])),
     ] {
         match d.turn(row, Some(declaration.clone()), Some(tool_names)).await {
-            Err(refusal) => assert_eq!(refusal.code, "tool_not_declared", "{row}: {refusal:?}"),
+            Err(refusal) => assert_eq!(refusal.code, ErrorCode::ToolNotDeclared, "{row}: {refusal:?}"),
             Ok(execution) => {
                 let settled = d.settled(execution).await;
                 assert_eq!(settled.error_key.as_deref(), Some("tool_not_declared"), "{row}: {}", settled.status);
@@ -1677,7 +1683,7 @@ async fn r31_acceptance_freezes_the_declaration_and_later_changes_reach_future_w
     d.accepts(&json!({"approval_mode": "bypass", "default_model": "wire/m", "tool_definitions": [function("before")],
         "runner_executor_public_ids": [first.id, second.id]}))
         .await;
-    let execution = d.turn_selecting("frozen", first.id).await.expect("admitted");
+    let execution = d.turn_selecting("frozen", first.runner()).await.expect("admitted");
     wait_until("the first model request", SETTLE, || async { (!fake.turn("frozen").is_empty()).then_some(()) }).await;
     d.accepts(&json!({"approval_mode": "bypass", "default_model": "wire/m", "tool_definitions": [function("after")],
         "runner_executor_public_ids": [second.id]}))
@@ -1690,7 +1696,7 @@ async fn r31_acceptance_freezes_the_declaration_and_later_changes_reach_future_w
     frozen.sort();
     assert_eq!(frozen, ["before", "grep"], "the selected candidate's tools are imported");
     assert_eq!(offered_names(&rounds[1]), offered_names(&rounds[0]), "a later round keeps the frozen set");
-    let next = d.turn_selecting("fresh", second.id).await.expect("admitted");
+    let next = d.turn_selecting("fresh", second.runner()).await.expect("admitted");
     d.settled(next).await;
     let mut fresh = offered_names(&fake.turn("fresh")[0]);
     fresh.sort();
@@ -1708,7 +1714,7 @@ async fn r32_runners_list_reads_the_frozen_candidate_list() {
     d.accepts(&json!({"approval_mode": "bypass", "default_model": "wire/m", "kernel_tools": ["nexus.runners.list"],
         "runner_executor_public_ids": [first.id, second.id], "runner_tool_names": []}))
         .await;
-    let execution = d.turn_selecting("environments", first.id).await.expect("admitted");
+    let execution = d.turn_selecting("environments", first.runner()).await.expect("admitted");
     wait_until("the first model request", SETTLE, || async { (!fake.turn("environments").is_empty()).then_some(()) })
         .await;
     // A later profile change does not reach the accepted work's candidate list.
@@ -2022,7 +2028,7 @@ async fn r45_execution_declaration_has_the_flat_field_set_and_is_validated_at_ad
     for (row, declaration, code, field) in rows {
         let before = d.server.store().fingerprint().await.expect("fingerprint");
         let refusal = d.turn(row, Some(declaration), None).await.expect_err(row);
-        assert_eq!(refusal.code, code, "{row}: {refusal:?}");
+        assert_eq!(refusal.code.as_str(), code, "{row}: {refusal:?}");
         assert!(refusal.message.starts_with(field), "{row}: {} should name {field}", refusal.message);
         assert_eq!(d.server.store().fingerprint().await.expect("fingerprint"), before, "{row}: a refused input wrote");
     }
@@ -2380,7 +2386,13 @@ async fn r09_a_suspended_agent_is_not_authorized_at_the_lock() {
     let before = d.snapshot().await;
     // The operator suspends the Agent: its credential still authenticates, but it is no longer
     // eligible when the ProfileActor takes the declaration lock.
-    nexus_actors::cli::admin::set_member_status(d.server.store(), d.agent.id, "suspended").await.expect("suspended");
+    nexus_actors::cli::admin::set_member_status(
+        d.server.store(),
+        d.agent.member(),
+        nexus_proto::MemberStatus::Suspended,
+    )
+    .await
+    .expect("suspended");
     let answer = d.http.declare(&json!({"configuration": {}})).await;
     assert_eq!((answer.status, answer.code()), (403, Some("not_authorized")), "{:?}", answer.body);
     let slot = d.http.put("/agent_api/v1/profile/prompt_documents/system_prompt", &json!({"content": "x"})).await;
@@ -2390,6 +2402,8 @@ async fn r09_a_suspended_agent_is_not_authorized_at_the_lock() {
     assert_eq!((named.status, named.code()), (403, Some("not_authorized")));
     assert_eq!(d.snapshot().await.0, before.0, "nothing changed");
     assert_eq!(d.http.profile().await.status, 200, "reading stays open");
-    nexus_actors::cli::admin::set_member_status(d.server.store(), d.agent.id, "active").await.expect("reinstated");
+    nexus_actors::cli::admin::set_member_status(d.server.store(), d.agent.member(), nexus_proto::MemberStatus::Active)
+        .await
+        .expect("reinstated");
     assert_eq!(d.http.declare(&json!({"configuration": {}})).await.status, 200);
 }

@@ -98,7 +98,7 @@ async fn door() -> Door {
 impl Door {
     /// The stored bytes of the profile row (configuration and documents) and their versions.
     async fn stored(&self) -> (String, Value) {
-        let row = self.server.store().profile(self.agent.id).await.expect("store").expect("profile");
+        let row = self.server.store().profile(self.agent.member()).await.expect("store").expect("profile");
         let bytes = row.configuration.as_ref().map(Value::to_string).unwrap_or_default();
         let documents = json!({
             "system_prompt": row.system_prompt, "summarizer": row.summarizer,

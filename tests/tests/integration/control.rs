@@ -6,6 +6,9 @@
 //! A real server, scripted models (or a local fake provider where a test must see what a model
 //! was asked, or hold a model call open), and a raw runner that claims and commits only when told.
 
+use nexus_actors::store::EventType;
+use nexus_proto::{ErrorCode, ExecutionId, RunStatus, TaskStatus};
+use nexus_tests::key;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -80,10 +83,10 @@ impl Fixture {
     }
 
     /// Admits an input over HTTP and answers its execution.
-    async fn turn(&self, text: &str) -> Uuid {
+    async fn turn(&self, text: &str) -> ExecutionId {
         let answer = self.http().post("/agent_api/v1/inputs", &json!({"text": text})).await;
         assert_eq!(answer.status, 201, "admitted: {:?}", answer.body);
-        Uuid::parse_str(answer.body["execution_public_id"].as_str().expect("id")).expect("uuid")
+        answer.body["execution_public_id"].as_str().expect("id").parse::<ExecutionId>().expect("uuid")
     }
 
     fn http(&self) -> Http {
@@ -97,47 +100,52 @@ async fn connect(server: &TestServer, runner: &Minted, timeout_ms: Option<u64>) 
         .await
 }
 
-fn door(run: Uuid, verb: &str) -> String {
+fn door(run: ExecutionId, verb: &str) -> String {
     format!("/agent_api/v1/executions/{run}/{verb}")
 }
 
-async fn row(server: &TestServer, run: Uuid) -> ExecutionRow {
+async fn row(server: &TestServer, run: ExecutionId) -> ExecutionRow {
     server.store().execution(run).await.expect("store").expect("execution")
 }
 
-async fn status_is(server: &TestServer, run: Uuid, status: &str) -> ExecutionRow {
+async fn status_is(server: &TestServer, run: ExecutionId, status: RunStatus) -> ExecutionRow {
     wait_until(&format!("the execution to be {status}"), WAIT, || async {
         server.store().execution(run).await.ok().flatten().filter(|row| row.status == status)
     })
     .await
 }
 
-async fn events(server: &TestServer, run: Uuid) -> Vec<EventRow> {
+async fn events(server: &TestServer, run: ExecutionId) -> Vec<EventRow> {
     server.store().events_after(run, 0, i64::MAX).await.expect("events")
 }
 
 /// The `turn_status` data, in order.
-async fn turn_statuses(server: &TestServer, run: Uuid) -> Vec<Value> {
-    events(server, run).await.into_iter().filter(|e| e.event_type == "turn_status").map(|e| e.data).collect()
+async fn turn_statuses(server: &TestServer, run: ExecutionId) -> Vec<Value> {
+    events(server, run)
+        .await
+        .into_iter()
+        .filter(|e| e.event.event_type() == EventType::TurnStatus)
+        .map(|e| e.event.data())
+        .collect()
 }
 
 /// The position of the first event of `event_type` whose data matches `pick`.
-fn position(events: &[EventRow], event_type: &str, pick: impl Fn(&Value) -> bool) -> usize {
+fn position(events: &[EventRow], event_type: EventType, pick: impl Fn(&Value) -> bool) -> usize {
     events
         .iter()
-        .position(|e| e.event_type == event_type && pick(&e.data))
+        .position(|e| e.event.event_type() == event_type && pick(&e.event.data()))
         .unwrap_or_else(|| panic!("no {event_type} event as expected in {events:#?}"))
 }
 
 /// Takes the next offer, which must be `run`/`key`, and claims it; answers the claim token.
-async fn claim_next(raw: &mut RawRunner, run: Uuid, key: &str) -> String {
+async fn claim_next(raw: &mut RawRunner, run: ExecutionId, key: &str) -> String {
     let work = raw.next_work(WAIT).await.expect("work offered");
     assert_eq!((work.run_public_id.as_str(), work.task_key.as_str()), (run.to_string().as_str(), key));
     let (token, _) = raw.claim(&work.run_public_id, &work.task_key).await.granted().expect("claim granted");
     token
 }
 
-async fn commit(raw: &RawRunner, run: Uuid, key: &str, token: &str, content: &str) {
+async fn commit(raw: &RawRunner, run: ExecutionId, key: &str, token: &str, content: &str) {
     let committed = raw.commit(&run.to_string(), key, token, &json!({"content": content})).await;
     assert_eq!(committed.committed().map(|c| c.1), Some("completed".to_owned()), "{committed:?}");
 }
@@ -208,7 +216,7 @@ async fn a_graceful_pause_records_finished_work_and_starts_no_round_until_resume
     let mut f = Fixture::start(&[("pause", script)], None).await;
     f.declare_tools("scripted/pause", "bypass", Value::Null).await;
     let run = f.turn("probe it").await;
-    f.server.task_in(run, "r1t0", "dispatched").await;
+    f.server.task_in(run, "r1t0", TaskStatus::Dispatched).await;
     let http = f.http();
 
     let paused = http.post(&door(run, "pause"), &json!({})).await;
@@ -222,7 +230,9 @@ async fn a_graceful_pause_records_finished_work_and_starts_no_round_until_resume
     commit(&f.raw, run, "r1t0", &token, "pong").await;
     let all = wait_until("the settlement's narration", WAIT, || async {
         let all = events(&f.server, run).await;
-        all.iter().any(|e| e.event_type == "task_status" && e.data["status"] == "completed").then_some(all)
+        all.iter()
+            .any(|e| e.event.event_type() == EventType::TaskStatus && e.event.data()["status"] == "completed")
+            .then_some(all)
     })
     .await;
     // The refusal goes through the actor after the settlement: nothing new was scheduled.
@@ -230,17 +240,17 @@ async fn a_graceful_pause_records_finished_work_and_starts_no_round_until_resume
     assert_eq!((again.status, again.code()), (409, Some("not_pausable")));
     let paused_row = row(&f.server, run).await;
     assert_eq!((paused_row.status.as_str(), paused_row.round), ("paused", 1), "no new round while paused");
-    assert_eq!(all.iter().filter(|e| e.event_type == "round_started").count(), 1);
+    assert_eq!(all.iter().filter(|e| e.event.event_type() == EventType::RoundStarted).count(), 1);
 
     let resumed = http.send(reqwest::Method::POST, &door(run, "resume"), None).await;
     assert_eq!(resumed.status, 200, "{:?}", resumed.body);
     assert_ne!(resumed.body["status"], "paused");
-    let done = status_is(&f.server, run, "completed").await;
+    let done = status_is(&f.server, run, RunStatus::Completed).await;
     assert_eq!(done.final_text.as_deref(), Some("got pong"));
     let all = events(&f.server, run).await;
-    let resume_at = position(&all, "turn_status", |d| d["resumed"] == true);
-    let settled_at = position(&all, "task_status", |d| d["status"] == "completed");
-    let round_two = position(&all, "round_started", |d| d["round"] == 2);
+    let resume_at = position(&all, EventType::TurnStatus, |d| d["resumed"] == true);
+    let settled_at = position(&all, EventType::TaskStatus, |d| d["status"] == "completed");
+    let round_two = position(&all, EventType::RoundStarted, |d| d["round"] == 2);
     assert!(settled_at < resume_at && resume_at < round_two, "paused work settles, then resume, then round 2");
     let again = http.post(&door(run, "resume"), &json!({})).await;
     assert_eq!((again.status, again.code()), (409, Some("not_paused")));
@@ -263,7 +273,7 @@ async fn a_forced_pause_aborts_the_model_call_and_resume_asks_again_under_a_new_
         .expect("declared");
     let request = CreateInputRequest { text: "think".into(), ..CreateInputRequest::default() };
     let created = client.create_input(authed(request, &agent)).await.expect("admitted").into_inner();
-    let run = Uuid::parse_str(&created.execution_public_id).expect("uuid");
+    let run: ExecutionId = created.execution_public_id.parse().expect("uuid");
     wait_until("the model call", WAIT, || async { (model.count() == 1).then_some(()) }).await;
 
     let pause = PauseExecutionRequest { execution_public_id: run.to_string(), force: true };
@@ -280,14 +290,14 @@ async fn a_forced_pause_aborts_the_model_call_and_resume_asks_again_under_a_new_
     let resume = ResumeExecutionRequest { execution_public_id: run.to_string() };
     let resumed = client.resume_execution(authed(resume, &agent)).await.expect("resumed").into_inner();
     assert_ne!(resumed.status, "paused");
-    let done = status_is(&server, run, "completed").await;
+    let done = status_is(&server, run, RunStatus::Completed).await;
     assert_eq!(done.final_text.as_deref(), Some("asked again"));
     assert_eq!(model.count(), 2, "the aborted call was asked again once");
     let rounds: Vec<i64> = events(&server, run)
         .await
         .iter()
-        .filter(|e| e.event_type == "round_started")
-        .filter_map(|e| e.data["round"].as_i64())
+        .filter(|e| e.event.event_type() == EventType::RoundStarted)
+        .filter_map(|e| e.event.data()["round"].as_i64())
         .collect();
     assert_eq!(rounds, [1, 2], "the call is asked again under a new round number");
     assert_eq!(done.round, 2);
@@ -307,26 +317,26 @@ async fn resume_moves_open_deadlines_and_holds_forward_by_the_paused_time() {
     let rules = json!([{"tool": "probe", "verdict": "allow"}, {"tool": "other", "verdict": "ask"}]);
     f.declare_tools("scripted/clocks", "rules", rules).await;
     let run = f.turn("both").await;
-    let dispatched = f.server.task_in(run, "r1t0", "dispatched").await;
-    let parked = f.server.task_in(run, "r1t1", "needs_approval").await;
+    let dispatched = f.server.task_in(run, "r1t0", TaskStatus::Dispatched).await;
+    let parked = f.server.task_in(run, "r1t1", TaskStatus::NeedsApproval).await;
     let http = f.http();
 
     let paused = http.send(reqwest::Method::POST, &door(run, "pause"), None).await;
     assert_eq!(paused.body["status"], "paused", "{:?}", paused.body);
     let frozen = wait_until("the runner task's clock to freeze", WAIT, || async {
-        f.server.store().task(run, "r1t0").await.ok().flatten().filter(|t| is_frozen(t.deadline_at))
+        f.server.store().task(run, key("r1t0")).await.ok().flatten().filter(|t| is_frozen(t.deadline_at))
     })
     .await;
     assert!(frozen.deadline_at <= FROZEN_EPOCH_MS + 3_000, "what is left is at most the park");
-    let hold = f.server.store().task(run, "r1t1").await.expect("store").expect("task");
+    let hold = f.server.store().task(run, key("r1t1")).await.expect("store").expect("task");
     assert!(is_frozen(hold.deadline_at), "the approval hold is frozen");
     let view = http.get(&format!("/agent_api/v1/executions/{run}")).await;
     let tasks = view.body["tasks"].as_array().expect("tasks");
     assert!(tasks.iter().all(|t| t["deadline_at"].is_null() && t["frozen_remaining_ms"].is_i64()), "{tasks:?}");
     // Longer than either clock had.
     tokio::time::sleep(Duration::from_millis(3_300)).await;
-    assert_eq!(f.server.task_in(run, "r1t0", "dispatched").await.deadline_at, frozen.deadline_at);
-    f.server.task_in(run, "r1t1", "needs_approval").await;
+    assert_eq!(f.server.task_in(run, "r1t0", TaskStatus::Dispatched).await.deadline_at, frozen.deadline_at);
+    f.server.task_in(run, "r1t1", TaskStatus::NeedsApproval).await;
 
     let resumed = http.send(reqwest::Method::POST, &door(run, "resume"), None).await;
     assert_eq!(resumed.status, 200, "{:?}", resumed.body);
@@ -334,11 +344,11 @@ async fn resume_moves_open_deadlines_and_holds_forward_by_the_paused_time() {
         turn_statuses(&f.server, run).await.last().and_then(|d| d["paused_ms"].as_i64()).expect("paused_ms");
     assert!(paused_ms >= 3_300, "paused for {paused_ms} ms");
     let thawed = wait_until("the runner task's clock to thaw", WAIT, || async {
-        f.server.store().task(run, "r1t0").await.ok().flatten().filter(|t| !is_frozen(t.deadline_at))
+        f.server.store().task(run, key("r1t0")).await.ok().flatten().filter(|t| !is_frozen(t.deadline_at))
     })
     .await;
     assert_eq!(thawed.deadline_at - dispatched.deadline_at, paused_ms, "moved by exactly the paused time");
-    let hold = f.server.store().task(run, "r1t1").await.expect("store").expect("task");
+    let hold = f.server.store().task(run, key("r1t1")).await.expect("store").expect("task");
     assert_eq!(hold.deadline_at - parked.deadline_at, paused_ms, "the hold moved by the paused time");
 
     let token = claim_next(&mut f.raw, run, "r1t0").await;
@@ -347,7 +357,7 @@ async fn resume_moves_open_deadlines_and_holds_forward_by_the_paused_time() {
     assert_eq!(approved.body["status"], "dispatched", "{:?}", approved.body);
     let token = claim_next(&mut f.raw, run, "r1t1").await;
     commit(&f.raw, run, "r1t1", &token, "b").await;
-    assert_eq!(status_is(&f.server, run, "completed").await.final_text.as_deref(), Some("a b"));
+    assert_eq!(status_is(&f.server, run, RunStatus::Completed).await.final_text.as_deref(), Some("a b"));
 }
 
 #[tokio::test]
@@ -360,11 +370,11 @@ async fn a_nexus_restart_while_paused_stays_paused_with_its_clocks_frozen() {
     let f = Fixture::start(&scripts, Some(3_000)).await;
     f.declare_tools("scripted/restart", "bypass", Value::Null).await;
     let run = f.turn("survive").await;
-    f.server.task_in(run, "r1t0", "dispatched").await;
+    f.server.task_in(run, "r1t0", TaskStatus::Dispatched).await;
     let paused = f.http().send(reqwest::Method::POST, &door(run, "pause"), None).await;
     assert_eq!(paused.body["status"], "paused", "{:?}", paused.body);
     wait_until("the clock to freeze", WAIT, || async {
-        f.server.store().task(run, "r1t0").await.ok().flatten().filter(|t| is_frozen(t.deadline_at))
+        f.server.store().task(run, key("r1t0")).await.ok().flatten().filter(|t| is_frozen(t.deadline_at))
     })
     .await;
     let Fixture { server, agent, runner, raw, timeout_ms } = f;
@@ -374,19 +384,19 @@ async fn a_nexus_restart_while_paused_stays_paused_with_its_clocks_frozen() {
     let server = server.restart(&scripts).await;
     let mut raw = connect(&server, &runner, timeout_ms).await;
 
-    assert_eq!(row(&server, run).await.status, "paused", "still paused after the restart");
+    assert_eq!(row(&server, run).await.status, RunStatus::Paused, "still paused after the restart");
     // Past the task's whole park: its clock stays frozen.
     tokio::time::sleep(Duration::from_millis(3_300)).await;
-    let still = server.task_in(run, "r1t0", "dispatched").await;
+    let still = server.task_in(run, "r1t0", TaskStatus::Dispatched).await;
     assert!(is_frozen(still.deadline_at));
-    assert_eq!(row(&server, run).await.status, "paused");
+    assert_eq!(row(&server, run).await.status, RunStatus::Paused);
 
     let mut client = agent_client(&server).await;
     let resume = ResumeExecutionRequest { execution_public_id: run.to_string() };
     client.resume_execution(authed(resume, &agent)).await.expect("resumed");
     let token = claim_next(&mut raw, run, "r1t0").await;
     commit(&raw, run, "r1t0", &token, "here").await;
-    assert_eq!(status_is(&server, run, "completed").await.final_text.as_deref(), Some("after restart: here"));
+    assert_eq!(status_is(&server, run, RunStatus::Completed).await.final_text.as_deref(), Some("after restart: here"));
 }
 
 #[tokio::test]
@@ -399,7 +409,7 @@ async fn a_forced_stop_drains_through_canceling_and_the_claimant_hears_of_it() {
     let rules = json!([{"tool": "probe", "verdict": "allow"}, {"tool": "other", "verdict": "ask"}]);
     f.declare_tools("scripted/force", "rules", rules).await;
     let run = f.turn("hold on").await;
-    f.server.task_in(run, "r1t1", "needs_approval").await;
+    f.server.task_in(run, "r1t1", TaskStatus::NeedsApproval).await;
     let token = claim_next(&mut f.raw, run, "r1t0").await;
 
     // No body: a stop is forced by default, and the door answers once the drain has ended.
@@ -417,7 +427,7 @@ async fn a_forced_stop_drains_through_canceling_and_the_claimant_hears_of_it() {
     };
     assert_eq!((canceled.run_public_id.as_str(), canceled.task_key.as_str()), (run.to_string().as_str(), "r1t0"));
     for key in ["r1t0", "r1t1"] {
-        let task = f.server.store().task(run, key).await.expect("store").expect("task");
+        let task = f.server.task(run, key).await.expect("task");
         assert_eq!((task.status.as_str(), task.error_key.as_deref()), ("canceled", Some("task_canceled")), "{key}");
     }
     // A late commit of the canceled claim is an idle success; nothing changes.
@@ -425,13 +435,13 @@ async fn a_forced_stop_drains_through_canceling_and_the_claimant_hears_of_it() {
     assert_eq!(late.committed(), Some((true, "canceled".to_owned())));
 
     let all = events(&f.server, run).await;
-    let canceling = position(&all, "turn_status", |d| d["status"] == "canceling");
-    assert_eq!(all[canceling].data["force"], true);
-    assert_eq!(all[canceling].data["draining"], json!(["r1t0"]), "only the runner's task drains");
-    let drained = position(&all, "task_status", |d| d["task_key"] == "r1t0" && d["status"] == "canceled");
-    let ended = position(&all, "turn_status", |d| d["status"] == "canceled");
+    let canceling = position(&all, EventType::TurnStatus, |d| d["status"] == "canceling");
+    assert_eq!(all[canceling].event.data()["force"], true);
+    assert_eq!(all[canceling].event.data()["draining"], json!(["r1t0"]), "only the runner's task drains");
+    let drained = position(&all, EventType::TaskStatus, |d| d["task_key"] == "r1t0" && d["status"] == "canceled");
+    let ended = position(&all, EventType::TurnStatus, |d| d["status"] == "canceled");
     assert!(canceling < drained && drained < ended, "canceling, then the claim settles, then canceled");
-    assert!(!all.iter().any(|e| e.event_type == "round_started" && e.data["round"] == 2));
+    assert!(!all.iter().any(|e| e.event.event_type() == EventType::RoundStarted && e.event.data()["round"] == 2));
     // Stopping again answers the execution as it is.
     let again = f.http().post(&door(run, "stop"), &json!({"force": false})).await;
     assert_eq!((again.status, again.body["status"].as_str()), (200, Some("canceled")));
@@ -452,20 +462,27 @@ async fn a_graceful_stop_lets_the_dispatched_task_finish_and_asks_the_model_noth
     let stop = StopExecutionRequest { execution_public_id: run.to_string(), force: Some(false) };
     let stopping = client.stop_execution(authed(stop, &f.agent)).await.expect("stopping").into_inner();
     assert_eq!(stopping.status, "canceling");
-    assert_eq!(f.server.store().task(run, "r1t0").await.expect("store").expect("task").status, "dispatched");
+    assert_eq!(
+        f.server.store().task(run, key("r1t0")).await.expect("store").expect("task").status,
+        TaskStatus::Dispatched
+    );
 
     commit(&f.raw, run, "r1t0", &token, "finished").await;
-    let done = status_is(&f.server, run, "canceled").await;
+    let done = status_is(&f.server, run, RunStatus::Canceled).await;
     assert_eq!((done.error_key.as_deref(), done.final_text, done.round), (Some("run_canceled"), None, 1));
-    let task = f.server.store().task(run, "r1t0").await.expect("store").expect("task");
-    assert_eq!(task.status, "completed", "the dispatched task finished");
+    let task = f.server.store().task(run, key("r1t0")).await.expect("store").expect("task");
+    assert_eq!(task.status, TaskStatus::Completed, "the dispatched task finished");
     let all = events(&f.server, run).await;
-    let canceling = position(&all, "turn_status", |d| d["status"] == "canceling");
-    assert_eq!(all[canceling].data["force"], false);
-    let finished = position(&all, "task_status", |d| d["task_key"] == "r1t0" && d["status"] == "completed");
-    let ended = position(&all, "turn_status", |d| d["status"] == "canceled");
+    let canceling = position(&all, EventType::TurnStatus, |d| d["status"] == "canceling");
+    assert_eq!(all[canceling].event.data()["force"], false);
+    let finished = position(&all, EventType::TaskStatus, |d| d["task_key"] == "r1t0" && d["status"] == "completed");
+    let ended = position(&all, EventType::TurnStatus, |d| d["status"] == "canceled");
     assert!(canceling < finished && finished < ended);
-    assert_eq!(all.iter().filter(|e| e.event_type == "round_started").count(), 1, "no round after the stop");
+    assert_eq!(
+        all.iter().filter(|e| e.event.event_type() == EventType::RoundStarted).count(),
+        1,
+        "no round after the stop"
+    );
 }
 
 #[tokio::test]
@@ -476,7 +493,7 @@ async fn regeneration_reuses_the_frozen_declaration_after_a_profile_edit_or_take
     let http = f.http();
     f.declare(json!({"default_model": "scripted/one"})).await;
     let original = f.turn("hi").await;
-    let first = status_is(&f.server, original, "completed").await;
+    let first = status_is(&f.server, original, RunStatus::Completed).await;
     assert_eq!(first.final_text.as_deref(), Some("one: hi"));
     let digest = first.declaration.as_ref().map(|d| d["digest"].clone()).expect("frozen");
 
@@ -489,9 +506,9 @@ async fn regeneration_reuses_the_frozen_declaration_after_a_profile_edit_or_take
         (json!(original), Some("reused"))
     );
     assert_eq!(again.body["declaration_digest"], digest);
-    let reused = Uuid::parse_str(again.body["execution_public_id"].as_str().expect("id")).expect("uuid");
+    let reused = again.body["execution_public_id"].as_str().expect("id").parse::<ExecutionId>().expect("uuid");
     assert_ne!(reused, original);
-    let second = status_is(&f.server, reused, "completed").await;
+    let second = status_is(&f.server, reused, RunStatus::Completed).await;
     assert_eq!(second.final_text.as_deref(), Some("one: hi"), "the frozen model answers");
     assert_eq!(
         (second.input_public_id, second.declaration.map(|d| d["digest"].clone())),
@@ -504,7 +521,7 @@ async fn regeneration_reuses_the_frozen_declaration_after_a_profile_edit_or_take
     );
     // A fresh input does see the edit.
     let fresh = f.turn("hi").await;
-    assert_eq!(status_is(&f.server, fresh, "completed").await.final_text.as_deref(), Some("two: hi"));
+    assert_eq!(status_is(&f.server, fresh, RunStatus::Completed).await.final_text.as_deref(), Some("two: hi"));
 
     // Admission stores an inline declaration as authored; materialization freezes it, not the
     // standing profile (which now names `two`).
@@ -512,11 +529,11 @@ async fn regeneration_reuses_the_frozen_declaration_after_a_profile_edit_or_take
     let admitted =
         http.post("/agent_api/v1/inputs", &json!({"text": "inline", "execution_declaration": authored})).await;
     assert_eq!(admitted.status, 201, "{:?}", admitted.body);
-    let inline = Uuid::parse_str(admitted.body["execution_public_id"].as_str().expect("id")).expect("uuid");
-    let input = Uuid::parse_str(admitted.body["input_public_id"].as_str().expect("id")).expect("uuid");
+    let inline = admitted.body["execution_public_id"].as_str().expect("id").parse::<ExecutionId>().expect("uuid");
+    let input: nexus_proto::InputId = admitted.body["input_public_id"].as_str().expect("id").parse().expect("uuid");
     let stored = f.server.store().input(input).await.expect("store").expect("input");
     assert_eq!(stored.execution_declaration, Some(authored));
-    assert_eq!(status_is(&f.server, inline, "completed").await.final_text.as_deref(), Some("one: inline"));
+    assert_eq!(status_is(&f.server, inline, RunStatus::Completed).await.final_text.as_deref(), Some("one: inline"));
 
     // A supplied declaration replaces the frozen one for the new execution (over gRPC).
     let mut client = agent_client(&f.server).await;
@@ -529,8 +546,8 @@ async fn regeneration_reuses_the_frozen_declaration_after_a_profile_edit_or_take
     let body: Value = serde_json::from_str(&reply.body_json).expect("json");
     assert_eq!(body["declaration"], "replaced");
     assert_ne!(body["declaration_digest"], digest);
-    let replaced = Uuid::parse_str(body["execution_public_id"].as_str().expect("id")).expect("uuid");
-    assert_eq!(status_is(&f.server, replaced, "completed").await.final_text.as_deref(), Some("two: hi"));
+    let replaced = body["execution_public_id"].as_str().expect("id").parse::<ExecutionId>().expect("uuid");
+    assert_eq!(status_is(&f.server, replaced, RunStatus::Completed).await.final_text.as_deref(), Some("two: hi"));
 
     // A declaration refused at admission's grammar changes nothing.
     let before = f.server.store().fingerprint().await.expect("fingerprint");
@@ -552,8 +569,8 @@ async fn regeneration_reuses_the_frozen_declaration_after_a_profile_edit_or_take
          "route": {"kind": "runner", "runner_executor_public_id": f.runner.id, "tool_name": "not_served"}}]});
     let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "x", "execution_declaration": unserved})).await;
     assert_eq!(admitted.status, 201, "{:?}", admitted.body);
-    let refused = Uuid::parse_str(admitted.body["execution_public_id"].as_str().expect("id")).expect("uuid");
-    let ended = status_is(&f.server, refused, "canceled").await;
+    let refused = admitted.body["execution_public_id"].as_str().expect("id").parse::<ExecutionId>().expect("uuid");
+    let ended = status_is(&f.server, refused, RunStatus::Canceled).await;
     assert_eq!((ended.declaration, ended.error_key.as_deref()), (None, Some("tool_not_served")));
     let none = http.send(reqwest::Method::POST, &door(refused, "regenerate"), None).await;
     assert_eq!((none.status, none.code()), (409, Some("not_regenerable")));
@@ -561,8 +578,8 @@ async fn regeneration_reuses_the_frozen_declaration_after_a_profile_edit_or_take
         .post(&door(refused, "regenerate"), &json!({"execution_declaration": {"default_model": "scripted/one"}}))
         .await;
     assert_eq!(some.status, 201, "{:?}", some.body);
-    let rescued = Uuid::parse_str(some.body["execution_public_id"].as_str().expect("id")).expect("uuid");
-    assert_eq!(status_is(&f.server, rescued, "completed").await.final_text.as_deref(), Some("one: x"));
+    let rescued = some.body["execution_public_id"].as_str().expect("id").parse::<ExecutionId>().expect("uuid");
+    assert_eq!(status_is(&f.server, rescued, RunStatus::Completed).await.final_text.as_deref(), Some("one: x"));
 }
 
 #[tokio::test]
@@ -578,11 +595,11 @@ async fn the_context_estimate_compiles_the_next_round_and_writes_nothing() {
     let run = f.turn("measure me").await;
     let token = claim_next(&mut f.raw, run, "r1t0").await;
     commit(&f.raw, run, "r1t0", &token, "pong").await;
-    let done = status_is(&f.server, run, "completed").await;
+    let done = status_is(&f.server, run, RunStatus::Completed).await;
     // Quiet from here on: no runner stream touches the store.
     drop(f.raw);
     wait_until("the runner's stream to close", WAIT, || async {
-        f.server.store().executor(f.runner.id).await.ok().flatten().filter(|r| r.connected_at.is_none())
+        f.server.store().executor(f.runner.runner()).await.ok().flatten().filter(|r| r.connected_at.is_none())
     })
     .await;
     let http = Http::new(&f.server.url(), Some(&f.agent.token));
@@ -672,7 +689,7 @@ async fn a_profile_edit_during_a_running_execution_changes_none_of_its_tools_rul
     // Round 2 runs on the frozen declaration: the same model and tools, the rule that allowed.
     let token = claim_next(&mut f.raw, run, "r2t0").await;
     commit(&f.raw, run, "r2t0", &token, "second").await;
-    let done = status_is(&f.server, run, "completed").await;
+    let done = status_is(&f.server, run, RunStatus::Completed).await;
     assert_eq!(done.final_text.as_deref(), Some("done"));
 
     assert_eq!(done.declaration.as_ref(), Some(&frozen), "the frozen declaration never changed");
@@ -690,18 +707,18 @@ async fn a_profile_edit_during_a_running_execution_changes_none_of_its_tools_rul
         assert_eq!(tools, ["probe"], "every round offered the frozen tools");
     }
     assert_eq!((fake.count("m2"), fake.count("m3")), (0, 0), "the edited models were never asked");
-    let second = f.server.store().task(run, "r2t0").await.expect("store").expect("task");
-    assert_eq!(second.status, "completed", "the frozen allow rule granted the call the edit denies");
+    let second = f.server.store().task(run, key("r2t0")).await.expect("store").expect("task");
+    assert_eq!(second.status, TaskStatus::Completed, "the frozen allow rule granted the call the edit denies");
     assert_eq!(second.approval.as_ref().map(|a| a["origin"].clone()), Some(json!("rule")));
     let keys: Vec<String> =
-        f.server.store().tasks_of(run).await.expect("tasks").into_iter().map(|t| t.task_key).collect();
+        f.server.store().tasks_of(run).await.expect("tasks").into_iter().map(|t| t.task_key.to_string()).collect();
     assert_eq!(keys, ["r1t0", "r2t0"], "no hook of the edit ran");
 
     // The edit reaches the next materialization.
     let next = f.turn("again").await;
     let materialized = wait_until("the next execution to materialize", WAIT, || async {
         let all = f.server.store().events_after(next, 0, i64::MAX).await.ok()?;
-        all.into_iter().find(|e| e.event_type == "input_materialized").map(|e| e.data)
+        all.into_iter().find(|e| e.event.event_type() == EventType::InputMaterialized).map(|e| e.event.data())
     })
     .await;
     assert_eq!(materialized["default_model"], "fake/m2");
@@ -716,7 +733,7 @@ async fn the_control_doors_refuse_with_their_words() {
     let f = Fixture::start(&[("words", script)], None).await;
     f.declare(json!({"default_model": "scripted/words"})).await;
     let run = f.turn("hi").await;
-    status_is(&f.server, run, "completed").await;
+    status_is(&f.server, run, RunStatus::Completed).await;
     let http = f.http();
 
     let paused = http.post(&door(run, "pause"), &json!({})).await;
@@ -763,12 +780,12 @@ async fn the_control_doors_refuse_with_their_words() {
         .pause_execution(authed(PauseExecutionRequest { execution_public_id: run.to_string(), force: false }, &f.agent))
         .await
         .expect_err("refused");
-    assert_eq!(Refusal::from_status(&status).code, "not_pausable");
+    assert_eq!(Refusal::from_status(&status).code, ErrorCode::NotPausable);
     let status = client
         .resume_execution(authed(ResumeExecutionRequest { execution_public_id: run.to_string() }, &f.agent))
         .await
         .expect_err("refused");
-    assert_eq!(Refusal::from_status(&status).code, "not_paused");
+    assert_eq!(Refusal::from_status(&status).code, ErrorCode::NotPaused);
     let status = client
         .regenerate_execution(authed(
             RegenerateExecutionRequest { execution_public_id: run.to_string(), execution_declaration_json: "{".into() },
@@ -776,5 +793,5 @@ async fn the_control_doors_refuse_with_their_words() {
         ))
         .await
         .expect_err("refused");
-    assert_eq!(Refusal::from_status(&status).code, "parameter_missing", "not JSON");
+    assert_eq!(Refusal::from_status(&status).code, ErrorCode::ParameterMissing, "not JSON");
 }

@@ -1,6 +1,8 @@
 //! End-to-end executions: a real server, a real runner-agent, and clients on the gRPC and HTTP
 //! doors.
 
+use nexus_proto::{ErrorCode, ExecutionId, TaskStatus};
+use nexus_tests::key;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -18,7 +20,7 @@ const WAIT: Duration = Duration::from_secs(30);
 
 async fn wait_announced(server: &TestServer, runner: &Minted) {
     wait_until("the runner's announcement", WAIT, || async {
-        server.store().executor(runner.id).await.ok().flatten().and_then(|r| r.announced_at)
+        server.store().executor(runner.runner()).await.ok().flatten().and_then(|r| r.announced_at)
     })
     .await;
 }
@@ -134,7 +136,7 @@ async fn end_to_end_execution_over_grpc_with_a_real_runner_agent() {
         ))
         .await
         .expect_err("bad cursor");
-    assert_eq!(nexus_proto::Refusal::from_status(&bad).code, "parameter_invalid");
+    assert_eq!(nexus_proto::Refusal::from_status(&bad).code, ErrorCode::ParameterInvalid);
 }
 
 #[tokio::test]
@@ -153,10 +155,10 @@ async fn sigkill_of_runner_agent_mid_execution_settles_by_the_rules() {
     let mut client = agent_client(&server).await;
     declare(&mut client, &agent, runner.id, "scripted/crash").await;
     let execution = start(&mut client, &agent, "run it").await;
-    let run = Uuid::parse_str(&execution).expect("uuid");
+    let run: ExecutionId = execution.parse().expect("uuid");
 
     wait_until("the claim", WAIT, || async {
-        server.store().task(run, "r1t0").await.ok().flatten().filter(|t| t.claimed).map(|_| ())
+        server.store().task(run, key("r1t0")).await.ok().flatten().filter(|t| t.claimed).map(|_| ())
     })
     .await;
     child.start_kill().expect("SIGKILL");
@@ -188,8 +190,9 @@ async fn stop_cancels_dispatched_work() {
     let mut client = agent_client(&server).await;
     declare(&mut client, &agent, runner.id, "scripted/stop").await;
     let execution = start(&mut client, &agent, "wait forever").await;
-    let run = Uuid::parse_str(&execution).expect("uuid");
-    wait_until("dispatch", WAIT, || async { server.store().task(run, "r1t0").await.ok().flatten().map(|_| ()) }).await;
+    let run: ExecutionId = execution.parse().expect("uuid");
+    wait_until("dispatch", WAIT, || async { server.store().task(run, key("r1t0")).await.ok().flatten().map(|_| ()) })
+        .await;
     let stopped = client
         .stop_execution(authed(StopExecutionRequest { execution_public_id: execution.clone(), force: None }, &agent))
         .await
@@ -198,7 +201,7 @@ async fn stop_cancels_dispatched_work() {
     assert_eq!(stopped.status, "canceled");
     assert_eq!(stopped.error_key, "run_canceled");
     let task = wait_until("the cancel", WAIT, || async {
-        server.store().task(run, "r1t0").await.ok().flatten().filter(|t| t.status == "canceled")
+        server.store().task(run, key("r1t0")).await.ok().flatten().filter(|t| t.status == TaskStatus::Canceled)
     })
     .await;
     assert_eq!(task.error_key.as_deref(), Some("task_canceled"));
@@ -217,13 +220,13 @@ async fn bad_input_is_refused_and_changes_nothing() {
         .create_input(authed(CreateInputRequest { text: "hi".into(), ..Default::default() }, &agent))
         .await
         .expect_err("refused");
-    assert_eq!(nexus_proto::Refusal::from_status(&status).code, "validation_failed");
+    assert_eq!(nexus_proto::Refusal::from_status(&status).code, ErrorCode::ValidationFailed);
     // A Human has no profile to declare.
     let status = client
         .declare_profile(authed(DeclareProfileRequest { body_json: json!({"configuration": {}}).to_string() }, &human))
         .await
         .expect_err("refused");
-    assert_eq!(nexus_proto::Refusal::from_status(&status).code, "not_agent");
+    assert_eq!(nexus_proto::Refusal::from_status(&status).code, ErrorCode::NotAgent);
     // An unknown provider is named by the resolver word.
     let body = json!({"configuration": {"default_model": "nowhere/model"}});
     let status = client
@@ -231,7 +234,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
         .await
         .expect_err("refused");
     let refusal = nexus_proto::Refusal::from_status(&status);
-    assert_eq!(refusal.code, "validation_failed");
+    assert_eq!(refusal.code, ErrorCode::ValidationFailed);
     assert!(refusal.message.contains("unknown_provider"), "{}", refusal.message);
     // OpenRouter without its key.
     let body = json!({"configuration": {"default_model": "openrouter/z-ai/glm-5.3"}});
@@ -241,7 +244,7 @@ async fn bad_input_is_refused_and_changes_nothing() {
         .expect_err("refused");
     assert!(nexus_proto::Refusal::from_status(&status).message.contains("missing_credential"));
     // Nothing was stored by the refusals.
-    let profile = server.store().profile(agent.id).await.expect("store").expect("profile");
+    let profile = server.store().profile(agent.member()).await.expect("store").expect("profile");
     assert_eq!(profile.configuration, None);
     assert_eq!(profile.system_prompt_version, 0);
     // The HTTP door answers the same words with the spec's statuses.
@@ -294,19 +297,19 @@ async fn admission_bounds_and_runner_selection() {
     declare(&mut client, &agent, runner.id, "scripted/default").await;
     let too_long = CreateInputRequest { text: "x".repeat(1_048_577), ..CreateInputRequest::default() };
     let status = client.create_input(authed(too_long, &agent)).await.expect_err("refused");
-    assert_eq!(nexus_proto::Refusal::from_status(&status).code, "content_too_large");
+    assert_eq!(nexus_proto::Refusal::from_status(&status).code, ErrorCode::ContentTooLarge);
     let wrong_runner = CreateInputRequest {
         text: "hi".into(),
         runner_executor_public_id: other.id.to_string(),
         ..CreateInputRequest::default()
     };
     let status = client.create_input(authed(wrong_runner, &agent)).await.expect_err("refused");
-    assert_eq!(nexus_proto::Refusal::from_status(&status).code, "runner_not_declared");
+    assert_eq!(nexus_proto::Refusal::from_status(&status).code, ErrorCode::RunnerNotDeclared);
     let huge = DeclareProfileRequest {
         body_json: format!("{{\"configuration\": {{}}, \"pad\": \"{}\"}}", "x".repeat(4 * 1024 * 1024)),
     };
     let status = client.declare_profile(authed(huge, &agent)).await.expect_err("refused");
-    assert_eq!(nexus_proto::Refusal::from_status(&status).code, "content_too_large");
+    assert_eq!(nexus_proto::Refusal::from_status(&status).code, ErrorCode::ContentTooLarge);
     // An inline declaration is validated at admission and names its field.
     let inline = CreateInputRequest {
         text: "hi".into(),
@@ -315,7 +318,7 @@ async fn admission_bounds_and_runner_selection() {
     };
     let status = client.create_input(authed(inline, &agent)).await.expect_err("refused");
     let refusal = nexus_proto::Refusal::from_status(&status);
-    assert_eq!(refusal.code, "validation_failed");
+    assert_eq!(refusal.code, ErrorCode::ValidationFailed);
     assert!(refusal.message.contains("execution_declaration.approval_mode"), "{}", refusal.message);
     // A valid inline declaration runs without the standing profile's tools.
     let inline = CreateInputRequest {

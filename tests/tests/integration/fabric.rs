@@ -1,6 +1,11 @@
 //! Integration tests of the runner fabric: a real server on 127.0.0.1:0 and scripted runners that
 //! speak the stream frame by frame (spec/REFERENCE.md 6.3 to 6.10).
 
+use nexus_actors::doors::api::FeedType;
+use nexus_actors::store::EventType;
+use nexus_proto::TaskKey;
+use nexus_proto::{ErrorCode, ExecutionId, TaskStatus};
+use nexus_tests::key;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -57,18 +62,18 @@ async fn declare(server: &TestServer, agent: &Minted, runner: Uuid, model: &str)
     server.server.api.declare(&caller, body).await.expect("declared");
 }
 
-async fn admit(server: &TestServer, agent: &Minted, text: &str) -> Uuid {
+async fn admit(server: &TestServer, agent: &Minted, text: &str) -> ExecutionId {
     let caller = server.caller(agent).await;
     let input = CreateInput { text: text.to_owned(), ..CreateInput::default() };
     server.server.api.create_input(&caller, input).await.expect("admitted").execution_public_id
 }
 
-async fn execution(server: &TestServer, agent: &Minted, id: Uuid) -> Value {
+async fn execution(server: &TestServer, agent: &Minted, id: ExecutionId) -> Value {
     let caller = server.caller(agent).await;
     server.server.api.execution(&caller, id).await.expect("execution")
 }
 
-async fn wait_status(server: &TestServer, agent: &Minted, id: Uuid, status: &str) -> Value {
+async fn wait_status(server: &TestServer, agent: &Minted, id: ExecutionId, status: &str) -> Value {
     wait_until(&format!("execution {status}"), WAIT, || async {
         let row = execution(server, agent, id).await;
         (row["status"] == status).then_some(row)
@@ -259,7 +264,7 @@ async fn announcement_refusal_words() {
         assert_eq!(raw.announce(&body).await.code(), Some(word), "{case}");
     }
     // A refusal changes nothing; a valid announcement replaces the list whole.
-    assert!(server.store().executor(runner.id).await.expect("row").expect("runner").announced_at.is_none());
+    assert!(server.store().executor(runner.runner()).await.expect("row").expect("runner").announced_at.is_none());
     assert!(
         raw.announce(&json!({"tools": [{"name": "b", "effect_profile": good}, {"name": "a", "effect_profile": good}]}))
             .await
@@ -267,7 +272,7 @@ async fn announcement_refusal_words() {
             .is_none()
     );
     assert!(raw.announce(&json!({"tools": [{"name": "c", "effect_profile": good}]})).await.code().is_none());
-    let row = server.store().executor(runner.id).await.expect("row").expect("runner");
+    let row = server.store().executor(runner.runner()).await.expect("row").expect("runner");
     assert_eq!(row.announcement["tools"], json!([{"name": "c", "effect_profile": good}]));
 }
 
@@ -315,7 +320,7 @@ async fn cross_plane_credentials_get_401() {
     request.metadata_mut().insert("authorization", format!("Bearer {}", runner.token).parse().expect("header"));
     let status = client.get_profile(request).await.expect_err("refused");
     assert_eq!(status.code(), tonic::Code::Unauthenticated);
-    assert_eq!(nexus_proto::Refusal::from_status(&status).code, "unauthorized");
+    assert_eq!(nexus_proto::Refusal::from_status(&status).code, ErrorCode::Unauthorized);
 }
 
 #[tokio::test]
@@ -375,14 +380,14 @@ async fn a_cut_stream_still_records_the_result_exactly_once() {
         let _ = stop_rx.await;
     }));
     wait_until("announcement", WAIT, || async {
-        server.store().executor(runner.id).await.ok().flatten().and_then(|r| r.announced_at)
+        server.store().executor(runner.runner()).await.ok().flatten().and_then(|r| r.announced_at)
     })
     .await;
     declare(&server, &agent, runner.id, "scripted/sleepy").await;
     let run = admit(&server, &agent, "sleep").await;
     // Cut the stream while the tool runs (after the claim, before the commit).
     wait_until("the claim", WAIT, || async {
-        server.store().task(run, "r1t0").await.ok().flatten().filter(|t| t.claimed).map(|_| ())
+        server.store().task(run, key("r1t0")).await.ok().flatten().filter(|t| t.claimed).map(|_| ())
     })
     .await;
     assert!(proxy.cut() >= 1, "a live stream was cut");
@@ -397,7 +402,11 @@ async fn a_cut_stream_still_records_the_result_exactly_once() {
     let settled = events
         .iter()
         .filter_map(|e| e.as_ref().ok())
-        .filter(|e| e.event_type == "task_status" && e.data["task_key"] == "r1t0" && e.data["status"] == "completed")
+        .filter(|e| {
+            e.event_type == FeedType::Durable(EventType::TaskStatus)
+                && e.data["task_key"] == "r1t0"
+                && e.data["status"] == "completed"
+        })
         .count();
     assert_eq!(settled, 1);
     let _ = stop_tx.send(());
@@ -478,7 +487,7 @@ async fn repairing_fences_the_old_stream_token_and_claims() {
     let work = old.next_work(WAIT).await.expect("work");
     let (old_token, _) = old.claim(&work.run_public_id, &work.task_key).await.granted().expect("claim");
 
-    let repaired = nexus_actors::cli::admin::repair_runner(server.store(), runner.id).await.expect("repaired");
+    let repaired = nexus_actors::cli::admin::repair_runner(server.store(), runner.runner()).await.expect("repaired");
     assert_eq!(repaired["credential_epoch"], 1);
     let new_credential = repaired["token"].as_str().expect("token").to_owned();
     // The old stream is closed within a ping interval, and its credential no longer says Hello.
@@ -506,7 +515,7 @@ async fn a_revoked_runner_gets_no_new_work_and_leaves_discovery() {
     assert_eq!(listed.body["executors"][0]["presence"], "online");
     assert_eq!(listed.body["executors"][0]["served_tools"][0]["name"], "probe");
 
-    nexus_actors::cli::admin::revoke_runner(s.server.store(), s.runner.id).await.expect("revoked");
+    nexus_actors::cli::admin::revoke_runner(s.server.store(), s.runner.runner()).await.expect("revoked");
     let run = admit(&s.server, &s.agent, "probe it").await;
     // Eligibility is checked at acceptance: the only candidate is revoked, so the convenience
     // default selects no Runner, nothing is imported, and the model's call is unknown.
@@ -523,16 +532,17 @@ async fn a_revoked_runner_gets_no_new_work_and_leaves_discovery() {
 async fn a_revoked_runner_is_never_paired_again() {
     let server = TestServer::start(&[]).await;
     let runner = server.runner("runner").await;
-    nexus_actors::cli::admin::revoke_runner(server.store(), runner.id).await.expect("revoked");
-    let refused = nexus_actors::cli::admin::repair_runner(server.store(), runner.id).await.expect_err("refused");
-    assert_eq!(refused.code, "not_eligible");
-    let row = server.store().executor(runner.id).await.expect("store").expect("row");
+    nexus_actors::cli::admin::revoke_runner(server.store(), runner.runner()).await.expect("revoked");
+    let refused = nexus_actors::cli::admin::repair_runner(server.store(), runner.runner()).await.expect_err("refused");
+    assert_eq!(refused.code, ErrorCode::NotEligible);
+    let row = server.store().executor(runner.runner()).await.expect("store").expect("row");
     assert_eq!((row.status.as_str(), row.credential_epoch), ("revoked", 0), "the row is left as it was");
     let (_raw, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
     assert_eq!(hello.code(), Some("unauthorized"));
-    let unknown =
-        nexus_actors::cli::admin::repair_runner(server.store(), uuid::Uuid::new_v4()).await.expect_err("unknown");
-    assert_eq!(unknown.code, "not_found");
+    let unknown = nexus_actors::cli::admin::repair_runner(server.store(), nexus_proto::RunnerId::new_v4())
+        .await
+        .expect_err("unknown");
+    assert_eq!(unknown.code, ErrorCode::NotFound);
 }
 
 #[tokio::test]
@@ -581,9 +591,9 @@ async fn shutdown_closes_runner_streams_first() {
 
 /// The task keys of `tasks` in the inbox's offer order, `(started_at, task_key)`.
 fn offer_order<'a>(tasks: impl IntoIterator<Item = &'a TaskRow>) -> Vec<String> {
-    let mut order: Vec<(i64, String)> = tasks.into_iter().map(|t| (t.started_at, t.task_key.clone())).collect();
+    let mut order: Vec<(i64, TaskKey)> = tasks.into_iter().map(|t| (t.started_at, t.task_key)).collect();
     order.sort();
-    order.into_iter().map(|(_, key)| key).collect()
+    order.into_iter().map(|(_, key)| key.to_string()).collect()
 }
 
 fn keys(work: &[WorkAvailable]) -> Vec<String> {
@@ -592,7 +602,7 @@ fn keys(work: &[WorkAvailable]) -> Vec<String> {
 
 /// A request whose answer arrives after every frame nexus queued before it: once it is answered,
 /// [`RawRunner::received_work`] holds every offer sent so far. Asserts the stream is still open.
-async fn round_trip(raw: &RawRunner, run: Uuid) {
+async fn round_trip(raw: &RawRunner, run: ExecutionId) {
     let answer = raw.claim_status(&run.to_string(), "r1t0", "not-a-token").await;
     assert_eq!(answer.code(), Some("not_claimant"), "the stream still answers");
 }
@@ -624,7 +634,7 @@ async fn a_burst_of_offers_fills_the_offer_window_and_keeps_the_stream() {
     round_trip(&s.raw, run).await;
     // The window fills as the offers arrive, and no further.
     let window = s.raw.received_work();
-    let dispatched: Vec<String> = copies.iter().map(|t| t.task_key.clone()).collect();
+    let dispatched: Vec<String> = copies.iter().map(|t| t.task_key.to_string()).collect();
     assert_eq!(keys(&window), dispatched[..OFFER_WINDOW - 1]);
     let tally = s.raw.offer_tally();
     assert_eq!((tally.outstanding, tally.high_water, tally.repeats), (OFFER_WINDOW, OFFER_WINDOW, 0));
@@ -655,7 +665,7 @@ async fn a_runner_with_thousands_of_open_tasks_reconnects_and_commits_them_all()
     })
     .await;
     let mut inbox = server.dispatch_copies(run, "r1t0", 2_999).await;
-    inbox.push(server.store().task(run, "r1t0").await.expect("task").expect("r1t0"));
+    inbox.push(server.store().task(run, key("r1t0")).await.expect("task").expect("r1t0"));
     let expected = offer_order(&inbox);
     assert_eq!(expected[0], "r1t0");
 
@@ -703,5 +713,8 @@ async fn a_runner_with_thousands_of_open_tasks_reconnects_and_commits_them_all()
     assert_eq!(row["final_text"], "probe said ok");
     let tasks = server.store().tasks_of(run).await.expect("tasks");
     assert_eq!(tasks.len(), 3_000);
-    assert!(tasks.iter().all(|t| t.status == "completed" && t.claimed), "every task was claimed and committed");
+    assert!(
+        tasks.iter().all(|t| t.status == TaskStatus::Completed && t.claimed),
+        "every task was claimed and committed"
+    );
 }

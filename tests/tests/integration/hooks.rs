@@ -2,10 +2,12 @@
 //! (or the fake OpenAI-wire provider), and a raw runner that serves the hook tool by committing
 //! the decision a test chooses. The retry and abandon doors run on HTTP and gRPC.
 
+use nexus_actors::store::EventType;
+use nexus_proto::{ErrorCode, ExecutionId, RunStatus, TaskStatus};
+use nexus_tests::key;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use nexus_actors::model::{ProviderConfig, ProviderKind};
 use nexus_actors::store::{EventRow, ExecutionRow, TaskRow};
@@ -66,21 +68,21 @@ impl Fixture {
     }
 
     /// Admits an input over HTTP and answers its execution.
-    async fn turn(&self, text: &str) -> Uuid {
+    async fn turn(&self, text: &str) -> ExecutionId {
         let answer = self.http().post("/agent_api/v1/inputs", &json!({"text": text})).await;
         assert_eq!(answer.status, 201, "{:?}", answer.body);
-        Uuid::parse_str(answer.body["execution_public_id"].as_str().expect("id")).expect("uuid")
+        answer.body["execution_public_id"].as_str().expect("id").parse::<ExecutionId>().expect("uuid")
     }
 
-    async fn execution(&self, run: Uuid) -> ExecutionRow {
+    async fn execution(&self, run: ExecutionId) -> ExecutionRow {
         self.server.store().execution(run).await.expect("store").expect("execution")
     }
 
-    async fn task(&self, run: Uuid, key: &str) -> TaskRow {
-        self.server.store().task(run, key).await.expect("store").expect("task")
+    async fn task(&self, run: ExecutionId, key: &str) -> TaskRow {
+        self.server.task(run, key).await.expect("task")
     }
 
-    async fn status(&self, run: Uuid, status: &str) -> ExecutionRow {
+    async fn status(&self, run: ExecutionId, status: RunStatus) -> ExecutionRow {
         let store = self.server.store();
         wait_until(&format!("the execution to be {status}"), WAIT, || async {
             store.execution(run).await.ok().flatten().filter(|row| row.status == status)
@@ -88,13 +90,13 @@ impl Fixture {
         .await
     }
 
-    async fn events(&self, run: Uuid, event_type: &str) -> Vec<Value> {
+    async fn events(&self, run: ExecutionId, event_type: EventType) -> Vec<Value> {
         let all: Vec<EventRow> = self.server.store().events_after(run, 0, 10_000).await.expect("events");
-        all.into_iter().filter(|e| e.event_type == event_type).map(|e| e.data).collect()
+        all.into_iter().filter(|e| e.event.event_type() == event_type).map(|e| e.event.data()).collect()
     }
 
     /// The hook tasks of `run`, in key order.
-    async fn hook_tasks(&self, run: Uuid) -> Vec<TaskRow> {
+    async fn hook_tasks(&self, run: ExecutionId) -> Vec<TaskRow> {
         let mut tasks: Vec<TaskRow> = self
             .server
             .store()
@@ -102,9 +104,9 @@ impl Fixture {
             .await
             .expect("tasks")
             .into_iter()
-            .filter(|t| t.task_key.starts_with('h'))
+            .filter(|t| t.task_key.is_hook())
             .collect();
-        tasks.sort_by(|a, b| a.task_key.cmp(&b.task_key));
+        tasks.sort_by_key(|t| t.task_key);
         tasks
     }
 }
@@ -118,7 +120,7 @@ async fn connect(server: &TestServer, runner: &Minted) -> RawRunner {
     .await
 }
 
-fn repair_request(run: Uuid, task_key: &str) -> TaskDecisionRequest {
+fn repair_request(run: ExecutionId, task_key: &str) -> TaskDecisionRequest {
     TaskDecisionRequest {
         execution_public_id: run.to_string(),
         task_key: task_key.to_owned(),
@@ -126,12 +128,12 @@ fn repair_request(run: Uuid, task_key: &str) -> TaskDecisionRequest {
     }
 }
 
-fn door(run: Uuid, task_key: &str, verb: &str) -> String {
+fn door(run: ExecutionId, task_key: &str, verb: &str) -> String {
     format!("/agent_api/v1/executions/{run}/tasks/{task_key}/{verb}")
 }
 
 /// Waits for the offer of `key`, claims it, and answers the claim's token and task.
-async fn claim(raw: &mut RawRunner, run: Uuid, key: &str) -> (String, Value) {
+async fn claim(raw: &mut RawRunner, run: ExecutionId, key: &str) -> (String, Value) {
     let work = raw.next_work(WAIT).await.expect("work offered");
     assert_eq!((work.run_public_id.as_str(), work.task_key.as_str()), (run.to_string().as_str(), key));
     assert_eq!((work.kind.as_str(), work.tool_name.as_str()), ("tool_call", "review"), "an ordinary tool_call row");
@@ -141,14 +143,14 @@ async fn claim(raw: &mut RawRunner, run: Uuid, key: &str) -> (String, Value) {
 }
 
 /// Commits a hook decision; `is_error` marks the commit as the tool's error.
-async fn commit(raw: &RawRunner, run: Uuid, key: &str, token: &str, decision: Value, is_error: bool) {
+async fn commit(raw: &RawRunner, run: ExecutionId, key: &str, token: &str, decision: Value, is_error: bool) {
     let body = json!({"content": "reviewed", "structured_content": decision, "is_error": is_error});
     let committed = raw.commit(&run.to_string(), key, token, &body).await;
     assert_eq!(committed.code(), None, "commit refused: {committed:?}");
 }
 
 /// Claims the offered hook task `key`, commits `decision`, and answers the task as claimed.
-async fn answer_hook(raw: &mut RawRunner, run: Uuid, key: &str, decision: Value) -> Value {
+async fn answer_hook(raw: &mut RawRunner, run: ExecutionId, key: &str, decision: Value) -> Value {
     let (token, task) = claim(raw, run, key).await;
     commit(raw, run, key, &token, decision, false).await;
     task
@@ -196,15 +198,19 @@ async fn a_stop_hook_continues_twice_then_accepts() {
     let task = answer_hook(&mut f.raw, run, "h3-stop", json!({"continue": false})).await;
     assert_eq!(task["tool_input"]["output_preview"], "draft: add detail B");
 
-    let row = f.status(run, "completed").await;
+    let row = f.status(run, RunStatus::Completed).await;
     assert_eq!(row.final_text.as_deref(), Some("draft: add detail B"));
     assert_eq!(row.round, 3);
     let hooks = f.hook_tasks(run).await;
-    let keys: Vec<(&str, &str)> = hooks.iter().map(|t| (t.task_key.as_str(), t.status.as_str())).collect();
-    assert_eq!(keys, [("h1-stop", "completed"), ("h2-stop", "completed"), ("h3-stop", "completed")]);
+    let keys: Vec<(String, TaskStatus)> = hooks.iter().map(|t| (t.task_key.to_string(), t.status)).collect();
+    let completed = |key: &str| (key.to_owned(), TaskStatus::Completed);
+    assert_eq!(keys, [completed("h1-stop"), completed("h2-stop"), completed("h3-stop")]);
     for hook in &hooks {
         assert_eq!(hook.approval.as_ref().map(|a| a["origin"].clone()), Some(json!("kernel")), "origin kernel");
-        assert_eq!((hook.kind.as_str(), hook.target_executor_public_id), ("tool_call", Some(f.runner.id)));
+        assert_eq!(
+            (hook.kind, hook.target_executor_public_id),
+            (nexus_proto::TaskKind::ToolTask, Some(f.runner.runner()))
+        );
     }
     // The model read the feedback as user messages and never a hook result.
     let messages = row.transcript.as_array().expect("transcript");
@@ -213,7 +219,7 @@ async fn a_stop_hook_continues_twice_then_accepts() {
     assert_eq!(users, ["first ask", "add detail A", "add detail B"]);
     assert!(messages.iter().all(|m| m["role"] != "tool"), "no hook result reaches the model");
     // Each hook task settled once, marked as a hook, with its decision.
-    let statuses = f.events(run, "task_status").await;
+    let statuses = f.events(run, EventType::TaskStatus).await;
     for (key, decision) in [
         ("h1-stop", json!({"continue": true, "feedback": "add detail A"})),
         ("h2-stop", json!({"continue": true, "feedback": "add detail B"})),
@@ -224,8 +230,8 @@ async fn a_stop_hook_continues_twice_then_accepts() {
         assert_eq!((once[0]["status"].as_str(), once[0]["hook"].as_str()), (Some("completed"), Some("stop")), "{key}");
         assert_eq!(once[0]["decision"], decision, "{key}");
     }
-    assert_eq!(f.events(run, "round_result").await.len(), 3);
-    assert!(f.events(run, "attention_required").await.is_empty());
+    assert_eq!(f.events(run, EventType::RoundResult).await.len(), 3);
+    assert!(f.events(run, EventType::AttentionRequired).await.is_empty());
 }
 
 #[tokio::test]
@@ -241,10 +247,10 @@ async fn a_continuation_beyond_the_limit_holds_until_abandon_delivers_the_answer
     answer_hook(&mut f.raw, run, "h1-stop", json!({"continue": true, "feedback": "again"})).await;
     answer_hook(&mut f.raw, run, "h2-stop", json!({"continue": true, "feedback": "more"})).await;
 
-    let row = f.status(run, "needs_attention").await;
+    let row = f.status(run, RunStatus::NeedsAttention).await;
     assert_eq!(
-        (row.attention_reason.as_deref(), row.error_key.as_deref()),
-        (Some("halt_failure"), Some("stop_hook_limit"))
+        (row.attention_reason, row.error_key.as_deref()),
+        (Some(nexus_proto::AttentionReason::HaltFailure), Some("stop_hook_limit"))
     );
     assert_eq!(row.final_text, None, "nothing is delivered while held");
     let held = f.task(run, "h2-stop").await;
@@ -252,7 +258,7 @@ async fn a_continuation_beyond_the_limit_holds_until_abandon_delivers_the_answer
     let result = held.result.expect("the committed result is kept");
     assert_eq!(result["structured_content"], json!({"continue": true, "feedback": "more"}));
     assert_eq!(result["error"]["key"], "stop_hook_limit");
-    let attention = f.events(run, "attention_required").await;
+    let attention = f.events(run, EventType::AttentionRequired).await;
     assert_eq!(attention.len(), 1);
     assert_eq!(
         (
@@ -263,7 +269,7 @@ async fn a_continuation_beyond_the_limit_holds_until_abandon_delivers_the_answer
         ),
         (Some("halt_failure"), Some("stop_hook_limit"), Some("h2-stop"), Some("stop"))
     );
-    let statuses = f.events(run, "task_status").await;
+    let statuses = f.events(run, EventType::TaskStatus).await;
     let once = settled(&statuses, "h2-stop");
     assert_eq!(once.len(), 1, "the rewritten settlement is narrated once");
     assert_eq!((once[0]["status"].as_str(), once[0]["error_key"].as_str()), (Some("failed"), Some("stop_hook_limit")));
@@ -285,17 +291,17 @@ async fn a_continuation_beyond_the_limit_holds_until_abandon_delivers_the_answer
         grpc.abandon_task(authed(repair_request(run, "h2-stop"), &f.agent)).await.expect("abandoned").into_inner();
     let task: Value = serde_json::from_str(&reply.body_json).expect("task json");
     assert_eq!((task["task_key"].as_str(), task["failure_resolution"].as_str()), (Some("h2-stop"), Some("abandoned")));
-    let row = f.status(run, "completed").await;
+    let row = f.status(run, RunStatus::Completed).await;
     assert_eq!(row.final_text.as_deref(), Some("draft: again"));
     assert_eq!((row.attention_reason, row.error_key), (None, None));
-    let statuses = f.events(run, "task_status").await;
+    let statuses = f.events(run, EventType::TaskStatus).await;
     assert!(statuses.iter().any(|e| e["task_key"] == "h2-stop" && e["failure_resolution"] == "abandoned"));
 
     // Resolved now: neither door applies again.
     let status = grpc.abandon_task(authed(repair_request(run, "h2-stop"), &f.agent)).await.expect_err("resolved");
-    assert_eq!(Refusal::from_status(&status).code, "not_abandonable");
+    assert_eq!(Refusal::from_status(&status).code, ErrorCode::NotAbandonable);
     let status = grpc.retry_task(authed(repair_request(run, "h2-stop"), &f.agent)).await.expect_err("resolved");
-    assert_eq!(Refusal::from_status(&status).code, "not_retryable");
+    assert_eq!(Refusal::from_status(&status).code, ErrorCode::NotRetryable);
 }
 
 #[tokio::test]
@@ -309,25 +315,25 @@ async fn a_turn_start_hook_passes_the_approval_stage_and_acknowledges_before_the
 
     let store = f.server.store();
     let parked = wait_until("the turn_start hook to park", WAIT, || async {
-        store.task(run, "h1-turn_start").await.ok().flatten().filter(|t| t.status == "needs_approval")
+        store.task(run, key("h1-turn_start")).await.ok().flatten().filter(|t| t.status == TaskStatus::NeedsApproval)
     })
     .await;
     assert_eq!(
         parked.tool_input,
         json!({"event": "turn_start", "task_key": "r1", "run_public_id": run, "conversation_public_id": conversation})
     );
-    let required = f.events(run, "approval_required").await;
+    let required = f.events(run, EventType::ApprovalRequired).await;
     assert_eq!(required.len(), 1);
     assert_eq!(required[0]["task_key"], "h1-turn_start");
     // No model round starts while the hook is out.
     let row = f.execution(run).await;
     assert_eq!((row.status.as_str(), row.round), ("running", 0));
-    assert!(f.events(run, "round_started").await.is_empty());
+    assert!(f.events(run, EventType::RoundStarted).await.is_empty());
 
     let approved = f.http().post(&door(run, "h1-turn_start", "approve"), &json!({})).await;
     assert_eq!((approved.status, approved.body["status"].as_str()), (200, Some("dispatched")), "{:?}", approved.body);
     answer_hook(&mut f.raw, run, "h1-turn_start", json!({"continue": false})).await;
-    let row = f.status(run, "completed").await;
+    let row = f.status(run, RunStatus::Completed).await;
     assert_eq!(row.final_text.as_deref(), Some("draft: hello"));
 
     // The hook settled (acknowledged) before the first round started.
@@ -335,12 +341,15 @@ async fn a_turn_start_hook_passes_the_approval_stage_and_acknowledges_before_the
     let acknowledged = all
         .iter()
         .position(|e| {
-            e.event_type == "task_status" && e.data["task_key"] == "h1-turn_start" && e.data["status"] == "completed"
+            e.event.event_type() == EventType::TaskStatus
+                && e.event.data()["task_key"] == "h1-turn_start"
+                && e.event.data()["status"] == "completed"
         })
         .expect("the hook settled");
-    let first_round = all.iter().position(|e| e.event_type == "round_started").expect("a round started");
+    let first_round =
+        all.iter().position(|e| e.event.event_type() == EventType::RoundStarted).expect("a round started");
     assert!(acknowledged < first_round, "turn_start fires before the first model request");
-    assert_eq!(all[acknowledged].data["hook"], "turn_start");
+    assert_eq!(all[acknowledged].event.data()["hook"], "turn_start");
     assert_eq!(f.hook_tasks(run).await.len(), 1, "one turn_start hook per execution");
 }
 
@@ -357,14 +366,14 @@ async fn a_hook_that_times_out_holds_until_a_retry_succeeds() {
     // Offered, never claimed: the deadline settles it.
     let work = f.raw.next_work(WAIT).await.expect("offered");
     assert_eq!(work.task_key, "h1-stop");
-    let row = f.status(run, "needs_attention").await;
+    let row = f.status(run, RunStatus::NeedsAttention).await;
     assert_eq!(
-        (row.attention_reason.as_deref(), row.error_key.as_deref()),
-        (Some("halt_failure"), Some("tool_timeout"))
+        (row.attention_reason, row.error_key.as_deref()),
+        (Some(nexus_proto::AttentionReason::HaltFailure), Some("tool_timeout"))
     );
     let timed_out = f.task(run, "h1-stop").await;
     assert_eq!((timed_out.status.as_str(), timed_out.error_key.as_deref()), ("timed_out", Some("tool_timeout")));
-    let attention = f.events(run, "attention_required").await;
+    let attention = f.events(run, EventType::AttentionRequired).await;
     assert_eq!(
         (attention[0]["error_key"].as_str(), attention[0]["task_key"].as_str()),
         (Some("tool_timeout"), Some("h1-stop"))
@@ -378,13 +387,13 @@ async fn a_hook_that_times_out_holds_until_a_retry_succeeds() {
         (Some("h1-stop-g2"), Some("dispatched"), Some("h1-stop"))
     );
     assert_eq!(retried.body["runner_executor_public_id"], json!(f.runner.id));
-    assert_eq!(f.execution(run).await.status, "running");
+    assert_eq!(f.execution(run).await.status, RunStatus::Running);
     let task = answer_hook(&mut f.raw, run, "h1-stop-g2", json!({"continue": false})).await;
     assert_eq!(task["tool_input"]["output_preview"], "draft: slow");
-    let row = f.status(run, "completed").await;
+    let row = f.status(run, RunStatus::Completed).await;
     assert_eq!(row.final_text.as_deref(), Some("draft: slow"));
     // The first generation is resolved by the retry.
-    let statuses = f.events(run, "task_status").await;
+    let statuses = f.events(run, EventType::TaskStatus).await;
     let resolution =
         statuses.iter().find(|e| e["task_key"] == "h1-stop" && !e["failure_resolution"].is_null()).expect("resolution");
     assert_eq!(
@@ -406,7 +415,7 @@ async fn malformed_and_errored_decisions_fail_with_their_words() {
 
     // Only stop may continue: a turn_start hook that asks to is invalid_hook_result.
     answer_hook(&mut f.raw, run, "h1-turn_start", json!({"continue": true, "feedback": "go on"})).await;
-    let row = f.status(run, "needs_attention").await;
+    let row = f.status(run, RunStatus::NeedsAttention).await;
     assert_eq!(row.error_key.as_deref(), Some("invalid_hook_result"));
     let failed = f.task(run, "h1-turn_start").await;
     assert_eq!((failed.status.as_str(), failed.error_key.as_deref()), ("failed", Some("invalid_hook_result")));
@@ -417,7 +426,7 @@ async fn malformed_and_errored_decisions_fail_with_their_words() {
     assert_eq!(retried.body["task_key"], "h1-turn_start-g2", "{:?}", retried.body);
     let (token, _) = claim(&mut f.raw, run, "h1-turn_start-g2").await;
     commit(&f.raw, run, "h1-turn_start-g2", &token, json!({"continue": false}), true).await;
-    f.status(run, "needs_attention").await;
+    f.status(run, RunStatus::NeedsAttention).await;
     let failed = f.task(run, "h1-turn_start-g2").await;
     assert_eq!((failed.status.as_str(), failed.error_key.as_deref()), ("failed", Some("hook_error")));
     assert_eq!(f.execution(run).await.error_key.as_deref(), Some("hook_error"));
@@ -426,7 +435,7 @@ async fn malformed_and_errored_decisions_fail_with_their_words() {
     let retried = owner.post(&door(run, "h1-turn_start-g2", "retry"), &json!({})).await;
     assert_eq!(retried.body["task_key"], "h1-turn_start-g3", "{:?}", retried.body);
     answer_hook(&mut f.raw, run, "h1-turn_start-g3", json!({"continue": false, "verdict": "fine"})).await;
-    f.status(run, "needs_attention").await;
+    f.status(run, RunStatus::NeedsAttention).await;
     let failed = f.task(run, "h1-turn_start-g3").await;
     assert_eq!(failed.error_key.as_deref(), Some("invalid_hook_result"));
     // Superseded generations are resolved; only the latest holds.
@@ -436,12 +445,12 @@ async fn malformed_and_errored_decisions_fail_with_their_words() {
     // Abandoning a turn_start hook lets the first round run.
     let abandoned = owner.send(reqwest::Method::POST, &door(run, "h1-turn_start-g3", "abandon"), None).await;
     assert_eq!(abandoned.body["failure_resolution"], "abandoned", "{:?}", abandoned.body);
-    let row = f.status(run, "completed").await;
+    let row = f.status(run, RunStatus::Completed).await;
     assert_eq!(row.final_text.as_deref(), Some("draft: check"));
-    let attention = f.events(run, "attention_required").await;
+    let attention = f.events(run, EventType::AttentionRequired).await;
     let words: Vec<&str> = attention.iter().filter_map(|e| e["error_key"].as_str()).collect();
     assert_eq!(words, ["invalid_hook_result", "hook_error", "invalid_hook_result"]);
-    let statuses = f.events(run, "task_status").await;
+    let statuses = f.events(run, EventType::TaskStatus).await;
     for key in ["h1-turn_start", "h1-turn_start-g2", "h1-turn_start-g3"] {
         assert_eq!(settled(&statuses, key).len(), 1, "{key} settles once");
     }
@@ -454,7 +463,7 @@ async fn an_unserved_hook_tool_fails_tool_not_served_and_abandon_lets_the_turn_r
     let f = Fixture::start(&[("echo", echo_script())]).await;
     f.declare("scripted/echo", json!({"turn_start": {"tool": "ghost", "timeout_ms": 1_000}}), Value::Null).await;
     let run = f.turn("anyone there").await;
-    let row = f.status(run, "needs_attention").await;
+    let row = f.status(run, RunStatus::NeedsAttention).await;
     assert_eq!(row.error_key.as_deref(), Some("tool_not_served"));
     let failed = f.task(run, "h1-turn_start").await;
     assert_eq!(
@@ -463,7 +472,7 @@ async fn an_unserved_hook_tool_fails_tool_not_served_and_abandon_lets_the_turn_r
     );
     let abandoned = f.http().post(&door(run, "h1-turn_start", "abandon"), &json!({})).await;
     assert_eq!(abandoned.status, 200, "{:?}", abandoned.body);
-    assert_eq!(f.status(run, "completed").await.final_text.as_deref(), Some("draft: anyone there"));
+    assert_eq!(f.status(run, RunStatus::Completed).await.final_text.as_deref(), Some("draft: anyone there"));
 }
 
 #[tokio::test]
@@ -488,7 +497,7 @@ async fn a_forced_stop_cancels_the_hook_task_and_is_never_vetoed() {
         }
     };
     assert_eq!((canceled.run_public_id, canceled.task_key.as_str()), (run.to_string(), "h1-stop"));
-    let row = f.status(run, "canceled").await;
+    let row = f.status(run, RunStatus::Canceled).await;
     assert_eq!((row.error_key.as_deref(), row.final_text), (Some("run_canceled"), None));
     let hook = f.task(run, "h1-stop").await;
     assert_eq!((hook.status.as_str(), hook.error_key.as_deref()), ("canceled", Some("task_canceled")));
@@ -503,9 +512,9 @@ async fn a_forced_stop_cancels_the_hook_task_and_is_never_vetoed() {
         )
         .await;
     assert_ne!(late.committed(), Some((false, "completed".to_owned())), "{late:?}");
-    assert_eq!(f.task(run, "h1-stop").await.status, "canceled");
-    assert_eq!(f.execution(run).await.status, "canceled");
-    let statuses = f.events(run, "task_status").await;
+    assert_eq!(f.task(run, "h1-stop").await.status, TaskStatus::Canceled);
+    assert_eq!(f.execution(run).await.status, RunStatus::Canceled);
+    let statuses = f.events(run, EventType::TaskStatus).await;
     let once = settled(&statuses, "h1-stop");
     assert_eq!(once.len(), 1);
     assert_eq!((once[0]["status"].as_str(), once[0]["hook"].as_str()), (Some("canceled"), Some("stop")));
@@ -535,10 +544,10 @@ async fn the_hook_tool_never_reaches_the_model() {
     answer_hook(&mut f.raw, run, "h1-turn_start", json!({"continue": false})).await;
     answer_hook(&mut f.raw, run, "h1-stop", json!({"continue": true, "feedback": "say it again"})).await;
     answer_hook(&mut f.raw, run, "h2-stop", json!({"continue": false})).await;
-    assert_eq!(f.status(run, "completed").await.final_text.as_deref(), Some("two"));
+    assert_eq!(f.status(run, RunStatus::Completed).await.final_text.as_deref(), Some("two"));
 
     // The runner announces review with a description and a schema, yet it is no callable.
-    let materialized = f.events(run, "input_materialized").await;
+    let materialized = f.events(run, EventType::InputMaterialized).await;
     let frozen: Vec<&str> =
         materialized[0]["tools"].as_array().expect("tools").iter().filter_map(|t| t["name"].as_str()).collect();
     assert_eq!(frozen, ["probe"]);
@@ -576,23 +585,31 @@ async fn a_stop_hook_out_over_a_nexus_restart_commits_after_it_and_the_execution
     // Stop nexus and start it again on the same store.
     let server = server.restart(&scripts).await;
 
-    let still = server.store().task(run, "h1-stop").await.expect("store").expect("task");
+    let still = server.store().task(run, key("h1-stop")).await.expect("store").expect("task");
     assert_eq!((still.status.as_str(), still.claimed), ("dispatched", true), "the claimed hook task is durable");
-    assert_eq!(server.store().execution(run).await.expect("store").expect("row").status, "running");
+    assert_eq!(server.store().execution(run).await.expect("store").expect("row").status, RunStatus::Running);
     // The runner reconnects and commits with the claim it holds: the answer is accepted and
     // delivered.
     let raw = connect(&server, &runner).await;
     commit(&raw, run, "h1-stop", &token, json!({"continue": false}), false).await;
     let row = wait_until("the execution to complete", WAIT, || async {
-        server.store().execution(run).await.ok().flatten().filter(|row| row.status == "completed")
+        server.store().execution(run).await.ok().flatten().filter(|row| row.status == RunStatus::Completed)
     })
     .await;
     assert_eq!(row.final_text.as_deref(), Some("draft: durable"));
     let events: Vec<EventRow> = server.store().events_after(run, 0, 10_000).await.expect("events");
     let settled_hooks = events
         .iter()
-        .filter(|e| e.event_type == "task_status" && e.data["task_key"] == "h1-stop" && e.data["status"] == "completed")
+        .filter(|e| {
+            e.event.event_type() == EventType::TaskStatus
+                && e.event.data()["task_key"] == "h1-stop"
+                && e.event.data()["status"] == "completed"
+        })
         .count();
     assert_eq!(settled_hooks, 1);
-    assert_eq!(events.iter().filter(|e| e.event_type == "round_started").count(), 1, "the answer was not asked again");
+    assert_eq!(
+        events.iter().filter(|e| e.event.event_type() == EventType::RoundStarted).count(),
+        1,
+        "the answer was not asked again"
+    );
 }

@@ -1,6 +1,9 @@
 //! The execution doors on HTTP: admit an input, read the execution, read its event feed a page at
 //! a time, and watch it live as Server-Sent Events, resuming from a cursor.
 
+use nexus_actors::store::EventType;
+use nexus_proto::{ErrorCode, ExecutionId, RunStatus, TaskStatus};
+use nexus_tests::key;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -59,7 +62,7 @@ async fn started(server: &TestServer, http: &Http) -> String {
     let path = format!("/agent_api/v1/executions/{execution}");
     wait_until("the execution completes", WAIT, || async {
         let row = server.store().execution(execution.parse().ok()?).await.ok()??;
-        (row.status == "completed").then_some(())
+        (row.status == RunStatus::Completed).then_some(())
     })
     .await;
     let read = http.get(&path).await;
@@ -195,8 +198,8 @@ async fn a_live_watch_carries_transcript_deltas_and_pages_never_do() {
     let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "go"})).await;
     let execution = admitted.body["execution_public_id"].as_str().expect("id").to_owned();
     wait_until("the call parks", WAIT, || async {
-        let task = server.store().task(execution.parse().ok()?, "r1t0").await.ok()??;
-        (task.status == "needs_approval").then_some(())
+        let task = server.store().task(execution.parse().ok()?, key("r1t0")).await.ok()??;
+        (task.status == TaskStatus::NeedsApproval).then_some(())
     })
     .await;
 
@@ -258,11 +261,13 @@ async fn parked(server: &TestServer, http: &Http) -> String {
     let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "go"})).await;
     assert_eq!(admitted.status, 201, "{admitted:?}");
     let execution = admitted.body["execution_public_id"].as_str().expect("id").to_owned();
-    let run: Uuid = execution.parse().expect("uuid");
+    let run: ExecutionId = execution.parse().expect("uuid");
     wait_until("the call parks and is narrated", WAIT, || async {
-        let task = server.store().task(run, "r1t0").await.ok()??;
+        let task = server.store().task(run, key("r1t0")).await.ok()??;
         let events = server.store().events_after(run, 0, i64::MAX).await.ok()?;
-        (task.status == "needs_approval" && events.iter().any(|e| e.event_type == "approval_required")).then_some(())
+        (task.status == TaskStatus::NeedsApproval
+            && events.iter().any(|e| e.event.event_type() == EventType::ApprovalRequired))
+        .then_some(())
     })
     .await;
     execution
@@ -322,7 +327,7 @@ async fn every_execution_door_refuses_unknown_fields_and_bodies_that_are_not_obj
             _ => client.abandon_task(request).await.map(|_| ()),
         }
         .expect_err("refused");
-        assert_eq!(Refusal::from_status(&refused).code, "parameter_invalid", "{verb} {body_json}");
+        assert_eq!(Refusal::from_status(&refused).code, ErrorCode::ParameterInvalid, "{verb} {body_json}");
     }
     assert_eq!(server.store().fingerprint().await.expect("fingerprint"), before, "refused bodies changed nothing");
 
@@ -337,7 +342,7 @@ async fn an_events_cursor_ahead_of_the_log_is_refused_on_every_event_door() {
     let agent = server.agent("agent").await;
     let http = Http::new(&server.url(), Some(&agent.token));
     let execution = parked(&server, &http).await;
-    let run: Uuid = execution.parse().expect("uuid");
+    let run: ExecutionId = execution.parse().expect("uuid");
     let last = server.store().execution(run).await.expect("store").expect("execution").event_seq;
     let events = format!("/agent_api/v1/executions/{execution}/events");
 
@@ -362,7 +367,7 @@ async fn an_events_cursor_ahead_of_the_log_is_refused_on_every_event_door() {
             transcript: false,
         };
         let refused = client.stream_events(authed(request, &agent)).await.expect_err("refused");
-        assert_eq!(Refusal::from_status(&refused).code, "parameter_invalid", "follow {follow}");
+        assert_eq!(Refusal::from_status(&refused).code, ErrorCode::ParameterInvalid, "follow {follow}");
     }
 }
 
@@ -409,7 +414,13 @@ async fn a_suspended_agent_reads_but_admits_and_regenerates_nothing() {
     let agent = server.agent("agent").await;
     let http = Http::new(&server.url(), Some(&agent.token));
     let execution = parked(&server, &http).await;
-    assert!(server.store().set_member_status(agent.id, "suspended").await.expect("suspended"));
+    assert!(
+        server
+            .store()
+            .set_member_status(agent.member(), nexus_proto::MemberStatus::Suspended)
+            .await
+            .expect("suspended")
+    );
     let before = server.store().fingerprint().await.expect("fingerprint");
 
     let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "more"})).await;
@@ -419,7 +430,7 @@ async fn a_suspended_agent_reads_but_admits_and_regenerates_nothing() {
     let mut client = agent_client(&server).await;
     let request = CreateInputRequest { text: "more".into(), ..CreateInputRequest::default() };
     let refused = client.create_input(authed(request, &agent)).await.expect_err("refused");
-    assert_eq!(Refusal::from_status(&refused).code, "not_authorized");
+    assert_eq!(Refusal::from_status(&refused).code, ErrorCode::NotAuthorized);
     // Nor does it start work on a live execution: approving, retrying, resuming and compacting
     // are refused before anything is looked at.
     for door in ["tasks/r1t0/approve", "tasks/r1t0/retry", "resume", "compact"] {
@@ -435,7 +446,9 @@ async fn a_suspended_agent_reads_but_admits_and_regenerates_nothing() {
     }
     assert_eq!(server.store().fingerprint().await.expect("fingerprint"), before, "a suspended Agent started nothing");
 
-    assert!(server.store().set_member_status(agent.id, "active").await.expect("reinstated"));
+    assert!(
+        server.store().set_member_status(agent.member(), nexus_proto::MemberStatus::Active).await.expect("reinstated")
+    );
     let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "more"})).await;
     assert_eq!(admitted.status, 201, "reinstated: {admitted:?}");
 }
@@ -495,7 +508,7 @@ async fn a_timed_out_task_shows_its_error_key_and_message() {
     // Nobody claims the call: it times out.
     wait_until("the execution completes", WAIT, || async {
         let row = server.store().execution(execution.parse().ok()?).await.ok()??;
-        (row.status == "completed").then_some(())
+        (row.status == RunStatus::Completed).then_some(())
     })
     .await;
     let read = http.get(&format!("/agent_api/v1/executions/{execution}")).await;

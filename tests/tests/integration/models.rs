@@ -5,14 +5,15 @@
 //! durable events (`model_change`, `round_started`, `turn_status`), what the fake was asked (and
 //! never asked), and the ephemeral transcript deltas.
 
+use nexus_actors::store::EventType;
+use nexus_proto::{ExecutionId, RunStatus, TaskStatus};
+use nexus_tests::key;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
-use uuid::Uuid;
 
-use nexus_actors::actors::execution::run_status_is_quiescent;
-use nexus_actors::actors::root::TranscriptEvent;
+use nexus_actors::actors::fabric::TranscriptEvent;
 use nexus_actors::model::{ProviderConfig, ProviderKind, TranscriptDelta};
 use nexus_actors::store::{EventRow, ExecutionRow};
 use nexus_tests::{Act, FakeProvider, Minted, TestServer, Wire, wait_until};
@@ -75,16 +76,16 @@ impl Bed {
     }
 
     /// Admits an input with an inline declaration and returns its execution.
-    async fn run(&self, text: &str, declaration: Value) -> Uuid {
+    async fn run(&self, text: &str, declaration: Value) -> ExecutionId {
         self.server.run_declared(&self.agent, text, declaration).await
     }
 
     /// Waits until the execution is quiescent (completed, canceled or needs_attention).
-    async fn settled(&self, execution: Uuid) -> ExecutionRow {
+    async fn settled(&self, execution: ExecutionId) -> ExecutionRow {
         self.server.settled(execution, SETTLE).await
     }
 
-    async fn events(&self, execution: Uuid) -> Vec<EventRow> {
+    async fn events(&self, execution: ExecutionId) -> Vec<EventRow> {
         self.server.store().events_after(execution, 0, i64::MAX).await.expect("events")
     }
 }
@@ -95,20 +96,20 @@ fn test_env(name: &str) -> Option<String> {
 }
 
 /// The data of every event of `event_type`, in order.
-fn of_type(events: &[EventRow], event_type: &str) -> Vec<Value> {
-    events.iter().filter(|e| e.event_type == event_type).map(|e| e.data.clone()).collect()
+fn of_type(events: &[EventRow], event_type: EventType) -> Vec<Value> {
+    events.iter().filter(|e| e.event.event_type() == event_type).map(|e| e.event.data().clone()).collect()
 }
 
 /// `(round, model)` of every `round_started`.
 fn rounds(events: &[EventRow]) -> Vec<(i64, String)> {
-    of_type(events, "round_started")
+    of_type(events, EventType::RoundStarted)
         .iter()
         .map(|d| (d["round"].as_i64().unwrap_or(-1), d["model"].as_str().unwrap_or_default().to_owned()))
         .collect()
 }
 
 /// Every delta of `execution` published so far.
-fn drain(feed: &mut broadcast::Receiver<TranscriptEvent>, execution: Uuid) -> Vec<TranscriptEvent> {
+fn drain(feed: &mut broadcast::Receiver<TranscriptEvent>, execution: ExecutionId) -> Vec<TranscriptEvent> {
     let mut out = Vec::new();
     loop {
         match feed.try_recv() {
@@ -127,7 +128,7 @@ fn words(deltas: &[TranscriptEvent]) -> Vec<String> {
         .map(|e| match &e.delta {
             TranscriptDelta::StreamReset { reason } => format!("stream_reset:{}", reason.word()),
             TranscriptDelta::ToolCallStarted { name, .. } => format!("tool_call_started:{name}"),
-            other => other.event_type().to_owned(),
+            other => other.event_type().as_str().to_owned(),
         })
         .collect()
 }
@@ -162,13 +163,13 @@ async fn a_refusal_falls_back_and_the_completed_tool_results_stay() {
         )
         .await;
     let row = bed.settled(execution).await;
-    assert_eq!(row.status, "completed", "{row:?}");
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
     let final_text = row.final_text.clone().unwrap_or_default();
     assert!(final_text.starts_with("tool said: ") && final_text.contains("runners"), "{final_text}");
 
     let events = bed.events(execution).await;
     assert_eq!(
-        of_type(&events, "model_change"),
+        of_type(&events, EventType::ModelChange),
         vec![json!({"round": 2, "from": "oa/careful", "to": "oa/bold", "reason": "model_refused",
                     "error_key": "model_refused"})]
     );
@@ -202,14 +203,17 @@ async fn a_second_refusal_at_the_end_of_the_chain_stands() {
         .run("do it", json!({"approval_mode": "bypass", "default_model": "an/first", "fallback_models": ["an/second"]}))
         .await;
     let row = bed.settled(execution).await;
-    assert_eq!(row.status, "needs_attention");
-    assert_eq!(row.attention_reason.as_deref(), Some("halt_failure"));
+    assert_eq!(row.status, RunStatus::NeedsAttention);
+    assert_eq!(row.attention_reason, Some(nexus_proto::AttentionReason::HaltFailure));
     assert_eq!(row.error_key.as_deref(), Some("model_refused"));
     let events = bed.events(execution).await;
-    let changes = of_type(&events, "model_change");
+    let changes = of_type(&events, EventType::ModelChange);
     assert_eq!(changes.len(), 1, "{changes:?}");
     assert_eq!((changes[0]["from"].as_str(), changes[0]["to"].as_str()), (Some("an/first"), Some("an/second")));
-    assert_eq!(of_type(&events, "turn_status").last().map(|d| d["error_key"].clone()), Some(json!("model_refused")));
+    assert_eq!(
+        of_type(&events, EventType::TurnStatus).last().map(|d| d["error_key"].clone()),
+        Some(json!("model_refused"))
+    );
     assert_eq!((bed.fake.count("first"), bed.fake.count("second")), (1, 1), "a refusal is never retried");
     // Each refusal came after a streamed word, and each is reset as refused.
     assert_eq!(
@@ -234,10 +238,10 @@ async fn a_content_block_never_falls_back() {
         )
         .await;
     let row = bed.settled(execution).await;
-    assert_eq!(row.status, "needs_attention");
+    assert_eq!(row.status, RunStatus::NeedsAttention);
     assert_eq!(row.error_key.as_deref(), Some("provider_error"));
     let events = bed.events(execution).await;
-    assert!(of_type(&events, "model_change").is_empty());
+    assert!(of_type(&events, EventType::ModelChange).is_empty());
     assert_eq!(bed.fake.count("filtered"), 1, "a content block is not retried");
     assert_eq!(bed.fake.count("spare"), 0, "a content block never reaches the fallback");
     assert_eq!(words(&drain(&mut feed, execution)), ["text_delta", "stream_reset:failed"]);
@@ -255,7 +259,7 @@ async fn request_errors_and_an_unavailable_model_never_fall_back() {
             .await;
         let row = bed.settled(execution).await;
         assert_eq!((row.status.as_str(), row.error_key.as_deref()), ("needs_attention", Some(key)), "{model}");
-        assert!(of_type(&bed.events(execution).await, "model_change").is_empty(), "{model}");
+        assert!(of_type(&bed.events(execution).await, EventType::ModelChange).is_empty(), "{model}");
     }
     assert_eq!((bed.fake.count("bad_request"), bed.fake.count("gone")), (1, 1), "request errors are not retried");
     assert_eq!(bed.fake.count("spare"), 0);
@@ -273,14 +277,14 @@ async fn a_429_waits_and_retries_without_falling_back() {
         )
         .await;
     let row = bed.settled(execution).await;
-    assert_eq!(row.status, "completed", "{row:?}");
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
     assert_eq!(row.final_text.as_deref(), Some("after the wait"));
     assert_eq!(bed.fake.count("busy"), 2);
     assert_eq!(bed.fake.count("never"), 0);
     let events = bed.events(execution).await;
-    assert!(of_type(&events, "model_change").is_empty());
+    assert!(of_type(&events, EventType::ModelChange).is_empty());
     assert!(bed.fake.requests_for("busy").iter().all(|r| !r.stream), "oa_whole asks for whole answers");
-    let usage = of_type(&events, "usage");
+    let usage = of_type(&events, EventType::Usage);
     assert_eq!(usage.len(), 1);
     assert_eq!((usage[0]["input_tokens"].as_u64(), usage[0]["output_tokens"].as_u64()), (Some(11), Some(7)));
 }
@@ -298,12 +302,12 @@ async fn overloaded_on_every_attempt_falls_back_with_provider_overloaded() {
         )
         .await;
     let row = bed.settled(execution).await;
-    assert_eq!(row.status, "completed", "{row:?}");
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
     assert_eq!(row.final_text.as_deref(), Some("relieved"));
     assert_eq!(bed.fake.count("swamped"), 3, "every attempt of the budget was spent first");
     let events = bed.events(execution).await;
     assert_eq!(
-        of_type(&events, "model_change"),
+        of_type(&events, EventType::ModelChange),
         vec![json!({"round": 1, "from": "an/swamped", "to": "oa/relief", "reason": "provider_overloaded",
                     "category": "overloaded", "error_key": "provider_overloaded"})]
     );
@@ -328,10 +332,10 @@ async fn unavailable_candidates_are_skipped_without_provider_io() {
         )
         .await;
     let row = bed.settled(execution).await;
-    assert_eq!(row.status, "completed", "{row:?}");
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
     assert_eq!(row.final_text.as_deref(), Some("from the first available fallback"));
     let events = bed.events(execution).await;
-    let changes = of_type(&events, "model_change");
+    let changes = of_type(&events, EventType::ModelChange);
     assert_eq!(changes.len(), 1, "a skipped candidate is no switch: {changes:?}");
     assert_eq!((changes[0]["from"].as_str(), changes[0]["to"].as_str()), (Some("oa/picky"), Some("oa/open")));
     assert_eq!((bed.fake.count("locked"), bed.fake.count("disabled"), bed.fake.count("at-all")), (0, 0, 0));
@@ -349,10 +353,10 @@ async fn a_cut_stream_is_retried_after_a_stream_reset() {
             .run("hello", json!({"approval_mode": "bypass", "default_model": reference, "fallback_models": []}))
             .await;
         let row = bed.settled(execution).await;
-        assert_eq!(row.status, "completed", "{reference}: {row:?}");
+        assert_eq!(row.status, RunStatus::Completed, "{reference}: {row:?}");
         assert_eq!(row.final_text.as_deref(), Some("whole at last"), "{reference}");
         assert_eq!(bed.fake.count(model), 2, "{reference}: the cut attempt was repeated");
-        assert!(of_type(&bed.events(execution).await, "model_change").is_empty(), "{reference}");
+        assert!(of_type(&bed.events(execution).await, EventType::ModelChange).is_empty(), "{reference}");
         let deltas = drain(&mut feed, execution);
         assert_eq!(words(&deltas), ["text_delta", "stream_reset:retry", "text_delta", "text_delta"], "{reference}");
         // After the reset, the deltas spell the answer exactly once.
@@ -375,7 +379,7 @@ async fn an_anthropic_tool_round_trip_with_a_real_runner() {
     let state = tempfile::tempdir().expect("state");
     let _child = bed.server.spawn_runner_agent(&runner, workdir.path(), state.path(), None);
     wait_until("the runner's announcement", SETTLE, || async {
-        bed.server.store().executor(runner.id).await.ok().flatten().and_then(|r| r.announced_at)
+        bed.server.store().executor(runner.runner()).await.ok().flatten().and_then(|r| r.announced_at)
     })
     .await;
     bed.fake.script(
@@ -395,12 +399,12 @@ async fn an_anthropic_tool_round_trip_with_a_real_runner() {
         )
         .await;
     let row = bed.settled(execution).await;
-    assert_eq!(row.status, "completed", "{row:?}");
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
     let final_text = row.final_text.clone().unwrap_or_default();
     assert!(final_text.starts_with("tool said: ") && final_text.contains("from-the-runner"), "{final_text}");
-    let task = bed.server.store().task(execution, "r1t0").await.expect("store").expect("the call's task");
-    assert_eq!(task.status, "completed");
-    assert_eq!(task.target_executor_public_id, Some(runner.id), "the call ran on the runner");
+    let task = bed.server.store().task(execution, key("r1t0")).await.expect("store").expect("the call's task");
+    assert_eq!(task.status, TaskStatus::Completed);
+    assert_eq!(task.target_executor_public_id, Some(runner.runner()), "the call ran on the runner");
 
     let requests = bed.fake.requests_for("claude-test");
     assert_eq!(requests.len(), 2);
@@ -466,7 +470,13 @@ async fn a_switch_survives_a_nexus_restart_and_the_spent_route_is_never_asked_ag
         )
         .await;
     wait_until("the parked call", SETTLE, || async {
-        bed.server.store().task(execution, "r1t0").await.ok().flatten().filter(|t| t.status == "needs_approval")
+        bed.server
+            .store()
+            .task(execution, key("r1t0"))
+            .await
+            .ok()
+            .flatten()
+            .filter(|t| t.status == TaskStatus::NeedsApproval)
     })
     .await;
 
@@ -476,14 +486,14 @@ async fn a_switch_survives_a_nexus_restart_and_the_spent_route_is_never_asked_ag
     let caller = server.caller(&agent).await;
     server.server.api.approve_task(&caller, execution, "r1t0").await.expect("approved");
     let row = wait_until("the execution to settle", SETTLE, || async {
-        server.store().execution(execution).await.ok().flatten().filter(|row| run_status_is_quiescent(&row.status))
+        server.store().execution(execution).await.ok().flatten().filter(|row| row.status.is_quiescent())
     })
     .await;
-    assert_eq!(row.status, "completed", "{row:?}");
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
     assert!(row.final_text.as_deref().is_some_and(|t| t.starts_with("tool said: ")), "{row:?}");
     assert_eq!(fake.count("wary"), 1, "the refused route is never asked again, not even after a restart");
     assert_eq!(fake.count("steady"), 2);
     let events = server.store().events_after(execution, 0, i64::MAX).await.expect("events");
     assert_eq!(rounds(&events), vec![(1, "oa/wary".into()), (1, "oa/steady".into()), (2, "oa/steady".into())]);
-    assert_eq!(of_type(&events, "model_change").len(), 1);
+    assert_eq!(of_type(&events, EventType::ModelChange).len(), 1);
 }

@@ -1,10 +1,11 @@
 //! The round driver's per-call failure words and its repeat brake (spec/REFERENCE.md 7, "Round
 //! driver"), end to end with the scripted model and an in-process kernel tool.
 
+use nexus_actors::store::EventType;
+use nexus_proto::ExecutionId;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use nexus_tests::{Http, TestServer, wait_until};
 
@@ -23,7 +24,7 @@ async fn run(script: Value) -> (TestServer, Value) {
     assert_eq!(declared.status, 200, "{declared:?}");
     let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "go"})).await;
     assert_eq!(admitted.status, 201, "{admitted:?}");
-    let id: Uuid = admitted.body["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    let id: ExecutionId = admitted.body["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
     wait_until("the execution is quiet", WAIT, || async {
         let row = server.store().execution(id).await.ok()??;
         matches!(row.status.as_str(), "completed" | "needs_attention").then_some(())
@@ -77,10 +78,10 @@ async fn each_bad_call_fails_alone_with_its_word_and_the_round_goes_on() {
     // The model read each failure as its tool result.
     assert!(execution["final_text"].as_str().is_some_and(|t| t.contains("no_such_tool")), "{execution}");
     // The record keeps what the model asked of an undeclared tool.
-    let id: Uuid = execution["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    let id: ExecutionId = execution["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
     let events = server.store().events_after(id, 0, 1_000).await.expect("events");
-    let round = events.iter().find(|e| e.event_type == "round_result").expect("round_result");
-    assert_eq!(round.data["tool_calls"][4]["input"], json!({"why": "asked"}), "{:?}", round.data);
+    let round = events.iter().find(|e| e.event.event_type() == EventType::RoundResult).expect("round_result");
+    assert_eq!(round.event.data()["tool_calls"][4]["input"], json!({"why": "asked"}), "{:?}", round.event.data());
 }
 
 #[tokio::test]
@@ -103,10 +104,14 @@ async fn the_repeat_brake_refuses_the_tenth_unchanging_round() {
     assert_eq!(execution["error_key"], "round_expansion_refused");
     // Nine rounds ran; the tenth was never expanded.
     assert_eq!(execution["tasks"].as_array().map(Vec::len), Some(9), "{execution}");
-    let id: Uuid = execution["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    let id: ExecutionId = execution["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
     let events = server.store().events_after(id, 0, 1_000).await.expect("events");
-    let attention = events.iter().find(|e| e.event_type == "attention_required").expect("attention_required");
-    assert!(attention.data["message"].as_str().is_some_and(|m| m.starts_with("repeat_call_loop")), "{attention:?}");
+    let attention =
+        events.iter().find(|e| e.event.event_type() == EventType::AttentionRequired).expect("attention_required");
+    assert!(
+        attention.event.data()["message"].as_str().is_some_and(|m| m.starts_with("repeat_call_loop")),
+        "{attention:?}"
+    );
 }
 
 #[tokio::test]

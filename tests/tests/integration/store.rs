@@ -1,12 +1,13 @@
 //! The store on the backend the suite runs on (`NEXUS_TEST_STORE`): the claim is single-winner
 //! at the database, so two nexus nodes sharing one PostgreSQL database can never both grant it.
 
+use nexus_proto::{ErrorCode, ExecutionId, TaskStatus};
+use nexus_tests::key;
 use std::sync::Arc;
 
 use serde_json::json;
 use tempfile::TempDir;
 use tokio::sync::Barrier;
-use uuid::Uuid;
 
 use nexus_actors::config::StoreConfig;
 use nexus_actors::store::{InputRow, Store, StoreBackend, StoreError, TaskRow, now_ms};
@@ -25,12 +26,12 @@ async fn open_store() -> (Store, StoreConfig, TempDir, Option<TestDatabase>) {
     (store, config, data_dir, database)
 }
 
-fn task(run: Uuid, runner: Uuid) -> TaskRow {
+fn task(run: ExecutionId, runner: nexus_proto::RunnerId) -> TaskRow {
     let now = now_ms();
     TaskRow {
         run_public_id: run,
-        task_key: "r1t0".into(),
-        kind: "tool_call".into(),
+        task_key: key("r1t0"),
+        kind: nexus_proto::TaskKind::ToolTask,
         round: 1,
         callable_name: "probe".into(),
         tool_name: "probe".into(),
@@ -39,7 +40,7 @@ fn task(run: Uuid, runner: Uuid) -> TaskRow {
         target_executor_public_id: Some(runner),
         effect_profile: None,
         timeout_ms: 60_000,
-        status: "dispatched".into(),
+        status: TaskStatus::Dispatched,
         claimed: false,
         claim_token_digest: None,
         started_at: now,
@@ -55,18 +56,18 @@ fn task(run: Uuid, runner: Uuid) -> TaskRow {
 async fn a_claim_is_granted_once_across_nodes_sharing_the_store() {
     let (store, config, data_dir, _database) = open_store().await;
     let input = InputRow {
-        public_id: Uuid::new_v4(),
-        conversation_public_id: Uuid::new_v4(),
-        member_public_id: Uuid::new_v4(),
+        public_id: nexus_proto::InputId::new_v4(),
+        conversation_public_id: nexus_proto::ConversationId::new_v4(),
+        member_public_id: nexus_proto::MemberId::new_v4(),
         text: "probe".into(),
         execution_declaration: None,
         runner_executor_public_id: None,
         tool_names: None,
     };
-    let run = Uuid::new_v4();
+    let run = ExecutionId::new_v4();
     store.admit_input(&input, true, run).await.expect("admit");
     let execution = store.execution(run).await.expect("read").expect("execution");
-    let open = task(run, Uuid::new_v4());
+    let open = task(run, nexus_proto::RunnerId::new_v4());
     store.save_execution(&execution, std::slice::from_ref(&open), &[]).await.expect("dispatch");
 
     // A second node: its own pool on the same database (on SQLite, the same file).
@@ -92,23 +93,23 @@ async fn a_claim_is_granted_once_across_nodes_sharing_the_store() {
         }
     }
     assert_eq!(won.len(), 1, "exactly one node wins the claim: {won:?}");
-    let stored = store.task(run, "r1t0").await.expect("read").expect("task");
+    let stored = store.task(run, key("r1t0")).await.expect("read").expect("task");
     assert_eq!(stored.claim_token_digest, Some(nexus_actors::auth::digest(won[0])));
 
     // A stale copy (still unclaimed) can neither settle nor re-grant the claimed task; the
     // claimant's own writes go through.
     let mut stale = open.clone();
-    stale.status = "timed_out".into();
+    stale.status = TaskStatus::TimedOut;
     stale.settled_at = Some(now_ms());
     assert!(matches!(other.update_task(&stale).await, Err(StoreError::Conflict(_))));
     let mut settled = stored.clone();
-    settled.status = "completed".into();
+    settled.status = TaskStatus::Completed;
     settled.result = Some(json!({"content": "ok"}));
     settled.settled_at = Some(now_ms());
     store.update_task(&settled).await.expect("the claimant commits");
-    assert_eq!(other.task(run, "r1t0").await.expect("read").expect("task"), settled);
+    assert_eq!(other.task(run, key("r1t0")).await.expect("read").expect("task"), settled);
     // Writing a task that does not exist stays a no-op.
-    other.update_task(&task(Uuid::new_v4(), Uuid::new_v4())).await.expect("no row, no error");
+    other.update_task(&task(ExecutionId::new_v4(), nexus_proto::RunnerId::new_v4())).await.expect("no row, no error");
     other.close().await;
     store.close().await;
 }
@@ -134,8 +135,8 @@ async fn an_existing_store_is_required_where_one_is_expected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_beside_a_busy_writer_never_fail_as_locked() {
     let (store, _config, _dir, _database) = open_store().await;
-    let runner = Uuid::new_v4();
-    let (_, credential) = nexus_actors::auth::mint(nexus_actors::auth::Plane::ExecutorTransport, runner);
+    let runner = nexus_proto::RunnerId::new_v4();
+    let (_, credential) = nexus_actors::auth::mint(nexus_actors::auth::Plane::ExecutorTransport, runner.uuid());
     store.create_executor(runner, "busy", &credential).await.expect("runner");
     let busy = store.clone();
     let writer = tokio::spawn(async move {
@@ -165,5 +166,5 @@ async fn writes_beside_a_busy_writer_never_fail_as_locked() {
     // A taken handle is still refused by the unique index.
     let again =
         nexus_actors::cli::admin::create_member(&store, nexus_actors::cli::admin::MemberKind::Agent, "agent-0").await;
-    assert_eq!(again.map_err(|r| r.code).err().as_deref(), Some("validation_failed"));
+    assert_eq!(again.map_err(|r| r.code).err(), Some(ErrorCode::ValidationFailed));
 }

@@ -2,6 +2,7 @@
 //! and a real runner-agent (in-process `nexus_runner_agent::run`) verifying nexus against the test
 //! CA, with and without mutual TLS.
 
+use nexus_proto::ErrorCode;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -146,7 +147,7 @@ fn trust(ca: &Path, identity: Option<&(PathBuf, PathBuf)>) -> TlsOptions {
 
 async fn wait_announced(server: &TestServer, runner: &Minted) {
     wait_until("the runner's announcement", WAIT, || async {
-        server.store().executor(runner.id).await.ok().flatten().and_then(|r| r.announced_at)
+        server.store().executor(runner.runner()).await.ok().flatten().and_then(|r| r.announced_at)
     })
     .await;
 }
@@ -250,13 +251,13 @@ async fn an_execution_runs_end_to_end_over_mutual_tls_and_the_doors_answer_over_
     // The runner stream needs a client certificate: without one the hello is refused for good.
     let certless = server.runner("certless").await;
     let refused = Agent::start(&server, &certless, trust(&pki.ca.pem, None)).failure().await;
-    assert!(matches!(&refused, AgentError::Refused(refusal) if refusal.code == "unauthorized"), "{refused}");
+    assert!(matches!(&refused, AgentError::Refused(refusal) if refusal.code == ErrorCode::Unauthorized), "{refused}");
     // A certificate from another CA fails the handshake itself, with a clear, final error.
     let stranger = server.runner("stranger").await;
     let refused = Agent::start(&server, &stranger, trust(&pki.ca.pem, Some(&pki.stranger))).failure().await;
     assert!(matches!(&refused, AgentError::Tls(_)), "{refused}");
     assert!(refused.to_string().contains(&pki.stranger.0.display().to_string()), "{refused}");
-    for id in [certless.id, stranger.id] {
+    for id in [certless.runner(), stranger.runner()] {
         let row = server.store().executor(id).await.expect("store").expect("minted");
         assert!(row.announced_at.is_none(), "a refused runner never announced");
     }
@@ -301,7 +302,7 @@ async fn a_runner_trusting_another_ca_stops_with_a_clear_error() {
     assert!(matches!(&refused, AgentError::Tls(_)), "{refused}");
     let message = refused.to_string();
     assert!(message.contains(&pki.other_ca.pem.display().to_string()), "names the CA file: {message}");
-    let row = server.store().executor(runner.id).await.expect("store").expect("minted");
+    let row = server.store().executor(runner.runner()).await.expect("store").expect("minted");
     assert!(row.announced_at.is_none());
 
     // The same runner trusting the right CA connects.

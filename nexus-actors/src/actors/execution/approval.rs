@@ -1,19 +1,19 @@
-//! The approval stage of an execution (spec/REFERENCE.md 10; R67–R69).
+//! The approval stage of an execution (`docs/executions.md`, "Approval"; R67–R69).
 //!
 //! Every tool call passes the stage once its concrete target is resolved and before it runs
-//! (REFERENCE.md 8: the target is persisted "before scheduling or approval"). The rules are
+//! (`docs/executions.md`, "Materialization": the target is persisted before scheduling or approval). The rules are
 //! evaluated on the resolved served tool name (after alias and route resolution) and the resolved
 //! input, under the mode frozen on the execution, by [`crate::declaration::approval::decide`]:
 //! deny wins over ask, ask over allow. The stage grants (the call is routed at once: dispatched to
 //! its frozen runner, or run in-process), parks (`needs_approval`, with a hold of
-//! [`APPROVAL_HOLD_MS`] unless `[execution] approval_hold_ms` says otherwise) or denies (failed
+//! [`APPROVAL_HOLD_MS`](crate::config::APPROVAL_HOLD_MS) unless `[execution] approval_hold_ms` says otherwise) or denies (failed
 //! `approval_denied`).
 //!
 //! A parked task belongs to its ExecutionActor alone: no runner inbox lists it (inboxes list
 //! `dispatched` and `running` rows). The actor keeps one timer per hold; the hold's deadline is the
 //! task's durable `deadline_at`, so a restart re-arms it. A person decides at the approve and deny
 //! doors ([`Adjudication`]); an expired hold settles the task `timed_out` with `approval_expired`.
-//! The run stays `running` through a park and emits `approval_required` (REFERENCE.md 10, "Park").
+//! The run stays `running` through a park and emits `approval_required` (`docs/executions.md`, "Approval").
 //!
 //! Kernel-authored rows (hooks, the summarizer) enter the same stage through [`admit`] with
 //! [`CallOrigin::Kernel`]: they are pre-approved unless a rule naming their origin denies them or
@@ -24,25 +24,17 @@ use std::time::Duration;
 use ractor::{ActorProcessingErr, ActorRef};
 use serde_json::{Value, json};
 use tracing::Instrument;
-use uuid::Uuid;
 
-use nexus_proto::{ErrorCode, Refusal};
+use nexus_proto::{ErrorCode, InboxKind, MemberId, MemberKind, Refusal, RunStatus, TaskKey, TaskStatus};
 
-use crate::actors::executor::ExecutorMsg;
 use crate::declaration::FrozenDeclaration;
 use crate::declaration::approval::{
     ApprovalMode, CallOrigin, Decision, RuleMatch, Verdict, cut_reason, decide, evaluate,
 };
-use crate::store::{TaskRow, now_ms};
+use crate::store::event::ApprovalRequired;
+use crate::store::{Event, TaskRow, now_ms};
 
-use super::{ExecutionMsg, ExecutionState, advance, emit, kernel, save, task_status_data};
-
-/// How long a parked task waits for a decision by default, in milliseconds: 24 hours
-/// (REFERENCE.md 10, "Park"). `[execution] approval_hold_ms` overrides it.
-pub const APPROVAL_HOLD_MS: u64 = 86_400_000;
-
-/// The task status of a parked call.
-pub const NEEDS_APPROVAL: &str = "needs_approval";
+use super::{ExecutionMsg, ExecutionState, advance, emit, kernel, narrate, offer, save};
 
 /// What the approval stage said about one call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,15 +69,15 @@ pub enum Adjudication {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Adjudicator {
     /// The deciding member (`decided_by`).
-    pub member_public_id: Uuid,
+    pub member_public_id: MemberId,
     /// `human` or `agent`.
-    pub origin: &'static str,
+    pub origin: MemberKind,
 }
 
 impl Adjudicator {
-    /// The adjudicator for a member of `kind` (`human` or `agent`).
-    pub fn new(member_public_id: Uuid, kind: &str) -> Adjudicator {
-        Adjudicator { member_public_id, origin: if kind == "human" { "human" } else { "agent" } }
+    /// The adjudicator for a member of `kind`: the fact's origin is the member's kind.
+    pub fn new(member_public_id: MemberId, kind: MemberKind) -> Adjudicator {
+        Adjudicator { member_public_id, origin: kind }
     }
 }
 
@@ -107,9 +99,9 @@ pub fn stage(declaration: &FrozenDeclaration, tool_name: &str, input: &Value, or
     }
 }
 
-/// The `approval` fact: `{origin, decided_by?, decided_at}` (REFERENCE.md 10), `decided_at` in
-/// Unix milliseconds.
-pub fn fact(origin: &str, decided_by: Option<Uuid>, decided_at: i64) -> Value {
+/// The `approval` fact: `{origin, decided_by?, decided_at}` (`docs/executions.md`, "Approval"),
+/// `decided_at` in Unix milliseconds.
+pub fn fact(origin: &str, decided_by: Option<MemberId>, decided_at: i64) -> Value {
     let mut fact = json!({"origin": origin, "decided_at": decided_at});
     if let Some(member) = decided_by {
         fact["decided_by"] = json!(member);
@@ -117,7 +109,7 @@ pub fn fact(origin: &str, decided_by: Option<Uuid>, decided_at: i64) -> Value {
     fact
 }
 
-/// The tool result a model reads for a denied call (REFERENCE.md 10).
+/// The tool result a model reads for a denied call (`docs/executions.md`, "Approval").
 pub fn denial_text(reason: Option<&str>) -> String {
     match reason.filter(|r| !r.is_empty()) {
         Some(reason) => {
@@ -163,12 +155,12 @@ pub fn admit(
 }
 
 /// Routes a granted row: a runner row becomes `dispatched` with its deadline `timeout_ms` from
-/// `now`; any other row runs in-process now (REFERENCE.md 5, "Behaviours") and settles, or fails
+/// `now`; any other row runs in-process now (`docs/executions.md`, "Kernel tools") and settles, or fails
 /// `tool_not_served` when nothing here runs it.
 pub fn route(declaration: &FrozenDeclaration, task: &mut TaskRow, now: i64) {
     task.started_at = now;
     if task.target_executor_public_id.is_some() {
-        task.status = "dispatched".into();
+        task.status = TaskStatus::Dispatched;
         task.deadline_at = now.saturating_add(task.timeout_ms);
         task.settled_at = None;
         return;
@@ -177,17 +169,17 @@ pub fn route(declaration: &FrozenDeclaration, task: &mut TaskRow, now: i64) {
     task.settled_at = Some(now);
     match kernel::run(declaration, &task.tool_name, &task.tool_input) {
         Some(Ok(result)) => {
-            task.status = "completed".into();
+            task.status = TaskStatus::Completed;
             task.result = Some(
                 json!({"content": result.to_string(), "structured_content": result, "is_error": false, "outcome": "completed"}),
             );
         }
         Some(Err(message)) => {
-            task.status = "completed".into();
+            task.status = TaskStatus::Completed;
             task.result = Some(json!({"content": message, "is_error": true, "outcome": "completed"}));
         }
         None => {
-            task.status = "failed".into();
+            task.status = TaskStatus::Failed;
             task.error_key = Some(ErrorCode::ToolNotServed.as_str().into());
             let message = format!("{} has no runner route and no in-process implementation here", task.callable_name);
             task.result = Some(json!({"content": message, "is_error": true, "outcome": "failed"}));
@@ -196,7 +188,7 @@ pub fn route(declaration: &FrozenDeclaration, task: &mut TaskRow, now: i64) {
 }
 
 fn park(task: &mut TaskRow, now: i64, hold_ms: i64) {
-    task.status = NEEDS_APPROVAL.into();
+    task.status = TaskStatus::NeedsApproval;
     task.approval = None;
     task.started_at = now;
     task.deadline_at = now.saturating_add(hold_ms);
@@ -207,7 +199,7 @@ fn park(task: &mut TaskRow, now: i64, hold_ms: i64) {
 
 fn deny(task: &mut TaskRow, fact: Value, reason: Option<&str>, now: i64) {
     let key = ErrorCode::ApprovalDenied.as_str();
-    task.status = "failed".into();
+    task.status = TaskStatus::Failed;
     task.error_key = Some(key.into());
     task.approval = Some(fact);
     task.settled_at = Some(now);
@@ -226,27 +218,27 @@ pub(super) fn hold_ms(state: &ExecutionState) -> i64 {
 
 /// `approval_required`'s data: the parked call as the approver sees it, with the frozen effect
 /// profile and the end of the hold (`hold_until`, Unix milliseconds).
-fn approval_required_data(task: &TaskRow, reparked: bool) -> Value {
-    json!({
-        "task_key": task.task_key,
-        "kind": "approval",
-        "tool_name": task.callable_name,
-        "served_name": task.tool_name,
-        "tool_call_id": task.tool_call_id,
-        "tool_input": task.tool_input,
-        "runner_executor_public_id": task.target_executor_public_id,
-        "effect_profile": task.effect_profile,
-        "hold_until": task.deadline_at,
-        "reparked": reparked,
-    })
+fn approval_required(task: &TaskRow, reparked: bool) -> Event {
+    Event::ApprovalRequired(Box::new(ApprovalRequired {
+        task_key: task.task_key,
+        kind: InboxKind::Approval,
+        tool_name: task.callable_name.clone(),
+        served_name: task.tool_name.clone(),
+        tool_call_id: task.tool_call_id.clone(),
+        tool_input: task.tool_input.clone(),
+        runner_executor_public_id: task.target_executor_public_id,
+        effect_profile: task.effect_profile.clone(),
+        hold_until: task.deadline_at,
+        reparked,
+    }))
 }
 
 /// Emits `approval_required` for every parked row of `tasks` and arms its hold. Call it once the
 /// rows are in the actor's pending set, before the `save` that writes them.
 pub(super) fn announce_parks(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, tasks: &[TaskRow]) {
-    for task in tasks.iter().filter(|t| t.status == NEEDS_APPROVAL) {
-        emit(state, "approval_required", approval_required_data(task, false));
-        arm(myself, state, &task.task_key, task.deadline_at);
+    for task in tasks.iter().filter(|t| t.status == TaskStatus::NeedsApproval) {
+        emit(state, approval_required(task, false));
+        arm(myself, state, task.task_key, task.deadline_at);
         tracing::info!(execution_id = %state.row.public_id, task_key = %task.task_key, tool = %task.tool_name, "call parked for approval");
     }
 }
@@ -254,41 +246,40 @@ pub(super) fn announce_parks(myself: &ActorRef<ExecutionMsg>, state: &mut Execut
 /// Re-arms the hold of every parked task after a restart: the deadline is durable, so a hold that
 /// ran out while nexus was down expires at once.
 pub(super) fn rearm(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) {
-    let parked: Vec<(String, i64)> = state
+    let parked: Vec<(TaskKey, i64)> = state
         .pending
         .values()
-        .filter(|t| t.status == NEEDS_APPROVAL)
-        .map(|t| (t.task_key.clone(), t.deadline_at))
+        .filter(|t| t.status == TaskStatus::NeedsApproval)
+        .map(|t| (t.task_key, t.deadline_at))
         .collect();
     for (task_key, deadline_at) in parked {
-        arm(myself, state, &task_key, deadline_at);
+        arm(myself, state, task_key, deadline_at);
     }
 }
 
-fn arm(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, task_key: &str, deadline_at: i64) {
+fn arm(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, task_key: TaskKey, deadline_at: i64) {
     let wait = Duration::from_millis(u64::try_from(deadline_at.saturating_sub(now_ms())).unwrap_or(0));
     let actor = myself.clone();
-    let key = task_key.to_owned();
-    let span = tracing::debug_span!("approval_hold", execution_id = %state.row.public_id, task_key);
+    let span = tracing::debug_span!("approval_hold", execution_id = %state.row.public_id, %task_key);
     let timer = tokio::spawn(
         async move {
             tokio::time::sleep(wait).await;
-            let _ = actor.cast(ExecutionMsg::HoldExpired { task_key: key, deadline_at });
+            let _ = actor.cast(ExecutionMsg::HoldExpired { task_key, deadline_at });
         }
         .instrument(span),
     );
-    if let Some(old) = state.holds.insert(task_key.to_owned(), timer) {
+    if let Some(old) = state.holds.insert(task_key, timer) {
         old.abort();
     }
 }
 
-fn disarm(state: &mut ExecutionState, task_key: &str) {
-    if let Some(timer) = state.holds.remove(task_key) {
+fn disarm(state: &mut ExecutionState, task_key: TaskKey) {
+    if let Some(timer) = state.holds.remove(&task_key) {
         timer.abort();
     }
 }
 
-fn not_awaiting(task_key: &str) -> Refusal {
+fn not_awaiting(task_key: TaskKey) -> Refusal {
     Refusal::new(
         ErrorCode::NotAwaitingApproval,
         format!("task {task_key} is not parked in needs_approval; read the execution for its status"),
@@ -309,24 +300,6 @@ async fn changed_effect_profile(state: &ExecutionState, task: &TaskRow) -> Resul
     Ok(announced.filter(|profile| Some(profile) != task.effect_profile.as_ref()))
 }
 
-/// Tells the task's runner inbox that a dispatched row is waiting. The row is durable and
-/// addressed: an inbox that cannot be reached offers it when it next loads.
-pub(super) async fn offer(state: &ExecutionState, task: &TaskRow) {
-    let Some(target) = task.target_executor_public_id else { return };
-    match state.root.executor(target).await {
-        Ok(executor) => {
-            let _ = executor.cast(ExecutorMsg::Offer {
-                run: task.run_public_id,
-                task_key: task.task_key.clone(),
-                task: Some(Box::new(task.clone())),
-            });
-        }
-        Err(refusal) => {
-            tracing::warn!(runner_id = %target, code = %refusal.code, "cannot reach the runner's inbox now");
-        }
-    }
-}
-
 /// Applies a person's decision to a parked task: approval routes it (or parks it again with the
 /// runner's new effect profile), denial fails it `approval_denied`. The decision is durable before
 /// it is answered; a settled task lets the round continue.
@@ -339,15 +312,15 @@ pub(super) async fn offer(state: &ExecutionState, task: &TaskRow) {
 pub(super) async fn adjudicate(
     myself: &ActorRef<ExecutionMsg>,
     state: &mut ExecutionState,
-    task_key: &str,
+    task_key: TaskKey,
     adjudication: Adjudication,
     by: &Adjudicator,
 ) -> Result<Result<TaskRow, Refusal>, ActorProcessingErr> {
-    let Some(mut task) = state.pending.get(task_key).filter(|t| t.status == NEEDS_APPROVAL).cloned() else {
+    let Some(mut task) = state.pending.get(&task_key).filter(|t| t.status == TaskStatus::NeedsApproval).cloned() else {
         return Ok(Err(not_awaiting(task_key)));
     };
     let declaration = match &state.declaration {
-        Some(declaration) if state.row.status == "running" => declaration.clone(),
+        Some(declaration) if state.row.status == RunStatus::Running => declaration.clone(),
         _ => {
             return Ok(Err(Refusal::new(
                 ErrorCode::NotAdjudicable,
@@ -368,30 +341,30 @@ pub(super) async fn adjudicate(
                 reparked = true;
             }
             None => {
-                task.approval = Some(fact(by.origin, Some(by.member_public_id), now));
+                task.approval = Some(fact(by.origin.as_str(), Some(by.member_public_id), now));
                 route(&declaration, &mut task, now);
             }
         },
         Adjudication::Deny { reason } => {
             let reason = reason.as_deref().map(cut_reason);
-            deny(&mut task, fact(by.origin, Some(by.member_public_id), now), reason.as_deref(), now);
+            deny(&mut task, fact(by.origin.as_str(), Some(by.member_public_id), now), reason.as_deref(), now);
         }
     }
     if !state.fabric.store.decide_task(&task).await? {
         return Ok(Err(not_awaiting(task_key)));
     }
-    tracing::info!(execution_id = %state.row.public_id, task_key, status = %task.status, by = by.origin, "approval decided");
-    state.pending.insert(task.task_key.clone(), task.clone());
-    emit(state, "task_status", task_status_data(&task));
+    tracing::info!(execution_id = %state.row.public_id, %task_key, status = %task.status, by = %by.origin, "approval decided");
+    state.pending.insert(task.task_key, task.clone());
+    narrate(state, &task);
     if reparked {
-        emit(state, "approval_required", approval_required_data(&task, true));
+        emit(state, approval_required(&task, true));
         arm(myself, state, task_key, task.deadline_at);
     } else {
         disarm(state, task_key);
     }
     save(state, &[]).await?;
-    if task.status == "dispatched" {
-        offer(state, &task).await;
+    if task.status == TaskStatus::Dispatched {
+        offer(state, &task);
     }
     if task.is_settled() {
         advance(myself, state).await?;
@@ -407,17 +380,20 @@ pub(super) async fn adjudicate(
 pub(super) async fn expire(
     myself: &ActorRef<ExecutionMsg>,
     state: &mut ExecutionState,
-    task_key: &str,
+    task_key: TaskKey,
     deadline_at: i64,
 ) -> Result<(), ActorProcessingErr> {
-    let Some(mut task) =
-        state.pending.get(task_key).filter(|t| t.status == NEEDS_APPROVAL && t.deadline_at == deadline_at).cloned()
+    let Some(mut task) = state
+        .pending
+        .get(&task_key)
+        .filter(|t| t.status == TaskStatus::NeedsApproval && t.deadline_at == deadline_at)
+        .cloned()
     else {
         return Ok(());
     };
-    state.holds.remove(task_key);
+    state.holds.remove(&task_key);
     let key = ErrorCode::ApprovalExpired.as_str();
-    task.status = "timed_out".into();
+    task.status = TaskStatus::TimedOut;
     task.error_key = Some(key.into());
     task.settled_at = Some(now_ms());
     task.result =
@@ -425,9 +401,9 @@ pub(super) async fn expire(
     if !state.fabric.store.decide_task(&task).await? {
         return Ok(());
     }
-    tracing::info!(execution_id = %state.row.public_id, task_key, "approval hold expired");
-    state.pending.insert(task.task_key.clone(), task.clone());
-    emit(state, "task_status", task_status_data(&task));
+    tracing::info!(execution_id = %state.row.public_id, %task_key, "approval hold expired");
+    state.pending.insert(task.task_key, task.clone());
+    narrate(state, &task);
     save(state, &[]).await?;
     advance(myself, state).await
 }
@@ -442,11 +418,11 @@ mod tests {
         crate::declaration::freeze(&configuration, None, selection, &[], None).expect("frozen")
     }
 
-    fn row(tool: &str, input: Value, target: Option<Uuid>) -> TaskRow {
+    fn row(tool: &str, input: Value, target: Option<nexus_proto::RunnerId>) -> TaskRow {
         TaskRow {
-            run_public_id: Uuid::nil(),
-            task_key: "r1t0".into(),
-            kind: "tool_call".into(),
+            run_public_id: nexus_proto::ExecutionId::from_uuid(uuid::Uuid::nil()),
+            task_key: TaskKey::Call { round: 1, index: 0 },
+            kind: nexus_proto::TaskKind::ToolTask,
             round: 1,
             callable_name: tool.into(),
             tool_name: tool.into(),
@@ -455,7 +431,7 @@ mod tests {
             target_executor_public_id: target,
             effect_profile: None,
             timeout_ms: 1_000,
-            status: "failed".into(),
+            status: TaskStatus::Failed,
             claimed: false,
             claim_token_digest: None,
             started_at: 0,
@@ -515,7 +491,7 @@ mod tests {
 
     #[test]
     fn admission_parks_routes_and_denies_the_row() {
-        let runner = Uuid::new_v4();
+        let runner = nexus_proto::RunnerId::new_v4();
         let frozen = declaration(
             Some("ask"),
             json!([{"tool": "go", "verdict": "allow"}, {"tool": "no", "verdict": "deny", "reason": "never"}]),
@@ -523,17 +499,17 @@ mod tests {
 
         let mut parked = row("bash", json!({}), Some(runner));
         assert_eq!(admit(&frozen, &mut parked, CallOrigin::Model, 1_000, 50), Staged::Parked);
-        assert_eq!((parked.status.as_str(), parked.deadline_at, parked.settled_at), (NEEDS_APPROVAL, 1_050, None));
+        assert_eq!((parked.status, parked.deadline_at, parked.settled_at), (TaskStatus::NeedsApproval, 1_050, None));
         assert_eq!(parked.approval, None);
 
         let mut granted = row("go", json!({}), Some(runner));
         assert_eq!(admit(&frozen, &mut granted, CallOrigin::Model, 1_000, 50), Staged::Granted("rule"));
-        assert_eq!((granted.status.as_str(), granted.deadline_at), ("dispatched", 2_000));
+        assert_eq!((granted.status, granted.deadline_at), (TaskStatus::Dispatched, 2_000));
         assert_eq!(granted.approval, Some(json!({"origin": "rule", "decided_at": 1_000})));
 
         let mut denied = row("no", json!({}), Some(runner));
         admit(&frozen, &mut denied, CallOrigin::Model, 1_000, 50);
-        assert_eq!((denied.status.as_str(), denied.error_key.as_deref()), ("failed", Some("approval_denied")));
+        assert_eq!((denied.status, denied.error_key.as_deref()), (TaskStatus::Failed, Some("approval_denied")));
         let result = denied.result.expect("a result the model reads");
         assert_eq!(
             result["content"],
@@ -544,20 +520,20 @@ mod tests {
         // A granted row without a runner runs in-process; nothing here serves `go`.
         let mut local = row("go", json!({}), None);
         admit(&frozen, &mut local, CallOrigin::Model, 1_000, 50);
-        assert_eq!((local.status.as_str(), local.error_key.as_deref()), ("failed", Some("tool_not_served")));
+        assert_eq!((local.status, local.error_key.as_deref()), (TaskStatus::Failed, Some("tool_not_served")));
     }
 
     #[test]
     fn the_fact_and_the_texts() {
-        let member = Uuid::new_v4();
+        let member = MemberId::new_v4();
         assert_eq!(fact("human", Some(member), 7), json!({"origin": "human", "decided_by": member, "decided_at": 7}));
         assert_eq!(fact("mode", None, 7), json!({"origin": "mode", "decided_at": 7}));
         assert_eq!(
             denial_text(None),
             "<tool_use_error>This tool call was declined by the approver (approval_denied)</tool_use_error>"
         );
-        assert_eq!(Adjudicator::new(member, "human").origin, "human");
-        assert_eq!(Adjudicator::new(member, "agent").origin, "agent");
+        assert_eq!(Adjudicator::new(member, MemberKind::Human).origin.as_str(), "human");
+        assert_eq!(Adjudicator::new(member, MemberKind::Agent).origin.as_str(), "agent");
         assert!(expiry_text().contains("(approval_expired)"));
     }
 }

@@ -83,28 +83,26 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use nexus_proto::{ErrorCode, Refusal};
+use nexus_proto::{
+    ErrorCode, ExecutionId, ExecutorStatus, Refusal, RunStatus, RunnerId, TaskKey, TaskKind, TaskStatus,
+};
 
 use crate::actors::executor::commit::model_text;
 use crate::declaration::approval::CallOrigin;
+use crate::declaration::compaction::{CompactionMode, CompactionTrigger};
 use crate::declaration::{FrozenDeclaration, wire_projection};
 use crate::model::retry::call_with_retries;
-use crate::model::{ChatMessage, ModelFailure, ModelRequest, ModelResponse, ResolvedModel, RetryPolicy};
-use crate::store::{EventRow, TaskRow, now_ms};
+use crate::model::{ChatMessage, ModelFailure, ModelRequest, ModelResponse, ResolvedModel};
+use crate::store::event::{CompactionFact, ContextCompacted, Usage};
+use crate::store::{Event, EventRow, TaskRow, now_ms};
 
 use super::control::ESTIMATE_BYTES_PER_TOKEN;
-use super::hooks::{self, CompactionTrigger, Gate, HookEvent};
+use super::hooks::{self, Gate, HookEvent};
 use super::{
-    ExecutionMsg, ExecutionState, TOOL_INPUT_BOUND, advance, approval, emit, halt, model_chain, next_available, save,
-    task_status_data,
+    ExecutionMsg, ExecutionState, TOOL_INPUT_BOUND, advance, approval, emit, halt, model_chain, narrate, narration,
+    next_available, offer, save,
 };
 
-/// The default of `[execution] compaction_threshold_percent`: compaction runs when the next
-/// request would fill more than 80 % of the model's context window.
-pub const THRESHOLD_PERCENT: u64 = 80;
-/// The default of `[execution] request_bytes_bound`: the byte bound of one model request's
-/// canonical JSON, 8 MiB.
-pub const REQUEST_BYTES_BOUND: u64 = 8 * 1024 * 1024;
 /// The largest `tool_input` of a delegate summary task, in bytes of JSON (64 KiB).
 pub const DELEGATE_INPUT_BOUND: usize = TOOL_INPUT_BOUND;
 /// The first line of the assistant message that replaces the compacted history.
@@ -117,30 +115,11 @@ pub const DEFAULT_INSTRUCTIONS: &str = "You compact the history of an agent's co
      open question and obligation, and pointers to results (file paths, identifiers, commands, URLs). The user's \
      messages are kept verbatim elsewhere; do not repeat them. Answer with the summary only.";
 
-/// How a compaction produces its summary (REFERENCE.md 13, "Modes").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// A summarizer model call with no tools.
-    Kernel,
-    /// An inbox task to the runner serving the policy's `tool_name`.
-    Delegate,
-}
-
-impl Mode {
-    /// The spec's word: `kernel` or `delegate`.
-    pub fn word(self) -> &'static str {
-        match self {
-            Mode::Kernel => "kernel",
-            Mode::Delegate => "delegate",
-        }
-    }
-}
-
 /// An enabled `compaction_policy`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
     /// `kernel` or `delegate`.
-    pub mode: Mode,
+    pub mode: CompactionMode,
     /// The delegate's tool (required by the grammar for `delegate`).
     pub tool_name: Option<String>,
     /// The kernel summarizer's model reference; the execution's current model when absent.
@@ -151,8 +130,8 @@ pub struct Policy {
 pub fn policy(declaration: &FrozenDeclaration) -> Option<Policy> {
     let policy = &declaration.compaction_policy;
     let mode = match policy["mode"].as_str()? {
-        "kernel" => Mode::Kernel,
-        "delegate" => Mode::Delegate,
+        "kernel" => CompactionMode::Kernel,
+        "delegate" => CompactionMode::Delegate,
         _ => return None,
     };
     let text = |key: &str| policy[key].as_str().filter(|s| !s.is_empty()).map(str::to_owned);
@@ -160,32 +139,22 @@ pub fn policy(declaration: &FrozenDeclaration) -> Option<Policy> {
 }
 
 /// The key of the summary task of source round `source`: `c{source}-summary`.
-pub fn summary_key(source: i64) -> String {
-    format!("c{source}-summary")
+pub fn summary_key(source: i64) -> TaskKey {
+    TaskKey::Summary { round: source, fallback: false }
 }
 
 /// The key of the kernel fallback of a delegate nobody answered: `c{source}-summary-fallback`.
-pub fn fallback_key(source: i64) -> String {
-    format!("c{source}-summary-fallback")
+pub fn fallback_key(source: i64) -> TaskKey {
+    TaskKey::Summary { round: source, fallback: true }
 }
 
 /// The source round of a summary task's key, and whether it is the fallback; `None` for any
 /// other key.
-pub fn parse_key(key: &str) -> Option<(i64, bool)> {
-    let rest = key.strip_prefix('c')?;
-    let (round, fallback) = match rest.strip_suffix("-summary-fallback") {
-        Some(round) => (round, true),
-        None => (rest.strip_suffix("-summary")?, false),
-    };
-    if round.is_empty() || !round.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+pub fn parse_key(key: TaskKey) -> Option<(i64, bool)> {
+    match key {
+        TaskKey::Summary { round, fallback } => Some((round, fallback)),
+        _ => None,
     }
-    Some((round.parse().ok()?, fallback))
-}
-
-/// Whether `task_key` names a compaction's summary task.
-pub fn is_summary_key(task_key: &str) -> bool {
-    parse_key(task_key).is_some()
 }
 
 /// What one compaction replaces: the messages before `tail_start` that are neither system nor
@@ -281,7 +250,7 @@ fn summarizer_input(transcript: &[ChatMessage], plan: &Plan, bound: usize) -> St
 /// The delegate's `tool_input {history, retained_tail, run_public_id, task}`: the history before
 /// the tail (system messages aside) and the tail, as stored messages, within `bound` bytes of
 /// JSON, the oldest history trimmed first, then the oldest of the tail.
-pub fn delegate_input(transcript: &[ChatMessage], plan: &Plan, run: uuid::Uuid, task: &str, bound: usize) -> Value {
+pub fn delegate_input(transcript: &[ChatMessage], plan: &Plan, run: ExecutionId, task: &str, bound: usize) -> Value {
     let as_values = |messages: &[ChatMessage]| -> Vec<Value> {
         messages
             .iter()
@@ -316,7 +285,7 @@ pub enum CompactionMsg {
     /// A kernel summarizer call finished.
     SummaryDone {
         /// The summary task it ran for.
-        task_key: String,
+        task_key: TaskKey,
         /// The model reference that answered.
         model: String,
         /// The answer.
@@ -369,32 +338,29 @@ impl Drop for CompactionState {
     }
 }
 
-fn trigger_of(word: &str) -> Option<CompactionTrigger> {
-    [CompactionTrigger::Manual, CompactionTrigger::Usage, CompactionTrigger::Wall, CompactionTrigger::Overflow]
-        .into_iter()
-        .find(|t| t.word() == word)
+/// The `compaction` fact on a summary task's `task_status` events.
+fn fact(active: &Active, mode: CompactionMode) -> CompactionFact {
+    CompactionFact {
+        task_key: format!("r{}", active.source),
+        trigger: active.trigger,
+        mode,
+        overshoot_bytes: active.overshoot_bytes,
+        overshoot_tokens: active.overshoot_tokens,
+        fallback_from: active.fallback_reason.as_ref().map(|_| CompactionMode::Delegate),
+        fallback_reason: active.fallback_reason.clone(),
+    }
 }
 
-/// The `compaction` fact on a summary task's `task_status` events.
-fn fact(active: &Active, mode: Mode) -> Value {
-    let mut fact =
-        json!({"task_key": format!("r{}", active.source), "trigger": active.trigger.word(), "mode": mode.word()});
-    if let Some(bytes) = active.overshoot_bytes {
-        fact["overshoot_bytes"] = json!(bytes);
-    }
-    if let Some(tokens) = active.overshoot_tokens {
-        fact["overshoot_tokens"] = json!(tokens);
-    }
-    if let Some(reason) = &active.fallback_reason {
-        fact["fallback_from"] = json!(Mode::Delegate.word());
-        fact["fallback_reason"] = json!(reason);
-    }
-    fact
+/// Queues the `task_status` of a summary task with the compaction's facts.
+fn narrate_with_fact(state: &mut ExecutionState, task: &TaskRow, fact: Option<CompactionFact>) {
+    let mut narration = narration(task);
+    narration.compaction = fact;
+    emit(state, Event::TaskStatus(Box::new(narration)));
 }
 
 /// Separates the summary tasks (first) from the others (second).
 pub(super) fn split(tasks: Vec<TaskRow>) -> (Vec<TaskRow>, Vec<TaskRow>) {
-    tasks.into_iter().partition(|task| is_summary_key(&task.task_key))
+    tasks.into_iter().partition(|task| task.task_key.is_summary())
 }
 
 /// Records the provider's own input token count of model round `round` (the `usage` trigger).
@@ -411,29 +377,25 @@ pub(super) fn rebuild(
     summary_tasks: Vec<TaskRow>,
     history: &[EventRow],
 ) {
-    state.compaction.usage = history
-        .iter()
-        .rev()
-        .filter(|e| e.event_type == "usage" && e.data.get("summary_task_key").is_none())
-        .find_map(|e| Some((e.data["round"].as_i64()?, e.data["input_tokens"].as_u64()?)));
-    let mut narrated: HashSet<&str> = HashSet::new();
-    let mut facts: HashMap<&str, &Value> = HashMap::new();
-    let mut applied: HashSet<&str> = HashSet::new();
+    state.compaction.usage = history.iter().rev().find_map(|e| match &e.event {
+        Event::Usage(usage) if usage.summary_task_key.is_none() => Some((usage.round?, usage.input_tokens)),
+        _ => None,
+    });
+    let mut narrated: HashSet<TaskKey> = HashSet::new();
+    let mut facts: HashMap<TaskKey, &CompactionFact> = HashMap::new();
+    let mut applied: HashSet<TaskKey> = HashSet::new();
     for event in history {
-        let key = event.data["task_key"].as_str().unwrap_or_default();
-        match event.event_type.as_str() {
-            "task_status" if is_summary_key(key) => {
-                if event.data["status"].as_str().is_some_and(super::task_status_is_settled) {
-                    narrated.insert(key);
+        match &event.event {
+            Event::TaskStatus(narration) if narration.task_key.is_summary() => {
+                if narration.status.is_settled() {
+                    narrated.insert(narration.task_key);
                 }
-                if event.data["compaction"].is_object() {
-                    facts.entry(key).or_insert(&event.data["compaction"]);
+                if let Some(fact) = &narration.compaction {
+                    facts.entry(narration.task_key).or_insert(fact);
                 }
             }
-            "context_compacted" => {
-                if let Some(summary) = event.data["summary_task_key"].as_str() {
-                    applied.insert(summary);
-                }
+            Event::ContextCompacted(compacted) => {
+                applied.insert(compacted.summary_task_key);
             }
             _ => {}
         }
@@ -441,21 +403,21 @@ pub(super) fn rebuild(
     let source = state.row.round + 1;
     let mut current: Option<TaskRow> = None;
     for task in summary_tasks {
-        let Some((round, fallback)) = parse_key(&task.task_key) else { continue };
+        let Some((round, fallback)) = parse_key(task.task_key) else { continue };
         state.compaction.attempted.insert(round);
-        if task.is_settled() && !narrated.contains(task.task_key.as_str()) {
-            emit(state, "task_status", task_status_data(&task));
+        if task.is_settled() && !narrated.contains(&task.task_key) {
+            narrate(state, &task);
         }
         if round == source && (fallback || current.is_none()) {
             current = Some(task);
         }
     }
     let Some(task) = current else { return };
-    let primary = facts.get(summary_key(source).as_str()).copied().cloned().unwrap_or(Value::Null);
-    let fallback = facts.get(fallback_key(source).as_str()).copied().cloned().unwrap_or(Value::Null);
-    let phase = if applied.contains(task.task_key.as_str()) {
+    let primary = facts.get(&summary_key(source)).copied();
+    let fallback = facts.get(&fallback_key(source)).copied();
+    let phase = if applied.contains(&task.task_key) {
         Phase::Applied
-    } else if task.status == "waiting" {
+    } else if task.status == TaskStatus::Waiting {
         Phase::Waiting
     } else if task.is_settled() {
         Phase::Settled(Box::new(task.clone()))
@@ -464,26 +426,26 @@ pub(super) fn rebuild(
     };
     state.compaction.active = Some(Active {
         source,
-        trigger: primary["trigger"].as_str().and_then(trigger_of).unwrap_or(CompactionTrigger::Manual),
-        overshoot_bytes: primary["overshoot_bytes"].as_u64(),
-        overshoot_tokens: primary["overshoot_tokens"].as_u64(),
-        fallback_reason: fallback["fallback_reason"].as_str().map(str::to_owned),
+        trigger: primary.map_or(CompactionTrigger::Manual, |fact| fact.trigger),
+        overshoot_bytes: primary.and_then(|fact| fact.overshoot_bytes),
+        overshoot_tokens: primary.and_then(|fact| fact.overshoot_tokens),
+        fallback_reason: fallback.and_then(|fact| fact.fallback_reason.clone()),
         phase,
     });
     if matches!(state.compaction.active.as_ref().map(|a| &a.phase), Some(Phase::Working)) {
-        let kernel_call = task.kind == "model_task" && task.status == "running";
-        state.pending.insert(task.task_key.clone(), task.clone());
-        if kernel_call && matches!(state.row.status.as_str(), "running" | "paused") {
+        let kernel_call = task.kind == TaskKind::ModelTask && task.status == TaskStatus::Running;
+        state.pending.insert(task.task_key, task.clone());
+        if kernel_call && matches!(state.row.status, RunStatus::Running | RunStatus::Paused) {
             let model = task.tool_input["model"].as_str().and_then(|m| state.fabric.models.resolve(m).ok());
             match (model, plan(&state.transcript)) {
                 (Some(model), Some(plan)) => {
                     tracing::info!(execution_id = %state.row.public_id, task_key = %task.task_key, "summarizer asked again after a restart");
-                    spawn_summarizer(myself, state, &task.task_key, model, &plan);
+                    spawn_summarizer(myself, state, task.task_key, model, &plan);
                 }
                 _ => {
                     // Nothing to ask again with: the model is gone, or so is the history.
                     let _ = myself.cast(ExecutionMsg::Compaction(CompactionMsg::SummaryDone {
-                        task_key: task.task_key.clone(),
+                        task_key: task.task_key,
                         model: task.tool_input["model"].as_str().unwrap_or_default().to_owned(),
                         result: Err(unavailable_failure("the summarizer's model no longer resolves")),
                     }));
@@ -506,11 +468,11 @@ fn unavailable_failure(message: &str) -> ModelFailure {
 /// Takes the settled summary task out of the pending set, so its result is never read as a tool
 /// result; the boundary ([`gate`]) applies it.
 pub(super) fn collect(state: &mut ExecutionState) {
-    let keys: Vec<String> =
-        state.pending.iter().filter(|(k, t)| is_summary_key(k) && t.is_settled()).map(|(k, _)| k.clone()).collect();
+    let keys: Vec<TaskKey> =
+        state.pending.iter().filter(|(k, t)| k.is_summary() && t.is_settled()).map(|(k, _)| *k).collect();
     for key in keys {
         let Some(task) = state.pending.remove(&key) else { continue };
-        let source = parse_key(&key).map(|(round, _)| round);
+        let source = parse_key(key).map(|(round, _)| round);
         if let Some(active) = state.compaction.active.as_mut().filter(|a| Some(a.source) == source) {
             active.phase = Phase::Settled(Box::new(task));
         }
@@ -580,37 +542,34 @@ async fn begin(
     overshoot_bytes: Option<u64>,
     overshoot_tokens: Option<u64>,
 ) -> Result<TaskRow, ActorProcessingErr> {
-    let mode = state.declaration.as_deref().and_then(policy).map_or(Mode::Kernel, |p| p.mode);
+    let mode = state.declaration.as_deref().and_then(policy).map_or(CompactionMode::Kernel, |p| p.mode);
     let active =
         Active { source, trigger, overshoot_bytes, overshoot_tokens, fallback_reason: None, phase: Phase::Waiting };
-    let task = waiting_task(state, &summary_key(source), mode);
-    tracing::info!(
-        execution_id = %state.row.public_id, source, trigger = trigger.word(), mode = mode.word(), "compaction decided"
-    );
-    let mut data = task_status_data(&task);
-    data["compaction"] = fact(&active, mode);
+    let task = waiting_task(state, summary_key(source), mode);
+    tracing::info!(execution_id = %state.row.public_id, source, %trigger, %mode, "compaction decided");
+    let compaction = fact(&active, mode);
     state.compaction.attempted.insert(source);
     state.compaction.active = Some(active);
-    emit(state, "task_status", data);
+    narrate_with_fact(state, &task, Some(compaction));
     save(state, std::slice::from_ref(&task)).await?;
     Ok(task)
 }
 
-fn waiting_task(state: &ExecutionState, key: &str, mode: Mode) -> TaskRow {
+fn waiting_task(state: &ExecutionState, key: TaskKey, mode: CompactionMode) -> TaskRow {
     let now = now_ms();
     let name = match mode {
-        Mode::Kernel => SUMMARIZER.to_owned(),
-        Mode::Delegate => {
+        CompactionMode::Kernel => SUMMARIZER.to_owned(),
+        CompactionMode::Delegate => {
             state.declaration.as_deref().and_then(policy).and_then(|p| p.tool_name).unwrap_or_else(|| SUMMARIZER.into())
         }
     };
     let timeout_ms = i64::try_from(state.fabric.config.execution.default_task_timeout_ms).unwrap_or(i64::MAX);
     TaskRow {
         kind: match mode {
-            Mode::Kernel => "model_task".into(),
-            Mode::Delegate => "tool_call".into(),
+            CompactionMode::Kernel => TaskKind::ModelTask,
+            CompactionMode::Delegate => TaskKind::ToolTask,
         },
-        ..TaskRow::new(state.row.public_id, key.to_owned(), state.row.round, name, timeout_ms, now)
+        ..TaskRow::new(state.row.public_id, key, state.row.round, name, timeout_ms, now)
     }
 }
 
@@ -625,7 +584,7 @@ enum Step {
 /// Drives the compaction in progress as far as it goes now.
 async fn drive(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Result<Gate, ActorProcessingErr> {
     loop {
-        if state.row.status != "running" {
+        if state.row.status != RunStatus::Running {
             return Ok(Gate::Held);
         }
         let step = match &state.compaction.active {
@@ -647,11 +606,11 @@ async fn drive(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> R
                 if hooks::gate(myself, state, event).await? == Gate::Held {
                     return Ok(Gate::Held);
                 }
-                let mode = state.declaration.as_deref().and_then(policy).map_or(Mode::Kernel, |p| p.mode);
+                let mode = state.declaration.as_deref().and_then(policy).map_or(CompactionMode::Kernel, |p| p.mode);
                 let Some(source) = state.compaction.active.as_ref().map(|a| a.source) else { continue };
                 match mode {
-                    Mode::Kernel => start_kernel(myself, state, &summary_key(source)).await?,
-                    Mode::Delegate => start_delegate(myself, state, source).await?,
+                    CompactionMode::Kernel => start_kernel(myself, state, summary_key(source)).await?,
+                    CompactionMode::Delegate => start_delegate(myself, state, source).await?,
                 }
             }
             Step::Wait => return Ok(Gate::Held),
@@ -680,22 +639,19 @@ async fn write_started(
     myself: &ActorRef<ExecutionMsg>,
     state: &mut ExecutionState,
     task: &TaskRow,
-    mode: Mode,
+    mode: CompactionMode,
 ) -> Result<bool, ActorProcessingErr> {
-    let fresh = parse_key(&task.task_key).is_some_and(|(_, fallback)| fallback);
+    let fresh = parse_key(task.task_key).is_some_and(|(_, fallback)| fallback);
     if !fresh && !state.fabric.store.start_waiting_task(task).await? {
         state.compaction.active = None;
         return Ok(false);
     }
-    let mut data = task_status_data(task);
-    if let Some(active) = &state.compaction.active {
-        data["compaction"] = fact(active, mode);
-    }
-    emit(state, "task_status", data);
+    let compaction = state.compaction.active.as_ref().map(|active| fact(active, mode));
+    narrate_with_fact(state, task, compaction);
     let phase = if task.is_settled() {
         Phase::Settled(Box::new(task.clone()))
     } else {
-        state.pending.insert(task.task_key.clone(), task.clone());
+        state.pending.insert(task.task_key, task.clone());
         approval::announce_parks(myself, state, std::slice::from_ref(task));
         Phase::Working
     };
@@ -711,21 +667,21 @@ async fn write_started(
 async fn start_kernel(
     myself: &ActorRef<ExecutionMsg>,
     state: &mut ExecutionState,
-    key: &str,
+    key: TaskKey,
 ) -> Result<(), ActorProcessingErr> {
     let now = now_ms();
-    let mut task = waiting_task(state, key, Mode::Kernel);
-    task.status = "running".into();
+    let mut task = waiting_task(state, key, CompactionMode::Kernel);
+    task.status = TaskStatus::Running;
     let (model, plan) = match (summarizer_model(state), plan(&state.transcript)) {
         (Ok(model), Some(plan)) => (model, plan),
         (Err((word, message)), _) => {
             settle_failed(&mut task, word, &message, now);
-            write_started(myself, state, &task, Mode::Kernel).await?;
+            write_started(myself, state, &task, CompactionMode::Kernel).await?;
             return Ok(());
         }
         (_, None) => {
             settle_failed(&mut task, ErrorCode::NothingToCompact.as_str(), NOTHING_LEFT, now);
-            write_started(myself, state, &task, Mode::Kernel).await?;
+            write_started(myself, state, &task, CompactionMode::Kernel).await?;
             return Ok(());
         }
     };
@@ -734,7 +690,7 @@ async fn start_kernel(
         "compacted_messages": plan.compacted.len(),
         "retained_messages": state.transcript.len() - plan.tail_start,
     });
-    if write_started(myself, state, &task, Mode::Kernel).await? {
+    if write_started(myself, state, &task, CompactionMode::Kernel).await? {
         spawn_summarizer(myself, state, key, model, &plan);
     }
     Ok(())
@@ -761,7 +717,7 @@ fn summarizer_model(state: &ExecutionState) -> Result<ResolvedModel, (&'static s
 }
 
 fn settle_failed(task: &mut TaskRow, word: &str, message: &str, now: i64) {
-    task.status = "failed".into();
+    task.status = TaskStatus::Failed;
     task.error_key = Some(word.to_owned());
     task.settled_at = Some(now);
     task.result = Some(json!({"content": format!("{word}: {message}"), "is_error": true, "outcome": "failed"}));
@@ -772,7 +728,7 @@ fn settle_failed(task: &mut TaskRow, word: &str, message: &str, now: i64) {
 fn spawn_summarizer(
     myself: &ActorRef<ExecutionMsg>,
     state: &mut ExecutionState,
-    key: &str,
+    key: TaskKey,
     model: ResolvedModel,
     plan: &Plan,
 ) {
@@ -794,11 +750,11 @@ fn spawn_summarizer(
         tools: Vec::new(),
         deltas: None,
     };
-    let retry = RetryPolicy::from_config(&state.fabric.config.execution);
+    let retry = state.fabric.config.execution.retry_policy();
     let actor = myself.clone();
-    let task_key = key.to_owned();
+    let task_key = key;
     let reference = model.reference.clone();
-    let span = tracing::info_span!("summarizer", execution_id = %state.row.public_id, task_key, model = %reference);
+    let span = tracing::info_span!("summarizer", execution_id = %state.row.public_id, %task_key, model = %reference);
     let call = tokio::spawn(
         async move {
             let result = call_with_retries(Arc::clone(&model.client), request, &retry).await;
@@ -821,11 +777,11 @@ async fn start_delegate(
 ) -> Result<(), ActorProcessingErr> {
     let Some(declaration) = state.declaration.clone() else { return Ok(()) };
     let now = now_ms();
-    let mut task = waiting_task(state, &summary_key(source), Mode::Delegate);
+    let mut task = waiting_task(state, summary_key(source), CompactionMode::Delegate);
     task.started_at = now;
     let Some(plan) = plan(&state.transcript) else {
         settle_failed(&mut task, ErrorCode::NothingToCompact.as_str(), NOTHING_LEFT, now);
-        write_started(myself, state, &task, Mode::Delegate).await?;
+        write_started(myself, state, &task, CompactionMode::Delegate).await?;
         return Ok(());
     };
     task.tool_input =
@@ -848,8 +804,8 @@ async fn start_delegate(
             settle_failed(&mut task, ErrorCode::ToolNotServed.as_str(), &message, now);
         }
     }
-    if write_started(myself, state, &task, Mode::Delegate).await? && task.status == "dispatched" {
-        approval::offer(state, &task).await;
+    if write_started(myself, state, &task, CompactionMode::Delegate).await? && task.status == TaskStatus::Dispatched {
+        offer(state, &task);
     }
     Ok(())
 }
@@ -861,17 +817,17 @@ async fn address(
     state: &ExecutionState,
     declaration: &FrozenDeclaration,
     tool: &str,
-) -> Result<Option<(uuid::Uuid, Option<i64>, Option<Value>)>, ActorProcessingErr> {
-    let mut runners: Vec<uuid::Uuid> = declaration.default_runner_executor_public_id.into_iter().collect();
+) -> Result<Option<(RunnerId, Option<i64>, Option<Value>)>, ActorProcessingErr> {
+    let mut runners: Vec<RunnerId> = declaration.default_runner_executor_public_id.into_iter().collect();
     for candidate in &declaration.runner_candidates {
-        let id = candidate["runner_executor_public_id"].as_str().and_then(|s| uuid::Uuid::parse_str(s).ok());
+        let id = candidate["runner_executor_public_id"].as_str().and_then(|s| s.parse::<RunnerId>().ok());
         if let Some(id) = id.filter(|id| !runners.contains(id)) {
             runners.push(id);
         }
     }
     for runner in runners {
         let Some(row) = state.fabric.store.executor(runner).await? else { continue };
-        if row.status != "active" {
+        if row.status != ExecutorStatus::Active {
             continue;
         }
         let announced = row.announcement["tools"]
@@ -892,9 +848,9 @@ async fn finish(
     state: &mut ExecutionState,
     task: TaskRow,
 ) -> Result<(), ActorProcessingErr> {
-    let Some((source, fallback)) = parse_key(&task.task_key) else { return Ok(()) };
+    let Some((source, fallback)) = parse_key(task.task_key) else { return Ok(()) };
     let summary = task.result.as_ref().map(model_text).unwrap_or_default();
-    if task.status == "completed"
+    if task.status == TaskStatus::Completed
         && task.result.as_ref().is_none_or(|r| r["is_error"] != true)
         && !summary.trim().is_empty()
     {
@@ -902,24 +858,24 @@ async fn finish(
     }
     // Nobody answered: the deadline passed unclaimed or uncertain, or no runner serves the tool.
     // An approval that expired or was denied is an answer: the compaction fails.
-    let unanswered = match (task.status.as_str(), task.error_key.as_deref()) {
+    let unanswered = match (task.status, task.error_key.as_deref()) {
         (_, Some(word @ ("tool_timeout" | "tool_uncertain" | "tool_not_served"))) => Some(word.to_owned()),
-        ("timed_out", None) => Some("tool_timeout".to_owned()),
-        ("uncertain", None) => Some("tool_uncertain".to_owned()),
+        (TaskStatus::TimedOut, None) => Some("tool_timeout".to_owned()),
+        (TaskStatus::Uncertain, None) => Some("tool_uncertain".to_owned()),
         _ => None,
     };
-    let delegate = task.kind != "model_task";
+    let delegate = task.kind != TaskKind::ModelTask;
     if let (false, true, Some(reason)) = (fallback, delegate, unanswered) {
         tracing::info!(execution_id = %state.row.public_id, source, reason, "delegate summary unanswered; kernel summarizer instead");
         if let Some(active) = state.compaction.active.as_mut() {
             active.fallback_reason = Some(reason);
         }
-        return start_kernel(myself, state, &fallback_key(source)).await;
+        return start_kernel(myself, state, fallback_key(source)).await;
     }
     let word = task.error_key.clone().unwrap_or_else(|| "invalid_summary".to_owned());
     let trigger = state.compaction.active.as_ref().map_or(CompactionTrigger::Manual, |a| a.trigger);
     tracing::warn!(
-        execution_id = %state.row.public_id, task_key = %task.task_key, status = %task.status, word, trigger = trigger.word(),
+        execution_id = %state.row.public_id, task_key = %task.task_key, status = %task.status, word, %trigger,
         "compaction failed; the history stays as it was"
     );
     state.compaction.active = None;
@@ -949,25 +905,23 @@ async fn apply(
     state.transcript = compacted_transcript(&state.transcript, &plan, summary);
     let Some(active) = state.compaction.active.as_mut() else { return Ok(()) };
     active.phase = Phase::Applied;
-    let mode = if task.kind == "model_task" { Mode::Kernel } else { Mode::Delegate };
-    let mut data = json!({
-        "run_public_id": state.row.public_id,
-        "task_key": format!("r{source}"),
-        "summary_task_key": task.task_key,
-        "mode": mode.word(),
-        "trigger": active.trigger.word(),
-        "replaced_messages": plan.compacted.len(),
-        "retained_messages": retained,
-    });
-    if let Some(reason) = &active.fallback_reason {
-        data["fallback_from"] = json!(Mode::Delegate.word());
-        data["fallback_reason"] = json!(reason);
-    }
+    let mode = if task.kind == TaskKind::ModelTask { CompactionMode::Kernel } else { CompactionMode::Delegate };
+    let compacted = ContextCompacted {
+        run_public_id: state.row.public_id,
+        task_key: format!("r{source}"),
+        summary_task_key: task.task_key,
+        mode,
+        trigger: active.trigger,
+        replaced_messages: plan.compacted.len(),
+        retained_messages: retained,
+        fallback_from: active.fallback_reason.as_ref().map(|_| CompactionMode::Delegate),
+        fallback_reason: active.fallback_reason.clone(),
+    };
     tracing::info!(
         execution_id = %state.row.public_id, source, summary_task_key = %task.task_key, replaced = plan.compacted.len(),
         "context compacted"
     );
-    emit(state, "context_compacted", data);
+    emit(state, Event::ContextCompacted(compacted));
     save(state, &[]).await
 }
 
@@ -1018,7 +972,7 @@ pub(super) async fn handle(
             }
         },
         CompactionMsg::SummaryDone { task_key, model, result } => {
-            summarized(myself, state, &task_key, &model, result).await
+            summarized(myself, state, task_key, &model, result).await
         }
     }
 }
@@ -1028,13 +982,13 @@ pub(super) async fn handle(
 async fn summarized(
     myself: &ActorRef<ExecutionMsg>,
     state: &mut ExecutionState,
-    task_key: &str,
+    task_key: TaskKey,
     model: &str,
     result: Result<ModelResponse, ModelFailure>,
 ) -> Result<(), ActorProcessingErr> {
     state.compaction.call = None;
     // A stop canceled it meanwhile, or the answer is late.
-    let Some(mut task) = state.pending.get(task_key).filter(|t| t.status == "running").cloned() else {
+    let Some(mut task) = state.pending.get(&task_key).filter(|t| t.status == TaskStatus::Running).cloned() else {
         return Ok(());
     };
     let now = now_ms();
@@ -1043,9 +997,13 @@ async fn summarized(
             if let Some(usage) = &response.usage {
                 emit(
                     state,
-                    "usage",
-                    json!({"round": parse_key(task_key).map(|(r, _)| r), "model": model, "summary_task_key": task_key,
-                        "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}),
+                    Event::Usage(Usage {
+                        round: parse_key(task_key).map(|(round, _)| round),
+                        model: model.to_owned(),
+                        summary_task_key: Some(task_key),
+                        input_tokens: usage.input_tokens,
+                        output_tokens: usage.output_tokens,
+                    }),
                 );
             }
             let text = response.text.unwrap_or_default();
@@ -1053,7 +1011,7 @@ async fn summarized(
                 let message = format!("{model} answered no summary text (finish_reason {})", response.finish_reason);
                 settle_failed(&mut task, "provider_error", &message, now);
             } else {
-                task.status = "completed".into();
+                task.status = TaskStatus::Completed;
                 task.settled_at = Some(now);
                 task.result = Some(json!({"content": text, "is_error": false, "outcome": "completed"}));
             }
@@ -1064,11 +1022,11 @@ async fn summarized(
         }
     }
     state.fabric.store.update_task(&task).await?;
-    tracing::info!(execution_id = %state.row.public_id, task_key, status = %task.status, "summarizer answered");
-    emit(state, "task_status", task_status_data(&task));
-    state.pending.insert(task.task_key.clone(), task);
+    tracing::info!(execution_id = %state.row.public_id, %task_key, status = %task.status, "summarizer answered");
+    narrate(state, &task);
+    state.pending.insert(task.task_key, task);
     save(state, &[]).await?;
-    if state.row.status == "running" {
+    if state.row.status == RunStatus::Running {
         advance(myself, state).await?;
     }
     Ok(())
@@ -1099,10 +1057,10 @@ async fn manual(
     };
     let final_answer =
         matches!(state.transcript.last(), Some(ChatMessage::Assistant { tool_calls, .. }) if tool_calls.is_empty());
-    if state.row.status != "running" || state.model_call.is_some() || final_answer {
-        let why = match state.row.status.as_str() {
-            "running" if state.model_call.is_some() => format!("round r{} is running now", state.row.round),
-            "running" => "its answer is ready and no model round is queued".to_owned(),
+    if state.row.status != RunStatus::Running || state.model_call.is_some() || final_answer {
+        let why = match state.row.status {
+            RunStatus::Running if state.model_call.is_some() => format!("round r{} is running now", state.row.round),
+            RunStatus::Running => "its answer is ready and no model round is queued".to_owned(),
             status => format!("it is {status}"),
         };
         return Ok(Err(Refusal::new(
@@ -1135,8 +1093,8 @@ async fn manual(
         "execution_public_id": id,
         "summary_task_key": task.task_key,
         "task_key": format!("r{source}"),
-        "trigger": CompactionTrigger::Manual.word(),
-        "mode": policy.mode.word(),
+        "trigger": CompactionTrigger::Manual,
+        "mode": policy.mode,
         "status": task.status,
     })))
 }
@@ -1174,10 +1132,12 @@ mod tests {
             ("h3-pre_compact", None),
         ];
         for (key, expected) in rows {
-            assert_eq!(parse_key(key), expected, "{key}");
+            assert_eq!(key.parse::<TaskKey>().ok().and_then(parse_key), expected, "{key}");
         }
-        assert_eq!(parse_key(&summary_key(7)), Some((7, false)));
-        assert_eq!(parse_key(&fallback_key(7)), Some((7, true)));
+        assert_eq!(parse_key(summary_key(7)), Some((7, false)));
+        assert_eq!(summary_key(7).to_string(), "c7-summary");
+        assert_eq!(parse_key(fallback_key(7)), Some((7, true)));
+        assert_eq!(fallback_key(7).to_string(), "c7-summary-fallback");
     }
 
     #[test]
@@ -1234,7 +1194,7 @@ did a and b"
 
     #[test]
     fn the_delegate_input_fits_its_bound_oldest_first() {
-        let run = uuid::Uuid::new_v4();
+        let run = ExecutionId::new_v4();
         let big = |id: &str| ChatMessage::Tool { tool_call_id: id.into(), content: "x".repeat(40_000) };
         let transcript =
             vec![user("u"), assistant(&["a"]), big("a"), assistant(&["b"]), big("b"), assistant(&["c"]), result("c")];
@@ -1281,11 +1241,11 @@ did a and b"
         assert_eq!(policy(&declaration(json!({"mode": "off"}))), None);
         assert_eq!(
             policy(&declaration(json!({"mode": "kernel", "model": "p/m"}))),
-            Some(Policy { mode: Mode::Kernel, tool_name: None, model: Some("p/m".into()) })
+            Some(Policy { mode: CompactionMode::Kernel, tool_name: None, model: Some("p/m".into()) })
         );
         assert_eq!(
             policy(&declaration(json!({"mode": "delegate", "tool_name": "summarize"}))),
-            Some(Policy { mode: Mode::Delegate, tool_name: Some("summarize".into()), model: None })
+            Some(Policy { mode: CompactionMode::Delegate, tool_name: Some("summarize".into()), model: None })
         );
         let frozen = declaration(json!({"mode": "kernel"}));
         let digest = frozen.digest.clone();

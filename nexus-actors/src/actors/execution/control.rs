@@ -42,37 +42,26 @@
 //! aborted_round}`, `running {resumed, paused_ms}`, `canceling {force, draining}` and `canceled
 //! {error_key, force, unsettled?}`.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use ractor::{ActorProcessingErr, ActorRef, RpcReplyPort};
-use serde_json::{Map, Value, json};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
-use uuid::Uuid;
 
-use nexus_proto::{ErrorCode, Refusal};
+use nexus_proto::{ErrorCode, Refusal, RunStatus, RunnerId, TaskKey, TaskStatus};
 
-use crate::actors::executor::ExecutorMsg;
-use crate::actors::root::Fabric;
-use crate::declaration::tools::RunnerSelection;
-use crate::declaration::{FrozenDeclaration, freeze, validate_execution_declaration, wire_projection};
-use crate::model::{ChatMessage, ModelFailure, ModelResponse};
-use crate::store::{EventRow, ExecutionRow, InputRow, TaskRow, now_ms};
+use crate::model::{ModelFailure, ModelResponse};
+use crate::store::event::TurnStatus;
+use crate::store::{Event, ExecutionRow, TaskRow, now_ms};
 
-use super::approval::{self, NEEDS_APPROVAL};
-use super::{
-    ExecutionMsg, ExecutionState, advance, emit, model_done, result_text, runner_facts, save, task_status_data,
-};
+use super::approval;
+use super::{ExecutionMsg, ExecutionState, advance, emit, model_done, narrate, save};
 
 /// Where frozen deadlines start, in Unix milliseconds: 10000-01-01T00:00:00Z. A deadline at or
 /// past it is frozen, and reads as this epoch plus the milliseconds it had left when its
 /// execution paused.
 pub const FROZEN_EPOCH_MS: i64 = 253_402_300_800_000;
-
-/// The default of `[execution] stop_drain_ms`: how long a forced stop waits in `canceling` for
-/// the runners' tasks to settle, in milliseconds (30 seconds).
-pub const STOP_DRAIN_MS: u64 = 30_000;
 
 /// How the estimate counts tokens: the UTF-8 bytes of the compiled request over four, rounded up.
 pub const ESTIMATE_BYTES_PER_TOKEN: usize = 4;
@@ -215,10 +204,10 @@ pub(super) async fn handle(
             answer(reply, outcome)
         }
         ControlMsg::DrainBound { generation } => {
-            if state.row.status != "canceling" || generation != state.control.drain_generation {
+            if state.row.status != RunStatus::Canceling || generation != state.control.drain_generation {
                 return Ok(());
             }
-            let unsettled: Vec<String> = open_tasks(state).await?.into_iter().map(|t| t.task_key).collect();
+            let unsettled: Vec<TaskKey> = open_tasks(state).await?.into_iter().map(|t| t.task_key).collect();
             tracing::warn!(execution_id = %state.row.public_id, unsettled = unsettled.len(), "stop drain bound passed");
             finish(state, Some(unsettled)).await
         }
@@ -245,7 +234,7 @@ fn refuse(code: ErrorCode, state: &ExecutionState, what: &str) -> Outcome {
 }
 
 async fn pause(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, force: bool) -> Outcome {
-    if state.row.status != "running" {
+    if state.row.status != RunStatus::Running {
         return refuse(ErrorCode::NotPausable, state, "only a running execution pauses");
     }
     let now = now_ms();
@@ -258,12 +247,8 @@ async fn pause(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, forc
     state.control.paused_at = Some(now);
     // The status is durable before the clocks freeze: a crash between the two leaves live
     // clocks under a pause, never frozen ones under a running execution.
-    state.row.status = "paused".into();
-    emit(
-        state,
-        "turn_status",
-        json!({"status": "paused", "force": force, "paused_at": now, "aborted_round": aborted_round}),
-    );
+    state.row.status = RunStatus::Paused;
+    emit(state, Event::TurnStatus(TurnStatus::Paused { force, paused_at: now, aborted_round }));
     save(state, &[]).await?;
     shift_clocks(myself, state, DeadlineShift::Freeze { at: now }).await?;
     tracing::info!(execution_id = %state.row.public_id, force, "execution paused");
@@ -271,22 +256,27 @@ async fn pause(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, forc
 }
 
 async fn resume(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Outcome {
-    if state.row.status != "paused" {
+    if state.row.status != RunStatus::Paused {
         return refuse(ErrorCode::NotPaused, state, "only a paused execution resumes");
     }
     let now = now_ms();
     let paused_at = match state.control.paused_at {
         Some(at) => at,
-        None => last_turn_status(state, "paused").await?.and_then(|e| e.data["paused_at"].as_i64()).unwrap_or(now),
+        None => last_turn_status(state, |status| match status {
+            TurnStatus::Paused { paused_at, .. } => Some(*paused_at),
+            _ => None,
+        })
+        .await?
+        .unwrap_or(now),
     };
     // The clocks thaw before the status is durable: a crash between the two leaves a paused
     // execution with live clocks, never a running one with frozen clocks.
     shift_clocks(myself, state, DeadlineShift::Thaw { at: now }).await?;
     state.control.aborted_round = None;
     state.control.paused_at = None;
-    state.row.status = "running".into();
+    state.row.status = RunStatus::Running;
     let paused_ms = now.saturating_sub(paused_at).max(0);
-    emit(state, "turn_status", json!({"status": "running", "resumed": true, "paused_ms": paused_ms}));
+    emit(state, Event::TurnStatus(TurnStatus::Running { resumed: Some(true), paused_ms: Some(paused_ms) }));
     save(state, &[]).await?;
     tracing::info!(execution_id = %state.row.public_id, paused_ms, "execution resumed");
     match state.control.held_answer.take() {
@@ -305,12 +295,13 @@ async fn shift_clocks(
     state: &mut ExecutionState,
     shift: DeadlineShift,
 ) -> Result<(), ActorProcessingErr> {
-    let parked: Vec<TaskRow> = state.pending.values().filter(|t| t.status == NEEDS_APPROVAL).cloned().collect();
+    let parked: Vec<TaskRow> =
+        state.pending.values().filter(|t| t.status == TaskStatus::NeedsApproval).cloned().collect();
     for mut task in parked {
         let Some(deadline_at) = shift.apply(task.deadline_at) else { continue };
         task.deadline_at = deadline_at;
         if state.fabric.store.decide_task(&task).await? {
-            state.pending.insert(task.task_key.clone(), task);
+            state.pending.insert(task.task_key, task);
         }
     }
     match shift {
@@ -322,15 +313,11 @@ async fn shift_clocks(
         // Every parked task's hold runs again, to its new deadline.
         DeadlineShift::Thaw { .. } => approval::rearm(myself, state),
     }
-    let targets: BTreeSet<Uuid> = open_tasks(state).await?.iter().filter_map(|t| t.target_executor_public_id).collect();
+    let targets: BTreeSet<RunnerId> =
+        open_tasks(state).await?.iter().filter_map(|t| t.target_executor_public_id).collect();
     for target in targets {
-        match state.root.executor(target).await {
-            Ok(executor) => {
-                let _ = executor.cast(ExecutorMsg::ShiftDeadlines { run: state.row.public_id, shift });
-            }
-            Err(refusal) => {
-                tracing::warn!(runner_id = %target, code = %refusal.code, "cannot move deadlines at the runner's inbox")
-            }
+        if let Err(error) = state.root.executor(target).shift_deadlines(state.row.public_id, shift) {
+            tracing::warn!(runner_id = %target, %error, "cannot move deadlines at the runner's inbox");
         }
     }
     Ok(())
@@ -345,12 +332,16 @@ async fn open_tasks(state: &ExecutionState) -> Result<Vec<TaskRow>, ActorProcess
 
 /// Whether a task is in a runner's hands: dispatched to its inbox or claimed there.
 fn at_runner(task: &TaskRow) -> bool {
-    task.target_executor_public_id.is_some() && matches!(task.status.as_str(), "dispatched" | "running")
+    task.target_executor_public_id.is_some() && matches!(task.status, TaskStatus::Dispatched | TaskStatus::Running)
 }
 
-async fn last_turn_status(state: &ExecutionState, status: &str) -> Result<Option<EventRow>, ActorProcessingErr> {
+/// What `pick` reads off the latest `turn_status` it accepts, from the event log.
+async fn last_turn_status<T>(
+    state: &ExecutionState,
+    pick: impl Fn(&TurnStatus) -> Option<T>,
+) -> Result<Option<T>, ActorProcessingErr> {
     let events = state.fabric.store.events_after(state.row.public_id, 0, i64::MAX).await?;
-    Ok(events.into_iter().rev().find(|e| e.event_type == "turn_status" && e.data["status"] == status))
+    Ok(events.iter().rev().filter_map(|e| e.event.as_turn_status()).find_map(pick))
 }
 
 /// Stops the execution ([module docs](self)). Answers it `canceled`, or `canceling` while runner
@@ -359,14 +350,14 @@ async fn last_turn_status(state: &ExecutionState, status: &str) -> Result<Option
 /// # Errors
 /// A store failure, which stops the actor (it reloads from the store on next use).
 pub(super) async fn stop(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, force: bool) -> Outcome {
-    match state.row.status.as_str() {
-        "completed" | "canceled" => return Ok(Ok(state.row.clone())),
+    match state.row.status {
+        RunStatus::Completed | RunStatus::Canceled => return Ok(Ok(state.row.clone())),
         // A forced stop overtakes a graceful drain; anything else leaves the drain as it is.
-        "canceling" => {
+        RunStatus::Canceling => {
             if force && state.control.force != Some(true) {
                 state.control.force = Some(true);
                 let draining = cancel_at_runners(state).await?;
-                emit(state, "turn_status", json!({"status": "canceling", "force": true, "draining": draining}));
+                emit(state, Event::TurnStatus(TurnStatus::Canceling { force: true, draining }));
                 save(state, &[]).await?;
                 arm_drain_bound(myself, state);
             }
@@ -375,7 +366,7 @@ pub(super) async fn stop(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionS
         _ => {}
     }
     let now = now_ms();
-    if state.row.status == "paused" {
+    if state.row.status == RunStatus::Paused {
         // The drain runs on live clocks: a graceful stop waits for deadlines that can pass.
         shift_clocks(myself, state, DeadlineShift::Thaw { at: now }).await?;
     }
@@ -389,8 +380,8 @@ pub(super) async fn stop(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionS
     // Waiting work never reached a runner: calls parked for approval (and anything else
     // unsettled outside a runner) settle canceled now.
     for mut task in open_tasks(state).await?.into_iter().filter(|t| !at_runner(t)) {
-        let parked = task.status == NEEDS_APPROVAL;
-        task.status = "canceled".into();
+        let parked = task.status == TaskStatus::NeedsApproval;
+        task.status = TaskStatus::Canceled;
         task.error_key = Some("task_canceled".into());
         task.settled_at = Some(now);
         // A parked row is written only while it is still parked (a decision may have won).
@@ -404,13 +395,13 @@ pub(super) async fn stop(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionS
             timer.abort();
         }
         if written {
-            emit(state, "task_status", task_status_data(&task));
+            narrate(state, &task);
             if state.pending.contains_key(&task.task_key) {
-                state.pending.insert(task.task_key.clone(), task);
+                state.pending.insert(task.task_key, task);
             }
         }
     }
-    let draining: Vec<String> = if force {
+    let draining: Vec<TaskKey> = if force {
         cancel_at_runners(state).await?
     } else {
         open_tasks(state).await?.into_iter().filter(at_runner).map(|t| t.task_key).collect()
@@ -419,31 +410,27 @@ pub(super) async fn stop(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionS
         finish(state, None).await?;
         return Ok(Ok(state.row.clone()));
     }
-    state.row.status = "canceling".into();
-    emit(state, "turn_status", json!({"status": "canceling", "force": force, "draining": draining}));
+    let count = draining.len();
+    state.row.status = RunStatus::Canceling;
+    emit(state, Event::TurnStatus(TurnStatus::Canceling { force, draining }));
     save(state, &[]).await?;
     if force {
         arm_drain_bound(myself, state);
     }
-    tracing::info!(execution_id = %state.row.public_id, force, draining = draining.len(), "execution canceling");
+    tracing::info!(execution_id = %state.row.public_id, force, draining = count, "execution canceling");
     Ok(Ok(state.row.clone()))
 }
 
 /// Cancels every task of the execution at its runner's inbox: it settles `canceled`
 /// (`task_canceled`) there, a claimant gets `work_canceled`, and the settlement comes back as
 /// [`ExecutionMsg::TaskSettled`]. Answers the keys of the tasks it asked to cancel.
-async fn cancel_at_runners(state: &mut ExecutionState) -> Result<Vec<String>, ActorProcessingErr> {
+async fn cancel_at_runners(state: &mut ExecutionState) -> Result<Vec<TaskKey>, ActorProcessingErr> {
     let open: Vec<TaskRow> = open_tasks(state).await?.into_iter().filter(at_runner).collect();
     for task in &open {
         let Some(target) = task.target_executor_public_id else { continue };
-        match state.root.executor(target).await {
-            Ok(executor) => {
-                let _ = executor.cast(ExecutorMsg::Cancel { run: task.run_public_id, task_key: task.task_key.clone() });
-            }
-            // The drain bound ends the stop; the task settles by its deadline at the latest.
-            Err(refusal) => {
-                tracing::warn!(runner_id = %target, code = %refusal.code, "cannot cancel at the runner's inbox")
-            }
+        // The drain bound ends the stop; the task settles by its deadline at the latest.
+        if let Err(error) = state.root.executor(target).cancel((task.run_public_id, task.task_key)) {
+            tracing::warn!(runner_id = %target, %error, "cannot cancel at the runner's inbox");
         }
     }
     Ok(open.into_iter().map(|t| t.task_key).collect())
@@ -469,18 +456,15 @@ fn arm_drain_bound(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) 
 
 /// Ends the stop: `canceled` with `run_canceled`. `unsettled` names the tasks still open when a
 /// drain bound ended it.
-async fn finish(state: &mut ExecutionState, unsettled: Option<Vec<String>>) -> Result<(), ActorProcessingErr> {
+async fn finish(state: &mut ExecutionState, unsettled: Option<Vec<TaskKey>>) -> Result<(), ActorProcessingErr> {
     if let Some(timer) = state.control.drain_timer.take() {
         timer.abort();
     }
-    state.row.status = "canceled".into();
+    state.row.status = RunStatus::Canceled;
     state.row.error_key = Some("run_canceled".into());
     state.row.attention_reason = None;
-    let mut data = json!({"status": "canceled", "error_key": "run_canceled", "force": state.control.force});
-    if let Some(unsettled) = unsettled {
-        data["unsettled"] = json!(unsettled);
-    }
-    emit(state, "turn_status", data);
+    let force = state.control.force;
+    emit(state, Event::TurnStatus(TurnStatus::Canceled { error_key: "run_canceled".into(), force, unsettled }));
     save(state, &[]).await?;
     tracing::info!(execution_id = %state.row.public_id, "execution stopped");
     Ok(())
@@ -495,14 +479,14 @@ pub(super) async fn settled_while_canceling(
     state: &mut ExecutionState,
     task: TaskRow,
 ) -> Result<(), ActorProcessingErr> {
-    let narrate = match state.pending.get(&task.task_key) {
+    let unnarrated = match state.pending.get(&task.task_key) {
         Some(held) => !held.is_settled(),
         None => true,
     };
-    if narrate {
-        emit(state, "task_status", task_status_data(&task));
+    if unnarrated {
+        narrate(state, &task);
         if state.pending.contains_key(&task.task_key) {
-            state.pending.insert(task.task_key.clone(), task);
+            state.pending.insert(task.task_key, task);
         }
         save(state, &[]).await?;
     }
@@ -530,7 +514,12 @@ pub(super) async fn resume_drain(
     }
     let force = match state.control.force {
         Some(force) => force,
-        None => last_turn_status(state, "canceling").await?.and_then(|e| e.data["force"].as_bool()).unwrap_or(true),
+        None => last_turn_status(state, |status| match status {
+            TurnStatus::Canceling { force, .. } => Some(*force),
+            _ => None,
+        })
+        .await?
+        .unwrap_or(true),
     };
     state.control.force = Some(force);
     if force {
@@ -538,278 +527,6 @@ pub(super) async fn resume_drain(
         arm_drain_bound(myself, state);
     }
     Ok(())
-}
-
-// ---- declarations: regeneration and the estimate ------------------------------------------------
-
-fn internal(e: impl std::fmt::Display) -> Refusal {
-    Refusal::new(ErrorCode::Internal, format!("the store failed: {e}"))
-}
-
-/// Resolves the declaration an execution of `input` would freeze, without writing: `supplied`
-/// (an inline `execution_declaration`, validated as on input admission), else the input's own
-/// inline declaration, else the answering member's standing profile; assembled against the
-/// runners' current facts with the input's runner selection and `tool_names` (the resolution of
-/// materialization, REFERENCE.md 8).
-///
-/// # Errors
-/// 422 `validation_failed` (a malformed declaration, no declaration at all, no model to run),
-/// the assembly's refusals (`runner_not_declared`, `tool_not_served`, ...), `internal` on a store
-/// failure.
-pub async fn resolve(
-    fabric: &Fabric,
-    input: &InputRow,
-    supplied: Option<&Value>,
-) -> Result<FrozenDeclaration, Refusal> {
-    let models = &fabric.models;
-    let check = |reference: &str| models.check(reference);
-    let inline = supplied.or(input.execution_declaration.as_ref());
-    let (configuration, system_prompt, summarizer) = match inline {
-        Some(inline) => {
-            let object = inline
-                .as_object()
-                .ok_or_else(|| Refusal::new(ErrorCode::ValidationFailed, "execution_declaration: must be an object"))?;
-            let validated = validate_execution_declaration(object, &check)?;
-            (validated.configuration, validated.system_prompt, validated.summarizer)
-        }
-        None => {
-            let profile = fabric.store.profile(input.member_public_id).await.map_err(internal)?.unwrap_or_default();
-            let configuration = profile.configuration.clone().ok_or_else(|| {
-                Refusal::new(
-                    ErrorCode::ValidationFailed,
-                    "configuration: the profile has not declared one; PUT /agent_api/v1/profile/configuration first",
-                )
-            })?;
-            (configuration, profile.system_prompt, profile.summarizer)
-        }
-    };
-    let runners = runner_facts(&fabric.store, &configuration).await?;
-    let tool_names: Option<Vec<String>> =
-        input.tool_names.as_ref().and_then(|v| serde_json::from_value(v.clone()).ok());
-    let frozen = freeze(
-        &configuration,
-        system_prompt,
-        RunnerSelection::or_first_eligible(input.runner_executor_public_id),
-        &runners,
-        tool_names.as_deref(),
-    )?
-    .with_summarizer(summarizer);
-    if frozen.default_model.is_none() {
-        return Err(Refusal::new(ErrorCode::ValidationFailed, "default_model: the declaration names no model to run"));
-    }
-    Ok(frozen)
-}
-
-/// The optional `execution_declaration` of a regenerate or estimate body: `null`, absent, `{}`,
-/// or `{execution_declaration: {...} | null}`. Any other field is refused: a misspelled one would
-/// otherwise reuse the frozen declaration without a word.
-///
-/// # Errors
-/// 400 `parameter_invalid` for a body that is not an object or names another field.
-pub fn supplied_declaration(body: &Value) -> Result<Option<Value>, Refusal> {
-    crate::doors::api::known_fields(body, &["execution_declaration"])?;
-    Ok(body.get("execution_declaration").filter(|v| !v.is_null()).cloned())
-}
-
-/// Creates the regeneration of `original` (REFERENCE.md 8, "Regeneration"; R48): a new `pending`
-/// execution of the same input whose declaration is frozen already, the original's own when
-/// `supplied` is `None`, else `supplied` resolved and frozen now. Its first event is `turn_status
-/// {status: pending, regenerated_from, declaration: reused|replaced, declaration_digest}`. Nothing
-/// of the original changes. Answers the new row; the caller starts its actor.
-///
-/// # Errors
-/// 409 `not_regenerable` when the original froze no declaration and none is supplied; the
-/// refusals of [`resolve`] for a supplied one; `internal` on a store failure.
-pub async fn regenerate(
-    fabric: &Fabric,
-    original: &ExecutionRow,
-    supplied: Option<&Value>,
-) -> Result<ExecutionRow, Refusal> {
-    let (declaration, how) = match supplied {
-        Some(object) => {
-            let input = fabric
-                .store
-                .input(original.input_public_id)
-                .await
-                .map_err(internal)?
-                .ok_or_else(|| Refusal::new(ErrorCode::NotFound, "the execution's input is gone"))?;
-            let frozen = resolve(fabric, &input, Some(object)).await?;
-            (serde_json::to_value(&frozen).map_err(internal)?, "replaced")
-        }
-        None => match &original.declaration {
-            Some(frozen) => (frozen.clone(), "reused"),
-            None => {
-                return Err(Refusal::new(
-                    ErrorCode::NotRegenerable,
-                    format!(
-                        "execution {} never froze a declaration ({}); supply an execution_declaration to regenerate it",
-                        original.public_id, original.status
-                    ),
-                ));
-            }
-        },
-    };
-    let now = now_ms();
-    let row = ExecutionRow {
-        public_id: Uuid::new_v4(),
-        conversation_public_id: original.conversation_public_id,
-        input_public_id: original.input_public_id,
-        member_public_id: original.member_public_id,
-        status: "pending".into(),
-        attention_reason: None,
-        transcript: json!([]),
-        round: 0,
-        final_text: None,
-        error_key: None,
-        event_seq: 1,
-        created_at: now,
-        updated_at: now,
-        declaration: Some(declaration),
-    };
-    let event = EventRow {
-        seq: 1,
-        event_type: "turn_status".into(),
-        data: json!({
-            "status": "pending",
-            "regenerated_from": original.public_id,
-            "declaration": how,
-            "declaration_digest": row.declaration.as_ref().map(|d| d["digest"].clone()),
-        }),
-        at: now,
-    };
-    fabric.store.create_execution(&row, &[event]).await.map_err(internal)?;
-    tracing::info!(execution_id = %row.public_id, from = %original.public_id, how, "execution regenerated");
-    Ok(row)
-}
-
-/// The context estimate of `row` (R47): compiles the request the next round would send, the
-/// transcript with the settled results it has not read yet plus the offered tools, under the
-/// frozen declaration, or `supplied` instead, or for an execution not yet materialized the
-/// declaration it would freeze now; and measures it. Reads the store only: nothing is written,
-/// reserved or started.
-///
-/// Answers `{execution_public_id, status, round, model, declaration: frozen|resolved|supplied,
-/// declaration_digest, messages, tools, open_calls, bytes: {documents, transcript, tools, total},
-/// estimated_tokens: {documents, transcript, tools, total}, estimator: {method, bytes_per_token,
-/// exact}}`. `documents` are the system-role messages (the system prompt), `transcript` the
-/// others; `total` is the whole request's canonical JSON. `open_calls` counts calls of the round
-/// whose results are not in yet (the next round also carries them). Tokens are estimated as the
-/// UTF-8 bytes over [`ESTIMATE_BYTES_PER_TOKEN`], rounded up: near what BPE tokenizers give for
-/// English text and JSON, but no tokenizer's count, so it never gates a round (REFERENCE.md 12:
-/// the window gate refuses only on an exact count, `estimated_input_exceeds_model_limit`).
-///
-/// # Errors
-/// The refusals of [`resolve`] (422 `validation_failed` for a malformed supplied declaration);
-/// `internal` on a store failure.
-pub async fn estimate(fabric: &Fabric, row: &ExecutionRow, supplied: Option<&Value>) -> Result<Value, Refusal> {
-    let store = &fabric.store;
-    let input = store
-        .input(row.input_public_id)
-        .await
-        .map_err(internal)?
-        .ok_or_else(|| Refusal::new(ErrorCode::NotFound, "the execution's input is gone"))?;
-    let materialized = row.declaration.is_some() && row.status != "pending";
-    let (declaration, source) = match (supplied, &row.declaration) {
-        (Some(object), _) => (resolve(fabric, &input, Some(object)).await?, "supplied"),
-        (None, Some(frozen)) => (serde_json::from_value(frozen.clone()).map_err(internal)?, "frozen"),
-        (None, None) => (resolve(fabric, &input, None).await?, "resolved"),
-    };
-    let mut transcript: Vec<ChatMessage> = if materialized {
-        serde_json::from_value(row.transcript.clone()).map_err(internal)?
-    } else {
-        vec![ChatMessage::User { content: input.text.clone() }]
-    };
-    // The system prompt is the declaration's: a supplied one replaces the frozen one.
-    if !materialized || supplied.is_some() {
-        transcript.retain(|m| !matches!(m, ChatMessage::System { .. }));
-        if let Some(content) =
-            declaration.system_prompt.as_ref().and_then(|doc| doc["content"].as_str()).filter(|c| !c.is_empty())
-        {
-            transcript.insert(0, ChatMessage::System { content: content.to_owned() });
-        }
-    }
-    let mut open_calls = 0;
-    if materialized {
-        let answered: HashSet<String> = transcript
-            .iter()
-            .filter_map(|m| match m {
-                ChatMessage::Tool { tool_call_id, .. } => Some(tool_call_id.clone()),
-                _ => None,
-            })
-            .collect();
-        let mut unread: Vec<TaskRow> = store
-            .tasks_of(row.public_id)
-            .await
-            .map_err(internal)?
-            .into_iter()
-            // The round's model calls (`r{round}t{i}`); hook tasks never reach the model.
-            .filter(|t| t.round == row.round && t.task_key.starts_with(&format!("r{}t", t.round)))
-            .filter(|t| !answered.contains(&t.tool_call_id))
-            .collect();
-        unread.sort_by_key(|t| t.task_key.trim_start_matches(&format!("r{}t", t.round)).parse::<u64>().unwrap_or(0));
-        for task in unread {
-            if task.is_settled() {
-                transcript
-                    .push(ChatMessage::Tool { tool_call_id: task.tool_call_id.clone(), content: result_text(&task) });
-            } else {
-                open_calls += 1;
-            }
-        }
-    }
-    let tools = wire_projection(&declaration.tools);
-    let mut measured = measure(&transcript, &tools).map_err(internal)?;
-    if let Some(object) = measured.as_object_mut() {
-        let extra = json!({
-            "execution_public_id": row.public_id,
-            "status": row.status,
-            "round": row.round + 1,
-            "model": declaration.default_model,
-            "declaration": source,
-            "declaration_digest": declaration.digest,
-            "open_calls": open_calls,
-        });
-        if let Value::Object(extra) = extra {
-            object.extend(extra);
-        }
-    }
-    Ok(measured)
-}
-
-/// Measures a compiled request: `{messages, tools, bytes:{documents, transcript, tools, total},
-/// estimated_tokens:{...}, estimator}` (see [`estimate`]).
-fn measure(messages: &[ChatMessage], tools: &[Value]) -> Result<Value, serde_json::Error> {
-    let mut documents = 0;
-    let mut conversation = 0;
-    for message in messages {
-        let bytes = serde_json::to_vec(message)?.len();
-        if matches!(message, ChatMessage::System { .. }) {
-            documents += bytes;
-        } else {
-            conversation += bytes;
-        }
-    }
-    let tool_bytes = serde_json::to_vec(tools)?.len();
-    let total = serde_json::to_vec(&json!({"messages": messages, "tools": tools}))?.len();
-    let tokens = |bytes: usize| bytes.div_ceil(ESTIMATE_BYTES_PER_TOKEN);
-    let mut bytes = Map::new();
-    let mut estimated = Map::new();
-    for (part, size) in
-        [("documents", documents), ("transcript", conversation), ("tools", tool_bytes), ("total", total)]
-    {
-        bytes.insert(part.into(), json!(size));
-        estimated.insert(part.into(), json!(tokens(size)));
-    }
-    Ok(json!({
-        "messages": messages.len(),
-        "tools": tools.len(),
-        "bytes": bytes,
-        "estimated_tokens": estimated,
-        "estimator": {
-            "method": "utf8_bytes_div_4",
-            "bytes_per_token": ESTIMATE_BYTES_PER_TOKEN,
-            "exact": false,
-        },
-    }))
 }
 
 #[cfg(test)]
@@ -833,42 +550,5 @@ mod tests {
         let late = DeadlineShift::Freeze { at: paused_at }.apply(paused_at - 10).expect("frozen");
         assert_eq!(DeadlineShift::Thaw { at: resumed_at }.apply(late), Some(resumed_at));
         assert!(!is_frozen(i64::from(i32::MAX) * 1_000), "a live deadline in 2038 is not frozen");
-    }
-
-    #[test]
-    fn the_estimate_measures_documents_transcript_and_tools_in_bytes_and_quarter_tokens() {
-        let messages = vec![
-            ChatMessage::System { content: "You are terse.".into() },
-            ChatMessage::User { content: "count the lines".into() },
-        ];
-        let tools = vec![json!({"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}})];
-        let measured = measure(&messages, &tools).expect("measured");
-        let system = serde_json::to_vec(&messages[0]).expect("json").len();
-        let user = serde_json::to_vec(&messages[1]).expect("json").len();
-        let tool_bytes = serde_json::to_vec(&tools).expect("json").len();
-        assert_eq!(measured["bytes"]["documents"], json!(system));
-        assert_eq!(measured["bytes"]["transcript"], json!(user));
-        assert_eq!(measured["bytes"]["tools"], json!(tool_bytes));
-        let total = measured["bytes"]["total"].as_u64().expect("total");
-        assert!(total as usize > system + user + tool_bytes, "the total carries the request's framing");
-        assert_eq!(measured["estimated_tokens"]["total"], json!(total.div_ceil(4)));
-        assert_eq!(measured["estimated_tokens"]["documents"], json!(system.div_ceil(4)));
-        assert_eq!((measured["messages"].as_u64(), measured["tools"].as_u64()), (Some(2), Some(1)));
-        assert_eq!(measured["estimator"]["exact"], false);
-    }
-
-    #[test]
-    fn regenerate_and_estimate_bodies() {
-        assert_eq!(supplied_declaration(&Value::Null).ok(), Some(None));
-        assert_eq!(supplied_declaration(&json!({})).ok(), Some(None));
-        assert_eq!(supplied_declaration(&json!({"execution_declaration": null})).ok(), Some(None));
-        let declaration = json!({"default_model": "scripted/x"});
-        assert_eq!(
-            supplied_declaration(&json!({"execution_declaration": declaration.clone()})).ok(),
-            Some(Some(declaration.clone()))
-        );
-        for bad in [json!([1]), json!({"execution_declaraton": declaration.clone()}), json!({"other": 1})] {
-            assert_eq!(supplied_declaration(&bad).unwrap_err().code, "parameter_invalid", "{bad}");
-        }
     }
 }

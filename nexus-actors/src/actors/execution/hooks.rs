@@ -67,17 +67,18 @@ use std::collections::{BTreeMap, HashSet};
 
 use ractor::{ActorProcessingErr, ActorRef};
 use serde_json::{Value, json};
-use uuid::Uuid;
 
-use nexus_proto::{ErrorCode, Refusal};
+use nexus_proto::{
+    AttentionReason, ConversationId, ErrorCode, ExecutionId, LifecycleEvent, Refusal, RunStatus, TaskKey, TaskStatus,
+};
 
 use crate::declaration::FrozenDeclaration;
 use crate::declaration::approval::CallOrigin;
-use crate::declaration::hooks::HOOK_EVENTS;
 use crate::model::ChatMessage;
-use crate::store::{EventRow, TaskRow, now_ms};
+use crate::store::event::{AttentionRequired, TurnStatus};
+use crate::store::{Event, EventRow, TaskRow, now_ms};
 
-use super::{ExecutionMsg, ExecutionState, advance, approval, emit, save, task_status_data};
+use super::{ExecutionMsg, ExecutionState, advance, approval, emit, narrate, narration, offer, save};
 
 /// The largest `feedback` of a decision, in bytes (16 KiB).
 pub const FEEDBACK_BOUND: usize = 16_384;
@@ -85,31 +86,7 @@ pub const FEEDBACK_BOUND: usize = 16_384;
 /// `output_size_bytes` gives the whole answer's size.
 pub const OUTPUT_PREVIEW_BOUND: usize = 4_096;
 
-/// What made a mid-turn compaction run (REFERENCE.md 13, "Triggers"), for `pre_compact`'s
-/// `compaction_trigger`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CompactionTrigger {
-    /// `POST …/tasks/{key}/compact`.
-    Manual,
-    /// The provider's own token count plus the tail exceeds the window.
-    Usage,
-    /// The byte bound or the estimated input exceeds the model's limit.
-    Wall,
-    /// The provider rejected the request for length.
-    Overflow,
-}
-
-impl CompactionTrigger {
-    /// The spec's word: `manual`, `usage`, `wall` or `overflow`.
-    pub fn word(self) -> &'static str {
-        match self {
-            CompactionTrigger::Manual => "manual",
-            CompactionTrigger::Usage => "usage",
-            CompactionTrigger::Wall => "wall",
-            CompactionTrigger::Overflow => "overflow",
-        }
-    }
-}
+pub use crate::declaration::compaction::CompactionTrigger;
 
 /// A hook boundary, as the driver reaches it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,13 +117,13 @@ pub enum HookEvent<'a> {
 }
 
 impl HookEvent<'_> {
-    /// The event's name in `lifecycle_hooks`.
-    pub fn name(&self) -> &'static str {
+    /// The event, as `lifecycle_hooks` names it.
+    pub fn name(&self) -> LifecycleEvent {
         match self {
-            HookEvent::TurnStart => "turn_start",
-            HookEvent::PreCompact { .. } => "pre_compact",
-            HookEvent::PostCompact { .. } => "post_compact",
-            HookEvent::Stop { .. } => "stop",
+            HookEvent::TurnStart => LifecycleEvent::TurnStart,
+            HookEvent::PreCompact { .. } => LifecycleEvent::PreCompact,
+            HookEvent::PostCompact { .. } => LifecycleEvent::PostCompact,
+            HookEvent::Stop { .. } => LifecycleEvent::Stop,
         }
     }
 
@@ -195,11 +172,6 @@ impl Repair {
     }
 }
 
-/// Whether a task status lets a held task be retried or abandoned (REFERENCE.md 7).
-pub fn repairable_status(status: &str) -> bool {
-    matches!(status, "failed" | "timed_out" | "uncertain")
-}
-
 /// A hook decision that lets the execution go on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -213,65 +185,12 @@ pub enum Decision {
 #[derive(Debug, Default)]
 pub struct HookState {
     /// Hook tasks that settled but whose settled `task_status` is not written yet.
-    unnarrated: HashSet<String>,
-    /// Event/source pairs (`h{n}-{event}`) whose hook resolved: acknowledged, accepted,
-    /// continued or abandoned.
-    resolved: HashSet<String>,
+    unnarrated: HashSet<TaskKey>,
+    /// Event/source pairs (the first generation's key, `h{n}-{event}`) whose hook resolved:
+    /// acknowledged, accepted, continued or abandoned.
+    resolved: HashSet<TaskKey>,
     /// Continuations the `stop` hook granted so far.
     continuations: u64,
-}
-
-/// A hook task's key, parsed: `h{round}-{event}` or `h{round}-{event}-g{generation}`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HookKey {
-    /// The source model round.
-    pub round: i64,
-    /// The event.
-    pub event: &'static str,
-    /// 1 for the first task, then one more per retry.
-    pub generation: u32,
-}
-
-impl HookKey {
-    /// Parses a task key; `None` for any key that is not a hook task's.
-    pub fn parse(key: &str) -> Option<HookKey> {
-        let (round, rest) = key.strip_prefix('h')?.split_once('-')?;
-        if round.is_empty() || !round.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        let round = round.parse().ok()?;
-        let (event, generation) = match rest.rsplit_once("-g") {
-            Some((event, generation)) if !generation.is_empty() && generation.bytes().all(|b| b.is_ascii_digit()) => {
-                (event, generation.parse().ok().filter(|g| *g >= 2)?)
-            }
-            _ => (rest, 1),
-        };
-        let event = HOOK_EVENTS.into_iter().find(|e| *e == event)?;
-        Some(HookKey { round, event, generation })
-    }
-
-    /// The event/source pair: `h{round}-{event}`.
-    pub fn base(&self) -> String {
-        format!("h{}-{}", self.round, self.event)
-    }
-
-    /// The task key of this generation.
-    pub fn key(&self) -> String {
-        match self.generation {
-            1 => self.base(),
-            generation => format!("{}-g{generation}", self.base()),
-        }
-    }
-}
-
-/// Whether `task_key` names a hook task.
-pub fn is_hook_key(task_key: &str) -> bool {
-    HookKey::parse(task_key).is_some()
-}
-
-/// The event of a hook task's key, for the `hook` marker of its `task_status` events.
-pub fn event_of(task_key: &str) -> Option<&'static str> {
-    HookKey::parse(task_key).map(|key| key.event)
 }
 
 /// One declared hook, as frozen.
@@ -282,8 +201,8 @@ struct Declared {
     max_continuations: u64,
 }
 
-fn declared(declaration: &FrozenDeclaration, event: &str) -> Option<Declared> {
-    let entry = declaration.lifecycle_hooks.get(event)?;
+fn declared(declaration: &FrozenDeclaration, event: LifecycleEvent) -> Option<Declared> {
+    let entry = declaration.lifecycle_hooks.get(event.as_str())?;
     Some(Declared {
         tool: entry["tool"].as_str()?.to_owned(),
         timeout_ms: entry["timeout_ms"].as_i64()?,
@@ -292,7 +211,12 @@ fn declared(declaration: &FrozenDeclaration, event: &str) -> Option<Declared> {
 }
 
 /// The origin's hook input for `event` on the source round `source` (`r{n}`) of execution `run`.
-pub fn hook_input(event: &HookEvent<'_>, source: &str, run: Uuid, conversation: Option<Uuid>) -> Value {
+pub fn hook_input(
+    event: &HookEvent<'_>,
+    source: &str,
+    run: ExecutionId,
+    conversation: Option<ConversationId>,
+) -> Value {
     let mut input = json!({
         "event": event.name(),
         "task_key": source,
@@ -305,7 +229,7 @@ pub fn hook_input(event: &HookEvent<'_>, source: &str, run: Uuid, conversation: 
             input["output_size_bytes"] = json!(output.len());
         }
         HookEvent::PreCompact { trigger, overshoot_bytes, overshoot_tokens, .. } => {
-            input["compaction_trigger"] = json!(trigger.word());
+            input["compaction_trigger"] = json!(trigger);
             if let Some(bytes) = overshoot_bytes {
                 input["overshoot_bytes"] = json!(bytes);
             }
@@ -333,7 +257,7 @@ fn preview(text: &str) -> &str {
 /// # Errors
 /// `(hook_error, message)` when the commit had `is_error:true`; `(invalid_hook_result, message)`
 /// for a malformed decision.
-pub fn read_decision(event: &str, result: Option<&Value>) -> Result<Decision, (ErrorCode, String)> {
+pub fn read_decision(event: LifecycleEvent, result: Option<&Value>) -> Result<Decision, (ErrorCode, String)> {
     let result = result.unwrap_or(&Value::Null);
     let invalid = |message: String| (ErrorCode::InvalidHookResult, message);
     if result["is_error"] == Value::Bool(true) {
@@ -372,7 +296,7 @@ pub fn read_decision(event: &str, result: Option<&Value>) -> Result<Decision, (E
     if !go_on {
         return Ok(Decision::Proceed);
     }
-    if event != "stop" {
+    if event != LifecycleEvent::Stop {
         return Err(invalid(format!("a {event} hook may only acknowledge: continue must be false")));
     }
     match feedback.filter(|f| !f.trim().is_empty()) {
@@ -383,44 +307,44 @@ pub fn read_decision(event: &str, result: Option<&Value>) -> Result<Decision, (E
 
 /// Separates the hook tasks (first) from the model's tool tasks (second).
 pub(super) fn split(tasks: Vec<TaskRow>) -> (Vec<TaskRow>, Vec<TaskRow>) {
-    tasks.into_iter().partition(|task| is_hook_key(&task.task_key))
+    tasks.into_iter().partition(|task| task.task_key.is_hook())
 }
 
 /// Rebuilds the hook state and puts the unresolved hook tasks in the pending set, from the
 /// execution's hook tasks and event log (see the module docs, "Durability").
 pub(super) fn rebuild(state: &mut ExecutionState, hook_tasks: Vec<TaskRow>, history: &[EventRow]) {
-    let mut narrated: HashSet<&str> = HashSet::new();
-    let mut abandoned: HashSet<&str> = HashSet::new();
-    for event in history.iter().filter(|e| e.event_type == "task_status") {
-        let Some(key) = event.data["task_key"].as_str() else { continue };
-        if event.data["status"].as_str().is_some_and(super::task_status_is_settled) {
-            narrated.insert(key);
+    let mut narrated: HashSet<TaskKey> = HashSet::new();
+    let mut abandoned: HashSet<TaskKey> = HashSet::new();
+    for narration in history.iter().filter_map(|e| e.event.as_task_status()) {
+        if narration.status.is_settled() {
+            narrated.insert(narration.task_key);
         }
-        if event.data["failure_resolution"] == "abandoned" {
-            abandoned.insert(key);
+        if narration.failure_resolution.as_deref() == Some(Repair::Abandon.verb()) {
+            abandoned.insert(narration.task_key);
         }
     }
     // Only the latest generation of each event/source pair counts: a retry resolved the others.
-    let mut latest: BTreeMap<String, (HookKey, TaskRow)> = BTreeMap::new();
+    let mut latest: BTreeMap<TaskKey, (u32, TaskRow)> = BTreeMap::new();
     for task in hook_tasks {
-        let Some(key) = HookKey::parse(&task.task_key) else { continue };
-        let newer = latest.get(&key.base()).is_none_or(|(held, _)| held.generation < key.generation);
+        let TaskKey::Hook { generation, .. } = task.task_key else { continue };
+        let base = task.task_key.first_generation();
+        let newer = latest.get(&base).is_none_or(|(held, _)| *held < generation);
         if newer {
-            latest.insert(key.base(), (key, task));
+            latest.insert(base, (generation, task));
         }
     }
-    for (base, (key, task)) in latest {
-        let task_key = task.task_key.clone();
-        if abandoned.contains(task_key.as_str()) {
+    for (base, (_, task)) in latest {
+        let task_key = task.task_key;
+        if abandoned.contains(&task_key) {
             state.hooks.resolved.insert(base);
         } else if !task.is_settled() {
             state.pending.insert(task_key, task);
-        } else if !narrated.contains(task_key.as_str()) {
-            state.hooks.unnarrated.insert(task_key.clone());
+        } else if !narrated.contains(&task_key) {
+            state.hooks.unnarrated.insert(task_key);
             state.pending.insert(task_key, task);
-        } else if task.status == "completed" {
+        } else if task.status == TaskStatus::Completed {
             let continued = task.result.as_ref().is_some_and(|r| r["structured_content"]["continue"] == true);
-            if key.event == "stop" && continued {
+            if task_key.hook_event() == Some(LifecycleEvent::Stop) && continued {
                 state.hooks.continuations += 1;
             }
             state.hooks.resolved.insert(base);
@@ -447,23 +371,23 @@ pub(crate) async fn gate(
     if event == HookEvent::TurnStart && state.row.round != 0 {
         return Ok(Gate::Open);
     }
-    let key = HookKey { round: event.source_round(state.row.round), event: event.name(), generation: 1 };
-    let base = key.base();
-    if state.hooks.resolved.contains(&base) {
+    let round = event.source_round(state.row.round);
+    let key = TaskKey::hook(round, event.name());
+    if state.hooks.resolved.contains(&key) {
         return Ok(Gate::Open);
     }
-    if state.pending.keys().any(|k| HookKey::parse(k).is_some_and(|held| held.base() == base)) {
+    if state.pending.keys().any(|held| held.is_hook() && held.first_generation() == key) {
         return Ok(Gate::Held);
     }
-    let source = format!("r{}", key.round);
+    let source = format!("r{round}");
     let input = hook_input(&event, &source, state.row.public_id, Some(state.row.conversation_public_id));
     let now = now_ms();
     // Settled `failed` until it is addressed to the runner that serves the hook tool.
     let mut task = TaskRow {
         tool_input: input,
-        status: "failed".into(),
+        status: TaskStatus::Failed,
         settled_at: Some(now),
-        ..TaskRow::new(state.row.public_id, key.key(), state.row.round, hook.tool.clone(), hook.timeout_ms, now)
+        ..TaskRow::new(state.row.public_id, key, state.row.round, hook.tool.clone(), hook.timeout_ms, now)
     };
     address(state, &mut task).await?;
     launch(myself, state, task).await?;
@@ -511,67 +435,64 @@ async fn launch(
                  or abandon it",
                 task.tool_name
             );
-            task.status = "failed".into();
+            task.status = TaskStatus::Failed;
             task.error_key = Some(ErrorCode::ToolNotServed.as_str().into());
             task.settled_at = Some(now);
             task.result = Some(json!({"content": message, "is_error": true, "outcome": "failed"}));
         }
     }
-    tracing::info!(
-        execution_id = %state.row.public_id, task_key = %task.task_key, hook = event_of(&task.task_key),
-        status = %task.status, "hook task"
-    );
-    state.pending.insert(task.task_key.clone(), task.clone());
-    emit(state, "task_status", task_status_data(&task));
+    tracing::info!(execution_id = %state.row.public_id, task_key = %task.task_key, status = %task.status, "hook task");
+    state.pending.insert(task.task_key, task.clone());
+    narrate(state, &task);
     approval::announce_parks(myself, state, std::slice::from_ref(&task));
     if task.is_settled() {
         hold(state, &task);
     }
     save(state, std::slice::from_ref(&task)).await?;
-    if task.status == "dispatched" {
-        approval::offer(state, &task).await;
+    if task.status == TaskStatus::Dispatched {
+        offer(state, &task);
     }
     Ok(())
 }
 
-/// Holds the execution for repair on a failed hook task (REFERENCE.md 7, "Failure policy").
+/// Holds the execution for repair on a failed hook task (`docs/executions.md`, "Lifecycle
+/// hooks").
 fn hold(state: &mut ExecutionState, task: &TaskRow) {
-    let error_key = task.error_key.clone().unwrap_or_else(|| task.status.clone());
-    let event = event_of(&task.task_key).unwrap_or_default();
+    let error_key = task.error_key.clone().unwrap_or_else(|| task.status.as_str().to_owned());
+    let event = task.task_key.hook_event();
+    let event_name = event.map_or("", LifecycleEvent::as_str);
     let message = format!(
-        "the {event} hook task {} settled {} ({error_key}); retry it (POST …/tasks/{}/retry) or release the hold \
+        "the {event_name} hook task {} settled {} ({error_key}); retry it (POST …/tasks/{}/retry) or release the hold \
          (POST …/tasks/{}/abandon)",
         task.task_key, task.status, task.task_key, task.task_key
     );
     tracing::warn!(execution_id = %state.row.public_id, task_key = %task.task_key, %error_key, "hook failed; execution held");
-    state.row.status = "needs_attention".into();
-    state.row.attention_reason = Some("halt_failure".into());
+    state.row.status = RunStatus::NeedsAttention;
+    state.row.attention_reason = Some(AttentionReason::HaltFailure);
     state.row.error_key = Some(error_key.clone());
     emit(
         state,
-        "attention_required",
-        json!({
-            "reason": "halt_failure",
-            "error_key": error_key,
-            "message": message,
-            "task_key": task.task_key,
-            "hook": event,
-            "blocked_task_keys": [task.task_key],
+        Event::AttentionRequired(AttentionRequired {
+            reason: AttentionReason::HaltFailure,
+            error_key: error_key.clone(),
+            message,
+            task_key: Some(task.task_key),
+            hook: event,
+            blocked_task_keys: Some(vec![task.task_key]),
         }),
     );
     emit(
         state,
-        "turn_status",
-        json!({"status": "needs_attention", "attention_reason": "halt_failure", "error_key": error_key}),
+        Event::TurnStatus(TurnStatus::NeedsAttention { attention_reason: AttentionReason::HaltFailure, error_key }),
     );
 }
 
 /// Releases a hold: the execution runs again.
 fn release(state: &mut ExecutionState) {
-    state.row.status = "running".into();
+    state.row.status = RunStatus::Running;
     state.row.attention_reason = None;
     state.row.error_key = None;
-    emit(state, "turn_status", json!({"status": "running"}));
+    emit(state, Event::TurnStatus(TurnStatus::Running { resumed: None, paused_ms: None }));
 }
 
 /// A hook task settled in its inbox. While the execution runs it is judged at once (through
@@ -590,13 +511,13 @@ pub(super) async fn settled(
         return Ok(());
     }
     *held = task.clone();
-    match state.row.status.as_str() {
-        "running" => {
+    match state.row.status {
+        RunStatus::Running => {
             state.hooks.unnarrated.insert(task.task_key);
             advance(myself, state).await
         }
-        "completed" | "canceled" | "canceling" => {
-            emit(state, "task_status", task_status_data(&task));
+        RunStatus::Completed | RunStatus::Canceled | RunStatus::Canceling => {
+            narrate(state, &task);
             save(state, &[]).await
         }
         _ => {
@@ -614,34 +535,34 @@ pub(super) async fn settled(
 /// # Errors
 /// A store failure, which stops the actor (it reloads from the store on next use).
 pub(super) async fn judge_settled(state: &mut ExecutionState) -> Result<bool, ActorProcessingErr> {
-    if state.row.status != "running" {
+    if state.row.status != RunStatus::Running {
         return Ok(false);
     }
-    let settled: Vec<String> =
-        state.pending.iter().filter(|(k, t)| is_hook_key(k) && t.is_settled()).map(|(k, _)| k.clone()).collect();
+    let settled: Vec<TaskKey> =
+        state.pending.iter().filter(|(k, t)| k.is_hook() && t.is_settled()).map(|(k, _)| *k).collect();
     if settled.is_empty() {
         return Ok(true);
     }
     for task_key in settled {
-        let (Some(mut task), Some(key)) = (state.pending.get(&task_key).cloned(), HookKey::parse(&task_key)) else {
+        let (Some(mut task), Some(event)) = (state.pending.get(&task_key).cloned(), task_key.hook_event()) else {
             continue;
         };
         let unnarrated = state.hooks.unnarrated.remove(&task_key);
-        if task.status != "completed" {
+        if task.status != TaskStatus::Completed {
             if unnarrated {
-                emit(state, "task_status", task_status_data(&task));
+                narrate(state, &task);
             }
             hold(state, &task);
             save(state, &[]).await?;
             return Ok(false);
         }
-        match judge(state, &key, &task) {
+        match judge(state, event, &task) {
             Ok(decision) => {
-                let mut data = task_status_data(&task);
-                data["decision"] = task.result.as_ref().map_or(Value::Null, |r| r["structured_content"].clone());
-                emit(state, "task_status", data);
+                let mut judged = narration(&task);
+                judged.decision = Some(task.result.as_ref().map_or(Value::Null, |r| r["structured_content"].clone()));
+                emit(state, Event::TaskStatus(Box::new(judged)));
                 state.pending.remove(&task_key);
-                state.hooks.resolved.insert(key.base());
+                state.hooks.resolved.insert(task_key.first_generation());
                 tracing::info!(execution_id = %state.row.public_id, %task_key, ?decision, "hook decided");
                 if let Decision::Continue(feedback) = decision {
                     state.hooks.continuations += 1;
@@ -649,14 +570,14 @@ pub(super) async fn judge_settled(state: &mut ExecutionState) -> Result<bool, Ac
                 }
             }
             Err((code, message)) => {
-                task.status = "failed".into();
+                task.status = TaskStatus::Failed;
                 task.error_key = Some(code.as_str().into());
                 if let Some(result) = task.result.as_mut() {
                     result["error"] = json!({"key": code.as_str(), "detail": message});
                 }
                 state.fabric.store.update_task(&task).await?;
                 state.pending.insert(task_key, task.clone());
-                emit(state, "task_status", task_status_data(&task));
+                narrate(state, &task);
                 hold(state, &task);
                 save(state, &[]).await?;
                 return Ok(false);
@@ -668,8 +589,8 @@ pub(super) async fn judge_settled(state: &mut ExecutionState) -> Result<bool, Ac
 }
 
 /// The decision of a completed hook task, with the `stop` continuation limits.
-fn judge(state: &ExecutionState, key: &HookKey, task: &TaskRow) -> Result<Decision, (ErrorCode, String)> {
-    let decision = read_decision(key.event, task.result.as_ref())?;
+fn judge(state: &ExecutionState, event: LifecycleEvent, task: &TaskRow) -> Result<Decision, (ErrorCode, String)> {
+    let decision = read_decision(event, task.result.as_ref())?;
     if matches!(decision, Decision::Continue(_)) {
         if !state.transcript.iter().any(|m| matches!(m, ChatMessage::Assistant { .. })) {
             return Err((
@@ -677,7 +598,11 @@ fn judge(state: &ExecutionState, key: &HookKey, task: &TaskRow) -> Result<Decisi
                 "the stop hook asked for another model round, but this execution has no model round to continue".into(),
             ));
         }
-        let max = state.declaration.as_ref().and_then(|d| declared(d, "stop")).map_or(0, |h| h.max_continuations);
+        let max = state
+            .declaration
+            .as_ref()
+            .and_then(|d| declared(d, LifecycleEvent::Stop))
+            .map_or(0, |h| h.max_continuations);
         if state.hooks.continuations >= max {
             return Err((
                 ErrorCode::StopHookLimit,
@@ -701,39 +626,40 @@ fn judge(state: &ExecutionState, key: &HookKey, task: &TaskRow) -> Result<Decisi
 pub(super) async fn repair(
     myself: &ActorRef<ExecutionMsg>,
     state: &mut ExecutionState,
-    task_key: &str,
+    task_key: TaskKey,
     repair: Repair,
 ) -> Result<Result<TaskRow, Refusal>, ActorProcessingErr> {
     let verb = repair.verb();
-    let held = state.pending.get(task_key).cloned().zip(HookKey::parse(task_key));
-    let Some((task, key)) = held else {
+    let held = state.pending.get(&task_key).filter(|_| task_key.is_hook()).cloned();
+    let Some(task) = held else {
         return Ok(Err(Refusal::new(
             repair.refusal(),
             format!("task {task_key} does not hold this execution; only an unresolved failed hook task can be {verb}"),
         )));
     };
-    if !repairable_status(&task.status) {
+    if !task.status.is_repairable() {
         return Ok(Err(Refusal::new(
             repair.refusal(),
             format!("task {task_key} is {}; only a failed, timed_out or uncertain task can be {verb}", task.status),
         )));
     }
-    if state.row.status != "needs_attention" {
+    if state.row.status != RunStatus::NeedsAttention {
         return Ok(Err(Refusal::new(
             repair.refusal(),
             format!("execution {} is {}; only a held execution can be repaired", state.row.public_id, state.row.status),
         )));
     }
-    state.pending.remove(task_key);
-    let mut resolution = task_status_data(&task);
-    resolution["failure_resolution"] = json!(verb);
+    state.pending.remove(&task_key);
+    let mut resolution = narration(&task);
+    resolution.failure_resolution = Some(verb.to_owned());
     match repair {
         Repair::Retry => {
-            let next = HookKey { generation: key.generation + 1, ..key };
+            let TaskKey::Hook { round, event, generation } = task_key else { unreachable!("a held task is a hook's") };
+            let next = TaskKey::Hook { round, event, generation: generation + 1 };
             let now = now_ms();
             let mut fresh = TaskRow {
-                task_key: next.key(),
-                tool_call_id: next.key(),
+                task_key: next,
+                tool_call_id: next.to_string(),
                 target_executor_public_id: task.target_executor_public_id,
                 claimed: false,
                 claim_token_digest: None,
@@ -743,25 +669,25 @@ pub(super) async fn repair(
                 error_key: None,
                 settled_at: Some(now),
                 approval: None,
-                status: "failed".into(),
+                status: TaskStatus::Failed,
                 ..task
             };
             // Same target; a hook that had none is looked up again.
             if fresh.target_executor_public_id.is_none() {
                 address(state, &mut fresh).await?;
             }
-            resolution["retried_as"] = json!(fresh.task_key);
-            tracing::info!(execution_id = %state.row.public_id, task_key, retried_as = %fresh.task_key, "hook retried");
-            emit(state, "task_status", resolution);
+            resolution.retried_as = Some(fresh.task_key);
+            tracing::info!(execution_id = %state.row.public_id, %task_key, retried_as = %fresh.task_key, "hook retried");
+            emit(state, Event::TaskStatus(Box::new(resolution)));
             release(state);
-            let fresh_key = fresh.task_key.clone();
+            let fresh_key = fresh.task_key;
             launch(myself, state, fresh.clone()).await?;
             Ok(Ok(state.pending.get(&fresh_key).cloned().unwrap_or(fresh)))
         }
         Repair::Abandon => {
-            tracing::info!(execution_id = %state.row.public_id, task_key, "hook abandoned");
-            state.hooks.resolved.insert(key.base());
-            emit(state, "task_status", resolution);
+            tracing::info!(execution_id = %state.row.public_id, %task_key, "hook abandoned");
+            state.hooks.resolved.insert(task_key.first_generation());
+            emit(state, Event::TaskStatus(Box::new(resolution)));
             release(state);
             save(state, &[]).await?;
             advance(myself, state).await?;
@@ -791,21 +717,29 @@ mod tests {
             ("h3stop", None),
         ];
         for (text, expected) in rows {
-            let parsed = HookKey::parse(text).map(|k| (k.round, k.event, k.generation));
+            let parsed = text.parse::<TaskKey>().ok().and_then(|key| match key {
+                TaskKey::Hook { round, event, generation } => Some((round, event.as_str(), generation)),
+                _ => None,
+            });
             assert_eq!(parsed, expected, "{text}");
-            if let Some(key) = HookKey::parse(text) {
-                assert_eq!(key.key(), text, "{text} round-trips");
+            if let Ok(key) = text.parse::<TaskKey>() {
+                assert_eq!(key.to_string(), text, "{text} round-trips");
             }
         }
-        assert_eq!(HookKey { round: 3, event: "stop", generation: 2 }.base(), "h3-stop");
-        assert_eq!(event_of("h1-turn_start"), Some("turn_start"));
-        assert!(!is_hook_key("r1t0"));
+        let retry = TaskKey::Hook { round: 3, event: LifecycleEvent::Stop, generation: 2 };
+        assert_eq!(retry.first_generation().to_string(), "h3-stop");
+        assert_eq!(
+            "h1-turn_start".parse::<TaskKey>().ok().and_then(TaskKey::hook_event),
+            Some(LifecycleEvent::TurnStart)
+        );
+        assert!(!"r1t0".parse::<TaskKey>().expect("a key").is_hook());
     }
 
     #[test]
     fn r56_decisions_and_their_failure_words() {
-        let stop =
-            |content: Value| read_decision("stop", Some(&json!({"structured_content": content, "is_error": false})));
+        let stop = |content: Value| {
+            read_decision(LifecycleEvent::Stop, Some(&json!({"structured_content": content, "is_error": false})))
+        };
         let word = |r: Result<Decision, (ErrorCode, String)>| r.map_err(|(code, _)| code.as_str());
         let rows: [(&str, Value, Result<Decision, &str>); 13] = [
             ("accept", json!({"continue": false}), Ok(Decision::Proceed)),
@@ -831,11 +765,14 @@ mod tests {
         }
         let at_bound = json!({"continue": true, "feedback": "x".repeat(FEEDBACK_BOUND)});
         assert!(stop(at_bound).is_ok(), "16 KiB of feedback is allowed");
-        assert_eq!(word(read_decision("stop", Some(&json!({"content": "no structure"})))), Err("invalid_hook_result"));
-        assert_eq!(word(read_decision("stop", None)), Err("invalid_hook_result"));
+        assert_eq!(
+            word(read_decision(LifecycleEvent::Stop, Some(&json!({"content": "no structure"})))),
+            Err("invalid_hook_result")
+        );
+        assert_eq!(word(read_decision(LifecycleEvent::Stop, None)), Err("invalid_hook_result"));
         let errored = json!({"structured_content": {"continue": false}, "is_error": true});
-        assert_eq!(word(read_decision("stop", Some(&errored))), Err("hook_error"));
-        for event in ["turn_start", "pre_compact", "post_compact"] {
+        assert_eq!(word(read_decision(LifecycleEvent::Stop, Some(&errored))), Err("hook_error"));
+        for event in [LifecycleEvent::TurnStart, LifecycleEvent::PreCompact, LifecycleEvent::PostCompact] {
             let ack = json!({"structured_content": {"continue": false}});
             assert_eq!(read_decision(event, Some(&ack)), Ok(Decision::Proceed), "{event}");
             let go_on = json!({"structured_content": {"continue": true, "feedback": "more"}});
@@ -845,8 +782,8 @@ mod tests {
 
     #[test]
     fn the_hook_input_is_the_origins() {
-        let run = Uuid::new_v4();
-        let conversation = Uuid::new_v4();
+        let run = ExecutionId::new_v4();
+        let conversation = ConversationId::new_v4();
         let answer = "é".repeat(3_000);
         let stop = hook_input(&HookEvent::Stop { output: &answer }, "r2", run, Some(conversation));
         assert_eq!(stop["event"], "stop");
@@ -880,7 +817,7 @@ mod tests {
 
     #[test]
     fn r55_a_hook_tool_is_never_imported_for_the_model() {
-        let runner = Uuid::new_v4();
+        let runner = nexus_proto::RunnerId::new_v4();
         let tool = |name: &str| json!({"name": name, "description": "d", "input_schema": {"type": "object"}});
         let facts = crate::declaration::RunnerFacts {
             public_id: runner,
@@ -898,9 +835,9 @@ mod tests {
         let names: Vec<&str> = frozen.tools.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["probe"]);
         assert_eq!(
-            declared(&frozen, "stop"),
+            declared(&frozen, LifecycleEvent::Stop),
             Some(Declared { tool: "review".into(), timeout_ms: 1000, max_continuations: 1 })
         );
-        assert_eq!(declared(&frozen, "turn_start"), None);
+        assert_eq!(declared(&frozen, LifecycleEvent::TurnStart), None);
     }
 }

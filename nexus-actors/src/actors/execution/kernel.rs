@@ -88,13 +88,12 @@ fn tool_search(declaration: &FrozenDeclaration, input: &Value) -> Result<Value, 
 #[cfg(test)]
 mod tests {
     use serde_json::json;
-    use uuid::Uuid;
 
     use super::*;
     use crate::declaration::{FrozenTool, RunnerRoute};
 
     fn declaration() -> FrozenDeclaration {
-        let runner = Uuid::parse_str("00000000-0000-4000-8000-000000000007").expect("uuid");
+        let runner: nexus_proto::RunnerId = "00000000-0000-4000-8000-000000000007".parse().expect("uuid");
         let tool = |name: &str, description: &str, route: Option<RunnerRoute>| FrozenTool {
             name: name.into(),
             definition: json!({"type": "function", "function": {"name": name, "description": description, "parameters": {"type": "object"}}}),

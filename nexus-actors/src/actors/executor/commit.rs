@@ -166,8 +166,8 @@ mod tests {
 
     fn word(result: Result<CommitBody, CommitRefusal>) -> (String, bool) {
         match result {
-            Err(CommitRefusal::Standing(r)) => (r.code, false),
-            Err(CommitRefusal::Closes(r)) => (r.code, true),
+            Err(CommitRefusal::Standing(r)) => (r.code.as_str().to_owned(), false),
+            Err(CommitRefusal::Closes(r)) => (r.code.as_str().to_owned(), true),
             Ok(_) => ("ok".into(), false),
         }
     }

@@ -1,4 +1,4 @@
-//! The offer window of one runner stream (spec/REFERENCE.md 6.5 and 6.11): which claimable tasks
+//! The offer window of one runner stream (`docs/protocol.md`, "Offers"): which claimable tasks
 //! were offered (`work_available`) on the current stream, and which wait for room in offer order
 //! `(started_at, task_key)`.
 //!
@@ -8,15 +8,15 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use uuid::Uuid;
+use nexus_proto::{ExecutionId, TaskKey};
 
 use super::TaskId;
 
-/// A task's place in line: `(started_at, task_key, run)`.
-type OfferKey = (i64, String, Uuid);
+/// A task's place in line: `(started_at, task_key, run)`; keys of one round sort in call order.
+type OfferKey = (i64, TaskKey, ExecutionId);
 
 fn offer_key(id: &TaskId, started_at: i64) -> OfferKey {
-    (started_at, id.1.clone(), id.0)
+    (started_at, id.1, id.0)
 }
 
 /// What became of an offer the window let out (see [`OfferWindow::fill`]).
@@ -79,7 +79,7 @@ impl OfferWindow {
         let mut sent = 0;
         while self.offered.len() < self.bound {
             let Some(key) = self.waiting.pop_first() else { break };
-            let id = (key.2, key.1.clone());
+            let id = (key.2, key.1);
             match offer(&id) {
                 Sent::Offered => {
                     self.offered.insert(id);
@@ -122,14 +122,14 @@ mod tests {
     use super::*;
 
     fn id(n: u128, key: &str) -> TaskId {
-        (Uuid::from_u128(n), key.to_owned())
+        (ExecutionId::from_uuid(uuid::Uuid::from_u128(n)), key.parse().expect("a task key"))
     }
 
     /// Fills the window, recording the keys let out.
     fn drain(window: &mut OfferWindow) -> Vec<String> {
         let mut keys = Vec::new();
         window.fill(|id| {
-            keys.push(id.1.clone());
+            keys.push(id.1.to_string());
             Sent::Offered
         });
         keys
@@ -141,14 +141,14 @@ mod tests {
             [(id(1, "r1t9"), 30), (id(1, "r1t10"), 30), (id(2, "r1t0"), 10), (id(1, "r1t2"), 20), (id(1, "r1t3"), 40)];
         let mut window = OfferWindow::new(3);
         window.reset(tasks.iter().map(|(id, at)| (id, *at)));
-        // started_at first, then task_key as text ("r1t10" < "r1t9").
-        assert_eq!(drain(&mut window), ["r1t0", "r1t2", "r1t10"]);
+        // started_at first, then the task key in call order (r1t9 before r1t10).
+        assert_eq!(drain(&mut window), ["r1t0", "r1t2", "r1t9"]);
         assert_eq!((window.outstanding(), window.waiting()), (3, 2));
         assert!(drain(&mut window).is_empty(), "a full window lets nothing out");
 
         // A claim of an outstanding task makes room for exactly one, the oldest waiting.
         window.withdraw(&tasks[2].0, 10);
-        assert_eq!(drain(&mut window), ["r1t9"]);
+        assert_eq!(drain(&mut window), ["r1t10"]);
         // A task settled while waiting leaves the line without taking room.
         window.withdraw(&tasks[4].0, 40);
         window.withdraw(&tasks[3].0, 20);
@@ -173,17 +173,17 @@ mod tests {
 
     #[test]
     fn a_blocked_offer_keeps_its_place_and_a_gone_one_leaves() {
-        let tasks = [(id(1, "a"), 1), (id(1, "b"), 2), (id(1, "c"), 3)];
+        let tasks = [(id(1, "r1t0"), 1), (id(1, "r1t1"), 2), (id(1, "r1t2"), 3)];
         let mut window = OfferWindow::new(3);
         window.reset(tasks.iter().map(|(id, at)| (id, *at)));
         assert_eq!(window.fill(|_| Sent::Blocked), 0);
         assert_eq!((window.outstanding(), window.waiting()), (0, 3));
         let mut seen = Vec::new();
         let sent = window.fill(|id| {
-            seen.push(id.1.clone());
-            if id.1 == "a" { Sent::Gone } else { Sent::Offered }
+            seen.push(id.1.to_string());
+            if id.1 == tasks[0].0.1 { Sent::Gone } else { Sent::Offered }
         });
-        assert_eq!((sent, seen), (2, vec!["a".to_owned(), "b".to_owned(), "c".to_owned()]));
+        assert_eq!((sent, seen), (2, vec!["r1t0".to_owned(), "r1t1".to_owned(), "r1t2".to_owned()]));
         assert_eq!((window.outstanding(), window.waiting()), (2, 0));
     }
 
@@ -192,8 +192,8 @@ mod tests {
     #[should_panic(expected = "over the window")]
     fn a_window_over_its_bound_fails_its_check() {
         let mut window = OfferWindow::new(1);
-        window.offered.insert(id(1, "a"));
-        window.offered.insert(id(1, "b"));
+        window.offered.insert(id(1, "r1t0"));
+        window.offered.insert(id(1, "r1t1"));
         window.check();
     }
 }

@@ -1,15 +1,12 @@
-//! The manual compaction door (spec/REFERENCE.md 13, trigger `manual`): the HTTP door
+//! The manual compaction door (`docs/executions.md`, "Compaction", trigger `manual`): the HTTP door
 //! `POST /agent_api/v1/executions/{id}/compact` and its gRPC twin `CompactExecution` call this.
 //! The semantics are in [`crate::actors::execution::compaction`].
 
 use serde_json::Value;
-use uuid::Uuid;
 
-use nexus_proto::Refusal;
+use nexus_proto::{ExecutionId, Refusal};
 
 use super::{Api, Caller};
-use crate::actors::execution::ExecutionMsg;
-use crate::actors::execution::compaction::CompactionMsg;
 
 impl Api {
     /// `POST /agent_api/v1/executions/{id}/compact` (gRPC `CompactExecution`): asks for a
@@ -26,9 +23,9 @@ impl Api {
     /// call is out, an answer is ready, or the execution is not running), `already_compacted`
     /// (the next round was compacted or is being compacted) and `nothing_to_compact` (the history
     /// holds only pinned user messages and the retained tail); `unavailable` during shutdown.
-    pub async fn compact(&self, caller: &Caller, id: Uuid) -> Result<Value, Refusal> {
+    pub async fn compact(&self, caller: &Caller, id: ExecutionId) -> Result<Value, Refusal> {
         caller.require_active("compact executions")?;
         self.owned_execution(caller, id).await?;
-        self.ask_execution(id, &|reply| ExecutionMsg::Compaction(CompactionMsg::Manual { reply })).await
+        self.root.execution(id).compact().await
     }
 }

@@ -1,15 +1,13 @@
-//! The repair doors of a held task (spec/REFERENCE.md 7, "Failure policy"; 11): `retry` runs a
+//! The repair doors of a held task (`docs/executions.md`, "Lifecycle hooks"): `retry` runs a
 //! failed hook task again as a new generation, `abandon` releases the hold it puts on its
 //! execution. Both the HTTP doors and the gRPC twins `RetryTask` and `AbandonTask` call these.
 
 use serde_json::{Value, json};
-use uuid::Uuid;
 
-use nexus_proto::Refusal;
+use nexus_proto::{ExecutionId, Refusal};
 
 use super::{Api, Caller, task_view};
-use crate::actors::execution::ExecutionMsg;
-use crate::actors::execution::hooks::{Repair, repairable_status};
+use crate::actors::execution::hooks::Repair;
 use crate::store::TaskRow;
 
 impl Api {
@@ -23,7 +21,7 @@ impl Api {
     /// 404 `not_found` for an unknown execution or task; 403 `not_authorized` when the caller does
     /// not own the execution; 409 `not_retryable` unless the task is failed, timed_out or
     /// uncertain and still holds the execution.
-    pub async fn retry_task(&self, caller: &Caller, id: Uuid, task_key: &str) -> Result<Value, Refusal> {
+    pub async fn retry_task(&self, caller: &Caller, id: ExecutionId, task_key: &str) -> Result<Value, Refusal> {
         // A retry runs the task again: a suspended member may abandon, never retry.
         caller.require_active("retry tasks")?;
         let task = self.repair(caller, id, task_key, Repair::Retry).await?;
@@ -39,16 +37,22 @@ impl Api {
     ///
     /// # Errors
     /// As [`Api::retry_task`], with 409 `not_abandonable`.
-    pub async fn abandon_task(&self, caller: &Caller, id: Uuid, task_key: &str) -> Result<Value, Refusal> {
+    pub async fn abandon_task(&self, caller: &Caller, id: ExecutionId, task_key: &str) -> Result<Value, Refusal> {
         let task = self.repair(caller, id, task_key, Repair::Abandon).await?;
         let mut view = task_view(&task);
         view["failure_resolution"] = json!("abandoned");
         Ok(view)
     }
 
-    async fn repair(&self, caller: &Caller, id: Uuid, task_key: &str, repair: Repair) -> Result<TaskRow, Refusal> {
+    async fn repair(
+        &self,
+        caller: &Caller,
+        id: ExecutionId,
+        task_key: &str,
+        repair: Repair,
+    ) -> Result<TaskRow, Refusal> {
         let (_, task) = self.owned_task(caller, id, task_key, "retry or abandon its tasks").await?;
-        if !repairable_status(&task.status) {
+        if !task.status.is_repairable() {
             return Err(Refusal::new(
                 repair.refusal(),
                 format!(
@@ -57,6 +61,6 @@ impl Api {
                 ),
             ));
         }
-        self.ask_execution(id, &|reply| ExecutionMsg::Repair { task_key: task_key.to_owned(), repair, reply }).await
+        self.root.execution(id).repair(task.task_key, repair).await
     }
 }

@@ -1,10 +1,10 @@
-//! The event feed with the transcript deltas woven in (REFERENCE.md 7, "Events": durable items,
-//! plus the ephemeral `text_delta`, `tool_call_started`, `tool_call_arguments_delta` and
+//! The event feed with the transcript deltas woven in (`docs/executions.md`, "Events": durable
+//! items, plus the ephemeral `text_delta`, `tool_call_started`, `tool_call_arguments_delta` and
 //! `stream_reset`).
 //!
 //! Durable events come from the store, so a slow reader never loses one: it reads on from its
 //! cursor. Deltas are never stored: they come from the execution's broadcast as they happen, and a
-//! watcher that falls more than [`crate::actors::root::TRANSCRIPT_FEED_CAPACITY`] deltas behind is sent one explicit
+//! watcher that falls more than [`crate::actors::fabric::TRANSCRIPT_FEED_CAPACITY`] deltas behind is sent one explicit
 //! `resync` item `{missed, cursor}` instead of a silent gap — the durable `round_result` events
 //! carry every settled answer in full, so a client that sees `resync` rebuilds the transcript from
 //! them.
@@ -14,23 +14,19 @@ use std::pin::Pin;
 use futures::{Stream, StreamExt};
 use serde_json::json;
 use tokio::sync::broadcast::{self, error::RecvError};
-use uuid::Uuid;
 
-use nexus_proto::Refusal;
+use nexus_proto::{ExecutionId, Refusal};
 
-use super::{Api, Caller, Event};
-use crate::actors::root::TranscriptEvent;
+use super::{Api, Caller, Event, FeedType};
+use crate::actors::fabric::TranscriptEvent;
 use crate::store::now_ms;
-
-/// The item type that tells a watcher deltas were dropped because it read too slowly.
-pub const RESYNC: &str = "resync";
 
 type Durable = Pin<Box<dyn Stream<Item = Result<Event, Refusal>> + Send>>;
 
 struct Watch {
     durable: Durable,
     transcript: Option<broadcast::Receiver<TranscriptEvent>>,
-    id: Uuid,
+    id: ExecutionId,
     /// The cursor of the last durable event sent, for `resync`.
     cursor: String,
 }
@@ -48,7 +44,7 @@ fn delta_event(event: TranscriptEvent) -> Event {
         object.insert("round".into(), json!(event.round));
         object.insert("model".into(), json!(event.model));
     }
-    Event { cursor: String::new(), event_type: event.delta.event_type().to_owned(), data, at: now_ms() }
+    Event { cursor: String::new(), event_type: FeedType::Delta(event.delta.event_type()), data, at: now_ms() }
 }
 
 impl Watch {
@@ -83,7 +79,7 @@ impl Watch {
                     let data = json!({"missed": missed, "cursor": self.cursor,
                                       "reason": "the watcher read too slowly; rebuild the transcript from round_result events"});
                     return Some((
-                        Ok(Event { cursor: String::new(), event_type: RESYNC.into(), data, at: now_ms() }),
+                        Ok(Event { cursor: String::new(), event_type: FeedType::Resync, data, at: now_ms() }),
                         self,
                     ));
                 }
@@ -103,7 +99,7 @@ impl Api {
     pub async fn watch(
         &self,
         caller: &Caller,
-        id: Uuid,
+        id: ExecutionId,
         after: &str,
         follow: bool,
         transcript: bool,
@@ -119,10 +115,10 @@ impl Api {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::actors::root::{EventBus, TRANSCRIPT_FEED_CAPACITY};
-    use crate::model::TranscriptDelta;
+    use crate::actors::fabric::{EventBus, TRANSCRIPT_FEED_CAPACITY};
+    use crate::model::{DeltaType, TranscriptDelta};
 
-    fn delta(execution: Uuid, text: &str) -> TranscriptEvent {
+    fn delta(execution: ExecutionId, text: &str) -> TranscriptEvent {
         TranscriptEvent {
             execution_public_id: execution,
             round: 1,
@@ -131,7 +127,7 @@ mod tests {
         }
     }
 
-    fn watching(bus: &EventBus, id: Uuid) -> Watch {
+    fn watching(bus: &EventBus, id: ExecutionId) -> Watch {
         let durable: Durable = Box::pin(futures::stream::pending());
         Watch { durable, transcript: Some(bus.subscribe_transcript()), id, cursor: "cvei_7".into() }
     }
@@ -139,7 +135,7 @@ mod tests {
     #[tokio::test]
     async fn a_slow_watcher_gets_one_resync_and_then_the_live_deltas() {
         let bus = EventBus::default();
-        let (id, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let (id, other) = (ExecutionId::new_v4(), ExecutionId::new_v4());
         let watch = watching(&bus, id);
         // Another execution's deltas are never shown; this one's overflow the feed.
         bus.publish_transcript(delta(other, "not yours"));
@@ -148,14 +144,14 @@ mod tests {
         }
         let (first, watch) = watch.next().await.expect("an item");
         let first = first.expect("ok");
-        assert_eq!(first.event_type, RESYNC);
+        assert_eq!(first.event_type, FeedType::Resync);
         assert_eq!(first.cursor, "", "resync is not resumable");
         assert_eq!(first.data["cursor"], "cvei_7", "it names the durable cursor to reread from");
         assert!(first.data["missed"].as_u64().is_some_and(|m| m >= 10), "{}", first.data);
         // After the gap is announced, the deltas still held arrive in order, with their round.
         let (second, _) = watch.next().await.expect("an item");
         let second = second.expect("ok");
-        assert_eq!(second.event_type, "text_delta");
+        assert_eq!(second.event_type, FeedType::Delta(DeltaType::TextDelta));
         assert_eq!(second.data["round"], 1);
         assert!(second.data["text"].as_str().is_some_and(|t| t.starts_with('t')), "{}", second.data);
     }
@@ -163,13 +159,16 @@ mod tests {
     #[tokio::test]
     async fn a_watcher_in_step_sees_every_delta_and_no_resync() {
         let bus = EventBus::default();
-        let id = Uuid::new_v4();
+        let id = ExecutionId::new_v4();
         let mut watch = watching(&bus, id);
         for text in ["a", "b", "c"] {
             bus.publish_transcript(delta(id, text));
             let (item, next) = watch.next().await.expect("an item");
             let item = item.expect("ok");
-            assert_eq!((item.event_type.as_str(), item.data["text"].as_str()), ("text_delta", Some(text)));
+            assert_eq!(
+                (item.event_type, item.data["text"].as_str()),
+                (FeedType::Delta(DeltaType::TextDelta), Some(text))
+            );
             watch = next;
         }
     }

@@ -29,7 +29,8 @@ use serde_json::Value;
 use nexus_proto::{ErrorCode, Refusal};
 
 use super::{ExecutionDoor, HttpRefusal, HttpResult, empty_body, execution_id, optional_body};
-use crate::doors::api::{Api, known_fields};
+use crate::declaration::known_fields;
+use crate::doors::api::Api;
 
 /// The control doors, merged into [`super::router`].
 pub fn routes() -> Router<Arc<Api>> {
@@ -101,7 +102,7 @@ mod tests {
         let shapes = [json!({"force": "yes"}), json!({"force": 1}), json!([true]), json!("force")];
         let misspelled = [json!({"forse": false}), json!({"force": false, "why": "x"})];
         for bad in shapes.into_iter().chain(misspelled) {
-            assert_eq!(force_of(&bad, true).unwrap_err().code, "parameter_invalid", "{bad}");
+            assert_eq!(force_of(&bad, true).unwrap_err().code, ErrorCode::ParameterInvalid, "{bad}");
         }
     }
 }

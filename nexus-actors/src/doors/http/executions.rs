@@ -27,12 +27,12 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::routing::{get, post};
 use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
-use uuid::Uuid;
 
 use nexus_proto::{ErrorCode, Refusal};
 
 use super::{HttpRefusal, HttpResult, caller, json_body, query_of};
-use crate::doors::api::{Api, CreateInput, Event, known_fields};
+use crate::declaration::known_fields;
+use crate::doors::api::{Api, CreateInput, Event};
 
 /// The page size of `GET …/events` when `limit` is absent.
 pub const EVENTS_DEFAULT_LIMIT: usize = 100;
@@ -48,11 +48,11 @@ pub fn routes() -> Router<Arc<Api>> {
         .route("/agent_api/v1/executions/{id}/events/stream", get(get_event_stream))
 }
 
-fn uuid_param(name: &str, text: &str) -> Result<Uuid, Refusal> {
-    Uuid::parse_str(text).map_err(|_| Refusal::new(ErrorCode::ParameterInvalid, format!("{name} must be a UUID")))
+fn uuid_param<T: std::str::FromStr>(name: &str, text: &str) -> Result<T, Refusal> {
+    text.parse().map_err(|_| Refusal::new(ErrorCode::ParameterInvalid, format!("{name} must be a UUID")))
 }
 
-fn optional_uuid(body: &Value, name: &str) -> Result<Option<Uuid>, Refusal> {
+fn optional_uuid<T: std::str::FromStr>(body: &Value, name: &str) -> Result<Option<T>, Refusal> {
     match &body[name] {
         Value::Null => Ok(None),
         Value::String(text) => uuid_param(name, text).map(Some),
@@ -120,7 +120,7 @@ fn page_limit(limit: Option<&str>) -> Result<usize, Refusal> {
 }
 
 fn event_json(event: &Event) -> Value {
-    json!({"cursor": event.cursor, "type": event.event_type, "data": event.data, "at": event.at})
+    json!({"cursor": event.cursor, "type": event.event_type.as_str(), "data": event.data, "at": event.at})
 }
 
 async fn get_events(
@@ -159,11 +159,11 @@ async fn get_event_stream(
             // Deltas and `resync` have no cursor: no `id:`, so a reconnect resumes at the last
             // durable event.
             Ok(event) if event.cursor.is_empty() => SseEvent::default()
-                .event(event.event_type.clone())
+                .event(event.event_type.as_str())
                 .data(json!({"data": event.data, "at": event.at}).to_string()),
             Ok(event) => SseEvent::default()
                 .id(event.cursor.clone())
-                .event(event.event_type.clone())
+                .event(event.event_type.as_str())
                 .data(json!({"cursor": event.cursor, "data": event.data, "at": event.at}).to_string()),
             // The feed cannot go on (the store failed): say so in the stream, then end it.
             Err(refusal) => SseEvent::default()
@@ -184,7 +184,7 @@ mod tests {
         assert_eq!(page_limit(Some("1")).ok(), Some(1));
         assert_eq!(page_limit(Some("200")).ok(), Some(200));
         for bad in ["0", "201", "-1", "ten", ""] {
-            assert_eq!(page_limit(Some(bad)).unwrap_err().code, "parameter_invalid", "{bad}");
+            assert_eq!(page_limit(Some(bad)).unwrap_err().code, ErrorCode::ParameterInvalid, "{bad}");
         }
     }
 
@@ -193,14 +193,14 @@ mod tests {
         let input = create_input(&json!({"text": "hi", "tool_names": ["bash"]})).expect("decoded");
         assert_eq!(input.text, "hi");
         assert_eq!(input.tool_names, Some(json!(["bash"])));
-        assert_eq!(create_input(&json!({})).unwrap_err().code, "parameter_missing");
-        assert_eq!(create_input(&json!({"text": 3})).unwrap_err().code, "parameter_invalid");
-        assert_eq!(create_input(&json!({"text": "x", "txt": "y"})).unwrap_err().code, "parameter_invalid");
-        assert_eq!(create_input(&json!([1])).unwrap_err().code, "parameter_invalid", "not an object");
-        assert_eq!(create_input(&json!("hi")).unwrap_err().code, "parameter_invalid", "not an object");
+        assert_eq!(create_input(&json!({})).unwrap_err().code, ErrorCode::ParameterMissing);
+        assert_eq!(create_input(&json!({"text": 3})).unwrap_err().code, ErrorCode::ParameterInvalid);
+        assert_eq!(create_input(&json!({"text": "x", "txt": "y"})).unwrap_err().code, ErrorCode::ParameterInvalid);
+        assert_eq!(create_input(&json!([1])).unwrap_err().code, ErrorCode::ParameterInvalid, "not an object");
+        assert_eq!(create_input(&json!("hi")).unwrap_err().code, ErrorCode::ParameterInvalid, "not an object");
         assert_eq!(
             create_input(&json!({"text": "x", "conversation_public_id": "nope"})).unwrap_err().code,
-            "parameter_invalid"
+            ErrorCode::ParameterInvalid
         );
     }
 }
