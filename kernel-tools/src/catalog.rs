@@ -11,7 +11,7 @@ use std::sync::LazyLock;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::effect::EffectProfile;
+use crate::effect::{EffectKind as K, EffectProfile, EffectScope as S, Idempotency as I, Reconciliation as R};
 use crate::macros::Spellings;
 use crate::templates::TEMPLATES;
 
@@ -43,10 +43,10 @@ impl Effect {
     /// The constant's profile.
     pub fn profile(self) -> EffectProfile {
         match self {
-            Effect::ReadOnlyClosed => EffectProfile::new("read_only", false, "closed", "intrinsic", "none"),
-            Effect::GraphWrite => EffectProfile::new("write", false, "closed", "intrinsic", "lookup"),
-            Effect::MemoryWrite => EffectProfile::new("write", true, "closed", "intrinsic", "lookup"),
-            Effect::MemoryEdit => EffectProfile::new("write", true, "closed", "none", "lookup"),
+            Effect::ReadOnlyClosed => EffectProfile::new(K::ReadOnly, false, S::Closed, I::Intrinsic, R::None),
+            Effect::GraphWrite => EffectProfile::new(K::Write, false, S::Closed, I::Intrinsic, R::Lookup),
+            Effect::MemoryWrite => EffectProfile::new(K::Write, true, S::Closed, I::Intrinsic, R::Lookup),
+            Effect::MemoryEdit => EffectProfile::new(K::Write, true, S::Closed, I::None, R::Lookup),
         }
     }
 }

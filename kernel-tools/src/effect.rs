@@ -1,7 +1,52 @@
-//! The effect-profile vocabulary (spec/REFERENCE.md section 5, "Effect profile vocabulary").
+//! The effect-profile vocabulary (`docs/declaration.md`, "Kernel imports"; `docs/protocol.md`,
+//! "Announce" and "Expiry").
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+nexus_proto::words! {
+    /// What a tool's effect is.
+    pub enum EffectKind("effect kind") {
+        /// No effect at all.
+        Pure => "pure",
+        /// Reads the world, changes nothing.
+        ReadOnly => "read_only",
+        /// Changes the world.
+        Write => "write",
+    }
+}
+
+nexus_proto::words! {
+    /// How far an effect reaches.
+    pub enum EffectScope("effect scope") {
+        /// Inside what the tool owns.
+        Closed => "closed",
+        /// Beyond it.
+        Open => "open",
+    }
+}
+
+nexus_proto::words! {
+    /// Whether doing it twice is the same as once.
+    pub enum Idempotency("idempotency") {
+        /// By its nature.
+        Intrinsic => "intrinsic",
+        /// Under a key the caller supplies.
+        Keyed => "keyed",
+        /// Not at all.
+        None => "none",
+    }
+}
+
+nexus_proto::words! {
+    /// Whether an effect that may have happened can be looked up afterwards.
+    pub enum Reconciliation("reconciliation") {
+        /// It cannot.
+        None => "none",
+        /// It can.
+        Lookup => "lookup",
+    }
+}
 
 /// What a tool does to the world, declared by whoever serves it.
 ///
@@ -11,24 +56,19 @@ use serde_json::Value;
 #[serde(deny_unknown_fields)]
 pub struct EffectProfile {
     /// `pure | read_only | write`.
-    pub kind: String,
+    pub kind: EffectKind,
     /// Whether the effect destroys information.
     pub destructive: bool,
     /// `closed | open`.
-    pub effect_scope: String,
+    pub effect_scope: EffectScope,
     /// `intrinsic | keyed | none`.
-    pub idempotency: String,
+    pub idempotency: Idempotency,
     /// `none | lookup`.
-    pub reconciliation: String,
+    pub reconciliation: Reconciliation,
 }
 
 /// The keys of an effect profile, in canonical order.
 pub const EFFECT_PROFILE_KEYS: [&str; 5] = ["kind", "destructive", "effect_scope", "idempotency", "reconciliation"];
-
-const KINDS: [&str; 3] = ["pure", "read_only", "write"];
-const SCOPES: [&str; 2] = ["closed", "open"];
-const IDEMPOTENCIES: [&str; 3] = ["intrinsic", "keyed", "none"];
-const RECONCILIATIONS: [&str; 2] = ["none", "lookup"];
 
 /// Why a JSON value is not an effect profile. `field` is the offending key.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -45,15 +85,15 @@ fn fault(field: &str, reason: impl Into<String>) -> EffectProfileError {
 }
 
 impl EffectProfile {
-    /// Builds a profile from literal words; used for the catalog constants.
-    pub fn new(kind: &str, destructive: bool, effect_scope: &str, idempotency: &str, reconciliation: &str) -> Self {
-        EffectProfile {
-            kind: kind.to_owned(),
-            destructive,
-            effect_scope: effect_scope.to_owned(),
-            idempotency: idempotency.to_owned(),
-            reconciliation: reconciliation.to_owned(),
-        }
+    /// Builds a profile; used for the catalog constants.
+    pub const fn new(
+        kind: EffectKind,
+        destructive: bool,
+        effect_scope: EffectScope,
+        idempotency: Idempotency,
+        reconciliation: Reconciliation,
+    ) -> Self {
+        EffectProfile { kind, destructive, effect_scope, idempotency, reconciliation }
     }
 
     /// Parses and validates: exactly the five keys, each value in its closed vocabulary.
@@ -67,14 +107,19 @@ impl EffectProfile {
         if let Some(extra) = object.keys().find(|k| !EFFECT_PROFILE_KEYS.contains(&k.as_str())) {
             return Err(fault(extra, "is not an effect profile key"));
         }
-        let word = |key: &str, allowed: &[&str]| -> Result<String, EffectProfileError> {
+        fn word<T: Copy + std::fmt::Display + std::str::FromStr>(
+            object: &serde_json::Map<String, Value>,
+            key: &str,
+            all: &[T],
+        ) -> Result<T, EffectProfileError> {
+            let allowed = || all.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
             match object.get(key) {
                 None => Err(fault(key, "is required")),
-                Some(Value::String(s)) if allowed.contains(&s.as_str()) => Ok(s.clone()),
-                Some(_) => Err(fault(key, format!("must be one of {}", allowed.join(", ")))),
+                Some(Value::String(s)) => s.parse().map_err(|_| fault(key, format!("must be one of {}", allowed()))),
+                Some(_) => Err(fault(key, format!("must be one of {}", allowed()))),
             }
-        };
-        let kind = word("kind", &KINDS)?;
+        }
+        let kind = word(object, "kind", EffectKind::ALL)?;
         let destructive = match object.get("destructive") {
             None => return Err(fault("destructive", "is required")),
             Some(Value::Bool(b)) => *b,
@@ -83,9 +128,9 @@ impl EffectProfile {
         Ok(EffectProfile {
             kind,
             destructive,
-            effect_scope: word("effect_scope", &SCOPES)?,
-            idempotency: word("idempotency", &IDEMPOTENCIES)?,
-            reconciliation: word("reconciliation", &RECONCILIATIONS)?,
+            effect_scope: word(object, "effect_scope", EffectScope::ALL)?,
+            idempotency: word(object, "idempotency", Idempotency::ALL)?,
+            reconciliation: word(object, "reconciliation", Reconciliation::ALL)?,
         })
     }
 
@@ -102,7 +147,7 @@ impl EffectProfile {
 
     /// Replayable iff the kind is `pure` or `read_only`, or the idempotency is `intrinsic`.
     pub fn replayable(&self) -> bool {
-        matches!(self.kind.as_str(), "pure" | "read_only") || self.idempotency == "intrinsic"
+        matches!(self.kind, EffectKind::Pure | EffectKind::ReadOnly) || self.idempotency == Idempotency::Intrinsic
     }
 
     /// Replayability of a stored JSON profile: a missing or malformed profile is not replayable.
@@ -141,9 +186,10 @@ mod tests {
 
     #[test]
     fn replayability_rule() {
-        let read = EffectProfile::new("read_only", false, "closed", "none", "none");
-        let keyed_write = EffectProfile::new("write", false, "closed", "keyed", "lookup");
-        let intrinsic_write = EffectProfile::new("write", true, "closed", "intrinsic", "lookup");
+        use super::{EffectKind as K, EffectScope as S, Idempotency as I, Reconciliation as R};
+        let read = EffectProfile::new(K::ReadOnly, false, S::Closed, I::None, R::None);
+        let keyed_write = EffectProfile::new(K::Write, false, S::Closed, I::Keyed, R::Lookup);
+        let intrinsic_write = EffectProfile::new(K::Write, true, S::Closed, I::Intrinsic, R::Lookup);
         assert!(read.replayable());
         assert!(!keyed_write.replayable());
         assert!(intrinsic_write.replayable());

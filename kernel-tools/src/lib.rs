@@ -24,5 +24,5 @@ pub use catalog::{
     CATALOG, CatalogEntry, Effect, KernelTool, ParamType, RESERVED_NAMESPACES, catalog_entries, catalog_json, live,
     live_names, lookup, reserved_namespace_of,
 };
-pub use effect::{EffectProfile, EffectProfileError};
+pub use effect::{EffectKind, EffectProfile, EffectProfileError, EffectScope, Idempotency, Reconciliation};
 pub use macros::Spellings;

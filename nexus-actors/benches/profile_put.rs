@@ -239,7 +239,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let member_row = runtime.block_on(store.member(member))?.ok_or("the bench member vanished")?;
     let profile_row = runtime.block_on(store.profile(member))?.ok_or("the bench profile vanished")?;
     let reply =
-        measure(|| serde_json::to_vec(&profile_json(&member_row, Some(profile_row.clone()))).expect("serializes"));
+        measure(|| serde_json::to_vec(&profile_json(&member_row, Some(profile_row.clone()), 0)).expect("serializes"));
 
     // 4. The whole PUT through HTTP, on a server of its own.
     let server_dir = tempfile::tempdir()?;

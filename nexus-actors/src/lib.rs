@@ -12,6 +12,7 @@
 pub mod actors;
 pub mod auth;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod declaration;
 pub mod doors;
@@ -37,6 +38,7 @@ use nexus_proto::runner::v1::runner_service_server::RunnerServiceServer;
 
 use crate::actors::fabric::{EventBus, Fabric, FrozenDeclarations};
 use crate::actors::root::{RootActor, RootArgs, RootHandle};
+use crate::clock::Clock;
 use crate::config::ServerConfig;
 use crate::doors::api::Api;
 use crate::doors::tls::Acceptor;
@@ -135,10 +137,12 @@ impl RunningServer {
 /// # Errors
 /// [`ServeError`] when the store, the provider table or the actors fail to start.
 pub async fn start(listener: TcpListener, config: ServerConfig) -> Result<RunningServer, ServeError> {
-    start_with_models(listener, config, None).await
+    start_with_models(listener, config, None, Clock::system()).await
 }
 
-/// [`start`] with a prepared model registry (the quickstart installs its script this way).
+/// [`start`] with a prepared model registry (the quickstart installs its script this way) and the
+/// clock every deadline, hold and timestamp reads (tests pass one they move; a restarted test
+/// server passes its predecessor's, so stored times never run backwards).
 ///
 /// # Errors
 /// As [`start`].
@@ -146,18 +150,20 @@ pub async fn start_with_models(
     listener: TcpListener,
     config: ServerConfig,
     models: Option<ModelRegistry>,
+    clock: Clock,
 ) -> Result<RunningServer, ServeError> {
     install_crypto_provider();
     // Bad TLS files fail before the store is touched.
     let acceptor = Acceptor::from_config(&config.tls)?;
     let data_dir_lock = lock_data_dir(&config.data_dir)?;
-    let store = Store::connect(&config.data_dir, &config.store).await?;
+    let store = Store::connect(&config.data_dir, &config.store).await?.with_clock(clock.clone());
     let models = match models {
         Some(models) => models,
         None => ModelRegistry::new(config.providers.clone(), |name| std::env::var(name).ok())?,
     };
     let fabric = Arc::new(Fabric {
         store,
+        clock,
         config,
         models,
         events: EventBus::default(),

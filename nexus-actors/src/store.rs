@@ -24,6 +24,7 @@ use serde_json::Value;
 use sqlx::{AnyPool, Row};
 
 use crate::auth::{Credential, Plane};
+use crate::clock::Clock;
 
 pub use backend::{StoreBackend, is_postgres_url, redact as redact_url};
 pub use config::StoreConfig;
@@ -76,18 +77,13 @@ pub enum StoreError {
 /// Result alias for store calls.
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// The current time in Unix milliseconds.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 /// The store handle. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: AnyPool,
     backend: StoreBackend,
+    /// The time the store stamps rows with.
+    clock: Clock,
     /// The group-commit writer of the hot-path writes (tasks, executions, inputs, presence).
     writer: Writer,
 }
@@ -156,7 +152,7 @@ impl Store {
                 .await
                 .map_err(|e| open_failed(e.to_string()))?;
             let writer = Writer::start(pool.clone(), StoreBackend::Postgres);
-            let store = Store { pool, backend: StoreBackend::Postgres, writer };
+            let store = Store { pool, backend: StoreBackend::Postgres, clock: Clock::system(), writer };
             if !create && !store.has_schema().await.map_err(|e| open_failed(e.to_string()))? {
                 return Err(open_failed(
                     "the database holds no nexus store; start `nexus serve` on it once to create it".into(),
@@ -181,7 +177,20 @@ impl Store {
             .map_err(|e| open_failed(e.to_string()))?;
         migrator.run(&pool).await.map_err(|e| open_failed(e.to_string()))?;
         let writer = Writer::start(pool.clone(), StoreBackend::Sqlite);
-        Ok(Store { pool, backend: StoreBackend::Sqlite, writer })
+        Ok(Store { pool, backend: StoreBackend::Sqlite, clock: Clock::system(), writer })
+    }
+
+    /// This store, stamping rows with `clock` (the server's, so that stored times and deadlines
+    /// read one time).
+    #[must_use]
+    pub fn with_clock(mut self, clock: Clock) -> Store {
+        self.clock = clock;
+        self
+    }
+
+    /// The clock the store stamps rows with.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// What group commit has done since the store opened (writes and the transactions they took).

@@ -15,7 +15,7 @@ use tokio::sync::MutexGuard;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use nexus_actors::store::now_ms;
+use nexus_actors::clock::Clock;
 use nexus_proto::runner::v1::{WorkAvailable, nexus_frame};
 
 use crate::invariants::{Ack, Grant, Observations, Offer};
@@ -172,6 +172,8 @@ impl Drop for Scenario {
 #[derive(Clone, Debug, Default)]
 pub struct Ledger {
     inner: Arc<Mutex<Observations>>,
+    /// Stamps what the runners saw.
+    clock: Clock,
 }
 
 impl Ledger {
@@ -273,7 +275,7 @@ impl ObservedRunner {
                 task_key: task_key.to_owned(),
                 token,
                 addressed_to,
-                at_ms: now_ms(),
+                at_ms: self.ledger.clock.now_ms(),
             };
             self.ledger.record(|o| o.grants.push(grant));
         } else if let Some(code) = reply.code() {
@@ -299,7 +301,7 @@ impl ObservedRunner {
                 body: body.clone(),
                 idle,
                 status,
-                at_ms: now_ms(),
+                at_ms: self.ledger.clock.now_ms(),
             };
             self.ledger.record(|o| o.acks.push(ack));
         } else if let Some(code) = reply.code() {

@@ -31,7 +31,7 @@ use uuid::Uuid;
 
 use nexus_actors::actors::root::{Census, RootHandle};
 use nexus_actors::auth::digest;
-use nexus_actors::store::{EventRow, Store, TaskRow, now_ms};
+use nexus_actors::store::{EventRow, Store, TaskRow};
 use nexus_proto::{ExecutionId, TaskStatus};
 
 /// A `work_available` push a runner received.
@@ -173,7 +173,7 @@ pub async fn collect(store: &Store, runs: &[ExecutionId], observations: Observat
         }
         history.events.insert(run.uuid(), events);
     }
-    history.checked_at_ms = now_ms();
+    history.checked_at_ms = store.clock().now_ms();
     history
 }
 

@@ -13,6 +13,7 @@ use tokio::process::{Child, Command};
 use uuid::Uuid;
 
 use nexus_actors::cli::admin::{MemberKind, create_member, create_runner};
+use nexus_actors::clock::Clock;
 use nexus_actors::config::ServerConfig;
 use nexus_actors::doors::api::{Caller, CreateInput};
 use nexus_actors::model::{ModelRegistry, Script};
@@ -194,7 +195,7 @@ impl TestServer {
         adjust(&mut config);
         let models = scripted_models(&config, scripts, env);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let server = start_with_models(listener, config, Some(models)).await.expect("server starts");
+        let server = start_with_models(listener, config, Some(models), Clock::system()).await.expect("server starts");
         TestServer { server, data_dir, database }
     }
 
@@ -208,11 +209,12 @@ impl TestServer {
     /// [`TestServer::start_with_env`]).
     pub async fn restart_with_env(self, scripts: &[(&str, Value)], env: impl Fn(&str) -> Option<String>) -> TestServer {
         let config = self.config();
+        let clock = self.clock().clone();
         let TestServer { server: running, data_dir, database } = self;
         running.shutdown().await.expect("clean shutdown");
         let models = scripted_models(&config, scripts, env);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let server = start_with_models(listener, config, Some(models)).await.expect("restarts");
+        let server = start_with_models(listener, config, Some(models), clock).await.expect("restarts");
         TestServer { server, data_dir, database }
     }
 
@@ -230,6 +232,12 @@ impl TestServer {
     /// The store.
     pub fn store(&self) -> &Store {
         &self.server.api.fabric.store
+    }
+
+    /// The server's clock: [`Clock::advance`] moves every deadline and hold of the server at
+    /// once. A restart keeps it.
+    pub fn clock(&self) -> &Clock {
+        &self.server.api.fabric.clock
     }
 
     /// Mints an Agent member.

@@ -1246,7 +1246,7 @@ async fn duplicated_reordered_and_stale_frames_change_nothing() {
     assert_eq!(early.code(), Some("task_not_running"), "{tag}");
     let (token2, _) = claim.granted().unwrap_or_else(|| panic!("{tag} {claim:?}"));
     let after = task(store, run, "r1t2").await;
-    assert_eq!((after.result, after.status.as_str(), after.settled_at), (None, "dispatched", None), "{tag}");
+    assert_eq!((after.result, after.status, after.settled_at), (None, TaskStatus::Dispatched, None), "{tag}");
     assert_eq!(after.claim_token_digest, Some(digest(&token2)), "{tag}");
     assert_eq!(before.result, None);
     assert!(completed(&a.commit(&r, "r1t2", &token2, body("two")).await), "{tag}");
@@ -1256,7 +1256,7 @@ async fn duplicated_reordered_and_stale_frames_change_nothing() {
     let (token3, _) = claim.granted().unwrap_or_else(|| panic!("{tag} {claim:?}"));
     assert_eq!(blind.code(), Some("stale_claim"), "{tag}");
     let after = task(store, run, "r1t3").await;
-    assert_eq!((after.result, after.status.as_str()), (None, "dispatched"), "{tag} a refused commit changes nothing");
+    assert_eq!((after.result, after.status), (None, TaskStatus::Dispatched), "{tag} a refused commit changes nothing");
     assert!(completed(&a.commit(&r, "r1t3", &token3, body("three")).await), "{tag}");
 
     // Extend and claim status before the claim are not_claimant, and change nothing.

@@ -37,7 +37,7 @@ use crate::store::event::{
     AttentionRequired, DeadlineExtended, Materialized, MaterializedTool, ModelChange, RoundCall, RoundResult,
     RoundStarted, TaskNarration, TurnStatus, Usage,
 };
-use crate::store::{Event, EventRow, ExecutionRow, TaskRow, now_ms};
+use crate::store::{Event, EventRow, ExecutionRow, TaskRow};
 
 /// Hands a task just written `dispatched` to its runner's inbox. Never waits: a cold inbox loads
 /// in Root meanwhile, and a runner that cannot be reached now is offered the durable row when its
@@ -510,7 +510,7 @@ impl Actor for ExecutionActor {
 /// Queues `event` for the next save, under the execution's next sequence number.
 fn emit(state: &mut ExecutionState, event: Event) {
     state.row.event_seq += 1;
-    state.events.push(EventRow { seq: state.row.event_seq, event, at: now_ms() });
+    state.events.push(EventRow { seq: state.row.event_seq, event, at: state.fabric.clock.now_ms() });
 }
 
 /// Queues the `task_status` of `task` as it now stands.
@@ -976,7 +976,7 @@ fn holds_nul(value: &Value) -> bool {
 /// resolved to its target and passed through the approval stage ([`approval::admit`]), which
 /// dispatches it, runs it in-process, parks it in `needs_approval` or denies it.
 fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCall, truncated: bool) -> TaskRow {
-    let now = now_ms();
+    let now = state.fabric.clock.now_ms();
     let default_timeout = i64::try_from(state.fabric.config.execution.default_task_timeout_ms).unwrap_or(i64::MAX);
     // Settled `failed` until the call passes every check below.
     let index = u32::try_from(index).unwrap_or(u32::MAX);

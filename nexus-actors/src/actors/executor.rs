@@ -24,7 +24,6 @@ mod offers;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::{Value, json};
@@ -47,7 +46,8 @@ use crate::actors::fabric::Fabric;
 use crate::actors::handle::ActorError;
 use crate::actors::root::RootHandle;
 use crate::auth::digest;
-use crate::store::{ExecutorRow, PresenceEvent, TaskRow, now_ms};
+use crate::clock::{deadline_after, is_frozen};
+use crate::store::{ExecutorRow, PresenceEvent, TaskRow};
 
 use self::commit::CommitRefusal;
 use self::offers::{OfferWindow, Sent};
@@ -651,11 +651,16 @@ fn fill_window(state: &mut ExecutorState) {
 }
 
 fn schedule_expiry(myself: &ActorRef<ExecutorMsg>, state: &mut ExecutorState, id: &TaskId, deadline_at: i64) {
-    let wait = Duration::from_millis(u64::try_from(deadline_at.saturating_sub(now_ms())).unwrap_or(0));
     let actor = myself.clone();
     let task = *id;
+    let clock = state.fabric.clock.clone();
+    // A frozen deadline (a paused execution's) never comes due: its timer sleeps until the
+    // resume moves it.
     let timer = tokio::spawn(async move {
-        tokio::time::sleep(wait).await;
+        if is_frozen(deadline_at) {
+            return;
+        }
+        clock.sleep_until(deadline_at).await;
         let _ = actor.cast(ExecutorMsg::Expire { task, deadline_at });
     });
     if let Some(old) = state.timers.insert(*id, timer) {
@@ -708,9 +713,11 @@ async fn announce(state: &mut ExecutorState, body_json: &str) -> Result<Frame, R
     let canonical = crate::declaration::announcement::validate(&body)?;
     state.fabric.store.set_announcement(state.row.public_id, &canonical).await.map_err(internal)?;
     state.row.announcement = canonical;
-    state.row.announced_at = Some(now_ms());
+    state.row.announced_at = Some(state.fabric.clock.now_ms());
     tracing::info!(runner_id = %state.row.public_id, tools = state.row.announcement["tools"].as_array().map_or(0, Vec::len), "announcement stored");
-    Ok(Frame::Announced(Announced { executor_json: executor_json(&state.row).to_string() }))
+    Ok(Frame::Announced(Announced {
+        executor_json: executor_json(&state.row, state.fabric.clock.now_ms()).to_string(),
+    }))
 }
 
 /// A stream whose `last_seen_at` is older than this is shown `offline`, in milliseconds.
@@ -729,9 +736,10 @@ pub fn presence(row: &ExecutorRow, now: i64) -> Presence {
 
 /// An executor's description as discovery shows it (`docs/protocol.md`, "Discovery"):
 /// `{public_id, kind, display_name, status, assignment_scope, credential_epoch, served_tools,
-/// environment, served_documents, presence, last_seen_at, connected_at}`.
-pub fn executor_json(row: &ExecutorRow) -> Value {
-    let presence = presence(row, now_ms());
+/// environment, served_documents, presence, last_seen_at, connected_at}`; `now` (Unix
+/// milliseconds) decides the presence.
+pub fn executor_json(row: &ExecutorRow, now: i64) -> Value {
+    let presence = presence(row, now);
     json!({
         "public_id": row.public_id,
         "kind": row.kind,
@@ -808,12 +816,12 @@ async fn claim(myself: &ActorRef<ExecutorMsg>, state: &mut ExecutorState, id: Ta
     );
     // The token names the credential epoch it was granted under, so re-pairing fences it.
     let token = format!("e{}.{}", state.row.credential_epoch, crate::auth::random_token());
-    let now = now_ms();
+    let now = state.fabric.clock.now_ms();
     let mut granted = task;
     granted.claimed = true;
     granted.claim_token_digest = Some(digest(&token));
     // Claiming restarts the park clock: the holder gets a full deadline.
-    granted.deadline_at = now.saturating_add(granted.timeout_ms);
+    granted.deadline_at = deadline_after(now, granted.timeout_ms);
     // The store's conditional write is the last word: another node that won the row first makes
     // this grant lose.
     state.fabric.store.update_task(&granted).await.map_err(|e| match e {
@@ -839,7 +847,7 @@ async fn claim_status(state: &ExecutorState, id: TaskId, token: &str) -> Result<
     if !token_matches(&task, token) || !token_current(state, token) {
         return Err(Refusal::new(ErrorCode::NotClaimant, "this token does not hold the claim"));
     }
-    let active = !task.is_settled() && now_ms() < task.deadline_at;
+    let active = !task.is_settled() && state.fabric.clock.now_ms() < task.deadline_at;
     Ok(Frame::ClaimState(ClaimState { active }))
 }
 
@@ -857,7 +865,7 @@ async fn extend(
     if timeout_ms <= 0 {
         return Err(Refusal::new(ErrorCode::InvalidTimeoutMs, "timeout_ms must be a positive integer of milliseconds"));
     }
-    let now = now_ms();
+    let now = state.fabric.clock.now_ms();
     if task.is_settled() || now >= task.deadline_at {
         return Err(Refusal::new(
             ErrorCode::NotExtendable,
@@ -873,7 +881,7 @@ async fn extend(
         return Err(Refusal::new(ErrorCode::ExtensionTooLong, format!("at most {cap} ms may be granted")));
     }
     let mut extended = task;
-    extended.deadline_at = now.saturating_add(timeout_ms);
+    extended.deadline_at = deadline_after(now, timeout_ms);
     state.fabric.store.update_task(&extended).await.map_err(internal)?;
     schedule_expiry(myself, state, &id, extended.deadline_at);
     let deadline_at = extended.deadline_at;
@@ -902,7 +910,7 @@ async fn commit(state: &mut ExecutorState, id: TaskId, token: &str, body_json: &
     if !token_current(state, token) {
         return Err(Refusal::new(ErrorCode::StaleClaim, "this claim was fenced when the runner was paired again"));
     }
-    if now_ms() >= task.deadline_at {
+    if state.fabric.clock.now_ms() >= task.deadline_at {
         // The deadline wins: the content is discarded and the task settles by the expiry rule.
         let (status, error_key) = expiry_outcome(&task);
         settle(state, &id, status, None, Some(error_key)).await.map_err(internal)?;
@@ -939,7 +947,7 @@ fn progress(state: &mut ExecutorState, id: TaskId, token: &str, frame_json: &str
     }
     // Accepted always; frames closer than 250 ms per key are dropped silently and nothing is
     // stored.
-    let now = now_ms();
+    let now = state.fabric.clock.now_ms();
     let due = state.progress_at.get(&id).is_none_or(|last| now - last >= PROGRESS_INTERVAL_MS);
     if due {
         state.progress_at.insert(id, now);
@@ -962,7 +970,7 @@ async fn settle(
     task.status = status;
     task.result = result;
     task.error_key = error_key.map(str::to_owned);
-    task.settled_at = Some(now_ms());
+    task.settled_at = Some(state.fabric.clock.now_ms());
     state.fabric.store.update_task(&task).await?;
     state.open.remove(id);
     state.progress_at.remove(id);

@@ -8,6 +8,7 @@ use tokio::sync::watch;
 
 use nexus_proto::ExecutionId;
 
+use crate::clock::Clock;
 use crate::config::ServerConfig;
 use crate::model::ModelRegistry;
 use crate::store::Store;
@@ -18,6 +19,8 @@ use crate::store::Store;
 pub struct Fabric {
     /// The durable store.
     pub store: Store,
+    /// The time every deadline, hold and timestamp reads (the store's own).
+    pub clock: Clock,
     /// The validated configuration.
     pub config: ServerConfig,
     /// Resolved model providers.

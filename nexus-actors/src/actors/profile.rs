@@ -14,7 +14,7 @@ use crate::actors::fabric::Fabric;
 use crate::actors::handle;
 use crate::declaration::PromptSlot;
 use crate::declaration::{CONFIGURATION_FIELDS, validate_profile_put};
-use crate::store::{MemberRow, ProfileRow, now_ms};
+use crate::store::{MemberRow, ProfileRow};
 
 /// The ProfileActor's messages.
 pub enum ProfileMsg {
@@ -176,7 +176,7 @@ async fn declare(state: &ProfileState, body: &Value) -> Result<Value, Refusal> {
         .await
         .map_err(internal)?;
     tracing::info!(member = %state.member, "profile declared");
-    Ok(profile_json(&member, Some(profile)))
+    Ok(profile_json(&member, Some(profile), state.fabric.clock.now_ms()))
 }
 
 async fn edit_slot(state: &ProfileState, slot: PromptSlot, body: &Value) -> Result<Value, Refusal> {
@@ -305,8 +305,8 @@ pub fn named_definition_json(row: &crate::store::NamedDefinitionRow) -> Value {
 /// The body of `GET /agent_api/v1/profile`:
 /// `{member:{public_id, handle, kind, role, display_name}, credential:{plane, expires_at},
 /// configuration?, measured_at}`. `configuration` appears only for an Agent; until it declares,
-/// every field is null and `tool_definitions` is `[]`.
-pub fn profile_json(member: &MemberRow, profile: Option<ProfileRow>) -> Value {
+/// every field is null and `tool_definitions` is `[]`. `now` is `measured_at`, Unix milliseconds.
+pub fn profile_json(member: &MemberRow, profile: Option<ProfileRow>, now: i64) -> Value {
     let mut body = json!({
         "member": {
             "public_id": member.public_id,
@@ -316,7 +316,7 @@ pub fn profile_json(member: &MemberRow, profile: Option<ProfileRow>) -> Value {
             "display_name": member.display_name,
         },
         "credential": {"plane": "member", "expires_at": Value::Null},
-        "measured_at": now_ms(),
+        "measured_at": now,
     });
     if member.kind == MemberKind::Agent {
         let mut row = profile.unwrap_or_default();

@@ -21,8 +21,10 @@ use uuid::Uuid;
 
 use crate::cli::admin::{MemberKind, create_member, create_runner};
 use crate::config::ServerConfig;
+use crate::doors::api::FeedType;
 use crate::doors::api::{Caller, CreateInput};
 use crate::model::{ModelRegistry, Script};
+use crate::store::EventType;
 
 /// The display name of the quickstart's runner.
 pub const RUNNER_NAME: &str = "quickstart-runner";
@@ -114,7 +116,7 @@ async fn run_in(options: &QuickstartOptions, data_dir: &Path) -> Result<Quicksta
     }
 
     let listener = TcpListener::bind("127.0.0.1:0").await.map_err(|e| step("bind a loopback port")(e.to_string()))?;
-    let server = crate::start_with_models(listener, config, Some(models))
+    let server = crate::start_with_models(listener, config, Some(models), crate::clock::Clock::system())
         .await
         .map_err(|e| step("start nexus")(e.to_string()))?;
     println!("nexus listening on {} (data dir {})", server.url(), data_dir.display());
@@ -345,12 +347,12 @@ async fn follow(
             Ok(Some(Ok(event))) => event,
         };
         let data = &event.data;
-        match event.event_type.as_str() {
-            "round_started" => {
+        match event.event_type {
+            FeedType::Durable(EventType::RoundStarted) => {
                 println!("round {} ({})", data["round"], data["model"].as_str().unwrap_or_default());
                 waiting_on = "the model".into();
             }
-            "round_result" => {
+            FeedType::Durable(EventType::RoundResult) => {
                 let calls = data["tool_calls"].as_array().cloned().unwrap_or_default();
                 for call in &calls {
                     println!(
@@ -364,7 +366,7 @@ async fn follow(
                     waiting_on = format!("runner {RUNNER_NAME} ({runner_id}) to run {} call(s)", calls.len());
                 }
             }
-            "task_status" if data.get("content").is_some() => {
+            FeedType::Durable(EventType::TaskStatus) if data.get("content").is_some() => {
                 let runner = data["runner_executor_public_id"]
                     .as_str()
                     .map_or_else(|| "no runner".to_owned(), |r| format!("runner {RUNNER_NAME} ({r})"));
@@ -377,14 +379,14 @@ async fn follow(
                 );
                 println!("{}", indent(data["content"].as_str().unwrap_or_default()));
             }
-            "attention_required" => {
+            FeedType::Durable(EventType::AttentionRequired) => {
                 println!(
                     "  needs attention: {} {}",
                     data["reason"].as_str().unwrap_or_default(),
                     data["message"].as_str().map(|m| format!("({m})")).unwrap_or_default()
                 );
             }
-            "turn_status" if data["status"] != "running" => {
+            FeedType::Durable(EventType::TurnStatus) if data["status"] != "running" => {
                 let detail = data["error_key"].as_str().map(|k| format!(": {k}")).unwrap_or_default();
                 let message = data["message"].as_str().map(|m| format!(" ({m})")).unwrap_or_default();
                 println!("turn {}{detail}{message}", data["status"].as_str().unwrap_or_default());

@@ -204,7 +204,7 @@ impl Api {
     /// `internal` on a store failure.
     pub async fn profile(&self, caller: &Caller) -> Result<Value, Refusal> {
         let profile = self.fabric.store.profile(caller.member.public_id).await.map_err(internal)?;
-        Ok(profile_json(&caller.member, profile))
+        Ok(profile_json(&caller.member, profile, self.fabric.clock.now_ms()))
     }
 
     /// `PUT /agent_api/v1/profile/configuration`, serialized on the Agent's ProfileActor.
@@ -272,10 +272,11 @@ impl Api {
             }
         };
         let rows = self.fabric.store.executors().await.map_err(internal)?;
+        let now = self.fabric.clock.now_ms();
         let listed: Vec<Value> = rows
             .iter()
             .filter(|row| row.status == ExecutorStatus::Active && row.kind == kind)
-            .map(crate::actors::executor::executor_json)
+            .map(|row| crate::actors::executor::executor_json(row, now))
             .collect();
         Ok(json!({"executors": listed}))
     }
@@ -289,7 +290,7 @@ impl Api {
         let id: RunnerId = id.parse().map_err(|_| missing())?;
         let row =
             self.fabric.store.executor(id).await.map_err(internal)?.filter(|row| row.status == ExecutorStatus::Active);
-        row.map(|row| crate::actors::executor::executor_json(&row)).ok_or_else(missing)
+        row.map(|row| crate::actors::executor::executor_json(&row, self.fabric.clock.now_ms())).ok_or_else(missing)
     }
 
     /// `GET /agent_api/v1/profile/agents`: the Agent's live named definitions.

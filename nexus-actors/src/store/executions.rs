@@ -8,7 +8,7 @@ use sqlx::{AnyConnection, Row};
 use nexus_proto::{ConversationId, ExecutionId, InputId, MemberId};
 
 use super::tasks::insert_task;
-use super::{Event, EventRow, ExecutionRow, InputRow, Store, StoreResult, TaskRow, json_opt, now_ms, parse, parse_opt};
+use super::{Event, EventRow, ExecutionRow, InputRow, Store, StoreResult, TaskRow, json_opt, parse, parse_opt};
 
 impl Store {
     /// Admits an input: creates the conversation when new, the input and its pending execution,
@@ -24,7 +24,7 @@ impl Store {
     ) -> StoreResult<()> {
         // Group-committed: answered once the batch holding this write is durable.
         let input = Arc::new(input.clone());
-        let now = now_ms();
+        let now = self.clock.now_ms();
         self.writer
             .write(move |connection| {
                 let input = input.clone();
@@ -135,12 +135,13 @@ impl Store {
     ) -> StoreResult<()> {
         // Group-committed: answered once the batch holding this write is durable.
         let write = Arc::new((execution.clone(), new_tasks.to_vec(), new_events.to_vec()));
+        let now = self.clock.now_ms();
         self.writer
             .write(move |connection| {
                 let write = write.clone();
                 Box::pin(async move {
                     let (execution, new_tasks, new_events) = &*write;
-                    save_execution_in(connection, execution, new_tasks, new_events).await
+                    save_execution_in(connection, execution, new_tasks, new_events, now).await
                 })
             })
             .await
@@ -175,7 +176,7 @@ impl Store {
                     .bind(execution.created_at)
                     .execute(&mut *connection)
                     .await?;
-                    save_execution_in(connection, execution, &[], events).await
+                    save_execution_in(connection, execution, &[], events, execution.updated_at).await
                 })
             })
             .await
@@ -213,6 +214,7 @@ async fn save_execution_in(
     execution: &ExecutionRow,
     new_tasks: &[TaskRow],
     new_events: &[EventRow],
+    now: i64,
 ) -> StoreResult<()> {
     sqlx::query(
         "UPDATE executions SET status = $1, attention_reason = $2, declaration = COALESCE($3, declaration), transcript = $4, round = $5, \
@@ -226,7 +228,7 @@ async fn save_execution_in(
     .bind(&execution.final_text)
     .bind(&execution.error_key)
     .bind(execution.event_seq)
-    .bind(now_ms())
+    .bind(now)
     .bind(execution.public_id.to_string())
     .execute(&mut *connection)
     .await?;

@@ -6,7 +6,7 @@ use sqlx::Row;
 use nexus_proto::RunnerId;
 
 use super::members::insert_credential;
-use super::{Credential, ExecutorRow, PresenceEvent, Store, StoreResult, now_ms, parse};
+use super::{Credential, ExecutorRow, PresenceEvent, Store, StoreResult, parse};
 
 impl Store {
     /// Creates a runner executor and its transport credential.
@@ -28,10 +28,10 @@ impl Store {
         .bind(public_id.to_string())
         .bind(display_name)
         .bind(empty.to_string())
-        .bind(now_ms())
+        .bind(self.clock.now_ms())
         .execute(&mut *tx)
         .await?;
-        insert_credential(&mut tx, credential, 0).await?;
+        insert_credential(&mut tx, credential, 0, self.clock.now_ms()).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -72,7 +72,7 @@ impl Store {
     pub async fn set_announcement(&self, public_id: RunnerId, announcement: &Value) -> StoreResult<()> {
         sqlx::query("UPDATE executors SET announcement = $1, announced_at = $2 WHERE public_id = $3")
             .bind(announcement.to_string())
-            .bind(now_ms())
+            .bind(self.clock.now_ms())
             .bind(public_id.to_string())
             .execute(&self.pool)
             .await?;
@@ -91,7 +91,7 @@ impl Store {
                 "UPDATE executors SET connected_at = NULL, last_seen_at = $1 WHERE public_id = $2"
             }
         };
-        let at = now_ms();
+        let at = self.clock.now_ms();
         // Group-committed: presence is touched on every ping of every stream.
         self.writer
             .write(move |connection| {
@@ -141,7 +141,7 @@ impl Store {
             .fetch_one(&mut *tx)
             .await?;
         let epoch: i64 = row.try_get("credential_epoch")?;
-        insert_credential(&mut tx, credential, epoch).await?;
+        insert_credential(&mut tx, credential, epoch, self.clock.now_ms()).await?;
         tx.commit().await?;
         Ok(Some(epoch))
     }

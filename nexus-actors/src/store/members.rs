@@ -5,7 +5,7 @@ use uuid::Uuid;
 
 use nexus_proto::{ErrorCode, MemberId, MemberKind, MemberStatus, Refusal};
 
-use super::{Credential, MemberRow, Plane, Store, StoreError, StoreResult, now_ms, parse};
+use super::{Credential, MemberRow, Plane, Store, StoreError, StoreResult, parse};
 use crate::auth::digest;
 
 impl Store {
@@ -17,7 +17,7 @@ impl Store {
         // Write first: a transaction that reads and then writes cannot upgrade its SQLite lock
         // while another writer commits ("database is locked"), so the UNIQUE index decides.
         let mut tx = self.pool.begin().await?;
-        let now = now_ms();
+        let now = self.clock.now_ms();
         sqlx::query(
             "INSERT INTO members (public_id, kind, handle, display_name, created_at) VALUES ($1, $2, $3, $4, $5)",
         )
@@ -34,7 +34,7 @@ impl Store {
             }
             other => StoreError::Database(other),
         })?;
-        insert_credential(&mut tx, credential, 0).await?;
+        insert_credential(&mut tx, credential, 0, now).await?;
         if member.kind == MemberKind::Agent {
             sqlx::query(
                 "INSERT INTO profiles (member_public_id, system_prompt_version, summarizer_version) VALUES ($1, 0, 0)",
@@ -57,7 +57,7 @@ impl Store {
              AND (expires_at IS NULL OR expires_at > $2)",
         )
         .bind(digest)
-        .bind(now_ms())
+        .bind(self.clock.now_ms())
         .fetch_optional(&self.pool)
         .await?;
         let Some(row) = row else { return Ok(None) };
@@ -131,6 +131,7 @@ pub(super) async fn insert_credential(
     tx: &mut sqlx::Transaction<'_, Any>,
     credential: &Credential,
     epoch: i64,
+    now: i64,
 ) -> StoreResult<()> {
     sqlx::query(
         "INSERT INTO credentials (digest, plane, subject_public_id, credential_epoch, created_at) VALUES ($1, $2, $3, $4, $5)",
@@ -139,7 +140,7 @@ pub(super) async fn insert_credential(
     .bind(credential.plane.as_str())
     .bind(credential.subject.to_string())
     .bind(epoch)
-    .bind(now_ms())
+    .bind(now)
     .execute(&mut **tx)
     .await?;
     Ok(())

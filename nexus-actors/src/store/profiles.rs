@@ -7,7 +7,7 @@ use nexus_proto::MemberId;
 
 use crate::declaration::PromptSlot;
 
-use super::{NamedDefinitionRow, ProfileRow, Store, StoreError, StoreResult, json_opt, now_ms};
+use super::{NamedDefinitionRow, ProfileRow, Store, StoreError, StoreResult, json_opt};
 
 impl Store {
     /// Reads an Agent's profile; `None` for a member without one (a Human).
@@ -47,7 +47,7 @@ impl Store {
         system_prompt: Option<&Value>,
         summarizer: Option<&Value>,
     ) -> StoreResult<ProfileRow> {
-        let declared_at = now_ms();
+        let declared_at = self.clock.now_ms();
         // The new versions come back from the write itself: no read-back of the (up to 1 MiB)
         // configuration that was just written.
         let versions = sqlx::query(
@@ -133,7 +133,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] on a database failure.
     pub async fn put_named_definition(&self, member: MemberId, definition: &NamedDefinitionRow) -> StoreResult<bool> {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         // Write first (replace, else insert): a read-then-write transaction cannot upgrade its
         // SQLite lock while another writer commits.
         let mut tx = self.pool.begin().await?;
@@ -184,7 +184,7 @@ impl Store {
         let done = sqlx::query(
             "UPDATE named_definitions SET deleted_at = $1 WHERE member_public_id = $2 AND name = $3 AND deleted_at IS NULL",
         )
-        .bind(now_ms())
+        .bind(self.clock.now_ms())
         .bind(member.to_string())
         .bind(name)
         .execute(&self.pool)

@@ -272,7 +272,7 @@ async fn rules_mode_allows_denies_and_refuses_the_unmatched_by_path_and_match() 
         ("r1t3", "mode", "no approval rule allows probe"),
     ] {
         let task = row(key).await;
-        assert_eq!((task.status.as_str(), task.error_key.as_deref()), ("failed", Some("approval_denied")), "{key}");
+        assert_eq!((task.status, task.error_key.as_deref()), (TaskStatus::Failed, Some("approval_denied")), "{key}");
         assert_eq!(task.approval.as_ref().map(|a| a["origin"].clone()), Some(json!(origin)), "{key}");
         let result = task.result.expect("result");
         assert_eq!(result["content"], denial(reason), "{key}");
@@ -335,18 +335,21 @@ async fn an_expired_hold_times_the_call_out_with_approval_expired() {
         {"tool_calls": [{"id": "p", "name": "probe", "arguments": {}}]},
         {"final": "after: {{tool:p}}"},
     ]});
-    let f = Fixture::start(&[("expire", script)], Some(300)).await;
+    let f = Fixture::start(&[("expire", script)], Some(600_000)).await;
     f.declare("scripted/expire", "ask", Value::Null).await;
     let run = f.turn("wait").await;
+    f.server.task_in(run, "r1t0", TaskStatus::NeedsApproval).await;
+    // Past the ten-minute hold at once.
+    f.server.clock().advance(Duration::from_secs(601));
     let text = completed(&f.server, run).await;
     assert!(text.starts_with("after: <tool_use_error>"), "{text}");
     assert!(text.contains("(approval_expired)"), "{text}");
     let task = f.server.store().task(run, key("r1t0")).await.expect("store").expect("task");
-    assert_eq!((task.status.as_str(), task.error_key.as_deref()), ("timed_out", Some("approval_expired")));
+    assert_eq!((task.status, task.error_key.as_deref()), (TaskStatus::TimedOut, Some("approval_expired")));
     assert_eq!(task.approval, None, "nobody decided");
     let required = events(&f.server, run, EventType::ApprovalRequired).await;
     assert_eq!(required.len(), 1);
-    assert_eq!(required[0]["hold_until"].as_i64().map(|until| until - task.started_at), Some(300));
+    assert_eq!(required[0]["hold_until"].as_i64().map(|until| until - task.started_at), Some(600_000));
     assert_eq!(f.raw.claim(&run.to_string(), "r1t0").await.code(), Some("task_not_claimable"));
     let late = f.http(&f.agent).post(&door(run, "r1t0", "approve"), &json!({})).await;
     assert_eq!((late.status, late.code()), (409, Some("not_awaiting_approval")));
@@ -401,8 +404,8 @@ async fn a_park_survives_a_nexus_restart_and_is_approved_after_it() {
 
     let still = server.store().task(run, key("r1t0")).await.expect("store").expect("task");
     assert_eq!(
-        (still.status.as_str(), still.deadline_at),
-        ("needs_approval", parked.deadline_at),
+        (still.status, still.deadline_at),
+        (TaskStatus::NeedsApproval, parked.deadline_at),
         "the hold is durable"
     );
     let mut raw = connect(&server, &runner, READ_ONLY).await;

@@ -63,7 +63,7 @@ async fn parked_on_a_real_runner() -> (TestServer, Http, ExecutionId, tempfile::
 async fn quiet(server: &TestServer, run: ExecutionId) -> nexus_actors::store::ExecutionRow {
     wait_until("the execution is quiet", WAIT, || async {
         let row = server.store().execution(run).await.ok()??;
-        matches!(row.status.as_str(), "completed" | "needs_attention").then_some(row)
+        matches!(row.status, RunStatus::Completed | RunStatus::NeedsAttention).then_some(row)
     })
     .await
 }
@@ -72,11 +72,13 @@ async fn quiet(server: &TestServer, run: ExecutionId) -> nexus_actors::store::Ex
 async fn an_approved_call_runs_on_the_runner_agent_only_after_approval() {
     let (server, http, run, dirs, _child) = parked_on_a_real_runner().await;
     let marker = dirs.path().join("work/marker");
-    // Parked: the worker has run nothing, and the call is not in its inbox to claim.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Parked: the worker, connected and announced, has run nothing, and the call is not in its
+    // inbox to claim.
     assert!(!marker.exists(), "a parked call never reaches the worker");
     let parked = server.store().task(run, key("r1t0")).await.expect("task").expect("row");
-    assert_eq!((parked.status.as_str(), parked.claimed), ("needs_approval", false));
+    assert_eq!((parked.status, parked.claimed), (TaskStatus::NeedsApproval, false));
+    let inboxes = server.store().executors_with_open_tasks().await.expect("inboxes");
+    assert!(inboxes.is_empty(), "nothing is offered to the worker while the call is parked: {inboxes:?}");
     let approved = http.post(&format!("/agent_api/v1/executions/{run}/tasks/r1t0/approve"), &json!({})).await;
     assert_eq!(approved.status, 200, "{approved:?}");
     // The owning Agent decided: the fact names it.
@@ -87,7 +89,7 @@ async fn an_approved_call_runs_on_the_runner_agent_only_after_approval() {
     assert_eq!(row.final_text.as_deref(), Some("result: wrote"));
     assert_eq!(std::fs::read_to_string(&marker).expect("the worker ran the call"), "ran\n");
     let task = server.store().task(run, key("r1t0")).await.expect("task").expect("row");
-    assert_eq!((task.status.as_str(), task.claimed), ("completed", true));
+    assert_eq!((task.status, task.claimed), (TaskStatus::Completed, true));
 }
 
 #[tokio::test]
@@ -108,8 +110,8 @@ async fn a_denied_call_never_runs_and_the_model_reads_the_denial() {
     );
     let task = server.store().task(run, key("r1t0")).await.expect("task").expect("row");
     assert_eq!(
-        (task.status.as_str(), task.error_key.as_deref(), task.claimed),
-        ("failed", Some("approval_denied"), false)
+        (task.status, task.error_key.as_deref(), task.claimed),
+        (TaskStatus::Failed, Some("approval_denied"), false)
     );
     assert!(!dirs.path().join("work/marker").exists(), "a denied call never reaches the worker");
 }

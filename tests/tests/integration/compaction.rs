@@ -9,7 +9,7 @@
 //! tail.
 
 use nexus_actors::store::EventType;
-use nexus_proto::{ErrorCode, ExecutionId, RunStatus, TaskStatus};
+use nexus_proto::{ErrorCode, ExecutionId, RunStatus, TaskKind, TaskStatus};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -150,7 +150,7 @@ async fn an_overflow_compacts_with_the_kernel_summarizer_and_the_round_runs_agai
     declared["summarizer"] = json!({"content": "Keep decisions and pointers."});
     let run = bed.run("who runs my tools?", declared).await;
     let row = bed.settled(run).await;
-    assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("done")), "{row:?}");
+    assert_eq!((row.status, row.final_text.as_deref()), (RunStatus::Completed, Some("done")), "{row:?}");
 
     let events = bed.events(run).await;
     assert_eq!(
@@ -188,7 +188,7 @@ async fn an_overflow_compacts_with_the_kernel_summarizer_and_the_round_runs_agai
 
     // The summary task is durable, narrated with the compaction's facts, and settled once.
     let summary = bed.task(run, "c3-summary").await;
-    assert_eq!((summary.kind.as_str(), summary.status.as_str()), ("model_task", "completed"));
+    assert_eq!((summary.kind, summary.status), (TaskKind::ModelTask, TaskStatus::Completed));
     assert_eq!(summary.result.as_ref().map(|r| r["content"].clone()), Some(json!("listed the runners once")));
     assert_eq!(summary.target_executor_public_id, None, "a kernel summary never reaches a runner");
     let first = first_status(&events, "c3-summary");
@@ -217,7 +217,7 @@ async fn high_reported_usage_against_a_small_window_compacts_before_the_next_rou
     );
     let run = bed.run("count my runners", declaration("oa/tiny", json!({"mode": "kernel"}))).await;
     let row = bed.settled(run).await;
-    assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("done")), "{row:?}");
+    assert_eq!((row.status, row.final_text.as_deref()), (RunStatus::Completed, Some("done")), "{row:?}");
 
     let events = bed.events(run).await;
     let compacted = of_type(&events, EventType::ContextCompacted);
@@ -268,7 +268,7 @@ async fn an_estimate_over_a_small_window_compacts_at_the_wall() {
     let policy = json!({"mode": "kernel", "model": "scripted/wallsum"});
     let run = bed.run("walls", declaration("scripted/walled", policy)).await;
     let row = bed.settled(run).await;
-    assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("done: walls")), "{row:?}");
+    assert_eq!((row.status, row.final_text.as_deref()), (RunStatus::Completed, Some("done: walls")), "{row:?}");
 
     let events = bed.events(run).await;
     let compacted = of_type(&events, EventType::ContextCompacted);
@@ -329,7 +329,7 @@ async fn the_manual_door_compacts_the_queued_round_and_refuses_with_its_words() 
     // The parked call is an unresolved obligation: it is never compacted away.
     assert_eq!(http.post(&approve("r2t0"), &json!({})).await.status, 200);
     let row = bed.settled(run).await;
-    assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("done")), "{row:?}");
+    assert_eq!((row.status, row.final_text.as_deref()), (RunStatus::Completed, Some("done")), "{row:?}");
     let events = bed.events(run).await;
     let compacted = of_type(&events, EventType::ContextCompacted);
     assert_eq!(
@@ -382,7 +382,7 @@ async fn mode_off_lets_the_overflow_halt_and_a_round_is_repaired_at_most_once() 
     );
     let run = bed.run("still too much", declaration("oa/twice", json!({"mode": "kernel"}))).await;
     let row = bed.settled(run).await;
-    assert_eq!((row.status.as_str(), row.error_key.as_deref()), ("needs_attention", Some("provider_context_overflow")));
+    assert_eq!((row.status, row.error_key.as_deref()), (RunStatus::NeedsAttention, Some("provider_context_overflow")));
     let events = bed.events(run).await;
     assert_eq!(of_type(&events, EventType::ContextCompacted).len(), 1);
     assert_eq!(rounds(&events), [1, 2, 3, 3]);
@@ -474,7 +474,7 @@ async fn a_delegate_summarizes_on_the_runner_that_serves_its_tool() {
     commit(&s.raw, run, "c3-summary", &token, json!({"content": "the runner's summary"})).await;
 
     let row = s.bed.settled(run).await;
-    assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("done")), "{row:?}");
+    assert_eq!((row.status, row.final_text.as_deref()), (RunStatus::Completed, Some("done")), "{row:?}");
     let events = s.bed.events(run).await;
     assert_eq!(
         of_type(&events, EventType::ContextCompacted),
@@ -495,7 +495,7 @@ async fn a_delegate_summarizes_on_the_runner_that_serves_its_tool() {
 
 #[tokio::test]
 async fn a_delegate_nobody_answers_falls_back_to_the_kernel_summarizer_once() {
-    let mut s = Served::start(1_500).await;
+    let mut s = Served::start(60_000).await;
     s.bed.fake.script(
         "d",
         [
@@ -508,12 +508,13 @@ async fn a_delegate_nobody_answers_falls_back_to_the_kernel_summarizer_once() {
     );
     let declared = s.declaration("oa/d", json!({"mode": "delegate", "tool_name": "summarize"}), Value::Null);
     let run = s.bed.run("nobody home", declared).await;
-    // Offered, never claimed: its deadline settles it `tool_timeout`.
+    // Offered, never claimed: its deadline, a minute on, settles it `tool_timeout`.
     let work = s.raw.next_work(WAIT).await.expect("the delegate task is offered");
     assert_eq!(work.task_key, "c3-summary");
+    s.bed.server.clock().advance(Duration::from_secs(61));
 
     let row = s.bed.settled(run).await;
-    assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("done")), "{row:?}");
+    assert_eq!((row.status, row.final_text.as_deref()), (RunStatus::Completed, Some("done")), "{row:?}");
     let events = s.bed.events(run).await;
     assert_eq!(
         of_type(&events, EventType::ContextCompacted),
@@ -522,9 +523,9 @@ async fn a_delegate_nobody_answers_falls_back_to_the_kernel_summarizer_once() {
                     "fallback_reason": "tool_timeout", "replaced_messages": 2, "retained_messages": 2})]
     );
     let delegate = s.bed.task(run, "c3-summary").await;
-    assert_eq!((delegate.status.as_str(), delegate.error_key.as_deref()), ("timed_out", Some("tool_timeout")));
+    assert_eq!((delegate.status, delegate.error_key.as_deref()), (TaskStatus::TimedOut, Some("tool_timeout")));
     let fallback = s.bed.task(run, "c3-summary-fallback").await;
-    assert_eq!((fallback.kind.as_str(), fallback.status.as_str()), ("model_task", "completed"));
+    assert_eq!((fallback.kind, fallback.status), (TaskKind::ModelTask, TaskStatus::Completed));
     let fact = &first_status(&events, "c3-summary-fallback")["compaction"];
     assert_eq!(
         (fact["fallback_from"].as_str(), fact["fallback_reason"].as_str()),
@@ -565,7 +566,7 @@ async fn pre_compact_and_post_compact_run_around_the_compaction() {
     .await;
     assert_eq!(post["tool_input"]["event"], "post_compact");
     let row = s.bed.settled(run).await;
-    assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("done")), "{row:?}");
+    assert_eq!((row.status, row.final_text.as_deref()), (RunStatus::Completed, Some("done")), "{row:?}");
 
     let events = s.bed.events(run).await;
     let settled = |key: &'static str| {
@@ -618,7 +619,7 @@ async fn pinned_user_messages_survive_compaction() {
     commit(&s.raw, run, "h1-stop", &token, json!({"content": "again", "structured_content": feedback})).await;
     acknowledge(&mut s.raw, run, "h4-stop").await;
     let row = s.bed.settled(run).await;
-    assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("the final answer")));
+    assert_eq!((row.status, row.final_text.as_deref()), (RunStatus::Completed, Some("the final answer")));
 
     let requests = s.bed.fake.requests_for("p");
     assert_eq!(requests.len(), 5);
@@ -670,7 +671,7 @@ async fn a_compaction_resumes_across_nexus_restarts() {
     commit(&raw, run, "c3-summary", &token, json!({"content": "summary made across restarts"})).await;
 
     let row = bed.settled(run).await;
-    assert_eq!((row.status.as_str(), row.final_text.as_deref()), ("completed", Some("done")), "{row:?}");
+    assert_eq!((row.status, row.final_text.as_deref()), (RunStatus::Completed, Some("done")), "{row:?}");
     let events = bed.events(run).await;
     let compacted = of_type(&events, EventType::ContextCompacted);
     assert_eq!(compacted.len(), 1, "applied once");

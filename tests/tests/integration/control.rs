@@ -138,6 +138,34 @@ fn position(events: &[EventRow], event_type: EventType, pick: impl Fn(&Value) ->
 }
 
 /// Takes the next offer, which must be `run`/`key`, and claims it; answers the claim token.
+/// A second Agent with its own runner, whose turn on `model` parks one call (`probe`, allowed) on
+/// that runner and holds one (`other`, asked): live clocks beside a paused execution's frozen ones.
+/// Answers the execution and the runner's stream, which must stay open.
+async fn live_clocks(server: &TestServer, timeout_ms: Option<u64>, model: &str) -> (ExecutionId, RawRunner) {
+    let agent = server.agent("beside").await;
+    let runner = server.runner("beside-worker").await;
+    let raw = connect(server, &runner, timeout_ms).await;
+    let http = Http::new(&server.url(), Some(&agent.token));
+    let rules = json!([{"tool": "probe", "verdict": "allow"}, {"tool": "other", "verdict": "ask"}]);
+    let configuration = json!({"runner_executor_public_ids": [runner.id], "approval_mode": "rules",
+        "approval_rules": rules, "default_model": model});
+    let declared = http.declare(&json!({"configuration": configuration})).await;
+    assert_eq!(declared.status, 200, "declared: {:?}", declared.body);
+    let answer = http.post("/agent_api/v1/inputs", &json!({"text": "beside"})).await;
+    assert_eq!(answer.status, 201, "admitted: {:?}", answer.body);
+    let run = answer.body["execution_public_id"].as_str().expect("id").parse::<ExecutionId>().expect("uuid");
+    server.task_in(run, "r1t0", TaskStatus::Dispatched).await;
+    server.task_in(run, "r1t1", TaskStatus::NeedsApproval).await;
+    (run, raw)
+}
+
+/// Waits until both live clocks of [`live_clocks`]' execution ran out: time has passed for
+/// every timer of the server.
+async fn live_clocks_ran_out(server: &TestServer, run: ExecutionId) {
+    server.task_in(run, "r1t0", TaskStatus::TimedOut).await;
+    server.task_in(run, "r1t1", TaskStatus::TimedOut).await;
+}
+
 async fn claim_next(raw: &mut RawRunner, run: ExecutionId, key: &str) -> String {
     let work = raw.next_work(WAIT).await.expect("work offered");
     assert_eq!((work.run_public_id.as_str(), work.task_key.as_str()), (run.to_string().as_str(), key));
@@ -239,7 +267,7 @@ async fn a_graceful_pause_records_finished_work_and_starts_no_round_until_resume
     let again = http.post(&door(run, "pause"), &json!({"force": true})).await;
     assert_eq!((again.status, again.code()), (409, Some("not_pausable")));
     let paused_row = row(&f.server, run).await;
-    assert_eq!((paused_row.status.as_str(), paused_row.round), ("paused", 1), "no new round while paused");
+    assert_eq!((paused_row.status, paused_row.round), (RunStatus::Paused, 1), "no new round while paused");
     assert_eq!(all.iter().filter(|e| e.event.event_type() == EventType::RoundStarted).count(), 1);
 
     let resumed = http.send(reqwest::Method::POST, &door(run, "resume"), None).await;
@@ -333,8 +361,11 @@ async fn resume_moves_open_deadlines_and_holds_forward_by_the_paused_time() {
     let view = http.get(&format!("/agent_api/v1/executions/{run}")).await;
     let tasks = view.body["tasks"].as_array().expect("tasks");
     assert!(tasks.iter().all(|t| t["deadline_at"].is_null() && t["frozen_remaining_ms"].is_i64()), "{tasks:?}");
-    // Longer than either clock had.
-    tokio::time::sleep(Duration::from_millis(3_300)).await;
+    // Longer than either clock had: the live clocks of an execution beside it run out, the frozen
+    // ones stay.
+    let (beside, _beside_runner) = live_clocks(&f.server, f.timeout_ms, "scripted/clocks").await;
+    f.server.clock().advance(Duration::from_millis(3_300));
+    live_clocks_ran_out(&f.server, beside).await;
     assert_eq!(f.server.task_in(run, "r1t0", TaskStatus::Dispatched).await.deadline_at, frozen.deadline_at);
     f.server.task_in(run, "r1t1", TaskStatus::NeedsApproval).await;
 
@@ -366,8 +397,12 @@ async fn a_nexus_restart_while_paused_stays_paused_with_its_clocks_frozen() {
         {"tool_calls": [{"id": "p", "name": "probe", "arguments": {}}]},
         {"final": "after restart: {{tool:p}}"},
     ]});
-    let scripts = [("restart", script)];
-    let f = Fixture::start(&scripts, Some(3_000)).await;
+    let beside = json!({"rounds": [
+        {"tool_calls": [{"id": "p", "name": "probe", "arguments": {}}, {"id": "o", "name": "other", "arguments": {}}]},
+        {"final": "beside"},
+    ]});
+    let scripts = [("restart", script), ("beside", beside)];
+    let f = Fixture::start_with(&scripts, Some(3_000), |config| config.execution.approval_hold_ms = 3_000).await;
     f.declare_tools("scripted/restart", "bypass", Value::Null).await;
     let run = f.turn("survive").await;
     f.server.task_in(run, "r1t0", TaskStatus::Dispatched).await;
@@ -385,8 +420,10 @@ async fn a_nexus_restart_while_paused_stays_paused_with_its_clocks_frozen() {
     let mut raw = connect(&server, &runner, timeout_ms).await;
 
     assert_eq!(row(&server, run).await.status, RunStatus::Paused, "still paused after the restart");
-    // Past the task's whole park: its clock stays frozen.
-    tokio::time::sleep(Duration::from_millis(3_300)).await;
+    // Past the task's whole park: its clock stays frozen while live ones beside it run out.
+    let (beside, _beside_runner) = live_clocks(&server, timeout_ms, "scripted/beside").await;
+    server.clock().advance(Duration::from_millis(3_300));
+    live_clocks_ran_out(&server, beside).await;
     let still = server.task_in(run, "r1t0", TaskStatus::Dispatched).await;
     assert!(is_frozen(still.deadline_at));
     assert_eq!(row(&server, run).await.status, RunStatus::Paused);
@@ -428,7 +465,7 @@ async fn a_forced_stop_drains_through_canceling_and_the_claimant_hears_of_it() {
     assert_eq!((canceled.run_public_id.as_str(), canceled.task_key.as_str()), (run.to_string().as_str(), "r1t0"));
     for key in ["r1t0", "r1t1"] {
         let task = f.server.task(run, key).await.expect("task");
-        assert_eq!((task.status.as_str(), task.error_key.as_deref()), ("canceled", Some("task_canceled")), "{key}");
+        assert_eq!((task.status, task.error_key.as_deref()), (TaskStatus::Canceled, Some("task_canceled")), "{key}");
     }
     // A late commit of the canceled claim is an idle success; nothing changes.
     let late = f.raw.commit(&run.to_string(), "r1t0", &token, &json!({"content": "too late"})).await;

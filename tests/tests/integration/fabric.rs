@@ -4,7 +4,7 @@
 use nexus_actors::doors::api::FeedType;
 use nexus_actors::store::EventType;
 use nexus_proto::TaskKey;
-use nexus_proto::{ErrorCode, ExecutionId, TaskStatus};
+use nexus_proto::{ErrorCode, ExecutionId, ExecutorStatus, TaskStatus};
 use nexus_tests::key;
 use std::time::Duration;
 
@@ -198,7 +198,7 @@ async fn claiming_restarts_the_park_clock_and_extend_is_capped() {
     let mut s = setup(probe_tool(effect("read_only", "intrinsic"), 5_000)).await;
     let _run = admit(&s.server, &s.agent, "probe it").await;
     let work = s.raw.next_work(WAIT).await.expect("work");
-    let before = nexus_actors::store::now_ms();
+    let before = s.server.store().clock().now_ms();
     let granted = s.raw.claim(&work.run_public_id, &work.task_key).await;
     let Reply::Frame(nexus_frame::Frame::ClaimGranted(claim)) = &granted else { panic!("{granted:?}") };
     assert!(claim.deadline_at_ms >= before + 5_000, "the holder gets a full deadline");
@@ -536,7 +536,7 @@ async fn a_revoked_runner_is_never_paired_again() {
     let refused = nexus_actors::cli::admin::repair_runner(server.store(), runner.runner()).await.expect_err("refused");
     assert_eq!(refused.code, ErrorCode::NotEligible);
     let row = server.store().executor(runner.runner()).await.expect("store").expect("row");
-    assert_eq!((row.status.as_str(), row.credential_epoch), ("revoked", 0), "the row is left as it was");
+    assert_eq!((row.status, row.credential_epoch), (ExecutorStatus::Revoked, 0), "the row is left as it was");
     let (_raw, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
     assert_eq!(hello.code(), Some("unauthorized"));
     let unknown = nexus_actors::cli::admin::repair_runner(server.store(), nexus_proto::RunnerId::new_v4())

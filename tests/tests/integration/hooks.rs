@@ -3,7 +3,7 @@
 //! the decision a test chooses. The retry and abandon doors run on HTTP and gRPC.
 
 use nexus_actors::store::EventType;
-use nexus_proto::{ErrorCode, ExecutionId, RunStatus, TaskStatus};
+use nexus_proto::{ErrorCode, ExecutionId, InboxKind, RunStatus, TaskStatus};
 use nexus_tests::key;
 use std::time::Duration;
 
@@ -136,7 +136,11 @@ fn door(run: ExecutionId, task_key: &str, verb: &str) -> String {
 async fn claim(raw: &mut RawRunner, run: ExecutionId, key: &str) -> (String, Value) {
     let work = raw.next_work(WAIT).await.expect("work offered");
     assert_eq!((work.run_public_id.as_str(), work.task_key.as_str()), (run.to_string().as_str(), key));
-    assert_eq!((work.kind.as_str(), work.tool_name.as_str()), ("tool_call", "review"), "an ordinary tool_call row");
+    assert_eq!(
+        (work.kind.parse::<InboxKind>().ok(), work.tool_name.as_str()),
+        (Some(InboxKind::ToolCall), "review"),
+        "an ordinary tool_call row"
+    );
     let (token, task) = raw.claim(&work.run_public_id, &work.task_key).await.granted().expect("claim granted");
     assert_eq!(task["task_key"], key);
     (token, task)
@@ -254,7 +258,7 @@ async fn a_continuation_beyond_the_limit_holds_until_abandon_delivers_the_answer
     );
     assert_eq!(row.final_text, None, "nothing is delivered while held");
     let held = f.task(run, "h2-stop").await;
-    assert_eq!((held.status.as_str(), held.error_key.as_deref()), ("failed", Some("stop_hook_limit")));
+    assert_eq!((held.status, held.error_key.as_deref()), (TaskStatus::Failed, Some("stop_hook_limit")));
     let result = held.result.expect("the committed result is kept");
     assert_eq!(result["structured_content"], json!({"continue": true, "feedback": "more"}));
     assert_eq!(result["error"]["key"], "stop_hook_limit");
@@ -327,7 +331,7 @@ async fn a_turn_start_hook_passes_the_approval_stage_and_acknowledges_before_the
     assert_eq!(required[0]["task_key"], "h1-turn_start");
     // No model round starts while the hook is out.
     let row = f.execution(run).await;
-    assert_eq!((row.status.as_str(), row.round), ("running", 0));
+    assert_eq!((row.status, row.round), (RunStatus::Running, 0));
     assert!(f.events(run, EventType::RoundStarted).await.is_empty());
 
     let approved = f.http().post(&door(run, "h1-turn_start", "approve"), &json!({})).await;
@@ -358,21 +362,22 @@ async fn a_hook_that_times_out_holds_until_a_retry_succeeds() {
     let mut f = Fixture::start(&[("echo", echo_script())]).await;
     f.declare(
         "scripted/echo",
-        json!({"stop": {"tool": "review", "timeout_ms": 1_500, "max_continuations": 0}}),
+        json!({"stop": {"tool": "review", "timeout_ms": 60_000, "max_continuations": 0}}),
         Value::Null,
     )
     .await;
     let run = f.turn("slow").await;
-    // Offered, never claimed: the deadline settles it.
+    // Offered, never claimed: the deadline, a minute on, settles it.
     let work = f.raw.next_work(WAIT).await.expect("offered");
     assert_eq!(work.task_key, "h1-stop");
+    f.server.clock().advance(Duration::from_secs(61));
     let row = f.status(run, RunStatus::NeedsAttention).await;
     assert_eq!(
         (row.attention_reason, row.error_key.as_deref()),
         (Some(nexus_proto::AttentionReason::HaltFailure), Some("tool_timeout"))
     );
     let timed_out = f.task(run, "h1-stop").await;
-    assert_eq!((timed_out.status.as_str(), timed_out.error_key.as_deref()), ("timed_out", Some("tool_timeout")));
+    assert_eq!((timed_out.status, timed_out.error_key.as_deref()), (TaskStatus::TimedOut, Some("tool_timeout")));
     let attention = f.events(run, EventType::AttentionRequired).await;
     assert_eq!(
         (attention[0]["error_key"].as_str(), attention[0]["task_key"].as_str()),
@@ -418,7 +423,7 @@ async fn malformed_and_errored_decisions_fail_with_their_words() {
     let row = f.status(run, RunStatus::NeedsAttention).await;
     assert_eq!(row.error_key.as_deref(), Some("invalid_hook_result"));
     let failed = f.task(run, "h1-turn_start").await;
-    assert_eq!((failed.status.as_str(), failed.error_key.as_deref()), ("failed", Some("invalid_hook_result")));
+    assert_eq!((failed.status, failed.error_key.as_deref()), (TaskStatus::Failed, Some("invalid_hook_result")));
     assert_eq!(f.execution(run).await.round, 0, "no model round ran");
 
     // A commit with is_error:true is hook_error, whatever its structure says.
@@ -428,7 +433,7 @@ async fn malformed_and_errored_decisions_fail_with_their_words() {
     commit(&f.raw, run, "h1-turn_start-g2", &token, json!({"continue": false}), true).await;
     f.status(run, RunStatus::NeedsAttention).await;
     let failed = f.task(run, "h1-turn_start-g2").await;
-    assert_eq!((failed.status.as_str(), failed.error_key.as_deref()), ("failed", Some("hook_error")));
+    assert_eq!((failed.status, failed.error_key.as_deref()), (TaskStatus::Failed, Some("hook_error")));
     assert_eq!(f.execution(run).await.error_key.as_deref(), Some("hook_error"));
 
     // A key outside {continue, feedback} is invalid_hook_result.
@@ -467,8 +472,8 @@ async fn an_unserved_hook_tool_fails_tool_not_served_and_abandon_lets_the_turn_r
     assert_eq!(row.error_key.as_deref(), Some("tool_not_served"));
     let failed = f.task(run, "h1-turn_start").await;
     assert_eq!(
-        (failed.status.as_str(), failed.error_key.as_deref(), failed.target_executor_public_id),
-        ("failed", Some("tool_not_served"), None)
+        (failed.status, failed.error_key.as_deref(), failed.target_executor_public_id),
+        (TaskStatus::Failed, Some("tool_not_served"), None)
     );
     let abandoned = f.http().post(&door(run, "h1-turn_start", "abandon"), &json!({})).await;
     assert_eq!(abandoned.status, 200, "{:?}", abandoned.body);
@@ -500,7 +505,7 @@ async fn a_forced_stop_cancels_the_hook_task_and_is_never_vetoed() {
     let row = f.status(run, RunStatus::Canceled).await;
     assert_eq!((row.error_key.as_deref(), row.final_text), (Some("run_canceled"), None));
     let hook = f.task(run, "h1-stop").await;
-    assert_eq!((hook.status.as_str(), hook.error_key.as_deref()), ("canceled", Some("task_canceled")));
+    assert_eq!((hook.status, hook.error_key.as_deref()), (TaskStatus::Canceled, Some("task_canceled")));
     // A late decision changes nothing.
     let late = f
         .raw
@@ -586,7 +591,7 @@ async fn a_stop_hook_out_over_a_nexus_restart_commits_after_it_and_the_execution
     let server = server.restart(&scripts).await;
 
     let still = server.store().task(run, key("h1-stop")).await.expect("store").expect("task");
-    assert_eq!((still.status.as_str(), still.claimed), ("dispatched", true), "the claimed hook task is durable");
+    assert_eq!((still.status, still.claimed), (TaskStatus::Dispatched, true), "the claimed hook task is durable");
     assert_eq!(server.store().execution(run).await.expect("store").expect("row").status, RunStatus::Running);
     // The runner reconnects and commits with the claim it holds: the answer is accepted and
     // delivered.

@@ -494,7 +494,7 @@ async fn a_timed_out_task_shows_its_error_key_and_message() {
     let profile = json!({"kind": "read_only", "destructive": false, "effect_scope": "closed",
                          "idempotency": "intrinsic", "reconciliation": "none"});
     let tool = json!({"name": "probe", "description": "probe as served.", "input_schema": {"type": "object"},
-                      "effect_profile": profile, "timeout_ms": 300});
+                      "effect_profile": profile, "timeout_ms": 60_000});
     let announced = raw.announce(&json!({"tools": [tool], "environment": {"name": "worker"}})).await;
     assert_eq!(announced.code(), None, "{announced:?}");
     let http = Http::new(&server.url(), Some(&agent.token));
@@ -505,7 +505,9 @@ async fn a_timed_out_task_shows_its_error_key_and_message() {
     assert_eq!(declared.status, 200, "{declared:?}");
     let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "go"})).await;
     let execution = admitted.body["execution_public_id"].as_str().expect("id").to_owned();
-    // Nobody claims the call: it times out.
+    // Nobody claims the call: a minute on, it times out.
+    server.task_in(execution.parse().expect("id"), "r1t0", TaskStatus::Dispatched).await;
+    server.clock().advance(Duration::from_secs(61));
     wait_until("the execution completes", WAIT, || async {
         let row = server.store().execution(execution.parse().ok()?).await.ok()??;
         (row.status == RunStatus::Completed).then_some(())

@@ -258,7 +258,7 @@ async fn request_errors_and_an_unavailable_model_never_fall_back() {
             .run(model, json!({"approval_mode": "bypass", "default_model": model, "fallback_models": ["oa/spare"]}))
             .await;
         let row = bed.settled(execution).await;
-        assert_eq!((row.status.as_str(), row.error_key.as_deref()), ("needs_attention", Some(key)), "{model}");
+        assert_eq!((row.status, row.error_key.as_deref()), (RunStatus::NeedsAttention, Some(key)), "{model}");
         assert!(of_type(&bed.events(execution).await, EventType::ModelChange).is_empty(), "{model}");
     }
     assert_eq!((bed.fake.count("bad_request"), bed.fake.count("gone")), (1, 1), "request errors are not retried");

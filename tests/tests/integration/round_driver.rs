@@ -2,7 +2,7 @@
 //! driver"), end to end with the scripted model and an in-process kernel tool.
 
 use nexus_actors::store::EventType;
-use nexus_proto::ExecutionId;
+use nexus_proto::{ExecutionId, RunStatus};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -27,7 +27,7 @@ async fn run(script: Value) -> (TestServer, Value) {
     let id: ExecutionId = admitted.body["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
     wait_until("the execution is quiet", WAIT, || async {
         let row = server.store().execution(id).await.ok()??;
-        matches!(row.status.as_str(), "completed" | "needs_attention").then_some(())
+        matches!(row.status, RunStatus::Completed | RunStatus::NeedsAttention).then_some(())
     })
     .await;
     let execution = http.get(&format!("/agent_api/v1/executions/{id}")).await.body;

@@ -9,8 +9,9 @@ use serde_json::json;
 use tempfile::TempDir;
 use tokio::sync::Barrier;
 
+use nexus_actors::clock::Clock;
 use nexus_actors::config::StoreConfig;
-use nexus_actors::store::{InputRow, Store, StoreBackend, StoreError, TaskRow, now_ms};
+use nexus_actors::store::{InputRow, Store, StoreBackend, StoreError, TaskRow};
 use nexus_tests::{TestDatabase, test_store_backend};
 
 /// A store on the suite's backend; the data dir and database live as long as the returned guards.
@@ -27,7 +28,7 @@ async fn open_store() -> (Store, StoreConfig, TempDir, Option<TestDatabase>) {
 }
 
 fn task(run: ExecutionId, runner: nexus_proto::RunnerId) -> TaskRow {
-    let now = now_ms();
+    let now = Clock::system().now_ms();
     TaskRow {
         run_public_id: run,
         task_key: key("r1t0"),
@@ -100,12 +101,12 @@ async fn a_claim_is_granted_once_across_nodes_sharing_the_store() {
     // claimant's own writes go through.
     let mut stale = open.clone();
     stale.status = TaskStatus::TimedOut;
-    stale.settled_at = Some(now_ms());
+    stale.settled_at = Some(Clock::system().now_ms());
     assert!(matches!(other.update_task(&stale).await, Err(StoreError::Conflict(_))));
     let mut settled = stored.clone();
     settled.status = TaskStatus::Completed;
     settled.result = Some(json!({"content": "ok"}));
-    settled.settled_at = Some(now_ms());
+    settled.settled_at = Some(Clock::system().now_ms());
     store.update_task(&settled).await.expect("the claimant commits");
     assert_eq!(other.task(run, key("r1t0")).await.expect("read").expect("task"), settled);
     // Writing a task that does not exist stays a no-op.

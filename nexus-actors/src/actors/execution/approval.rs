@@ -19,20 +19,19 @@
 //! [`CallOrigin::Kernel`]: they are pre-approved unless a rule naming their origin denies them or
 //! says ask.
 
-use std::time::Duration;
-
 use ractor::{ActorProcessingErr, ActorRef};
 use serde_json::{Value, json};
 use tracing::Instrument;
 
 use nexus_proto::{ErrorCode, InboxKind, MemberId, MemberKind, Refusal, RunStatus, TaskKey, TaskStatus};
 
+use crate::clock::{deadline_after, is_frozen};
 use crate::declaration::FrozenDeclaration;
 use crate::declaration::approval::{
     ApprovalMode, CallOrigin, Decision, RuleMatch, Verdict, cut_reason, decide, evaluate,
 };
 use crate::store::event::ApprovalRequired;
-use crate::store::{Event, TaskRow, now_ms};
+use crate::store::{Event, TaskRow};
 
 use super::{ExecutionMsg, ExecutionState, advance, emit, kernel, narrate, offer, save};
 
@@ -161,7 +160,7 @@ pub fn route(declaration: &FrozenDeclaration, task: &mut TaskRow, now: i64) {
     task.started_at = now;
     if task.target_executor_public_id.is_some() {
         task.status = TaskStatus::Dispatched;
-        task.deadline_at = now.saturating_add(task.timeout_ms);
+        task.deadline_at = deadline_after(now, task.timeout_ms);
         task.settled_at = None;
         return;
     }
@@ -191,7 +190,7 @@ fn park(task: &mut TaskRow, now: i64, hold_ms: i64) {
     task.status = TaskStatus::NeedsApproval;
     task.approval = None;
     task.started_at = now;
-    task.deadline_at = now.saturating_add(hold_ms);
+    task.deadline_at = deadline_after(now, hold_ms);
     task.result = None;
     task.error_key = None;
     task.settled_at = None;
@@ -258,12 +257,15 @@ pub(super) fn rearm(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState)
 }
 
 fn arm(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, task_key: TaskKey, deadline_at: i64) {
-    let wait = Duration::from_millis(u64::try_from(deadline_at.saturating_sub(now_ms())).unwrap_or(0));
     let actor = myself.clone();
+    let clock = state.fabric.clock.clone();
     let span = tracing::debug_span!("approval_hold", execution_id = %state.row.public_id, %task_key);
     let timer = tokio::spawn(
         async move {
-            tokio::time::sleep(wait).await;
+            if is_frozen(deadline_at) {
+                return;
+            }
+            clock.sleep_until(deadline_at).await;
             let _ = actor.cast(ExecutionMsg::HoldExpired { task_key, deadline_at });
         }
         .instrument(span),
@@ -331,7 +333,7 @@ pub(super) async fn adjudicate(
             )));
         }
     };
-    let now = now_ms();
+    let now = state.fabric.clock.now_ms();
     let mut reparked = false;
     match adjudication {
         Adjudication::Approve => match changed_effect_profile(state, &task).await? {
@@ -395,7 +397,7 @@ pub(super) async fn expire(
     let key = ErrorCode::ApprovalExpired.as_str();
     task.status = TaskStatus::TimedOut;
     task.error_key = Some(key.into());
-    task.settled_at = Some(now_ms());
+    task.settled_at = Some(state.fabric.clock.now_ms());
     task.result =
         Some(json!({"content": expiry_text(), "is_error": true, "outcome": "timed_out", "error": {"key": key}}));
     if !state.fabric.store.decide_task(&task).await? {

@@ -94,7 +94,7 @@ use crate::declaration::{FrozenDeclaration, wire_projection};
 use crate::model::retry::call_with_retries;
 use crate::model::{ChatMessage, ModelFailure, ModelRequest, ModelResponse, ResolvedModel};
 use crate::store::event::{CompactionFact, ContextCompacted, Usage};
-use crate::store::{Event, EventRow, TaskRow, now_ms};
+use crate::store::{Event, EventRow, TaskRow};
 
 use super::control::ESTIMATE_BYTES_PER_TOKEN;
 use super::hooks::{self, Gate, HookEvent};
@@ -556,7 +556,7 @@ async fn begin(
 }
 
 fn waiting_task(state: &ExecutionState, key: TaskKey, mode: CompactionMode) -> TaskRow {
-    let now = now_ms();
+    let now = state.fabric.clock.now_ms();
     let name = match mode {
         CompactionMode::Kernel => SUMMARIZER.to_owned(),
         CompactionMode::Delegate => {
@@ -669,7 +669,7 @@ async fn start_kernel(
     state: &mut ExecutionState,
     key: TaskKey,
 ) -> Result<(), ActorProcessingErr> {
-    let now = now_ms();
+    let now = state.fabric.clock.now_ms();
     let mut task = waiting_task(state, key, CompactionMode::Kernel);
     task.status = TaskStatus::Running;
     let (model, plan) = match (summarizer_model(state), plan(&state.transcript)) {
@@ -776,7 +776,7 @@ async fn start_delegate(
     source: i64,
 ) -> Result<(), ActorProcessingErr> {
     let Some(declaration) = state.declaration.clone() else { return Ok(()) };
-    let now = now_ms();
+    let now = state.fabric.clock.now_ms();
     let mut task = waiting_task(state, summary_key(source), CompactionMode::Delegate);
     task.started_at = now;
     let Some(plan) = plan(&state.transcript) else {
@@ -991,7 +991,7 @@ async fn summarized(
     let Some(mut task) = state.pending.get(&task_key).filter(|t| t.status == TaskStatus::Running).cloned() else {
         return Ok(());
     };
-    let now = now_ms();
+    let now = state.fabric.clock.now_ms();
     match result {
         Ok(response) => {
             if let Some(usage) = &response.usage {

@@ -53,28 +53,15 @@ use nexus_proto::{ErrorCode, Refusal, RunStatus, RunnerId, TaskKey, TaskStatus};
 
 use crate::model::{ModelFailure, ModelResponse};
 use crate::store::event::TurnStatus;
-use crate::store::{Event, ExecutionRow, TaskRow, now_ms};
+use crate::store::{Event, ExecutionRow, TaskRow};
 
 use super::approval;
 use super::{ExecutionMsg, ExecutionState, advance, emit, model_done, narrate, save};
 
-/// Where frozen deadlines start, in Unix milliseconds: 10000-01-01T00:00:00Z. A deadline at or
-/// past it is frozen, and reads as this epoch plus the milliseconds it had left when its
-/// execution paused.
-pub const FROZEN_EPOCH_MS: i64 = 253_402_300_800_000;
+pub use crate::clock::{FROZEN_EPOCH_MS, frozen_remaining_ms, is_frozen};
 
 /// How the estimate counts tokens: the UTF-8 bytes of the compiled request over four, rounded up.
 pub const ESTIMATE_BYTES_PER_TOKEN: usize = 4;
-
-/// Whether a stored deadline is frozen (its execution is paused).
-pub fn is_frozen(deadline_at: i64) -> bool {
-    deadline_at >= FROZEN_EPOCH_MS
-}
-
-/// What a frozen deadline had left when it froze, in milliseconds; `None` for a live one.
-pub fn frozen_remaining_ms(deadline_at: i64) -> Option<i64> {
-    is_frozen(deadline_at).then(|| deadline_at - FROZEN_EPOCH_MS)
-}
 
 /// How a pause or a resume moves an open task's deadline. The ExecutorActor applies it to its
 /// open tasks ([`ExecutorMsg::ShiftDeadlines`]) and the ExecutionActor to its approval holds.
@@ -101,7 +88,9 @@ impl DeadlineShift {
             DeadlineShift::Freeze { at } if !is_frozen(deadline_at) => {
                 Some(FROZEN_EPOCH_MS.saturating_add(deadline_at.saturating_sub(at).max(0)))
             }
-            DeadlineShift::Thaw { at } => frozen_remaining_ms(deadline_at).map(|left| at.saturating_add(left)),
+            DeadlineShift::Thaw { at } => {
+                frozen_remaining_ms(deadline_at).map(|left| crate::clock::deadline_after(at, left))
+            }
             DeadlineShift::Freeze { .. } => None,
         }
     }
@@ -237,7 +226,7 @@ async fn pause(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, forc
     if state.row.status != RunStatus::Running {
         return refuse(ErrorCode::NotPausable, state, "only a running execution pauses");
     }
-    let now = now_ms();
+    let now = state.fabric.clock.now_ms();
     let mut aborted_round = None;
     if force && let Some(call) = state.model_call.take() {
         call.abort();
@@ -259,7 +248,7 @@ async fn resume(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> 
     if state.row.status != RunStatus::Paused {
         return refuse(ErrorCode::NotPaused, state, "only a paused execution resumes");
     }
-    let now = now_ms();
+    let now = state.fabric.clock.now_ms();
     let paused_at = match state.control.paused_at {
         Some(at) => at,
         None => last_turn_status(state, |status| match status {
@@ -365,7 +354,7 @@ pub(super) async fn stop(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionS
         }
         _ => {}
     }
-    let now = now_ms();
+    let now = state.fabric.clock.now_ms();
     if state.row.status == RunStatus::Paused {
         // The drain runs on live clocks: a graceful stop waits for deadlines that can pass.
         shift_clocks(myself, state, DeadlineShift::Thaw { at: now }).await?;
@@ -441,10 +430,11 @@ fn arm_drain_bound(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) 
     let generation = state.control.drain_generation;
     let wait = Duration::from_millis(state.fabric.config.execution.stop_drain_ms);
     let actor = myself.clone();
+    let clock = state.fabric.clock.clone();
     let span = tracing::debug_span!("stop_drain", execution_id = %state.row.public_id);
     let timer = tokio::spawn(
         async move {
-            tokio::time::sleep(wait).await;
+            clock.sleep(wait).await;
             let _ = actor.cast(ExecutionMsg::Control(ControlMsg::DrainBound { generation }));
         }
         .instrument(span),

@@ -76,7 +76,7 @@ use crate::declaration::FrozenDeclaration;
 use crate::declaration::approval::CallOrigin;
 use crate::model::ChatMessage;
 use crate::store::event::{AttentionRequired, TurnStatus};
-use crate::store::{Event, EventRow, TaskRow, now_ms};
+use crate::store::{Event, EventRow, TaskRow};
 
 use super::{ExecutionMsg, ExecutionState, advance, approval, emit, narrate, narration, offer, save};
 
@@ -381,7 +381,7 @@ pub(crate) async fn gate(
     }
     let source = format!("r{round}");
     let input = hook_input(&event, &source, state.row.public_id, Some(state.row.conversation_public_id));
-    let now = now_ms();
+    let now = state.fabric.clock.now_ms();
     // Settled `failed` until it is addressed to the runner that serves the hook tool.
     let mut task = TaskRow {
         tool_input: input,
@@ -419,7 +419,7 @@ async fn launch(
     state: &mut ExecutionState,
     mut task: TaskRow,
 ) -> Result<(), ActorProcessingErr> {
-    let now = now_ms();
+    let now = state.fabric.clock.now_ms();
     match (&state.declaration, task.target_executor_public_id) {
         (Some(declaration), Some(_)) => {
             approval::admit(declaration, &mut task, CallOrigin::Kernel, now, approval::hold_ms(state));
@@ -656,7 +656,7 @@ pub(super) async fn repair(
         Repair::Retry => {
             let TaskKey::Hook { round, event, generation } = task_key else { unreachable!("a held task is a hook's") };
             let next = TaskKey::Hook { round, event, generation: generation + 1 };
-            let now = now_ms();
+            let now = state.fabric.clock.now_ms();
             let mut fresh = TaskRow {
                 task_key: next,
                 tool_call_id: next.to_string(),

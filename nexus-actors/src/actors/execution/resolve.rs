@@ -13,7 +13,7 @@ use crate::declaration::tools::RunnerSelection;
 use crate::declaration::{FrozenDeclaration, RunnerFacts, freeze, validate_execution_declaration, wire_projection};
 use crate::model::ChatMessage;
 use crate::store::event::TurnStatus;
-use crate::store::{Event, EventRow, ExecutionRow, InputRow, Store, TaskRow, now_ms};
+use crate::store::{Event, EventRow, ExecutionRow, InputRow, Store, TaskRow};
 
 use super::control::ESTIMATE_BYTES_PER_TOKEN;
 use super::result_text;
@@ -160,7 +160,7 @@ pub async fn regenerate(
             }
         },
     };
-    let now = now_ms();
+    let now = fabric.clock.now_ms();
     let row = ExecutionRow {
         public_id: ExecutionId::new_v4(),
         conversation_public_id: original.conversation_public_id,

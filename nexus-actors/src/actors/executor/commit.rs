@@ -1,4 +1,5 @@
-//! Commit payload rules (spec/REFERENCE.md 6.9): what a runner may commit, and how it is stored.
+//! Commit payload rules (`docs/protocol.md`, "Commit"): what a runner may commit, and how it is
+//! stored.
 
 use serde_json::{Map, Value};
 
@@ -12,6 +13,16 @@ pub const METADATA_BOUND: usize = 65_536;
 pub const CONTENT_BLOCKS_BOUND: usize = 256;
 /// The longest `title`, in characters.
 pub const TITLE_BOUND: usize = 256;
+
+nexus_proto::words! {
+    /// A commit's `outcome`: whether the tool could run at all.
+    pub enum Outcome("commit outcome") {
+        /// It ran (its result may still be an error the model reads).
+        Completed => "completed",
+        /// It could not run: the task settles `failed` with `tool_failed`.
+        Failed => "failed",
+    }
+}
 
 /// A validated commit: the body to store and whether the tool could not run at all.
 #[derive(Clone, Debug, PartialEq)]
@@ -71,12 +82,14 @@ pub fn validate(body_json: &str) -> Result<CommitBody, CommitRefusal> {
             "the result contains a NUL character",
         )));
     }
-    let failed = match body.get("outcome") {
-        None | Some(Value::Null) => false,
-        Some(Value::String(o)) if o == "completed" => false,
-        Some(Value::String(o)) if o == "failed" => true,
+    let outcome = match body.get("outcome") {
+        None | Some(Value::Null) => Outcome::Completed,
+        Some(Value::String(word)) => {
+            word.parse().map_err(|_| standing(ErrorCode::InvalidOutcome, "outcome must be completed or failed"))?
+        }
         Some(_) => return Err(standing(ErrorCode::InvalidOutcome, "outcome must be completed or failed")),
     };
+    let failed = outcome == Outcome::Failed;
     match body.get("result_type") {
         None | Some(Value::Null) => {}
         Some(Value::String(t)) if t == "complete" => {}

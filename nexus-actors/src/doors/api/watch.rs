@@ -19,7 +19,7 @@ use nexus_proto::{ExecutionId, Refusal};
 
 use super::{Api, Caller, Event, FeedType};
 use crate::actors::fabric::TranscriptEvent;
-use crate::store::now_ms;
+use crate::clock::Clock;
 
 type Durable = Pin<Box<dyn Stream<Item = Result<Event, Refusal>> + Send>>;
 
@@ -29,6 +29,8 @@ struct Watch {
     id: ExecutionId,
     /// The cursor of the last durable event sent, for `resync`.
     cursor: String,
+    /// Stamps the deltas and resyncs, which are never stored.
+    clock: Clock,
 }
 
 enum Next {
@@ -38,13 +40,13 @@ enum Next {
 
 /// A transcript delta as a feed item: no cursor (it cannot be resumed), the delta's type, and
 /// `{round, model, ...delta}` as data.
-fn delta_event(event: TranscriptEvent) -> Event {
+fn delta_event(event: TranscriptEvent, at: i64) -> Event {
     let mut data = event.delta.data();
     if let Some(object) = data.as_object_mut() {
         object.insert("round".into(), json!(event.round));
         object.insert("model".into(), json!(event.model));
     }
-    Event { cursor: String::new(), event_type: FeedType::Delta(event.delta.event_type()), data, at: now_ms() }
+    Event { cursor: String::new(), event_type: FeedType::Delta(event.delta.event_type()), data, at }
 }
 
 impl Watch {
@@ -72,14 +74,19 @@ impl Watch {
                     return Some((item, self));
                 }
                 Next::Delta(Ok(delta)) if delta.execution_public_id == self.id => {
-                    return Some((Ok(delta_event(delta)), self));
+                    return Some((Ok(delta_event(delta, self.clock.now_ms())), self));
                 }
                 Next::Delta(Ok(_)) => {}
                 Next::Delta(Err(RecvError::Lagged(missed))) => {
                     let data = json!({"missed": missed, "cursor": self.cursor,
                                       "reason": "the watcher read too slowly; rebuild the transcript from round_result events"});
                     return Some((
-                        Ok(Event { cursor: String::new(), event_type: FeedType::Resync, data, at: now_ms() }),
+                        Ok(Event {
+                            cursor: String::new(),
+                            event_type: FeedType::Resync,
+                            data,
+                            at: self.clock.now_ms(),
+                        }),
                         self,
                     ));
                 }
@@ -107,7 +114,8 @@ impl Api {
         // Subscribed before the first durable read, so nothing streamed after it is missed.
         let deltas = (follow && transcript).then(|| self.fabric.events.subscribe_transcript());
         let durable: Durable = Box::pin(self.events(caller, id, after, follow).await?);
-        let watch = Watch { durable, transcript: deltas, id, cursor: after.to_owned() };
+        let watch =
+            Watch { durable, transcript: deltas, id, cursor: after.to_owned(), clock: self.fabric.clock.clone() };
         Ok(futures::stream::unfold(watch, Watch::next))
     }
 }
@@ -129,7 +137,13 @@ mod tests {
 
     fn watching(bus: &EventBus, id: ExecutionId) -> Watch {
         let durable: Durable = Box::pin(futures::stream::pending());
-        Watch { durable, transcript: Some(bus.subscribe_transcript()), id, cursor: "cvei_7".into() }
+        Watch {
+            durable,
+            transcript: Some(bus.subscribe_transcript()),
+            id,
+            cursor: "cvei_7".into(),
+            clock: Clock::system(),
+        }
     }
 
     #[tokio::test]
