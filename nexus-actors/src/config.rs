@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::clock::TIMEOUT_BOUND_MS;
 use crate::model::ProviderTable;
 pub use crate::store::StoreConfig;
 
@@ -351,14 +352,16 @@ impl ServerConfig {
         if self.execution.model_attempts == 0 {
             return invalid("execution.model_attempts", "must be at least 1");
         }
-        if self.execution.default_task_timeout_ms == 0 {
-            return invalid("execution.default_task_timeout_ms", "must be positive");
-        }
-        if self.execution.approval_hold_ms == 0 {
-            return invalid("execution.approval_hold_ms", "must be positive");
-        }
-        if self.execution.stop_drain_ms == 0 {
-            return invalid("execution.stop_drain_ms", "must be positive");
+        // Bounded like an announced `timeout_ms`: no deadline computed from them can overflow or
+        // reach the frozen range (`docs/architecture.md`, "Time").
+        for (field, ms) in [
+            ("execution.default_task_timeout_ms", self.execution.default_task_timeout_ms),
+            ("execution.approval_hold_ms", self.execution.approval_hold_ms),
+            ("execution.stop_drain_ms", self.execution.stop_drain_ms),
+        ] {
+            if !(1..=TIMEOUT_BOUND_MS).contains(&ms) {
+                return invalid(field, "must be from 1 to 604800000 milliseconds (7 days)");
+            }
         }
         if !(1..=100).contains(&self.execution.compaction_threshold_percent) {
             return invalid("execution.compaction_threshold_percent", "must be a percentage from 1 to 100");
@@ -439,6 +442,23 @@ mod tests {
         assert!(ServerConfig::default().validate().is_ok());
         let dead = ServerConfig::from_toml("[runner]\nliveness_timeout_ms = 0\n").expect("parses");
         assert!(matches!(dead.validate(), Err(ConfigError::Invalid { field: "runner.liveness_timeout_ms", .. })));
+    }
+
+    #[test]
+    fn the_park_hold_and_drain_are_bounded_like_an_announced_timeout() {
+        for field in ["default_task_timeout_ms", "approval_hold_ms", "stop_drain_ms"] {
+            for (ms, accepted) in [(0, false), (1, true), (TIMEOUT_BOUND_MS, true), (TIMEOUT_BOUND_MS + 1, false)] {
+                let config = ServerConfig::from_toml(&format!("[execution]\n{field} = {ms}\n")).expect("parses");
+                match config.validate() {
+                    Ok(()) => assert!(accepted, "{field} = {ms} was accepted"),
+                    Err(ConfigError::Invalid { field: named, .. }) => {
+                        assert!(!accepted, "{field} = {ms} was refused");
+                        assert_eq!(named, format!("execution.{field}"));
+                    }
+                    Err(other) => panic!("{other:?}"),
+                }
+            }
+        }
     }
 
     #[test]

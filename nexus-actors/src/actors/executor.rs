@@ -872,6 +872,14 @@ async fn extend(
             "the claim is not a live park (settled or past its deadline)",
         ));
     }
+    if is_frozen(task.deadline_at) {
+        // Paused: the park does not run, so there is nothing to extend; once the execution
+        // resumes, the deadline has what it had left when it paused.
+        return Err(Refusal::new(
+            ErrorCode::NotExtendable,
+            "the execution is paused: its deadline is frozen until it resumes; extend after the resume",
+        ));
+    }
     let announced = state.row.announcement["tools"]
         .as_array()
         .and_then(|tools| tools.iter().find(|t| t["name"] == task.tool_name.as_str()))

@@ -11,6 +11,8 @@ use serde_json::{Map, Value, json};
 use nexus_kernel_tools::{EffectProfile, reserved_namespace_of};
 use nexus_proto::{ErrorCode, Refusal};
 
+use crate::clock::TIMEOUT_BOUND_MS;
+
 /// Tool names an executor may announce: `\A[a-zA-Z0-9_-]{1,64}\z`.
 static TOOL_NAME: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[a-zA-Z0-9_-]{1,64}$").expect("static regex"));
 /// Document names follow the skill grammar.
@@ -109,11 +111,18 @@ fn validate_tool(i: usize, tool: &Value, seen: &mut HashSet<String>) -> Result<V
     entry.insert("effect_profile".into(), profile.to_json());
     match tool.get("timeout_ms") {
         None | Some(Value::Null) => {}
-        Some(value) => match value.as_u64().filter(|ms| *ms > 0) {
+        // Bounded here, so no deadline computed from it can overflow or reach the frozen range
+        // (`docs/protocol.md`, "Announce").
+        Some(value) => match value.as_u64().filter(|ms| (1..=TIMEOUT_BOUND_MS).contains(ms)) {
             Some(ms) => {
                 entry.insert("timeout_ms".into(), json!(ms));
             }
-            None => return Err(defect(&format!("{path}.timeout_ms"), "must be a positive integer of milliseconds")),
+            None => {
+                return Err(defect(
+                    &format!("{path}.timeout_ms"),
+                    &format!("must be a positive integer of milliseconds, at most {TIMEOUT_BOUND_MS} (7 days)"),
+                ));
+            }
         },
     }
     match tool.get("description") {
@@ -224,10 +233,19 @@ mod tests {
             ),
             "invalid_announcement"
         );
-        assert_eq!(
-            code(json!({"tools": [{"name": "a", "effect_profile": profile(), "timeout_ms": 0}]})),
-            "invalid_announcement"
-        );
+        for timeout in [json!(0), json!(-1), json!(1.5), json!(TIMEOUT_BOUND_MS + 1), json!(u64::MAX)] {
+            let announced = json!({"tools": [{"name": "a", "effect_profile": profile()}, {"name": "b",
+                                   "effect_profile": profile(), "timeout_ms": timeout}]});
+            let refusal = validate(&announced).expect_err("refused");
+            assert_eq!(refusal.code, ErrorCode::InvalidAnnouncement, "{timeout}");
+            assert!(
+                refusal.message.contains("tools[1].timeout_ms"),
+                "the refusal names the field: {}",
+                refusal.message
+            );
+        }
+        let longest = json!({"tools": [{"name": "a", "effect_profile": profile(), "timeout_ms": TIMEOUT_BOUND_MS}]});
+        assert!(validate(&longest).is_ok(), "the bound itself is accepted");
         assert_eq!(
             code(json!({"tools": [], "environment": {"blob": "x".repeat(ENVIRONMENT_BOUND)}})),
             "validation_failed"

@@ -28,7 +28,7 @@ use nexus_proto::agent::v1::{
     RegenerateExecutionRequest, ResumeExecutionRequest, StopExecutionRequest,
 };
 use nexus_proto::runner::v1::nexus_frame;
-use nexus_tests::{Act, FakeProvider, Http, Minted, RawRunner, TestServer, agent_client, authed, wait_until};
+use nexus_tests::{Act, FakeProvider, Http, Minted, RawRunner, Reply, TestServer, agent_client, authed, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -389,6 +389,40 @@ async fn resume_moves_open_deadlines_and_holds_forward_by_the_paused_time() {
     let token = claim_next(&mut f.raw, run, "r1t1").await;
     commit(&f.raw, run, "r1t1", &token, "b").await;
     assert_eq!(status_is(&f.server, run, RunStatus::Completed).await.final_text.as_deref(), Some("a b"));
+}
+
+#[tokio::test]
+async fn a_claimant_cannot_extend_a_frozen_deadline_and_can_once_resumed() {
+    let script = json!({"rounds": [
+        {"tool_calls": [{"id": "p", "name": "probe", "arguments": {}}]},
+        {"final": "extended: {{tool:p}}"},
+    ]});
+    let mut f = Fixture::start(&[("extend", script)], Some(60_000)).await;
+    f.declare_tools("scripted/extend", "bypass", Value::Null).await;
+    let run = f.turn("hold").await;
+    let token = claim_next(&mut f.raw, run, "r1t0").await;
+    let paused = f.http().send(reqwest::Method::POST, &door(run, "pause"), None).await;
+    assert_eq!(paused.body["status"], "paused", "{:?}", paused.body);
+    let frozen = wait_until("the claimed task's clock to freeze", WAIT, || async {
+        f.server.store().task(run, key("r1t0")).await.ok().flatten().filter(|t| is_frozen(t.deadline_at))
+    })
+    .await;
+    let refused = f.raw.extend(&run.to_string(), "r1t0", &token, 30_000).await;
+    assert_eq!(refused.code(), Some("not_extendable"), "{refused:?}");
+    let still = f.server.task(run, "r1t0").await.expect("task");
+    assert_eq!(still.deadline_at, frozen.deadline_at, "a refused extension changes nothing");
+
+    let resumed = f.http().send(reqwest::Method::POST, &door(run, "resume"), None).await;
+    assert_eq!(resumed.status, 200, "{:?}", resumed.body);
+    wait_until("the clock to thaw", WAIT, || async {
+        f.server.store().task(run, key("r1t0")).await.ok().flatten().filter(|t| !is_frozen(t.deadline_at))
+    })
+    .await;
+    let extended = f.raw.extend(&run.to_string(), "r1t0", &token, 30_000).await;
+    let Reply::Frame(nexus_frame::Frame::Extended(extended)) = &extended else { panic!("{extended:?}") };
+    assert!(!is_frozen(extended.deadline_at_ms));
+    commit(&f.raw, run, "r1t0", &token, "yes").await;
+    assert_eq!(status_is(&f.server, run, RunStatus::Completed).await.final_text.as_deref(), Some("extended: yes"));
 }
 
 #[tokio::test]
