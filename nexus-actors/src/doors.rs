@@ -1,6 +1,8 @@
 //! The doors: [`api`] is the one client API that [`grpc`] and [`http`] serve on one port, in
-//! plaintext or over [`tls`]; the runner stream enters through [`grpc`] too.
+//! plaintext or over [`tls`]; the runner stream enters through [`grpc`] too. Both take their
+//! connections from [`accept`].
 
+pub(crate) mod accept;
 pub mod api;
 pub mod grpc;
 pub mod http;

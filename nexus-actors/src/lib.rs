@@ -27,8 +27,6 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
 use tonic::service::interceptor::InterceptedService;
 
@@ -245,15 +243,7 @@ pub async fn start_with_models(
         Some(acceptor) => {
             tokio::spawn(router.serve_with_incoming_shutdown(acceptor.incoming(listener), stop_accepting))
         }
-        None => {
-            let incoming = TcpListenerStream::new(listener).map(|socket| {
-                if let Ok(socket) = &socket {
-                    let _ = socket.set_nodelay(true);
-                }
-                socket
-            });
-            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stop_accepting))
-        }
+        None => tokio::spawn(router.serve_with_incoming_shutdown(doors::accept::plaintext(listener), stop_accepting)),
     };
     tracing::info!(
         %addr,

@@ -267,7 +267,8 @@ impl Agent {
     }
 
     fn open_after(&self, delay: Duration) -> Connecting {
-        Box::pin(link::open(self.endpoint.clone(), self.hello(), self.config.handshake_timeout, delay))
+        let bounds = (self.config.connect_timeout, self.config.handshake_timeout);
+        Box::pin(link::open(self.endpoint.clone(), self.hello(), bounds, delay))
     }
 
     fn schedule_reconnect(&mut self) {
@@ -326,6 +327,16 @@ impl Agent {
         self.inbound = None;
         warn!(reason, "lost the stream to nexus");
         for (pending, _) in link.pending.into_values() {
+            if let Pending::Claim(key) = &pending {
+                // nexus never grants a claim twice (`docs/protocol.md`, "Claim"): a grant lost
+                // with the stream cannot be asked for again, and the call lapses at its deadline.
+                warn!(
+                    run_public_id = %key.run_public_id,
+                    task_key = %key.task_key,
+                    "a claim was unanswered when the stream dropped; if nexus granted it, the grant is lost and \
+                     nexus settles the call at its deadline without running it here"
+                );
+            }
             self.abandon(pending, RequestError::Disconnected);
         }
         // Hints are level-triggered: nexus sends them all again after the next welcome.

@@ -13,6 +13,9 @@ use uuid::Uuid;
 pub const DEFAULT_SLOTS: usize = 4;
 /// Default `timeout_ms` announced for `bash`, in milliseconds (10 minutes).
 pub const DEFAULT_TOOL_TIMEOUT_MS: u64 = 600_000;
+/// The largest `--tool-timeout-ms`, in milliseconds (7 days): nexus bounds an announced
+/// `timeout_ms` there.
+pub const MAX_TOOL_TIMEOUT_MS: u64 = 604_800_000;
 
 /// The transport credential a runner presents in `Hello`.
 ///
@@ -78,9 +81,11 @@ pub struct AgentConfig {
     /// How long a stream may stay silent (no frame, not even a ping) before it counts as dead.
     /// Raised to three ping intervals when nexus announces a slower ping. Default 45 s.
     pub liveness_timeout: Duration,
-    /// Bound on opening the TCP/HTTP2 connection. Default 10 s.
+    /// Bound on opening the connection: TCP and the HTTP/2 handshake. Default 10 s
+    /// (`--connect-timeout-ms`).
     pub connect_timeout: Duration,
-    /// Bound on getting `welcome` (or a refusal) after opening the stream. Default 10 s.
+    /// Bound on getting `welcome` (or a refusal) after opening the stream. Default 10 s
+    /// (`--handshake-timeout-ms`).
     pub handshake_timeout: Duration,
     /// Bound on nexus answering any request on a live stream; past it the stream is dropped and
     /// reopened. Default 30 s.
@@ -177,6 +182,13 @@ impl AgentConfig {
         ];
         if let Some((field, _)) = positive.iter().find(|(_, ok)| !ok) {
             return Err(ConfigError::Invalid { field, reason: "must be positive" });
+        }
+        if self.tool_timeout_ms > MAX_TOOL_TIMEOUT_MS {
+            // nexus refuses an announced `timeout_ms` above it (`docs/protocol.md`, "Announce").
+            return Err(ConfigError::Invalid {
+                field: "tool_timeout_ms",
+                reason: "must be at most 604800000 (7 days)",
+            });
         }
         if self.reconnect_max_delay < self.reconnect_min_delay {
             return Err(ConfigError::Invalid {
@@ -328,6 +340,11 @@ mod tests {
         config.slots = 0;
         assert!(matches!(config.check(), Err(ConfigError::Invalid { field: "slots", .. })));
         config.slots = 1;
+        config.tool_timeout_ms = MAX_TOOL_TIMEOUT_MS;
+        assert!(config.check().is_ok(), "the bound itself is a valid timeout");
+        config.tool_timeout_ms = MAX_TOOL_TIMEOUT_MS + 1;
+        assert!(matches!(config.check(), Err(ConfigError::Invalid { field: "tool_timeout_ms", .. })));
+        config.tool_timeout_ms = DEFAULT_TOOL_TIMEOUT_MS;
         config.reconnect_max_delay = Duration::from_millis(1);
         assert!(matches!(config.check(), Err(ConfigError::Invalid { field: "reconnect_max_delay", .. })));
     }

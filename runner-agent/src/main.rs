@@ -2,6 +2,7 @@
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
@@ -51,6 +52,12 @@ struct Cli {
     /// The name nexus's certificate must carry, when it is not the URL's host.
     #[arg(long, env = "NEXUS_RUNNER_TLS_SERVER_NAME")]
     tls_server_name: Option<String>,
+    /// Bound on opening the connection to nexus (TCP and HTTP/2), in milliseconds.
+    #[arg(long, env = "NEXUS_RUNNER_CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
+    connect_timeout_ms: u64,
+    /// Bound on nexus answering the hello on a new stream, in milliseconds.
+    #[arg(long, env = "NEXUS_RUNNER_HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
+    handshake_timeout_ms: u64,
     /// Log filter (a level such as info or debug, or a tracing directive).
     #[arg(long, env = "NEXUS_RUNNER_LOG", default_value = "info")]
     log: String,
@@ -72,6 +79,8 @@ async fn main() -> anyhow::Result<()> {
     config.state_dir = cli.state_dir.unwrap_or_else(|| default_state_dir(cli.runner_id));
     config.slots = cli.slots;
     config.tool_timeout_ms = cli.tool_timeout_ms;
+    config.connect_timeout = Duration::from_millis(cli.connect_timeout_ms);
+    config.handshake_timeout = Duration::from_millis(cli.handshake_timeout_ms);
     config.tls = TlsOptions { ca: cli.tls_ca, cert: cli.tls_cert, key: cli.tls_key, server_name: cli.tls_server_name };
 
     nexus_runner_agent::run(config, shutdown_signal()).await.inspect_err(|err| {

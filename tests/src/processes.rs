@@ -58,7 +58,27 @@ impl NexusProcess {
     /// # Panics
     /// When it does not start, with its log.
     pub async fn serve(store: &StoreLocation, listen: SocketAddr, config: &Path) -> NexusProcess {
-        let mut child = Command::new(nexus_binary())
+        Self::start(Command::new(nexus_binary()), store, listen, config).await
+    }
+
+    /// As [`NexusProcess::serve`], with at most `fd_limit` open file descriptors (`ulimit -n`):
+    /// a server that runs out of them under idle connections.
+    ///
+    /// # Panics
+    /// As [`NexusProcess::serve`].
+    pub async fn serve_with_fd_limit(
+        store: &StoreLocation,
+        listen: SocketAddr,
+        config: &Path,
+        fd_limit: u64,
+    ) -> NexusProcess {
+        let mut shell = Command::new("sh");
+        shell.arg("-c").arg(r#"ulimit -n "$0" && exec "$@""#).arg(fd_limit.to_string()).arg(nexus_binary());
+        Self::start(shell, store, listen, config).await
+    }
+
+    async fn start(mut command: Command, store: &StoreLocation, listen: SocketAddr, config: &Path) -> NexusProcess {
+        let mut child = command
             .arg("serve")
             .arg("--config")
             .arg(config)
@@ -73,20 +93,13 @@ impl NexusProcess {
             .spawn()
             .expect("nexus serve starts");
         let stderr = child.stderr.take().expect("stderr");
-        let log: Arc<Mutex<Vec<String>>> = Arc::default();
         let (addr_tx, addr_rx) = oneshot::channel();
-        let lines = log.clone();
-        // Drains stderr for the child's whole life, so that a full pipe never blocks it.
-        tokio::spawn(async move {
-            let mut addr_tx = Some(addr_tx);
-            let mut reader = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                if let Some(addr) = line.split("addr=").nth(1).and_then(|rest| rest.split_whitespace().next())
-                    && let Some(tx) = addr_tx.take()
-                {
-                    let _ = tx.send(addr.to_owned());
-                }
-                lines.lock().expect("log").push(line);
+        let mut addr_tx = Some(addr_tx);
+        let log = drain_lines(stderr, move |line| {
+            if let Some(addr) = line.split("addr=").nth(1).and_then(|rest| rest.split_whitespace().next())
+                && let Some(tx) = addr_tx.take()
+            {
+                let _ = tx.send(addr.to_owned());
             }
         });
         let addr = match tokio::time::timeout(Duration::from_secs(30), addr_rx).await {
@@ -130,6 +143,24 @@ impl NexusProcess {
             Err(_) => panic!("nexus did not exit within {limit:?} of SIGTERM; log:\n{}", self.log().join("\n")),
         }
     }
+}
+
+/// Collects a child's output lines for its whole life (so that a full pipe never blocks it),
+/// calling `each` on every line as it arrives.
+fn drain_lines(
+    output: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    mut each: impl FnMut(&str) + Send + 'static,
+) -> Arc<Mutex<Vec<String>>> {
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let lines = log.clone();
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(output).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            each(&line);
+            lines.lock().expect("log").push(line);
+        }
+    });
+    log
 }
 
 /// Runs `nexus admin <args>` against `store` and returns its JSON output.
@@ -190,8 +221,31 @@ impl RunnerAgentProcess {
     /// # Panics
     /// When it cannot start.
     pub fn spawn(&self) -> Child {
+        self.command().arg("--log").arg("error").spawn().expect("runner-agent starts")
+    }
+
+    /// Starts the process with `extra` flags, logging at info (killed when the handle drops);
+    /// answers it with its log lines so far, which keep coming.
+    ///
+    /// # Panics
+    /// When it cannot start.
+    pub fn spawn_logged(&self, extra: &[&str]) -> (Child, Arc<Mutex<Vec<String>>>) {
+        let mut child = self
+            .command()
+            .args(extra)
+            .arg("--log")
+            .arg("info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("runner-agent starts");
+        let log = drain_lines(child.stderr.take().expect("stderr"), |_| {});
+        (child, log)
+    }
+
+    fn command(&self) -> Command {
         std::fs::write(&self.token_file, &self.runner.token).expect("token file");
-        Command::new(runner_agent_binary())
+        let mut command = Command::new(runner_agent_binary());
+        command
             .arg("--nexus")
             .arg(&self.nexus_url)
             .arg("--runner-id")
@@ -204,13 +258,10 @@ impl RunnerAgentProcess {
             .arg(&self.state_dir)
             .arg("--tool-timeout-ms")
             .arg(self.tool_timeout_ms.to_string())
-            .arg("--log")
-            .arg("error")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("runner-agent starts")
+            .kill_on_drop(true);
+        command
     }
 }
 

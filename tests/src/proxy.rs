@@ -96,7 +96,17 @@ impl TcpProxy {
         let link_faults = faults.clone();
         let counter = accepted.clone();
         let acceptor = tokio::spawn(async move {
-            while let Ok((inbound, _)) = listener.accept().await {
+            loop {
+                let inbound = match listener.accept().await {
+                    Ok((inbound, _)) => inbound,
+                    // Out of file descriptors (or a connection reset before it was taken): the
+                    // listener is fine, so the proxy keeps accepting, as nexus does.
+                    Err(error) => {
+                        tracing::warn!(%error, "the test proxy cannot accept; retrying");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
                 let _ = inbound.set_nodelay(true);
                 counter.fetch_add(1, Ordering::SeqCst);
                 let faults = link_faults.subscribe();

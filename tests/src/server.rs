@@ -154,10 +154,15 @@ fn with_database(url: &str, database: &str) -> String {
     out
 }
 
-/// Installs a quiet tracing subscriber once (set `RUST_LOG` to see logs).
+/// Installs a quiet tracing subscriber once (set `RUST_LOG` to choose what is logged). By default
+/// it keeps warnings, and runner-agent's own account of its stream (connects, claims, commits) at
+/// info, which a failing test prints beside its panic.
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,nexus_runner_agent::agent=info".into()),
+        )
         .with_test_writer()
         .try_init();
 }

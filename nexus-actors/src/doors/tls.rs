@@ -30,12 +30,10 @@ use tracing::Instrument;
 use nexus_proto::{ErrorCode, Refusal};
 
 use crate::config::{ClientAuth, TlsConfig};
+use crate::doors::accept;
 
 /// ALPN protocols offered, in order of preference.
 const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
-/// Pause after an accept error that is not about one connection (out of file descriptors):
-/// retrying at once would spin.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 /// A TLS file or setting that cannot be used; nothing was started.
 #[derive(Debug, thiserror::Error)]
@@ -147,29 +145,18 @@ impl Acceptor {
         }))
     }
 
-    /// The connections accepted on `listener`, past their handshake. TCP_NODELAY is set on each
-    /// socket before the handshake (the handshake is itself small writes that wait for answers).
-    /// Failed handshakes are logged and skipped; accept errors are logged and retried.
+    /// The connections accepted on `listener` ([`accept::next`]: TCP_NODELAY set before the
+    /// handshake, accept errors logged and retried with a pause), past their handshake. Failed
+    /// handshakes are logged and skipped.
     pub(crate) fn incoming(self, listener: TcpListener) -> impl Stream<Item = io::Result<TlsStream<TcpStream>>> {
         let handshakes: JoinSet<Option<TlsStream<TcpStream>>> = JoinSet::new();
         futures::stream::unfold((self, listener, handshakes), |(acceptor, listener, mut handshakes)| async move {
             loop {
                 tokio::select! {
-                    accepted = listener.accept() => match accepted {
-                        Ok((socket, peer)) => {
-                            if let Err(error) = socket.set_nodelay(true) {
-                                tracing::debug!(%peer, %error, "cannot set tcp_nodelay");
-                            }
-                            let span = tracing::info_span!("tls_handshake", %peer);
-                            handshakes.spawn(acceptor.clone().handshake(socket).instrument(span));
-                        }
-                        Err(error) if is_per_connection(&error) => {
-                            tracing::debug!(%error, "a connection failed before it was accepted");
-                        }
-                        Err(error) => {
-                            tracing::warn!(%error, "cannot accept connections; retrying");
-                            tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                        }
+                    socket = accept::next(&listener) => {
+                        let peer = socket.peer_addr().map_or_else(|_| "unknown".to_owned(), |peer| peer.to_string());
+                        let span = tracing::info_span!("tls_handshake", %peer);
+                        handshakes.spawn(acceptor.clone().handshake(socket).instrument(span));
                     },
                     Some(joined) = handshakes.join_next() => {
                         if let Ok(Some(stream)) = joined {
@@ -217,13 +204,6 @@ pub(crate) fn require_client_certificate(request: tonic::Request<()>) -> Result<
 }
 
 /// Accept errors that concern one connection only (it was reset before `accept` returned).
-fn is_per_connection(error: &io::Error) -> bool {
-    matches!(
-        error.kind(),
-        io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset | io::ErrorKind::Interrupted
-    )
-}
-
 /// Whether a failed handshake was about certificates (a missing or untrusted client
 /// certificate, or the client refusing ours).
 fn is_certificate_error(error: &io::Error) -> bool {

@@ -43,6 +43,8 @@ pub(super) enum ConnectError {
     Refused(Refusal),
     #[error("nexus did not answer the hello within {0:?}")]
     Timeout(Duration),
+    #[error("the connection to nexus did not open within {0:?}")]
+    ConnectTimeout(Duration),
     #[error("nexus closed the stream before welcome")]
     Closed,
     #[error("nexus sent {0} before welcome")]
@@ -274,14 +276,21 @@ fn read_certificates(what: &'static str, path: &Path) -> Result<Vec<CertificateD
 }
 
 /// Waits `delay`, opens a stream, says hello and waits for `welcome`, answering pings meanwhile.
+/// Every step is bounded: the connection (TCP and the HTTP/2 handshake) by `connect_timeout`,
+/// everything from the stream's request to `welcome` by `handshake_timeout`, so an attempt always
+/// ends, and the caller logs it and tries again.
 pub(super) async fn open(
     endpoint: Endpoint,
     hello: Hello,
-    handshake_timeout: Duration,
+    (connect_timeout, handshake_timeout): (Duration, Duration),
     delay: Duration,
 ) -> Result<Connected, ConnectError> {
     tokio::time::sleep(delay).await;
-    let channel = endpoint.connect().await.map_err(ConnectError::Transport)?;
+    // tonic's connect_timeout bounds the TCP connect alone.
+    let channel = tokio::time::timeout(connect_timeout, endpoint.connect())
+        .await
+        .map_err(|_| ConnectError::ConnectTimeout(connect_timeout))?
+        .map_err(ConnectError::Transport)?;
     let mut client = RunnerServiceClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -355,6 +364,32 @@ mod tests {
         assert!(status.tls_failure(&options).is_none());
     }
 
+    /// A peer that takes the connection and then never answers (a server out of file
+    /// descriptors whose backlog holds it, a wedged middlebox): the attempt still ends, with the
+    /// bound named, so the caller logs it and tries again.
+    #[tokio::test]
+    async fn an_attempt_against_a_silent_peer_ends_at_its_bound() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent = listener.local_addr().unwrap();
+        let held = tokio::spawn(async move {
+            let mut sockets = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                sockets.push(socket);
+            }
+        });
+        let endpoint = Endpoint::from_shared(format!("http://{silent}")).unwrap();
+        let bounds = (Duration::from_millis(300), Duration::from_millis(300));
+        let Err(error) = open(endpoint, Hello::default(), bounds, Duration::ZERO).await else {
+            panic!("a silent peer welcomed the runner");
+        };
+        assert!(
+            matches!(error, ConnectError::Timeout(_) | ConnectError::ConnectTimeout(_)),
+            "the attempt ended at a bound: {error}"
+        );
+        assert!(error.to_string().contains("300ms"), "the message names the bound: {error}");
+        held.abort();
+    }
+
     #[tokio::test]
     async fn plaintext_to_a_tls_port_is_recognized_and_other_failures_are_not() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -372,7 +407,13 @@ mod tests {
         });
         let endpoint = Endpoint::from_shared(format!("http://{tls_port}")).unwrap();
         for _ in 0..3 {
-            let Err(error) = open(endpoint.clone(), Hello::default(), Duration::from_secs(5), Duration::ZERO).await
+            let Err(error) = open(
+                endpoint.clone(),
+                Hello::default(),
+                (Duration::from_secs(5), Duration::from_secs(5)),
+                Duration::ZERO,
+            )
+            .await
             else {
                 panic!("a TLS port welcomed plaintext");
             };
@@ -382,7 +423,9 @@ mod tests {
 
         let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
         let endpoint = Endpoint::from_shared(format!("http://{closed}")).unwrap();
-        let Err(refused) = open(endpoint, Hello::default(), Duration::from_secs(5), Duration::ZERO).await else {
+        let Err(refused) =
+            open(endpoint, Hello::default(), (Duration::from_secs(5), Duration::from_secs(5)), Duration::ZERO).await
+        else {
             panic!("nothing listens there");
         };
         assert!(!refused.looks_like_a_tls_port(), "{refused}");

@@ -351,12 +351,20 @@ async fn reconnect_offers_the_inbox_again_and_fences_the_old_stream() {
     assert_eq!(row["tasks"][0]["result"]["content"], "ok");
 }
 
+/// The stream is cut while the tool runs on runner-agent: its result still settles the call, once.
+///
+/// The cut waits for the tool to start (it leaves `started` in the workdir and then waits for
+/// `go`), not for the row to read `claimed`: nexus writes the claim before its grant reaches the
+/// runner, and a cut in between loses the grant for good (a claim is never granted again), so
+/// the call would lapse at its deadline instead. That race is the chaos suite's lost-grant
+/// scenario; this test is about a result that survives the cut.
 #[tokio::test]
 async fn a_cut_stream_still_records_the_result_exactly_once() {
+    let command = "touch started; while [ ! -e go ]; do sleep 0.02; done; echo slept";
     let server = TestServer::start(&[(
         "sleepy",
         json!({"rounds": [
-            {"tool_calls": [{"id": "s", "name": "bash", "arguments": {"command": "sleep 1; echo slept"}}]},
+            {"tool_calls": [{"id": "s", "name": "bash", "arguments": {"command": command}}]},
             {"final": "bash said {{tool:s.stdout}}"}
         ]}),
     )])
@@ -385,12 +393,13 @@ async fn a_cut_stream_still_records_the_result_exactly_once() {
     .await;
     declare(&server, &agent, runner.id, "scripted/sleepy").await;
     let run = admit(&server, &agent, "sleep").await;
-    // Cut the stream while the tool runs (after the claim, before the commit).
-    wait_until("the claim", WAIT, || async {
-        server.store().task(run, key("r1t0")).await.ok().flatten().filter(|t| t.claimed).map(|_| ())
+    // Cut the stream while the tool runs (after the grant reached the runner, before the commit).
+    wait_until("the tool to start on the runner", WAIT, || async {
+        workdir.path().join("started").exists().then_some(())
     })
     .await;
     assert!(proxy.cut() >= 1, "a live stream was cut");
+    std::fs::write(workdir.path().join("go"), "").expect("let the tool finish");
     let row = wait_status(&server, &agent, run, "completed").await;
     assert_eq!(row["final_text"], "bash said slept");
     assert_eq!(row["tasks"][0]["status"], "completed");

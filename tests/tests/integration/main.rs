@@ -13,6 +13,7 @@ mod fabric;
 mod hooks;
 mod http_executions;
 mod models;
+mod pressure;
 mod quickstart;
 mod round_driver;
 mod store;
