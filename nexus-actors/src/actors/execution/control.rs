@@ -60,41 +60,12 @@ use super::{ExecutionMsg, ExecutionState, advance, emit, model_done, narrate, sa
 
 pub use crate::clock::{FROZEN_EPOCH_MS, frozen_remaining_ms, is_frozen};
 
+mod decide;
+
+pub use decide::{DeadlineShift, StopPlan, at_runner, paused_ms};
+
 /// How the estimate counts tokens: the UTF-8 bytes of the compiled request over four, rounded up.
 pub const ESTIMATE_BYTES_PER_TOKEN: usize = 4;
-
-/// How a pause or a resume moves an open task's deadline. The ExecutorActor applies it to its
-/// open tasks ([`ExecutorMsg::ShiftDeadlines`]) and the ExecutionActor to its approval holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeadlineShift {
-    /// The execution paused at `at` (Unix milliseconds): a live deadline becomes
-    /// [`FROZEN_EPOCH_MS`] plus what it had left (never less than zero).
-    Freeze {
-        /// When the pause began.
-        at: i64,
-    },
-    /// The execution resumed at `at`: a frozen deadline becomes `at` plus what it had left.
-    Thaw {
-        /// When the resume happened.
-        at: i64,
-    },
-}
-
-impl DeadlineShift {
-    /// The moved deadline, or `None` when this shift leaves `deadline_at` as it is (freezing a
-    /// frozen deadline, thawing a live one).
-    pub fn apply(self, deadline_at: i64) -> Option<i64> {
-        match self {
-            DeadlineShift::Freeze { at } if !is_frozen(deadline_at) => {
-                Some(FROZEN_EPOCH_MS.saturating_add(deadline_at.saturating_sub(at).max(0)))
-            }
-            DeadlineShift::Thaw { at } => {
-                frozen_remaining_ms(deadline_at).map(|left| crate::clock::deadline_after(at, left))
-            }
-            DeadlineShift::Freeze { .. } => None,
-        }
-    }
-}
 
 /// The control messages of an ExecutionActor ([`ExecutionMsg::Control`]).
 pub enum ControlMsg {
@@ -264,7 +235,7 @@ async fn resume(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> 
     state.control.aborted_round = None;
     state.control.paused_at = None;
     state.row.status = RunStatus::Running;
-    let paused_ms = now.saturating_sub(paused_at).max(0);
+    let paused_ms = paused_ms(paused_at, now);
     emit(state, Event::TurnStatus(TurnStatus::Running { resumed: Some(true), paused_ms: Some(paused_ms) }));
     save(state, &[]).await?;
     tracing::info!(execution_id = %state.row.public_id, paused_ms, "execution resumed");
@@ -319,11 +290,6 @@ async fn open_tasks(state: &ExecutionState) -> Result<Vec<TaskRow>, ActorProcess
     Ok(tasks.into_iter().filter(|t| !t.is_settled()).collect())
 }
 
-/// Whether a task is in a runner's hands: dispatched to its inbox or claimed there.
-fn at_runner(task: &TaskRow) -> bool {
-    task.target_executor_public_id.is_some() && matches!(task.status, TaskStatus::Dispatched | TaskStatus::Running)
-}
-
 /// What `pick` reads off the latest `turn_status` it accepts, from the event log.
 async fn last_turn_status<T>(
     state: &ExecutionState,
@@ -368,7 +334,9 @@ pub(super) async fn stop(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionS
     }
     // Waiting work never reached a runner: calls parked for approval (and anything else
     // unsettled outside a runner) settle canceled now.
-    for mut task in open_tasks(state).await?.into_iter().filter(|t| !at_runner(t)) {
+    let open = open_tasks(state).await?;
+    let plan = StopPlan::of(&open);
+    for mut task in open.into_iter().filter(|t| plan.settle_now.contains(&t.task_key)) {
         let parked = task.status == TaskStatus::NeedsApproval;
         task.status = TaskStatus::Canceled;
         task.error_key = Some("task_canceled".into());
@@ -390,11 +358,7 @@ pub(super) async fn stop(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionS
             }
         }
     }
-    let draining: Vec<TaskKey> = if force {
-        cancel_at_runners(state).await?
-    } else {
-        open_tasks(state).await?.into_iter().filter(at_runner).map(|t| t.task_key).collect()
-    };
+    let draining: Vec<TaskKey> = if force { cancel_at_runners(state).await? } else { plan.at_runners };
     if draining.is_empty() {
         finish(state, None).await?;
         return Ok(Ok(state.row.clone()));
@@ -517,28 +481,4 @@ pub(super) async fn resume_drain(
         arm_drain_bound(myself, state);
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_pause_freezes_what_is_left_and_a_resume_shifts_by_the_paused_time() {
-        let paused_at = 1_000_000;
-        let deadline = paused_at + 7_500;
-        let frozen = DeadlineShift::Freeze { at: paused_at }.apply(deadline).expect("frozen");
-        assert!(is_frozen(frozen));
-        assert_eq!(frozen_remaining_ms(frozen), Some(7_500));
-        // Freezing twice (a repeated message) changes nothing; thawing a live deadline neither.
-        assert_eq!(DeadlineShift::Freeze { at: paused_at + 50 }.apply(frozen), None);
-        assert_eq!(DeadlineShift::Thaw { at: paused_at }.apply(deadline), None);
-        let resumed_at = paused_at + 60_000;
-        let thawed = DeadlineShift::Thaw { at: resumed_at }.apply(frozen).expect("thawed");
-        assert_eq!(thawed - deadline, resumed_at - paused_at, "moved forward by exactly the paused time");
-        // A deadline that had already passed when the pause began has nothing left.
-        let late = DeadlineShift::Freeze { at: paused_at }.apply(paused_at - 10).expect("frozen");
-        assert_eq!(DeadlineShift::Thaw { at: resumed_at }.apply(late), Some(resumed_at));
-        assert!(!is_frozen(i64::from(i32::MAX) * 1_000), "a live deadline in 2038 is not frozen");
-    }
 }
