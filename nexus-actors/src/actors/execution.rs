@@ -14,6 +14,7 @@ pub mod compaction;
 pub mod control;
 pub mod hooks;
 pub mod kernel;
+pub mod phase;
 pub mod resolve;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -38,6 +39,8 @@ use crate::store::event::{
     RoundStarted, TaskNarration, TurnStatus, Usage,
 };
 use crate::store::{Event, EventRow, ExecutionRow, TaskRow};
+
+use self::phase::{End, Facts, Phase};
 
 /// Hands a task just written `dispatched` to its runner's inbox. Never waits: a cold inbox loads
 /// in Root meanwhile, and a runner that cannot be reached now is offered the durable row when its
@@ -254,6 +257,9 @@ pub struct ExecutionArgs {
 pub struct ExecutionState {
     fabric: Arc<Fabric>,
     root: RootHandle,
+    /// Where the execution stands ([`phase`]); `row.status` is its projection, written only by
+    /// [`enter`] and [`sync`].
+    phase: Phase,
     row: ExecutionRow,
     /// Shared with every live execution that froze the same bytes ([`Fabric::declarations`]).
     declaration: Option<Arc<FrozenDeclaration>>,
@@ -336,6 +342,8 @@ impl Actor for ExecutionActor {
         let mut state = ExecutionState {
             fabric: args.fabric,
             root: args.root,
+            // Read from the facts once they are rebuilt, below.
+            phase: Phase::Materializing,
             row,
             declaration,
             transcript,
@@ -357,6 +365,7 @@ impl Actor for ExecutionActor {
         compaction::rebuild(&myself, &mut state, summary_tasks, &history);
         // Parked tasks keep their durable holds across a restart.
         approval::rearm(&myself, &mut state);
+        state.phase = Phase::of(&facts(&state));
         Ok(state)
     }
 
@@ -403,18 +412,19 @@ impl Actor for ExecutionActor {
         match msg {
             ExecutionMsg::Advance => advance(&myself, state).await?,
             // A graceful pause lets the model call finish; its answer waits for the resume.
-            ExecutionMsg::ModelDone { round, model, result } if state.row.status == RunStatus::Paused => {
+            ExecutionMsg::ModelDone { round, model, result } if state.phase == Phase::Paused => {
                 control::hold_answer(state, round, model, result);
             }
             ExecutionMsg::ModelDone { round, model, result } => {
-                if round != state.row.round || state.row.status != RunStatus::Running {
+                // The answer of an aborted call, or of a round replaced since, is never read.
+                if state.phase != (Phase::AwaitingModel { round }) {
                     return Ok(());
                 }
                 state.model_call = None;
                 model_done(&myself, state, &model, result).await?;
             }
             // While a stop drains, settlements are narrated and counted, never read by a model.
-            ExecutionMsg::TaskSettled(task) if state.row.status == RunStatus::Canceling => {
+            ExecutionMsg::TaskSettled(task) if state.phase == Phase::Canceling => {
                 control::settled_while_canceling(state, *task).await?;
             }
             // A hook task is judged before it is narrated ([`hooks`]).
@@ -430,7 +440,7 @@ impl Actor for ExecutionActor {
                 narrate(state, &task);
                 if state.pending.values().all(TaskRow::is_settled) {
                     save(state, &[]).await?;
-                    if state.row.status == RunStatus::Running {
+                    if state.phase.is_working() {
                         advance(&myself, state).await?;
                     }
                 } else if !state.flush_queued {
@@ -500,11 +510,58 @@ impl Actor for ExecutionActor {
             }
             ExecutionMsg::Compaction(msg) => compaction::handle(&myself, state, msg).await?,
         }
+        sync(state);
+        debug_assert!(
+            !matches!(state.phase, Phase::Boundary { .. }),
+            "execution {} rests at a boundary: the driver stopped without deciding what comes next",
+            state.row.public_id
+        );
         if state.row.status.is_quiescent() && state.pending.values().all(TaskRow::is_settled) {
             myself.stop(None);
         }
         Ok(())
     }
+}
+
+/// The facts the phase is read from ([`Phase::of`]).
+fn facts(state: &ExecutionState) -> Facts {
+    Facts {
+        status: state.row.status,
+        round: state.row.round,
+        model_call: state.model_call.is_some(),
+        open_hook: state.pending.iter().find(|(key, task)| key.is_hook() && !task.is_settled()).map(|(key, _)| *key),
+        open_calls: state.pending.iter().any(|(key, task)| !key.is_hook() && !key.is_summary() && !task.is_settled()),
+        compacting: compaction::in_progress(state),
+    }
+}
+
+/// Moves the execution into `next`: the one writer of the phase and of the status it shows.
+/// A move the table refuses ([`Phase::allows`]) is a bug: it fails debug builds and is logged.
+fn enter(state: &mut ExecutionState, next: Phase) {
+    let from = state.phase;
+    if from == next {
+        return;
+    }
+    if !from.allows(next) {
+        tracing::error!(execution_id = %state.row.public_id, %from, to = %next, "an execution moved where its phase table does not allow");
+        debug_assert!(false, "execution {}: {from} -> {next} is not an allowed move", state.row.public_id);
+    }
+    tracing::debug!(execution_id = %state.row.public_id, %from, to = %next, "phase");
+    state.phase = next;
+    state.row.status = next.status();
+}
+
+/// Reads the phase again from the facts ([`Phase::of`]) and enters it: after a message, and
+/// before the driver decides.
+fn sync(state: &mut ExecutionState) {
+    let now = Phase::of(&facts(state));
+    enter(state, now);
+}
+
+/// The working phase the execution resumes into after a pause or a repair: what is out then
+/// decides it.
+fn resumed(state: &ExecutionState) -> Phase {
+    Phase::of(&Facts { status: RunStatus::Running, ..facts(state) })
 }
 
 /// Queues `event` for the next save, under the execution's next sequence number.
@@ -587,20 +644,25 @@ pub(crate) fn result_text(task: &TaskRow) -> String {
     }
 }
 
+/// Makes progress from where the execution stands ([`Phase`]): the round driver.
 async fn advance(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Result<(), ActorProcessingErr> {
-    let status = state.row.status;
-    match status {
+    sync(state);
+    let phase = state.phase;
+    match phase {
         // The `turn_start` hook runs before the first model round (`docs/executions.md`, "Hooks").
-        RunStatus::Pending
+        Phase::Materializing => {
             if materialize(state).await?
-                && hooks::gate(myself, state, hooks::HookEvent::TurnStart).await? == hooks::Gate::Open =>
-        {
-            start_round(myself, state).await?
+                && hooks::gate(myself, state, hooks::HookEvent::TurnStart).await? == hooks::Gate::Open
+            {
+                start_round(myself, state).await?;
+            }
         }
         // A restart found a stop draining: it goes on draining (`docs/executions.md`, "Stop").
-        RunStatus::Canceling => control::resume_drain(myself, state).await?,
-        RunStatus::Running => {
-            if state.model_call.is_some() || !state.pending.values().all(TaskRow::is_settled) {
+        Phase::Canceling => control::resume_drain(myself, state).await?,
+        // At a boundary, or compacting with nothing out (a summary settled, or a hook to ask):
+        // the driver decides. Awaiting the model, a hook or calls, it waits for their message.
+        Phase::Boundary { .. } | Phase::Compacting { .. } => {
+            if !state.pending.values().all(TaskRow::is_settled) {
                 return Ok(());
             }
             // Settled hook tasks are judged first: a decision holds the execution, continues it
@@ -686,7 +748,7 @@ async fn adopt(
     tracing::info!(execution_id = %state.row.public_id, tools = frozen.tools.len(), "execution materialized");
     state.declaration = Some(frozen);
     state.declaration_stored = false;
-    state.row.status = RunStatus::Running;
+    enter(state, Phase::Boundary { round: state.row.round });
     emit(state, Event::TurnStatus(TurnStatus::Running { resumed: None, paused_ms: None }));
     save(state, &[]).await?;
     Ok(true)
@@ -694,7 +756,7 @@ async fn adopt(
 
 async fn end_refused(state: &mut ExecutionState, refusal: &Refusal) -> Result<bool, ActorProcessingErr> {
     tracing::info!(execution_id = %state.row.public_id, code = %refusal.code, "execution refused at materialization");
-    state.row.status = RunStatus::Canceled;
+    enter(state, Phase::Done(End::Canceled));
     state.row.error_key = Some(refusal.code.as_str().to_owned());
     emit(
         state,
@@ -785,12 +847,13 @@ async fn start_round(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState
         },
         span,
     )));
+    enter(state, Phase::AwaitingModel { round });
     Ok(())
 }
 
 async fn halt(state: &mut ExecutionState, error_key: &str, message: &str) -> Result<(), ActorProcessingErr> {
     tracing::warn!(execution_id = %state.row.public_id, error_key, "execution halted");
-    state.row.status = RunStatus::NeedsAttention;
+    enter(state, Phase::NeedsAttention);
     state.row.attention_reason = Some(AttentionReason::HaltFailure);
     state.row.error_key = Some(error_key.to_owned());
     emit(
@@ -908,7 +971,7 @@ async fn deliver(
         return Ok(());
     }
     state.row.final_text = Some(text);
-    state.row.status = RunStatus::Completed;
+    enter(state, Phase::Done(End::Completed));
     emit(state, Event::TurnStatus(TurnStatus::Completed {}));
     save(state, &[]).await?;
     tracing::info!(execution_id = %state.row.public_id, rounds = state.row.round, "execution completed");

@@ -198,6 +198,11 @@ pub(super) fn split(tasks: Vec<TaskRow>) -> (Vec<TaskRow>, Vec<TaskRow>) {
     tasks.into_iter().partition(|task| task.task_key.is_summary())
 }
 
+/// The round a compaction in progress is for, when it is the next one.
+pub(super) fn in_progress(state: &ExecutionState) -> Option<i64> {
+    state.compaction.active.as_ref().map(|active| active.source).filter(|source| *source == state.row.round + 1)
+}
+
 /// Records the provider's own input token count of model round `round` (the `usage` trigger).
 pub(super) fn observe_usage(state: &mut ExecutionState, round: i64, input_tokens: u64) {
     state.compaction.usage = Some((round, input_tokens));
@@ -413,7 +418,7 @@ enum Step {
 /// Drives the compaction in progress as far as it goes now.
 async fn drive(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Result<Gate, ActorProcessingErr> {
     loop {
-        if state.row.status != RunStatus::Running {
+        if !state.phase.is_working() {
             return Ok(Gate::Held);
         }
         let step = match &state.compaction.active {

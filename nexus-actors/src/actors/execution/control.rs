@@ -56,7 +56,8 @@ use crate::store::event::TurnStatus;
 use crate::store::{Event, ExecutionRow, TaskRow};
 
 use super::approval;
-use super::{ExecutionMsg, ExecutionState, advance, emit, model_done, narrate, save};
+use super::phase::{End, Phase};
+use super::{ExecutionMsg, ExecutionState, advance, emit, enter, model_done, narrate, resumed, save};
 
 pub use crate::clock::{FROZEN_EPOCH_MS, frozen_remaining_ms, is_frozen};
 
@@ -164,7 +165,7 @@ pub(super) async fn handle(
             answer(reply, outcome)
         }
         ControlMsg::DrainBound { generation } => {
-            if state.row.status != RunStatus::Canceling || generation != state.control.drain_generation {
+            if state.phase != Phase::Canceling || generation != state.control.drain_generation {
                 return Ok(());
             }
             let unsettled: Vec<TaskKey> = open_tasks(state).await?.into_iter().map(|t| t.task_key).collect();
@@ -194,7 +195,7 @@ fn refuse(code: ErrorCode, state: &ExecutionState, what: &str) -> Outcome {
 }
 
 async fn pause(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, force: bool) -> Outcome {
-    if state.row.status != RunStatus::Running {
+    if !state.phase.is_working() {
         return refuse(ErrorCode::NotPausable, state, "only a running execution pauses");
     }
     let now = state.fabric.clock.now_ms();
@@ -207,7 +208,7 @@ async fn pause(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, forc
     state.control.paused_at = Some(now);
     // The status is durable before the clocks freeze: a crash between the two leaves live
     // clocks under a pause, never frozen ones under a running execution.
-    state.row.status = RunStatus::Paused;
+    enter(state, Phase::Paused);
     emit(state, Event::TurnStatus(TurnStatus::Paused { force, paused_at: now, aborted_round }));
     save(state, &[]).await?;
     shift_clocks(myself, state, DeadlineShift::Freeze { at: now }).await?;
@@ -216,7 +217,7 @@ async fn pause(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, forc
 }
 
 async fn resume(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Outcome {
-    if state.row.status != RunStatus::Paused {
+    if state.phase != Phase::Paused {
         return refuse(ErrorCode::NotPaused, state, "only a paused execution resumes");
     }
     let now = state.fabric.clock.now_ms();
@@ -234,7 +235,8 @@ async fn resume(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> 
     shift_clocks(myself, state, DeadlineShift::Thaw { at: now }).await?;
     state.control.aborted_round = None;
     state.control.paused_at = None;
-    state.row.status = RunStatus::Running;
+    let working = resumed(state);
+    enter(state, working);
     let paused_ms = paused_ms(paused_at, now);
     emit(state, Event::TurnStatus(TurnStatus::Running { resumed: Some(true), paused_ms: Some(paused_ms) }));
     save(state, &[]).await?;
@@ -321,7 +323,7 @@ pub(super) async fn stop(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionS
         _ => {}
     }
     let now = state.fabric.clock.now_ms();
-    if state.row.status == RunStatus::Paused {
+    if state.phase == Phase::Paused {
         // The drain runs on live clocks: a graceful stop waits for deadlines that can pass.
         shift_clocks(myself, state, DeadlineShift::Thaw { at: now }).await?;
     }
@@ -364,7 +366,7 @@ pub(super) async fn stop(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionS
         return Ok(Ok(state.row.clone()));
     }
     let count = draining.len();
-    state.row.status = RunStatus::Canceling;
+    enter(state, Phase::Canceling);
     emit(state, Event::TurnStatus(TurnStatus::Canceling { force, draining }));
     save(state, &[]).await?;
     if force {
@@ -414,7 +416,7 @@ async fn finish(state: &mut ExecutionState, unsettled: Option<Vec<TaskKey>>) -> 
     if let Some(timer) = state.control.drain_timer.take() {
         timer.abort();
     }
-    state.row.status = RunStatus::Canceled;
+    enter(state, Phase::Done(End::Canceled));
     state.row.error_key = Some("run_canceled".into());
     state.row.attention_reason = None;
     let force = state.control.force;

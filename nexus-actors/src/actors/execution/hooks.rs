@@ -75,7 +75,8 @@ use crate::model::ChatMessage;
 use crate::store::event::{AttentionRequired, TurnStatus};
 use crate::store::{Event, EventRow, TaskRow};
 
-use super::{ExecutionMsg, ExecutionState, advance, approval, emit, narrate, narration, offer, save};
+use super::phase::Phase;
+use super::{ExecutionMsg, ExecutionState, advance, approval, emit, enter, narrate, narration, offer, resumed, save};
 
 mod decision;
 
@@ -294,7 +295,7 @@ fn hold(state: &mut ExecutionState, task: &TaskRow) {
         task.task_key, task.status, task.task_key, task.task_key
     );
     tracing::warn!(execution_id = %state.row.public_id, task_key = %task.task_key, %error_key, "hook failed; execution held");
-    state.row.status = RunStatus::NeedsAttention;
+    enter(state, Phase::NeedsAttention);
     state.row.attention_reason = Some(AttentionReason::HaltFailure);
     state.row.error_key = Some(error_key.clone());
     emit(
@@ -316,7 +317,8 @@ fn hold(state: &mut ExecutionState, task: &TaskRow) {
 
 /// Releases a hold: the execution runs again.
 fn release(state: &mut ExecutionState) {
-    state.row.status = RunStatus::Running;
+    let working = resumed(state);
+    enter(state, working);
     state.row.attention_reason = None;
     state.row.error_key = None;
     emit(state, Event::TurnStatus(TurnStatus::Running { resumed: None, paused_ms: None }));
