@@ -1,0 +1,151 @@
+//! What freezing keeps: the frozen tool set, its routes, and the declaration an execution runs
+//! under (`docs/declaration.md`, "Freezing").
+
+use nexus_proto::RunnerId;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use nexus_kernel_tools::{ResolvedCall, lookup as kernel_lookup, resolve_call};
+
+/// Where a runner callable goes: its frozen target and the served name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunnerRoute {
+    /// The frozen target Runner.
+    pub runner_executor_public_id: RunnerId,
+    /// The name the runner announced (the collision name never reaches the runner).
+    pub tool_name: String,
+}
+
+/// One callable in a frozen tool set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FrozenTool {
+    /// The callable name the model sees.
+    pub name: String,
+    /// The stored entry (`{type:"function", function:{...}, route?, defer_loading?}`).
+    pub definition: Value,
+    /// The runner route, for runner callables.
+    pub route: Option<RunnerRoute>,
+    /// The served tool's effect profile at freezing.
+    pub effect_profile: Option<Value>,
+    /// The served tool's announced `timeout_ms`.
+    pub timeout_ms: Option<u64>,
+    /// The kernel tool's canonical name, for kernel entries, aliases and kernel imports.
+    #[serde(default)]
+    pub canonical: Option<String>,
+}
+
+impl FrozenTool {
+    /// The kernel canonical name this callable runs as, if it is a kernel tool. Declarations
+    /// frozen before `canonical` was recorded fall back to the entry's facts and its name.
+    pub fn canonical_name(&self) -> Option<&str> {
+        if let Some(canonical) = &self.canonical {
+            return Some(canonical);
+        }
+        if let Some(canonical) = self.definition.get("canonical").and_then(Value::as_str) {
+            return Some(canonical);
+        }
+        if self.route.is_some() {
+            return None;
+        }
+        kernel_lookup(&self.name).filter(|tool| tool.name == self.name).map(|tool| tool.canonical_name)
+    }
+
+    /// Whether the entry is declared `defer_loading: true`.
+    pub fn deferred(&self) -> bool {
+        self.definition.get("defer_loading") == Some(&Value::Bool(true))
+    }
+
+    /// Resolves a call the model made to this callable (REFERENCE.md 4, "Call resolution"): a
+    /// runner callable runs under its frozen served name, an alias under the kernel wire name
+    /// with its input mapped, anything else unchanged. `alias` is the callable name when it
+    /// differs from `wire_name` (the inbox row's `tool_alias`, the transcript's `name`).
+    pub fn resolve_call(&self, input: &Value) -> ResolvedCall {
+        if let Some(route) = &self.route {
+            let alias = (route.tool_name != self.name).then(|| self.name.clone());
+            return ResolvedCall { wire_name: route.tool_name.clone(), input: input.clone(), alias };
+        }
+        resolve_call(&self.definition, input)
+    }
+}
+
+/// What a runner looked like when it was selected: its id, display name, status and canonical
+/// announcement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunnerFacts {
+    /// The runner's UUID.
+    pub public_id: RunnerId,
+    /// Display name.
+    pub display_name: String,
+    /// Whether it is eligible (active, credential ready).
+    pub eligible: bool,
+    /// The canonical announcement `{tools, environment, documents}`.
+    pub announcement: Value,
+}
+
+/// The immutable declaration an execution runs under (REFERENCE.md 8).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FrozenDeclaration {
+    /// The assembled tool set, in declaration order.
+    pub tools: Vec<FrozenTool>,
+    /// `bypass | ask | rules`, or null when nothing needs approval.
+    pub approval_mode: Option<String>,
+    /// As declared.
+    pub approval_rules: Value,
+    /// The model reference every round uses.
+    pub default_model: Option<String>,
+    /// Captured fallback list.
+    pub fallback_models: Vec<String>,
+    /// The system prompt document, if any.
+    pub system_prompt: Option<Value>,
+    /// The selected Runner (`default_runner_executor_public_id`).
+    pub default_runner_executor_public_id: Option<RunnerId>,
+    /// The candidates with their display names and environments, in declaration order.
+    pub runner_candidates: Vec<Value>,
+    /// As declared; run by a later part of the fabric.
+    pub lifecycle_hooks: Value,
+    /// `compaction_policy` as declared (REFERENCE.md 13), or null; run by
+    /// [`crate::actors::execution::compaction`]. Absent in declarations frozen before it was captured.
+    #[serde(default)]
+    pub compaction_policy: Value,
+    /// The `summarizer` prompt document `{content, role}`, if any: the kernel summarizer's
+    /// instructions. Absent in declarations frozen before it was captured.
+    #[serde(default)]
+    pub summarizer: Option<Value>,
+    /// Digest of this declaration's canonical JSON (without this field), for display.
+    pub digest: String,
+}
+
+impl FrozenDeclaration {
+    /// The declaration with its `summarizer` document frozen beside it, and its digest taken
+    /// again over the whole.
+    #[must_use]
+    pub fn with_summarizer(mut self, summarizer: Option<Value>) -> Self {
+        self.summarizer = summarizer;
+        self.digest = String::new();
+        let bytes = serde_json::to_vec(&self).unwrap_or_default();
+        self.digest = hex::encode(Sha256::digest(&bytes));
+        self
+    }
+}
+
+/// Builds the qualified collision name: the first 49 characters of the served name, `__`, then 12
+/// hex characters of SHA-256 over (runner UUID, NUL, served name) (REFERENCE.md 4, "Runner import
+/// collisions"; R27). At most 63 characters.
+///
+/// A character of the head outside `[a-zA-Z0-9_-]` is written as `_`, so the name always fits the
+/// provider rule `^[a-zA-Z0-9_-]{1,64}$`; for a served name inside that rule the name is exactly
+/// the spec's. The digest covers the full served name as announced.
+pub fn qualified_name(runner: RunnerId, served: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(runner.to_string().as_bytes());
+    hasher.update([0u8]);
+    hasher.update(served.as_bytes());
+    let digest = hex::encode(hasher.finalize());
+    let head: String = served
+        .chars()
+        .take(49)
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .collect();
+    format!("{head}__{}", &digest[..12])
+}
