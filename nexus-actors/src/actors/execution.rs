@@ -650,12 +650,11 @@ async fn advance(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) ->
     let phase = state.phase;
     match phase {
         // The `turn_start` hook runs before the first model round (`docs/executions.md`, "Hooks").
-        Phase::Materializing => {
+        Phase::Materializing
             if materialize(state).await?
-                && hooks::gate(myself, state, hooks::HookEvent::TurnStart).await? == hooks::Gate::Open
-            {
-                start_round(myself, state).await?;
-            }
+                && hooks::gate(myself, state, hooks::HookEvent::TurnStart).await? == hooks::Gate::Open =>
+        {
+            start_round(myself, state).await?;
         }
         // A restart found a stop draining: it goes on draining (`docs/executions.md`, "Stop").
         Phase::Canceling => control::resume_drain(myself, state).await?,

@@ -1,0 +1,116 @@
+//! The stream's life: hello, welcome, attach, announce, and what a lost stream drops and
+//! schedules (`docs/protocol.md`, "Reconnect").
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use nexus_proto::RUNNER_PROTOCOL_VERSION;
+use nexus_proto::runner::v1::runner_frame::Frame as Request;
+use nexus_proto::runner::v1::{Announce, Hello, RunnerFrame};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::link::{Connected, HELLO_REQUEST_ID};
+use crate::claim::RequestError;
+
+use super::*;
+
+impl Agent {
+    /// Whether the URL asks for plaintext (`http://`).
+    pub(super) fn plaintext(&self) -> bool {
+        self.config.nexus_url.get(..7).is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
+    }
+
+    pub(super) fn hello(&self) -> Hello {
+        Hello {
+            executor_public_id: self.config.runner_id.to_string(),
+            credential: self.config.credential.expose().to_owned(),
+            protocol_version: RUNNER_PROTOCOL_VERSION,
+        }
+    }
+
+    pub(super) fn open_after(&self, delay: Duration) -> Connecting {
+        let bounds = (self.config.connect_timeout, self.config.handshake_timeout);
+        Box::pin(link::open(self.endpoint.clone(), self.hello(), bounds, delay))
+    }
+
+    pub(super) fn schedule_reconnect(&mut self) {
+        let delay = self.backoff.next_delay();
+        info!(delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "reconnecting");
+        self.connecting = Some(self.open_after(delay));
+    }
+
+    pub(super) async fn on_connected(&mut self, connected: Connected) {
+        let Connected { outbound, inbound, welcome } = connected;
+        if welcome.protocol_version != RUNNER_PROTOCOL_VERSION {
+            warn!(theirs = welcome.protocol_version, ours = RUNNER_PROTOCOL_VERSION, "protocol versions differ");
+        }
+        // A slow pinger must not look dead: allow three ping intervals of silence.
+        let ping_bound = Duration::from_millis(welcome.ping_interval_ms.saturating_mul(3));
+        let liveness = self.config.liveness_timeout.max(ping_bound);
+        info!(
+            credential_epoch = welcome.credential_epoch,
+            liveness_ms = u64::try_from(liveness.as_millis()).unwrap_or(u64::MAX),
+            "connected to nexus"
+        );
+        if self.fence.welcomed(Instant::now()) {
+            warn!(
+                "nexus keeps closing this runner's stream and welcoming it straight back: another runner-agent may be \
+                 using this runner's credential, each new stream fencing the other; stop it, or give it a runner of its \
+                 own (nexus admin runner create)"
+            );
+        }
+        self.attach(outbound, liveness);
+        self.inbound = Some(inbound);
+        self.after_connect().await;
+    }
+
+    pub(super) fn attach(&mut self, outbound: mpsc::Sender<RunnerFrame>, liveness: Duration) {
+        let now = Instant::now();
+        self.link = Some(Link {
+            outbound,
+            next_request_id: HELLO_REQUEST_ID + 1,
+            pending: HashMap::new(),
+            last_frame_at: now,
+            connected_at: now,
+            liveness,
+        });
+    }
+
+    /// Announce (whole replacement), then re-send every unacknowledged result.
+    pub(super) async fn after_connect(&mut self) {
+        let body_json = self.toolbox.announcement().to_string();
+        self.send_request(Request::Announce(Announce { body_json }), Pending::Announce);
+        self.resend_commits().await;
+    }
+
+    pub(super) fn lose_link(&mut self, reason: &str) {
+        let Some(link) = self.link.take() else { return };
+        self.fence.lost(false);
+        self.inbound = None;
+        warn!(reason, "lost the stream to nexus");
+        for (pending, _) in link.pending.into_values() {
+            if let Pending::Claim(key) = &pending {
+                // nexus never grants a claim twice (`docs/protocol.md`, "Claim"): a grant lost
+                // with the stream cannot be asked for again, and the call lapses at its deadline.
+                warn!(
+                    run_public_id = %key.run_public_id,
+                    task_key = %key.task_key,
+                    "a claim was unanswered when the stream dropped; if nexus granted it, the grant is lost and \
+                     nexus settles the call at its deadline without running it here"
+                );
+            }
+            self.abandon(pending, RequestError::Disconnected);
+        }
+        // Hints are level-triggered: nexus sends them all again after the next welcome.
+        self.hints.clear();
+        self.hinted.clear();
+        if link.connected_at.elapsed() >= self.config.healthy_after {
+            self.backoff.reset();
+        }
+        if !self.draining {
+            self.schedule_reconnect();
+        }
+    }
+}

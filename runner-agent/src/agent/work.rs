@@ -1,0 +1,161 @@
+//! Work: offers, claims, running tools and their results (`docs/protocol.md`, "Offers",
+//! "Claim").
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use nexus_proto::InboxKind;
+use nexus_proto::runner::v1::runner_frame::Frame as Request;
+use nexus_proto::runner::v1::{Claim, ClaimGranted, WorkAvailable, WorkCanceled};
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::claim::ClaimHandle;
+use crate::journal::{EntryState, JournalEntry, TaskKey};
+use crate::tools::{StopReason, ToolContext, ToolOutcome};
+
+use super::*;
+
+impl Agent {
+    pub(super) fn on_work_available(&mut self, work: WorkAvailable) {
+        let key = TaskKey { run_public_id: work.run_public_id, task_key: work.task_key };
+        // Only tool calls are claimable; another kind (a newer nexus's) is not this runner's.
+        if work.kind.parse::<InboxKind>() != Ok(InboxKind::ToolCall) {
+            debug!(kind = %work.kind, task_key = %key.task_key, "ignoring work that is not a tool call");
+            return;
+        }
+        let held = self.running.contains_key(&key)
+            || self.journal.contains(&key)
+            || self.claiming.contains(&key)
+            || self.hinted.contains(&key);
+        if self.draining || held {
+            debug!(run_public_id = %key.run_public_id, task_key = %key.task_key, "ignoring a hint for a task already held");
+            return;
+        }
+        debug!(run_public_id = %key.run_public_id, task_key = %key.task_key, tool = %work.tool_name, "work available");
+        self.hinted.insert(key.clone());
+        self.hints.push_back(key);
+        self.pump_claims();
+    }
+
+    pub(super) fn on_work_canceled(&mut self, canceled: WorkCanceled) {
+        let key = TaskKey { run_public_id: canceled.run_public_id, task_key: canceled.task_key };
+        if self.hinted.remove(&key) {
+            self.hints.retain(|hinted| hinted != &key);
+        }
+        self.stop_task(&key, "nexus canceled the task");
+    }
+
+    pub(super) fn stop_task(&self, key: &TaskKey, why: &str) {
+        if let Some(stop) = self.running.get(key) {
+            info!(run_public_id = %key.run_public_id, task_key = %key.task_key, why, "stopping a running tool");
+            stop.send_replace(Some(StopReason::Canceled));
+        }
+    }
+
+    /// Claims hinted tasks while a slot is free: nothing is claimed that cannot start at once.
+    pub(super) fn pump_claims(&mut self) {
+        while self.link.is_some() && !self.draining && self.running.len() + self.claiming.len() < self.config.slots {
+            let Some(key) = self.hints.pop_front() else {
+                break;
+            };
+            self.hinted.remove(&key);
+            if self.journal.contains(&key) || self.running.contains_key(&key) {
+                continue;
+            }
+            let frame =
+                Request::Claim(Claim { run_public_id: key.run_public_id.clone(), task_key: key.task_key.clone() });
+            self.send_request(frame, Pending::Claim(key));
+        }
+    }
+
+    pub(super) async fn on_claim_granted(&mut self, key: TaskKey, grant: ClaimGranted) {
+        let task: Value = serde_json::from_str(&grant.task_json).unwrap_or(Value::Null);
+        let tool_name = task.get("tool_name").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let tool_input = task.get("tool_input").cloned().unwrap_or(Value::Null);
+        let task_timeout_ms = task.get("timeout_ms").and_then(Value::as_u64);
+        let deadline_at_ms = if grant.deadline_at_ms > 0 {
+            grant.deadline_at_ms
+        } else {
+            warn!(task_key = %key.task_key, "the claim came without a deadline; assuming the task's timeout");
+            let budget = task_timeout_ms.unwrap_or(self.config.tool_timeout_ms);
+            unix_now_ms().saturating_add(i64::try_from(budget).unwrap_or(i64::MAX))
+        };
+        info!(run_public_id = %key.run_public_id, task_key = %key.task_key, tool = %tool_name, "claimed");
+        self.journal.insert(JournalEntry {
+            key: key.clone(),
+            tool_name: tool_name.clone(),
+            claim_token: grant.claim_token.clone(),
+            deadline_at_ms,
+            state: EntryState::Running,
+        });
+        if self.draining {
+            let content = "the runner was shutting down and did not start the tool".to_owned();
+            self.record_result(&key, ToolOutcome::Failed { content }).await;
+            return;
+        }
+        // Journal the claim before the tool can have any effect.
+        if !persist(&self.journal).await {
+            let content = "the runner could not record the claim in its journal, so it did not start the tool";
+            self.record_result(&key, ToolOutcome::Failed { content: content.to_owned() }).await;
+            return;
+        }
+        let (stop_tx, stop) = watch::channel(None);
+        let until_deadline = Duration::from_millis(u64::try_from(deadline_at_ms - unix_now_ms()).unwrap_or(0));
+        let ctx = ToolContext {
+            workdir: self.toolbox.workdir().clone(),
+            bash_timeout_ms: self.toolbox.bash_timeout_ms(),
+            task_timeout_ms,
+            clamp_at: Some(Instant::now() + until_deadline.saturating_sub(self.config.commit_margin)),
+            stop,
+            claim: Some(ClaimHandle::new(key.clone(), grant.claim_token, self.control_tx.clone())),
+        };
+        let span = info_span!(
+            "task",
+            runner_id = %self.config.runner_id,
+            run_public_id = %key.run_public_id,
+            task_key = %key.task_key,
+            tool = %tool_name,
+        );
+        let toolbox = Arc::clone(&self.toolbox);
+        let task_key = key.clone();
+        self.tasks.spawn(
+            async move {
+                let outcome = AssertUnwindSafe(toolbox.run(&tool_name, tool_input, ctx))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|_| ToolOutcome::error("the tool crashed; its effect is unknown"));
+                Finished { key: task_key, outcome }
+            }
+            .instrument(span),
+        );
+        self.running.insert(key, stop_tx);
+    }
+
+    pub(super) async fn on_tool_finished(&mut self, finished: Finished) {
+        let Finished { key, outcome } = finished;
+        self.running.remove(&key);
+        self.probing.remove(&key);
+        let is_error = !matches!(outcome, ToolOutcome::Completed { is_error: false, .. });
+        info!(run_public_id = %key.run_public_id, task_key = %key.task_key, is_error, "tool finished");
+        self.record_result(&key, outcome).await;
+        self.pump_claims();
+    }
+
+    /// Journals the result, then commits it.
+    pub(super) async fn record_result(&mut self, key: &TaskKey, outcome: ToolOutcome) {
+        let Some(entry) = self.journal.get_mut(key) else {
+            warn!(task_key = %key.task_key, "a tool finished for a task the journal does not hold");
+            return;
+        };
+        entry.state = EntryState::CommitPending { body: outcome.into_commit_body(), fallback: false };
+        if !persist(&self.journal).await {
+            warn!(task_key = %key.task_key, "committing a result the journal could not keep");
+        }
+        self.send_commit(key);
+    }
+}
