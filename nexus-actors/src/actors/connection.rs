@@ -28,6 +28,11 @@ use crate::store::PresenceEvent;
 
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 
+/// Frames buffered towards one runner before the stream is dropped as too slow. Offers take at
+/// most [`OFFER_WINDOW`](crate::actors::executor::OFFER_WINDOW) of them (checked at compile time), so the
+/// rest is always free for answers, Welcome and `work_canceled`; only a runner that stops reading
+/// its answers fills it.
+pub const OUTBOUND_BUFFER: usize = 1024;
 /// Frames a runner may send before its Hello is answered; more is a protocol violation.
 pub const FRAMES_BEFORE_WELCOME_BOUND: usize = 1_024;
 

@@ -63,7 +63,7 @@ pub const PROGRESS_FRAME_BOUND: usize = 65_536;
 /// settled (committed, canceled, expired). Further claimable tasks wait in the executor, oldest
 /// `(started_at, task_key)` first, and are offered as earlier offers leave the window.
 ///
-/// Kept well below the stream's outbound buffer ([`OUTBOUND_BUFFER`](crate::doors::grpc::OUTBOUND_BUFFER)
+/// Kept well below the stream's outbound buffer ([`OUTBOUND_BUFFER`](crate::actors::connection::OUTBOUND_BUFFER)
 /// frames) so that offers can never fill it: answers, Welcome and `work_canceled` always find room,
 /// and only a runner that stops reading its answers loses its stream. A runner-agent queues the
 /// hints it cannot claim yet, so the window bounds the frames in flight, not the runner's
@@ -71,7 +71,7 @@ pub const PROGRESS_FRAME_BOUND: usize = 65_536;
 pub const OFFER_WINDOW: usize = 256;
 
 // Offers may take at most half the outbound buffer; the rest is for control frames.
-const _: () = assert!(OFFER_WINDOW >= 1 && OFFER_WINDOW * 2 <= crate::doors::grpc::OUTBOUND_BUFFER);
+const _: () = assert!(OFFER_WINDOW >= 1 && OFFER_WINDOW * 2 <= crate::actors::connection::OUTBOUND_BUFFER);
 
 /// Frames to one runner stream. A control frame (an answer, Welcome, `work_canceled`) that cannot
 /// be queued drops the stream: the runner reconnects and the level-triggered inbox is offered

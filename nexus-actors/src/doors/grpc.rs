@@ -25,16 +25,11 @@ use nexus_proto::runner::v1::runner_service_server::RunnerService;
 use nexus_proto::runner::v1::{NexusFrame, RunnerFrame};
 use nexus_proto::{ErrorCode, Refusal};
 
+use crate::actors::connection::OUTBOUND_BUFFER;
 use crate::actors::connection::{ConnectionActor, ConnectionArgs};
 use crate::auth::bearer;
 use crate::declaration::known_fields;
 use crate::doors::api::{Api, Caller, CreateInput};
-
-/// Frames buffered towards one runner before the stream is dropped as too slow. Offers take at
-/// most [`OFFER_WINDOW`](crate::actors::executor::OFFER_WINDOW) of them (checked at compile time), so the
-/// rest is always free for answers, Welcome and `work_canceled`; only a runner that stops reading
-/// its answers fills it.
-pub const OUTBOUND_BUFFER: usize = 1024;
 
 /// `RunnerService`: one [`ConnectionActor`] per stream.
 #[derive(Clone, Debug)]
