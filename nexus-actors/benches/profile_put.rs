@@ -9,6 +9,8 @@
 //! JSON-schema parameters) whose canonical JSON is just under `TOOL_DEFINITIONS_BOUND`. Each phase
 //! runs [`WARM_UP`] untimed iterations, then [`ITERATIONS`] timed ones on the same body.
 
+#![expect(clippy::disallowed_methods, reason = "a benchmark measures wall-clock time, with std's Instant")]
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

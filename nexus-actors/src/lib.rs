@@ -183,7 +183,7 @@ pub async fn start_with_models(
     tokio::spawn({
         let (fabric, root) = (fabric.clone(), root.clone());
         async move {
-            let started = std::time::Instant::now();
+            let started = tokio::time::Instant::now();
             match recover(&fabric, &root).await {
                 Ok(()) => tracing::info!(elapsed_ms = started.elapsed().as_millis(), "recovery done"),
                 Err(e) => tracing::error!(error = %e, "recovery stopped; the rest loads on first use"),

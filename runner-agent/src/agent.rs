@@ -287,6 +287,11 @@ fn refusal_of(refusal: nexus_proto::runner::v1::Refusal) -> Refusal {
     Refusal::from_wire(&refusal.code, &refusal.message, http_status)
 }
 
+/// Unix milliseconds: the time of nexus's deadlines, which the journal keeps as granted.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "runner-agent's one read of the system clock: nexus grants deadlines in Unix time"
+)]
 fn unix_now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
 }

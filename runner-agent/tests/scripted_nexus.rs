@@ -197,6 +197,8 @@ async fn finished(agent: JoinHandle<Result<(), AgentError>>) -> Result<(), Agent
     tokio::time::timeout(PATIENCE, agent).await.expect("run returned in time").unwrap()
 }
 
+/// Unix milliseconds, as the scripted nexus grants deadlines.
+#[expect(clippy::disallowed_methods, reason = "a fake nexus grants deadlines in Unix time, as nexus does")]
 fn now_ms() -> i64 {
     i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
 }
@@ -309,7 +311,7 @@ async fn shutdown_kills_a_running_tool_and_commits_what_happened() {
     let tail: Value = serde_json::from_str(&progress.frame_json).unwrap();
     assert_eq!(tail["text_tail"], "started\n");
 
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     stop.send(()).unwrap();
     let (request_id, token, body) = conn.commit().await;
     assert_eq!(token, "tok-1");
@@ -402,7 +404,7 @@ async fn a_second_agent_on_a_held_state_dir_stops_at_once() {
     // The binary, as an operator starts it, exits at once without connecting.
     let token_file = nexus.config.state_dir.parent().unwrap().join("token");
     std::fs::write(&token_file, "secret-token").unwrap();
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_runner-agent"))
         .arg("--nexus")
         .arg(&nexus.config.nexus_url)

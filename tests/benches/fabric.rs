@@ -24,13 +24,14 @@ use std::io::Write;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 use sqlx::{Connection, Executor, PgConnection};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
 use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tonic::transport::Endpoint;
 use uuid::Uuid;

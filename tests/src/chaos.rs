@@ -1,8 +1,8 @@
 //! The chaos harness: a seed and a small deterministic generator, one-at-a-time scenarios, and a
 //! fake runner that records what it observed for the invariant checks ([`crate::invariants`]).
 //!
-//! The seed comes from `NEXUS_CHAOS_SEED` (decimal or `0x` hex) or, when unset, from the clock.
-//! Each scenario derives its own generator from the seed and its name, so rerunning one scenario
+//! The seed comes from `NEXUS_CHAOS_SEED` (decimal or `0x` hex) or, when unset, from the
+//! operating system's randomness. Each scenario derives its own generator from the seed and its name, so rerunning one scenario
 //! alone with the printed seed replays the same fault plan. The plan is deterministic; the timing
 //! of threads and sockets under it is not, which is why every scenario ends in invariant checks
 //! rather than in exact transcripts.
@@ -25,7 +25,7 @@ use crate::server::Minted;
 /// The environment variable that fixes the seed.
 pub const SEED_VAR: &str = "NEXUS_CHAOS_SEED";
 
-/// The suite's base seed: `NEXUS_CHAOS_SEED`, or the clock's nanoseconds when unset.
+/// The suite's base seed: `NEXUS_CHAOS_SEED`, or a random one when unset.
 ///
 /// # Panics
 /// When `NEXUS_CHAOS_SEED` is set but is not a number.
@@ -34,11 +34,7 @@ pub fn base_seed() -> u64 {
         Ok(text) if !text.trim().is_empty() => {
             parse_seed(text.trim()).unwrap_or_else(|| panic!("{SEED_VAR}={text}: expected a decimal or 0x-hex number"))
         }
-        _ => {
-            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-            // Any 64 bits of the clock make a seed: the truncation is the point.
-            nanos.as_nanos() as u64
-        }
+        _ => rand::random(),
     }
 }
 

@@ -318,7 +318,7 @@ mod tests {
     #[tokio::test]
     async fn bash_timeout_kills_the_whole_group_and_names_the_timeout() {
         let (_dir, workdir) = workdir();
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let command = "sleep 30 & echo $! > bg.pid; sleep 30";
         let (content, structured, is_error) =
             bash(&workdir, json!({"command": command, "timeout_ms": 300}), 600_000).await;
@@ -329,9 +329,9 @@ mod tests {
         assert_eq!(structured["timeout_ms"], 300);
 
         let pid: i32 = std::fs::read_to_string(workdir.join("bg.pid")).unwrap().trim().parse().unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while !process_is_dead(pid) {
-            assert!(std::time::Instant::now() < deadline, "background sleep {pid} survived");
+            assert!(tokio::time::Instant::now() < deadline, "background sleep {pid} survived");
             tokio::task::yield_now().await;
         }
 
@@ -369,7 +369,7 @@ mod tests {
     #[tokio::test]
     async fn bash_does_not_wait_for_background_processes_after_the_shell_exits() {
         let (_dir, workdir) = workdir();
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let (_, structured, is_error) =
             bash(&workdir, json!({"command": "sleep 30 & echo $! > bg.pid; echo fg"}), 60_000).await;
         assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
