@@ -1,5 +1,5 @@
-//! The alias grammar: a profile's own spelling of a kernel tool (SPEC-000, "Aliases";
-//! REFERENCE.md 4, "Refusal order" item 4 and "Call resolution").
+//! The alias grammar: a profile's own spelling of a kernel tool (`docs/declaration.md`,
+//! "Aliases" and "Refusal order", pass 4).
 //!
 //! An alias is a tool entry carrying `canonical`. Its compact input is
 //! `{name | function:{name}, canonical, params?, omit?, description?, defer_loading?}`:
@@ -107,8 +107,9 @@ fn raw_name(entry: &Value) -> Option<&Value> {
 }
 
 impl Alias {
-    /// Parses an alias entry, checking REFERENCE.md 4 "Refusal order" item 4 in order, except the
-    /// final `function`-block comparison, which needs the set's spellings ([`Alias::check_function`]).
+    /// Parses an alias entry, checking the refusals of pass 4 in order (`docs/declaration.md`,
+    /// "Refusal order"), except the final `function`-block comparison, which needs the set's
+    /// spellings ([`Alias::check_function`]).
     ///
     /// # Errors
     /// [`AliasError`] with the first refusal word that applies.
@@ -357,14 +358,14 @@ fn parse_params(
 /// Validates an alias entry against a set's spellings and returns its stored form.
 ///
 /// # Errors
-/// [`AliasError`] with the first refusal of REFERENCE.md 4 "Refusal order" item 4.
+/// [`AliasError`] with the first refusal of pass 4 (`docs/declaration.md`, "Refusal order").
 pub fn canonicalize_alias(entry: &Value, spellings: &Spellings) -> Result<Value, AliasError> {
     let alias = Alias::parse(entry)?;
     alias.check_function(entry, spellings)?;
     Ok(alias.render_entry(entry, spellings))
 }
 
-/// Where one model call goes (REFERENCE.md 4, "Call resolution").
+/// Where one model call goes (`docs/declaration.md`, "Aliases").
 #[derive(Clone, Debug, PartialEq)]
 pub struct ResolvedCall {
     /// The name the call runs under: a kernel wire name, a runner's served name, or the callable.

@@ -1,5 +1,5 @@
 //! The kernel catalog: canonical names, wire names, definitions and effect profiles
-//! (spec/REFERENCE.md section 5, the table of 19 tools).
+//! (`docs/declaration.md`, "Kernel imports": the nineteen tools).
 //!
 //! Each tool's `function_definition` is `{type:"function", function:{name, description,
 //! parameters}}`: exactly what reaches a provider. Its `template` is the same block with the
@@ -55,7 +55,7 @@ const fn tool(canonical_name: &'static str, name: &'static str, effect: Effect) 
     KernelTool { canonical_name, name, effect }
 }
 
-/// Namespaces no executor may announce, in either spelling (REFERENCE.md 5, newest list).
+/// Namespaces no executor may announce, in either spelling (`docs/protocol.md`, "Announce").
 pub const RESERVED_NAMESPACES: [&str; 5] =
     ["nexus.graph", "nexus.human", "nexus.conversation", "nexus.tools", "nexus.runners"];
 
@@ -172,8 +172,8 @@ impl KernelTool {
     }
 }
 
-/// One row of the catalog endpoint, `GET /agent_api/v1/tools` (REFERENCE.md 5, "Catalog
-/// endpoint"): `{canonical_name, name, effect_profile, definition, template}`.
+/// One row of the catalog endpoint, `GET /agent_api/v1/tools` (`docs/declaration.md`, "Kernel
+/// imports"): `{canonical_name, name, effect_profile, definition, template}`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CatalogEntry {
     /// `source.category.name`.

@@ -2,10 +2,10 @@
 //!
 //! Owns: each kernel tool's canonical name (`source.category.name`), its stored wire name, its
 //! definition (schema bytes and description, with tool-name macros) and its effect profile
-//! (spec/REFERENCE.md section 5); the reserved namespaces that no executor may announce; the
-//! alias grammar, its rendering and call resolution (SPEC-000 "Aliases", REFERENCE.md 4); and
-//! [`EffectProfile`] with its closed vocabulary and the replayability rule that expiry
-//! classification reads (REFERENCE.md 6.10).
+//! (`docs/declaration.md`, "Kernel imports"); the reserved namespaces that no executor may announce
+//! (`docs/protocol.md`, "Announce"); the alias grammar, its rendering and call resolution
+//! (`docs/declaration.md`, "Aliases"); and [`EffectProfile`] with its closed vocabulary and the
+//! replayability rule that expiry classification reads (`docs/protocol.md`, "Expiry").
 //!
 //! Main types: [`KernelTool`] (with [`KernelTool::definition`] and [`KernelTool::template`]),
 //! [`CatalogEntry`] (a row of `GET /agent_api/v1/tools`), [`Spellings`] (how a tool set spells

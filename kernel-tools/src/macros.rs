@@ -1,5 +1,5 @@
-//! Tool-name macros and a profile's spellings (SPEC-000, "Aliases"; REFERENCE.md 4, "Stored
-//! form").
+//! Tool-name macros and a profile's spellings (`docs/declaration.md`, "Aliases" and
+//! "Tool definitions").
 //!
 //! A description may name another kernel tool as `{{wire_name}}` (the regex
 //! `\{\{([a-z][a-z0-9_]*)\}\}`). The catalog renders each macro with the tool's wire name; a

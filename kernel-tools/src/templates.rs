@@ -1,9 +1,9 @@
-//! The kernel tools' definition sources (spec/REFERENCE.md 5, the catalog table).
+//! The kernel tools' definition sources (`docs/declaration.md`, "Kernel imports").
 //!
 //! One JSON text per tool, in catalog order: `{type:"function", function:{name, description,
 //! parameters}}`. Descriptions may carry tool-name macros `{{wire_name}}` that the catalog renders
-//! with the wire names and a profile renders with its own spellings (SPEC-000, "Aliases"). The
-//! texts are constants so the served bytes never drift; they are parsed once.
+//! with the wire names and a profile renders with its own spellings (`docs/declaration.md`,
+//! "Aliases"). The texts are constants so the served bytes never drift; they are parsed once.
 
 /// `nexus.graph.delegate_task`.
 const DELEGATE_TASK: &str = r#"{"type":"function","function":{"name":"delegate_task","description":"Delegate a self-contained piece of work to a sub-agent that starts with an empty context and inherits your tools. By default the task runs in the background: this call returns at once and the result arrives later as a task_result message; use {{wait}} to block on it. Set wait to true to run the task inline and receive its final answer as this call's result.","parameters":{"type":"object","properties":{"prompt":{"type":"string","description":"The complete instructions for the sub-agent. It sees nothing else of this conversation, so include every fact it needs."},"model":{"type":"string","description":"A provider/model reference to run the task with. Defaults to your current model."},"lifetime":{"type":"string","enum":["turn","conversation"],"description":"turn ends the task with the current turn; conversation lets it outlive the turn."},"wake":{"type":"string","enum":["auto","passive"],"description":"auto wakes you when the task finishes; passive delivers the result without starting a new turn."},"wait":{"type":"boolean","default":false,"description":"true runs the task inline and returns its final answer as this call's result; false (the default) runs it in the background."},"tools":{"type":"array","items":{"type":"string"},"description":"Narrows the sub-agent's tools to these names, each of which must be one of your own tools. Omit to pass on all of them."}},"required":["prompt"],"additionalProperties":false}}}"#;

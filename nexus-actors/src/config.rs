@@ -114,27 +114,27 @@ pub struct ExecutionConfig {
     /// Cap of the model retry delay, in milliseconds. Default 10000.
     pub model_retry_max_delay_ms: u64,
     /// Longest `Retry-After` of a provider's 429 that a model call waits out before its next
-    /// attempt, in milliseconds; a longer one waits this long (REFERENCE.md 15: a 429 retries
-    /// within budget and never falls back). Default 60000.
+    /// attempt, in milliseconds; a longer one waits this long (`docs/executions.md`, "Models": a
+    /// 429 retries within budget and never falls back). Default 60000.
     pub model_retry_after_max_ms: u64,
     /// Park of a runner task whose tool announced no `timeout_ms`, in milliseconds.
     /// Default 600000 (the kernel default of 10 minutes).
     pub default_task_timeout_ms: u64,
     /// How long a task parked in `needs_approval` waits for a decision before it settles
-    /// `timed_out` with `approval_expired`, in milliseconds (REFERENCE.md 10, "Park").
+    /// `timed_out` with `approval_expired`, in milliseconds (`docs/executions.md`, "Approval").
     /// Default 86400000 (24 hours, [`APPROVAL_HOLD_MS`]).
     pub approval_hold_ms: u64,
     /// How long a forced stop waits in `canceling` for the runners' tasks to settle before the
-    /// execution ends `canceled` anyway, in milliseconds (REFERENCE.md 7, "Pause, stop, delete").
+    /// execution ends `canceled` anyway, in milliseconds (`docs/executions.md`, "Control").
     /// A graceful stop waits for its dispatched tasks' own deadlines instead. Default 30000.
     pub stop_drain_ms: u64,
-    /// How much of the model's context window (`context_window_tokens` of its provider table
-    /// entry) the next request may fill before compaction runs first, in percent, 1 to 100
-    /// (REFERENCE.md 13, trigger `usage`: the provider's own input token count of the last round
-    /// plus the estimated tail). Default 80.
+    /// How much of the model's context window (`context_window_tokens` of its provider table entry)
+    /// the next request may fill before compaction runs first, in percent, 1 to 100
+    /// (`docs/executions.md`, "Compaction", trigger `usage`: the provider's own input token count
+    /// of the last round plus the estimated tail). Default 80.
     pub compaction_threshold_percent: u64,
     /// The byte bound of one model request's canonical JSON (messages and tools), in bytes; a
-    /// larger request is compacted first (REFERENCE.md 13, trigger `wall`, `context_overflow`).
+    /// larger request is compacted first (`docs/executions.md`, "Compaction", trigger `wall`).
     /// Default 8388608 (8 MiB).
     pub request_bytes_bound: u64,
 }

@@ -1,10 +1,11 @@
 //! The declaration grammar, tool assembly, freezing and the provider wire projection.
 //!
-//! Pure code with no I/O (DESIGN.md, "Layout"). The standing declaration is validated here on
-//! `PUT /agent_api/v1/profile/configuration` (spec/REFERENCE.md 3 and 4) and the inline
-//! `execution_declaration` on the input doors (SPEC-000, "Inline execution declarations"); at
-//! materialization an execution assembles its tool set from it and freezes the result
-//! (REFERENCE.md 4, "Acceptance import", and 8).
+//! Pure code with no I/O (`docs/architecture.md`, "Server modules"). The standing declaration is
+//! validated here on `PUT /agent_api/v1/profile/configuration` (`docs/declaration.md`,
+//! "Whole replacement") and the inline `execution_declaration` on the input doors
+//! (`docs/declaration.md`, "Inline declarations"); at materialization an execution assembles its
+//! tool set from it and freezes the result (`docs/executions.md`, "Materialization";
+//! `docs/declaration.md`, "Freezing").
 //!
 //! Every field has its grammar: the tool list in [`tools`]; `approval_mode` and `approval_rules`
 //! (with the pure approval evaluator) in [`approval`]; `prompt_mechanism`, `prompt_template` and
@@ -113,8 +114,8 @@ pub struct ValidatedProfile {
 /// `{configuration:{...}, prompt_documents?:{system_prompt?, summarizer?}}`.
 ///
 /// Validation is total before it returns: the caller writes only on `Ok`, so a refusal changes
-/// nothing (R6). The documents are checked against the variables of the template in this same
-/// body, so a variable can be renamed in one PUT (R7).
+/// nothing. The documents are checked against the variables of the template in this same body, so a
+/// variable can be renamed in one PUT (`docs/declaration.md`, "Whole replacement").
 ///
 /// # Errors
 /// 400 `parameter_missing` for a bad root or slot shape; 422 `validation_failed` naming the field
@@ -169,10 +170,10 @@ pub fn validate_configuration(
     validate_fields(configuration, "configuration", check_model, false).map(|(canonical, _)| Value::Object(canonical))
 }
 
-/// Validates an inline `execution_declaration` (SPEC-000 "Inline execution declarations";
-/// R45–R46): the configuration fields carried directly, without a `configuration` wrapper, plus
-/// `system_prompt` and `summarizer` as `{content, role?}`. Unknown fields (identities among
-/// them) are ignored and never reach the canonical form.
+/// Validates an inline `execution_declaration` (`docs/declaration.md`, "Inline declarations"): the
+/// configuration fields carried directly, without a `configuration` wrapper, plus `system_prompt`
+/// and `summarizer` as `{content, role?}`. Unknown fields (identities among them) are ignored and
+/// never reach the canonical form.
 ///
 /// The object replaces the declaration whole: omitted fields take the declaration's defaults
 /// (null; `[]` for the tool lists and for `fallback_models`). The same grammars as the profile
@@ -203,7 +204,8 @@ pub fn prompt_slot(name: &str) -> Result<PromptSlot, Refusal> {
 }
 
 /// Validates one prompt-document edit on its own door against the Agent's then-current stored
-/// `configuration` (its template's variables, R7): `body` is `{content, role?}`, or null to clear.
+/// `configuration` (its template's variables; `docs/declaration.md`, "Prompt documents"): `body` is
+/// `{content, role?}`, or null to clear.
 ///
 /// Returns the canonical `{content, role}` to store, or `None` to clear the slot.
 ///
@@ -332,8 +334,9 @@ fn validate_default_model(value: Option<&Value>, field: &str, check_model: Model
 }
 
 /// `fallback_models` is judged by its shape only: each entry a complete `provider/model` reference.
-/// Availability is judged live, at selection and at provider start (SPEC-000, "fallback_models"),
-/// so an entry whose provider lacks its credential today is still accepted.
+/// Availability is judged live, at selection and at provider start (`docs/declaration.md`,
+/// "Configuration fields"), so an entry whose provider lacks its credential today is still
+/// accepted.
 fn validate_fallback_models(value: Option<&Value>, field: &str) -> Result<(), Refusal> {
     let models = match value {
         None | Some(Value::Null) => return Ok(()),

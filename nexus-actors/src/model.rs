@@ -2,11 +2,12 @@
 //!
 //! Owns the internal chat transcript shape ([`ChatMessage`]), the provider-neutral request and
 //! answer ([`ModelRequest`], [`ModelResponse`]), the streamed transcript deltas
-//! ([`TranscriptDelta`], [`DeltaSink`]), the provider error keys ([`ModelError`], spec
-//! REFERENCE.md §7 "Error keys"), the provider table from config ([`ProviderTable`]), the resolver
-//! that turns a reference such as `openrouter/z-ai/glm-5.3` into a client ([`ModelRegistry`],
-//! resolver words of §3 `default_model` and §16 `fallback_models`), the attempt budget of one
-//! model step and its classification ([`retry`], §15), and three clients:
+//! ([`TranscriptDelta`], [`DeltaSink`]), the provider error keys ([`ModelError`],
+//! `docs/executions.md`, "Error keys"), the provider table from config ([`ProviderTable`]), the
+//! resolver that turns a reference such as `openrouter/z-ai/glm-5.3` into a client
+//! ([`ModelRegistry`], with the resolver words of `default_model` and `fallback_models`:
+//! `docs/declaration.md`, "Configuration fields"), the attempt budget of one model step and its
+//! classification ([`retry`]; `docs/executions.md`, "Models"), and three clients:
 //! [`scripted::ScriptedProvider`] (deterministic, for tests and `nexus quickstart`),
 //! [`openai::OpenAiCompatibleProvider`] (chat completions) and [`anthropic::AnthropicProvider`]
 //! (Messages), the last two streaming over HTTPS with rustls ([`sse`]).
@@ -111,7 +112,7 @@ pub struct ModelRequest {
 }
 
 /// One streamed piece of a model answer, or a reset of what was streamed
-/// (REFERENCE.md §7 "Events", transcript deltas). Ephemeral: never stored.
+/// (`docs/executions.md`, "Events", the ephemeral items). Ephemeral: never stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TranscriptDelta {
     /// `text_delta {text}`: more answer text.
@@ -265,8 +266,8 @@ pub struct Usage {
     pub output_tokens: u64,
 }
 
-/// Why one model call failed. [`ModelError::key`] gives the spec's error key (REFERENCE.md §7),
-/// [`ModelError::retryable`] whether the same request may be sent again, and
+/// Why one model call failed. [`ModelError::key`] gives the error key (`docs/executions.md`,
+/// "Error keys"), [`ModelError::retryable`] whether the same request may be sent again, and
 /// [`ModelError::finish_quality`] the origin's finish quality of an answer that came back unusable.
 /// What a failure means for the model step after its retries (and for the fallback chain) is
 /// decided in [`retry`].
@@ -336,9 +337,9 @@ pub enum ModelError {
         /// What was wrong.
         message: String,
     },
-    /// The provider's content filter withheld the answer (OpenAI `finish_reason:
-    /// content_filter` without a `refusal`): a content block, finish quality `blocked`. Key
-    /// `provider_error`; not retryable, and never a reason to fall back (REFERENCE.md §15, §16).
+    /// The provider's content filter withheld the answer (OpenAI `finish_reason: content_filter`
+    /// without a `refusal`): a content block, finish quality `blocked`. Key `provider_error`; not
+    /// retryable, and never a reason to fall back (`docs/executions.md`, "Models").
     #[error("content blocked by the provider: {message}")]
     Blocked {
         /// The finish reason, or the provider's text.

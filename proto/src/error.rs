@@ -83,21 +83,21 @@ error_codes! {
     PromptDocumentTooLarge => ("prompt_document_too_large", 422, InvalidArgument),
     PromptDocumentMacroUnknown => ("prompt_document_macro_unknown", 422, InvalidArgument),
     RateLimited => ("rate_limited", 429, ResourceExhausted),
-    // Announcement (6.3).
+    // Announcement (`docs/protocol.md`, "Announce").
     InvalidAnnouncement => ("invalid_announcement", 422, InvalidArgument),
     ReservedNamespace => ("reserved_namespace", 422, InvalidArgument),
-    // Claim (6.6).
+    // Claim (`docs/protocol.md`, "Claim").
     NotAddressedHere => ("not_addressed_here", 409, FailedPrecondition),
     NotClaimableKind => ("not_claimable_kind", 409, FailedPrecondition),
     TaskNotClaimable => ("task_not_claimable", 409, FailedPrecondition),
     AlreadyClaimed => ("already_claimed", 409, FailedPrecondition),
     NotEligible => ("not_eligible", 409, FailedPrecondition),
-    // Read claim, extend (6.7, 6.8).
+    // Read claim, extend (`docs/protocol.md`, "Claim status" and "Extend").
     NotClaimant => ("not_claimant", 409, FailedPrecondition),
     NotExtendable => ("not_extendable", 409, FailedPrecondition),
     ExtensionTooLong => ("extension_too_long", 409, FailedPrecondition),
     InvalidTimeoutMs => ("invalid_timeout_ms", 422, InvalidArgument),
-    // Commit (6.9).
+    // Commit (`docs/protocol.md`, "Commit").
     StaleClaim => ("stale_claim", 409, FailedPrecondition),
     TaskNotRunning => ("task_not_running", 409, FailedPrecondition),
     InvalidOutcome => ("invalid_outcome", 422, InvalidArgument),
@@ -110,38 +110,41 @@ error_codes! {
     UnsupportedContentKind => ("unsupported_content_kind", 422, InvalidArgument),
     TooManyContentBlocks => ("too_many_content_blocks", 422, InvalidArgument),
     ResultUnstorable => ("result_unstorable", 422, InvalidArgument),
-    // Progress (6.12).
+    // Progress (`docs/protocol.md`, "Progress").
     FrameTooLarge => ("frame_too_large", 422, InvalidArgument),
     InvalidFrame => ("invalid_frame", 422, InvalidArgument),
     // Stream protocol.
     ProtocolViolation => ("protocol_violation", 400, InvalidArgument),
-    // Runs (7).
+    // Runs: in the vocabulary, but no door answers with it today (a stop of a finished execution
+    // answers the execution as it is: `docs/executions.md`, "Control").
     RunNotStoppable => ("run_not_stoppable", 409, FailedPrecondition),
-    // Execution control (7, "Pause, stop, delete"; 8, "Regeneration"): the spec names no words
-    // for these refusals, so each says what the execution is not.
+    // Execution control (`docs/executions.md`, "Control"): the spec names no words for these
+    // refusals, so each says what the execution is not.
     NotPausable => ("not_pausable", 409, FailedPrecondition),
     NotPaused => ("not_paused", 409, FailedPrecondition),
     NotRegenerable => ("not_regenerable", 409, FailedPrecondition),
-    // Approval (10): the approve and deny doors.
+    // Approval (`docs/executions.md`, "Approval"): the approve and deny doors.
     NotAwaitingApproval => ("not_awaiting_approval", 409, FailedPrecondition),
     NotAdjudicable => ("not_adjudicable", 409, FailedPrecondition),
-    // Approval (10): task error keys. A task settles with them; no door refuses with them today.
+    // Approval (`docs/executions.md`, "Approval"): task error keys. A task settles with them; no
+    // door refuses with them today.
     ApprovalDenied => ("approval_denied", 403, PermissionDenied),
     ApprovalExpired => ("approval_expired", 408, DeadlineExceeded),
-    // Failure policy (7): the retry and abandon doors of a held task.
+    // The retry and abandon doors of a held task (`docs/executions.md`, "Lifecycle hooks").
     NotRetryable => ("not_retryable", 409, FailedPrecondition),
     NotAbandonable => ("not_abandonable", 409, FailedPrecondition),
-    // Lifecycle hooks (11): task error keys of a hook task that settles failed.
+    // Lifecycle hooks (`docs/executions.md`, "Lifecycle hooks"): task error keys of a hook task
+    // that settles failed.
     InvalidHookResult => ("invalid_hook_result", 422, InvalidArgument),
     HookError => ("hook_error", 422, FailedPrecondition),
     StopHookLimit => ("stop_hook_limit", 409, ResourceExhausted),
     HookRequiresModel => ("hook_requires_model", 409, FailedPrecondition),
-    // Compaction (13): the manual compaction door.
+    // Compaction (`docs/executions.md`, "Compaction"): the manual compaction door.
     CompactionDisabled => ("compaction_disabled", 409, FailedPrecondition),
     AlreadyCompacted => ("already_compacted", 409, FailedPrecondition),
     NothingToCompact => ("nothing_to_compact", 409, FailedPrecondition),
     TaskNotQueued => ("task_not_queued", 409, FailedPrecondition),
-    // Tool assembly (4).
+    // Tool assembly (`docs/declaration.md`, "Runner imports").
     RunnerNotDeclared => ("runner_not_declared", 422, InvalidArgument),
     RunnerNotEligible => ("runner_not_eligible", 422, InvalidArgument),
     ToolNotServed => ("tool_not_served", 422, InvalidArgument),

@@ -6,7 +6,7 @@
 //! the built-in tools `bash`, `read_file`, `write_file` and `list_dir`, confined to one workdir.
 //!
 //! Does not own: any server state. nexus decides what is dispatched, who may claim it, and how
-//! a task settles; this crate only follows the protocol in spec/REFERENCE.md section 6.
+//! a task settles; this crate only follows the protocol in `docs/protocol.md`.
 //!
 //! Main types: [`AgentConfig`] (every knob, with defaults), [`run`] (the daemon, also called
 //! in-process by tests), [`journal::Journal`] (the on-disk claim journal) and

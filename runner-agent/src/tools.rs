@@ -1,7 +1,7 @@
 //! The built-in tools this runner serves, their announcement (schemas and honest effect profiles)
 //! and the shaping of their results into commit bodies.
 //!
-//! Two axes of failure, as in REFERENCE.md 6.9: a tool that ran and failed (bad arguments, a
+//! Two axes of failure (`docs/protocol.md`, "Commit"): a tool that ran and failed (bad arguments, a
 //! non-zero exit, a refused path) is [`ToolOutcome::Completed`] with `is_error: true`, which the
 //! model reads; a call that could not run at all (unknown tool, `tool_input` not an object, bash
 //! not startable) is [`ToolOutcome::Failed`].
@@ -149,7 +149,7 @@ fn escaped_len(ch: char) -> usize {
     }
 }
 
-/// Keys and closed values of an announced `effect_profile` (REFERENCE.md 6.3).
+/// Keys and closed values of an announced `effect_profile` (`docs/protocol.md`, "Announce").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 struct EffectProfile {
     kind: EffectKind,

@@ -1,6 +1,6 @@
 //! The ExecutionActor: one per execution (a Run). It freezes the declaration at materialization
 //! and drives rounds: model call, tool calls fanned out as tasks, results, model again, until a
-//! final answer (spec/REFERENCE.md 7, "Round driver", and 8).
+//! final answer (`docs/executions.md`, "Round driver" and "Materialization").
 //!
 //! The handler never waits on a model or a runner: a model call runs in a task the actor owns and
 //! comes back as [`ExecutionMsg::ModelDone`]; a task's settlement comes back from its
@@ -84,7 +84,7 @@ pub enum ExecutionMsg {
         /// The extension asked for, in milliseconds.
         timeout_ms: i64,
     },
-    /// Stop the execution (REFERENCE.md 7, "Pause, stop, delete"): forced (the default at the
+    /// Stop the execution (`docs/executions.md`, "Control"): forced (the default at the
     /// doors) cancels its open work and drains through `canceling`; graceful lets dispatched work
     /// finish and schedules nothing new. Either way it ends `canceled` ([`control::stop`]).
     Stop {
@@ -95,8 +95,9 @@ pub enum ExecutionMsg {
     },
     /// Pause, resume, and the drain bound of a stop ([`control::ControlMsg`]).
     Control(control::ControlMsg),
-    /// A person approved or denied a task parked in `needs_approval` (REFERENCE.md 10). Answers
-    /// the task as it now stands, or 409 `not_awaiting_approval` / `not_adjudicable`.
+    /// A person approved or denied a task parked in `needs_approval` (`docs/executions.md`,
+    /// "Approval"). Answers the task as it now stands, or 409 `not_awaiting_approval` /
+    /// `not_adjudicable`.
     Adjudicate {
         /// The parked task.
         task_key: TaskKey,
@@ -115,7 +116,7 @@ pub enum ExecutionMsg {
         deadline_at: i64,
     },
     /// A person retries or abandons a failed hook task that holds the execution
-    /// (REFERENCE.md 7, "Failure policy"; 11). Answers the new generation (retry) or the
+    /// (`docs/executions.md`, "Lifecycle hooks"). Answers the new generation (retry) or the
     /// abandoned task, or 409 `not_retryable` / `not_abandonable`.
     Repair {
         /// The held task.
@@ -649,14 +650,15 @@ async fn advance(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) ->
     sync(state);
     let phase = state.phase;
     match phase {
-        // The `turn_start` hook runs before the first model round (`docs/executions.md`, "Hooks").
+        // The `turn_start` hook runs before the first model round (`docs/executions.md`,
+        // "Lifecycle hooks").
         Phase::Materializing
             if materialize(state).await?
                 && hooks::gate(myself, state, hooks::HookEvent::TurnStart).await? == hooks::Gate::Open =>
         {
             start_round(myself, state).await?;
         }
-        // A restart found a stop draining: it goes on draining (`docs/executions.md`, "Stop").
+        // A restart found a stop draining: it goes on draining (`docs/executions.md`, "Control").
         Phase::Canceling => control::resume_drain(myself, state).await?,
         // At a boundary, or compacting with nothing out (a summary settled, or a hook to ask):
         // the driver decides. Awaiting the model, a hook or calls, it waits for their message.
@@ -685,7 +687,8 @@ async fn advance(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) ->
                     .transcript
                     .push(ChatMessage::Tool { tool_call_id: task.tool_call_id.clone(), content: result_text(task) });
             }
-            // Compaction runs at the boundary, before the next model request (REFERENCE.md 13).
+            // Compaction runs at the boundary, before the next model request (`docs/executions.md`,
+            // "Compaction").
             if hooks::gate(myself, state, hooks::HookEvent::TurnStart).await? == hooks::Gate::Open
                 && compaction::gate(myself, state).await? == hooks::Gate::Open
             {
@@ -700,7 +703,7 @@ async fn advance(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) ->
 /// Resolves and freezes the declaration. Returns `false` when the execution ended instead.
 async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessingErr> {
     // A regeneration is created with its declaration frozen already, reused or replaced
-    // (REFERENCE.md 8; R48): it is adopted as it is, never resolved again.
+    // (`docs/executions.md`, "Control"): it is adopted as it is, never resolved again.
     if let Some(frozen) = state.declaration.take() {
         let input = state.fabric.store.input(state.row.input_public_id).await?;
         return adopt(state, &input.ok_or("the execution's input is missing")?, frozen).await;
@@ -769,7 +772,7 @@ async fn end_refused(state: &mut ExecutionState, refusal: &Refusal) -> Result<bo
 }
 
 /// The routes an execution may use, in order: the default model, then the captured fallbacks,
-/// each route visited once (REFERENCE.md 16, `fallback_models`: the default is not appended,
+/// each route visited once (`docs/executions.md`, "Models": the default is not appended,
 /// duplicates are visited once).
 fn model_chain(declaration: &FrozenDeclaration) -> Vec<String> {
     let mut chain: Vec<String> = Vec::new();
@@ -796,7 +799,7 @@ fn switched_index(declaration: &FrozenDeclaration, history: &[EventRow]) -> usiz
 
 /// The first route of `chain` at or after `from` that resolves now. Availability is judged live
 /// and without provider I/O: a disabled provider or model, or a missing credential, is skipped
-/// and counts as no attempt (REFERENCE.md 16, R42).
+/// and counts as no attempt (`docs/executions.md`, "Models").
 fn next_available(state: &ExecutionState, chain: &[String], from: usize) -> Option<(usize, ResolvedModel)> {
     chain.iter().enumerate().skip(from).find_map(|(index, route)| match state.fabric.models.resolve(route) {
         Ok(model) => Some((index, model)),
@@ -909,7 +912,7 @@ async fn model_done(
         );
         return deliver(myself, state, text).await;
     }
-    // The repeat brake, the round driver's only ceiling (REFERENCE.md 7).
+    // The repeat brake, the round driver's only ceiling (`docs/executions.md`, "Repeat brake").
     if let Some(refused) = brake::check(&state.transcript, &response.tool_calls) {
         let message = format!("{}: {}; the model is asked nothing more", refused.detail, refused.message);
         return halt(state, "round_expansion_refused", &message).await;
@@ -950,7 +953,8 @@ async fn model_done(
     for task in &tasks {
         state.pending.insert(task.task_key, task.clone());
     }
-    // Parked calls wait for a person while the run stays `running` (REFERENCE.md 10, "Park").
+    // Parked calls wait for a person while the run stays `running` (`docs/executions.md`,
+    // "Approval").
     approval::announce_parks(myself, state, &tasks);
     save(state, &tasks).await?;
     for task in tasks.iter().filter(|t| t.status == TaskStatus::Dispatched) {
@@ -960,7 +964,8 @@ async fn model_done(
 }
 
 /// A final answer is ready: the `stop` hook judges it first, and it is delivered once the hook
-/// accepts it or is abandoned, or at once when no `stop` hook is declared (REFERENCE.md 11).
+/// accepts it or is abandoned, or at once when no `stop` hook is declared (`docs/executions.md`,
+/// "Lifecycle hooks").
 async fn deliver(
     myself: &ActorRef<ExecutionMsg>,
     state: &mut ExecutionState,
@@ -981,7 +986,7 @@ async fn deliver(
 /// it (a classifier refusal, or retryable transport/server failures that spent the budget; never a
 /// content block, a request error or a 429), emitting `model_change {from, to, reason,
 /// category?}` and replacing the step with the same transcript, so completed tool results stay
-/// (REFERENCE.md 15, 16; R41-R44). Otherwise the failure stands and the execution halts with
+/// (`docs/executions.md`, "Models"). Otherwise the failure stands and the execution halts with
 /// its key; a refusal at the end of the chain stands as `model_refused`.
 async fn model_failed(
     myself: &ActorRef<ExecutionMsg>,
@@ -1099,12 +1104,13 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
         return fail(task, "tool_input_too_large", "the arguments are over 64 KiB".into());
     }
     // Aliases run under the kernel wire name with their parameters mapped; the callable name
-    // stays beside it as the alias (REFERENCE.md 4, "Call resolution").
+    // stays beside it as the alias (`docs/declaration.md`, "Aliases").
     let resolved = tool.resolve_call(&input);
     task.tool_name = resolved.wire_name;
     task.tool_input = resolved.input;
-    // The concrete target is persisted before the approval stage (REFERENCE.md 8); the stage then
-    // grants and routes the call, parks it, or denies it (REFERENCE.md 10).
+    // The concrete target is persisted before the approval stage (`docs/executions.md`,
+    // "Round driver"); the stage then grants and routes the call, parks it, or denies it
+    // (`docs/executions.md`, "Approval").
     task.effect_profile = tool.effect_profile.clone();
     if let Some(route) = &tool.route {
         task.target_executor_public_id = Some(route.runner_executor_public_id);

@@ -1,16 +1,16 @@
 //! The ExecutorActor: one per runner identity, the owner of the inbox rows addressed to it.
 //!
-//! It holds the open tasks, their claim tokens (as digests) and deadlines (the "park clock"),
-//! the credential-epoch fence, and the one live stream (a [`ConnectionActor`]). It carries the
-//! origin's executor doors (spec/REFERENCE.md 6.3 to 6.12): announce, claim, claim status, extend,
-//! commit and progress. Every state change is durable before it is answered. Settlements are
-//! reported to the execution as messages.
+//! It holds the open tasks, their claim tokens (as digests) and deadlines (the "park clock"), the
+//! credential-epoch fence, and the one live stream (a [`ConnectionActor`]). It carries the origin's
+//! executor doors (`docs/protocol.md`, "Announce" through "Progress"): announce, claim, claim
+//! status, extend, commit and progress. Every state change is durable before it is answered.
+//! Settlements are reported to the execution as messages.
 //!
 //! Offers (`work_available`) go out through an [offer window](OFFER_WINDOW): at most that many are
 //! outstanding on a stream, and the rest of the claimable inbox waits here in `(started_at,
 //! task_key)` order until earlier offers are claimed or settle. A new stream starts a fresh window
-//! over the whole inbox, so the push stays level-triggered (REFERENCE.md 6.5, 6.11) while a runner
-//! with thousands of open tasks never overflows its stream's outbound buffer.
+//! over the whole inbox, so the push stays level-triggered (`docs/protocol.md`, "Offers") while a
+//! runner with thousands of open tasks never overflows its stream's outbound buffer.
 //!
 //! In debug builds the actor asserts the fabric's invariants as it can see them locally (a task
 //! settles at most once, a claim is never granted on a claimed row, open tasks are unsettled and
@@ -166,8 +166,8 @@ pub enum ExecutorMsg {
         deadline_at: i64,
     },
     /// The execution paused or resumed: its open tasks here take their new deadlines from
-    /// `shift` (durably) and their expiry timers follow (`docs/executions.md`, "Pause and
-    /// resume": the clocks freeze, and resume shifts them forward).
+    /// `shift` (durably) and their expiry timers follow (`docs/executions.md`, "Control":
+    /// the clocks freeze, and resume shifts them forward).
     ShiftDeadlines {
         /// The execution.
         run: ExecutionId,

@@ -59,9 +59,10 @@ pub async fn set_member_status(store: &Store, member: MemberId, status: MemberSt
     Ok(json!({"public_id": member, "status": status}))
 }
 
-/// Pairs a runner again (`docs/protocol.md`, "Credential epochs and fencing": re-pairing keeps the
-/// runner's id and bumps its `credential_epoch`): mints a new transport token under the next epoch. Streams, tokens and
-/// claims of older epochs are fenced; a live old stream is closed within one ping interval.
+/// Pairs a runner again (`docs/protocol.md`, "Credential epoch": re-pairing keeps the runner's id
+/// and bumps its `credential_epoch`): mints a new transport token under the next epoch. Streams,
+/// tokens and claims of older epochs are fenced; a live old stream is closed within one ping
+/// interval.
 ///
 /// A revoked runner is refused: revocation is final (a new runner gets a new id), so a token minted
 /// for it could never say Hello.

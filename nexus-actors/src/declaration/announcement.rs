@@ -1,4 +1,4 @@
-//! Validation and canonical storage of a runner's announcement (spec/REFERENCE.md 6.3).
+//! Validation and canonical storage of a runner's announcement (`docs/protocol.md`, "Announce").
 //!
 //! Pure code. The announcement is a whole replacement of `{tools, environment, documents}`.
 

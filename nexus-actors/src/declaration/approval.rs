@@ -1,5 +1,5 @@
 //! `approval_mode` and `approval_rules`: their declaration grammar and the pure evaluator of the
-//! approval stage (spec/REFERENCE.md 10; R12, R67–R69).
+//! approval stage (`docs/declaration.md`, "Approval rules"; `docs/executions.md`, "Approval").
 //!
 //! A rule is `{tool, verdict, path?, match?, reason?, origin?}` (at most 6 keys). `tool` is a
 //! `|`-separated list of anchored globs over the resolved wire tool name; `match` is an anchored
@@ -334,7 +334,8 @@ pub fn evaluate(rules: &Value, tool_name: &str, input: &Value, origin: CallOrigi
     best
 }
 
-/// The approval stage for one call: the rule verdict under the mode table of REFERENCE.md 10.
+/// The approval stage for one call: the rule verdict under the mode table (`docs/executions.md`,
+/// "Approval").
 ///
 /// `author` and `kernel` calls are pre-approved unless a rule naming their origin denies them or
 /// says ask. A `model` call follows the mode:

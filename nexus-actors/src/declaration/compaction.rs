@@ -1,5 +1,5 @@
-//! `compaction_policy` (spec/REFERENCE.md 13; R70): the shape a task's compaction takes,
-//! `{mode: kernel|delegate|off, tool_name?, model?, reasoning_enabled?, reasoning_effort?}`,
+//! `compaction_policy` (`docs/declaration.md`, "Compaction policy"): the shape a task's compaction
+//! takes, `{mode: kernel|delegate|off, tool_name?, model?, reasoning_enabled?, reasoning_effort?}`,
 //! under the 64 KiB envelope. `delegate` needs a non-empty `tool_name`.
 
 use serde_json::Value;

@@ -1,4 +1,4 @@
-//! `delegation_catalog` (SPEC-000 "Delegation catalog", spec/REFERENCE.md 16; R49).
+//! `delegation_catalog` (`docs/declaration.md`, "Delegation catalog").
 //!
 //! Null (generic identity-based spawn) or an array of `{name, description, model_mode:
 //! caller|default, declaration}`. Names are unique; `declaration` is a leaf in the inline

@@ -1,5 +1,5 @@
 //! The Agent's two owned prompt documents, `system_prompt` and `summarizer` (`docs/declaration.md`,
-//! "Prompt documents"; R2–R4, R7, R58).
+//! "Prompt documents").
 //!
 //! A document is `{content, role?}`: `content` a string of at most 64 KiB (empty stores an empty
 //! document), `role` `system` (the default) or `developer`; `summarizer` permits only `system`.

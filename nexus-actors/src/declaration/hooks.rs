@@ -1,4 +1,4 @@
-//! `lifecycle_hooks` (SPEC-000 "lifecycle_hooks is an object…", spec/REFERENCE.md 11; R53–R54).
+//! `lifecycle_hooks` (`docs/declaration.md`, "Lifecycle hooks").
 //!
 //! `{turn_start?, pre_compact?, post_compact?, stop?}`, each `{tool, timeout_ms}` and `stop` also
 //! `max_continuations`; the object fits 64 KiB. `null` or `{}` enables nothing.

@@ -1,5 +1,4 @@
-//! `memory_context_limit` and `conversation_reach` (SPEC-000 "Memory limits and conversation
-//! reach", spec/REFERENCE.md 14 and 16; R34–R35, R37).
+//! `memory_context_limit` and `conversation_reach` (`docs/declaration.md`, "Memory limits").
 //!
 //! A limit is `null` (no ceiling) or `{bindings:[…]}`; `{"bindings":[]}` admits no memory. A
 //! non-empty limit uses natural roots only: each binding is `{name, scope, access}` with `name`
@@ -14,7 +13,7 @@ use nexus_proto::Refusal;
 
 use super::invalid;
 
-/// The memory scopes a binding may name (the stored grammar's three plus SPEC-000's `speaker`).
+/// The memory scopes a binding may name (the stored grammar's three plus `speaker`).
 pub const MEMORY_SCOPES: [&str; 4] = ["conversation", "workspace", "user", "speaker"];
 /// A memory context holds at most this many bindings.
 pub const MAX_BINDINGS: usize = 16;

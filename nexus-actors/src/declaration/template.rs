@@ -1,4 +1,5 @@
-//! `prompt_mechanism`, `prompt_template` and prompt macros (spec/REFERENCE.md 12; R7, R58).
+//! `prompt_mechanism`, `prompt_template` and prompt macros (`docs/declaration.md`, "Templates" and
+//! "Prompt documents").
 //!
 //! A template is `{blocks:[…], variables?:{name: default}}` of at most 64 KiB. Refusals name the
 //! JSON-pointer path inside the template, e.g.

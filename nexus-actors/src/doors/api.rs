@@ -104,7 +104,8 @@ pub struct CreateInput {
     pub conversation_public_id: Option<ConversationId>,
     /// The user's text (required, non-empty).
     pub text: String,
-    /// Inline `execution_declaration` (SPEC-000), or `None` for the standing profile.
+    /// Inline `execution_declaration` (`docs/declaration.md`, "Inline declarations"), or `None` for
+    /// the standing profile.
     pub execution_declaration: Option<Value>,
     /// The selected Runner among the candidates.
     pub runner_executor_public_id: Option<RunnerId>,
@@ -644,9 +645,9 @@ impl Api {
     }
 
     /// `POST /agent_api/v1/executions/{id}/regenerate` `{execution_declaration?}` (gRPC
-    /// `RegenerateExecution`): a new execution of the same input, started at once, that reuses
-    /// the original's frozen declaration, or freezes the supplied one (validated as on input
-    /// admission) (`docs/executions.md`, "Regeneration"; R45–R48). Answers `{execution_public_id, regenerated_from,
+    /// `RegenerateExecution`): a new execution of the same input, started at once, that reuses the
+    /// original's frozen declaration, or freezes the supplied one (validated as on input admission)
+    /// (`docs/executions.md`, "Control"). Answers `{execution_public_id, regenerated_from,
     /// declaration: reused|replaced, declaration_digest}`.
     ///
     /// # Errors

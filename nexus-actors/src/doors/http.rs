@@ -1,7 +1,8 @@
 //! The HTTP/JSON doors of the spec, on the same port as gRPC.
 //!
-//! Errors are JSON `{"code", "message"}` with the spec's status (spec/REFERENCE.md 3, "Status
-//! codes"). Bodies are read as bytes and parsed here so that every failure has a spec word.
+//! Errors are JSON `{"code", "message"}` with the HTTP status their word carries (`ErrorCode`;
+//! `docs/declaration.md`, "Doors"). Bodies are read as bytes and parsed here so that every failure
+//! has a spec word.
 
 pub mod approval;
 pub mod compaction;

@@ -51,7 +51,7 @@ pub const OPENROUTER_PROVIDER: &str = "openrouter";
 /// Default for [`ProviderConfig::request_timeout_ms`]: 120 000 ms (two minutes).
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 120_000;
 /// The context window of a model whose provider and model entries name none, in tokens
-/// (128 000). Compaction measures a request against it (spec/REFERENCE.md 13).
+/// (128 000). Compaction measures a request against it (`docs/executions.md`, "Compaction").
 pub const DEFAULT_CONTEXT_WINDOW_TOKENS: u64 = 128_000;
 
 /// The provider table from the nexus config: provider name -> provider.
@@ -178,7 +178,7 @@ pub struct ProviderConfig {
     pub anthropic_version: Option<String>,
     /// `context_window_tokens`: the context window of this provider's models, in tokens (> 0),
     /// unless a model's own entry names one. Compaction measures each request against it
-    /// (spec/REFERENCE.md 13: `usage` and `wall` triggers). Default
+    /// (`docs/executions.md`, "Compaction": `usage` and `wall` triggers). Default
     /// [`DEFAULT_CONTEXT_WINDOW_TOKENS`] (128 000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_window_tokens: Option<u64>,

@@ -3,7 +3,7 @@
 //! Built once at start-up from the [`ProviderTable`] (validated here) and an environment lookup
 //! (read here, once: a key exported later needs a new registry). Resolution itself does no I/O,
 //! so it is safe inside an actor handler and cheap enough to judge availability live
-//! (REFERENCE.md §16: an unavailable fallback candidate is skipped without provider I/O).
+//! (`docs/executions.md`, "Models": an unresolvable route is skipped with no request).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -16,7 +16,8 @@ use super::config::{ANTHROPIC_BASE_URL, ProviderConfig, ProviderKind, ProviderTa
 use super::openai::OpenAiCompatibleProvider;
 use super::scripted::{Script, ScriptError, ScriptedProvider};
 
-/// The prefix of a model selector, which is never a complete reference (REFERENCE.md §3).
+/// The prefix of a model selector, which is never a complete reference (`docs/declaration.md`,
+/// "Configuration fields").
 const SELECTOR_PREFIX: &str = "model_selector:";
 
 /// Why the provider table was refused by [`ModelRegistry::new`].
@@ -71,7 +72,8 @@ pub enum ConfigError {
 }
 
 /// Why a reference does not resolve. [`ResolveError::word`] is the spec's resolver word, carried
-/// in a `validation_failed` message for `default_model`/`fallback_models` (REFERENCE.md §3, §16).
+/// in a `validation_failed` message for `default_model`/`fallback_models` (`docs/declaration.md`,
+/// "Configuration fields").
 /// The `Display` text does not repeat the word, so `format!("{}: {error}", error.word())` reads well.
 #[non_exhaustive]
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
@@ -180,8 +182,9 @@ impl ModelRegistry {
         &self.table
     }
 
-    /// The declaration-time check of a reference (REFERENCE.md 3, `default_model`): `Ok`, or the
-    /// resolver's word and a message, as [`crate::declaration::ModelCheck`] takes it.
+    /// The declaration-time check of a reference (`docs/declaration.md`, "Configuration fields",
+    /// `default_model`): `Ok`, or the resolver's word and a message, as
+    /// [`crate::declaration::ModelCheck`] takes it.
     pub fn check(&self, reference: &str) -> Result<(), (String, String)> {
         self.resolve(reference).map(|_| ()).map_err(|e| (e.word().to_owned(), e.to_string()))
     }
@@ -226,8 +229,8 @@ impl ModelRegistry {
         })
     }
 
-    /// Rows for `GET /agent_api/v1/models` (REFERENCE.md §15), one per model listed in the table,
-    /// ordered by provider then model: `{"ref", "provider", "visible", "available",
+    /// Rows for `GET /agent_api/v1/models` (`docs/declaration.md`, "Doors"), one per model listed
+    /// in the table, ordered by provider then model: `{"ref", "provider", "visible", "available",
     /// "unavailable_reason"}`. `visible` is `!hidden`; `available` is whether [`Self::resolve`]
     /// succeeds, and `unavailable_reason` is its word when not (`provider_disabled`,
     /// `missing_credential`, `model_hidden`), else `null`. Names reachable only through

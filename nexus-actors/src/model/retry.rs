@@ -1,5 +1,5 @@
 //! The one place that decides what a model step retries, how long it waits, and what its failure
-//! means for the fallback chain (REFERENCE.md §15; SPEC-000 `fallback_models`, R43).
+//! means for the fallback chain (`docs/executions.md`, "Models").
 //!
 //! One model step is up to [`RetryPolicy::attempts`] calls of one route (backon, exponential
 //! with full jitter, capped). Per attempt:
@@ -41,7 +41,7 @@ use backon::{ExponentialBuilder, Retryable};
 use super::{DeltaSink, ModelError, ModelProvider, ModelRequest, ModelResponse, ResetReason, TranscriptDelta};
 
 /// The key of a model step whose attempts were all spent on retryable failures that were not all
-/// overloads (REFERENCE.md §15).
+/// overloads (`docs/executions.md`, "Models").
 pub const ATTEMPT_BUDGET_SPENT: &str = "attempt_budget_spent";
 
 /// The attempt budget of one model step.

@@ -148,7 +148,7 @@ impl Store {
     }
 
     /// Creates an execution of an input that already has one (a regeneration, `docs/executions.md`,
-    /// "Regeneration"):
+    /// "Control"):
     /// `execution` as given (normally `pending`, with its declaration frozen already) and its first
     /// `events`, in one transaction.
     ///

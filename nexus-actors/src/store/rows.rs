@@ -78,7 +78,7 @@ pub struct ProfileRow {
     pub declared_at: Option<i64>,
 }
 
-/// A named definition (REFERENCE.md 3, "Named definitions").
+/// A named definition (`docs/declaration.md`, "Named definitions").
 #[derive(Clone, Debug, PartialEq)]
 pub struct NamedDefinitionRow {
     /// `[a-z0-9][a-z0-9_-]{1,31}`.

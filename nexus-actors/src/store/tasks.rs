@@ -144,9 +144,9 @@ impl Store {
             .await
     }
 
-    /// Starts a task that was written `waiting` (a compaction's summary task, REFERENCE.md 13):
-    /// writes its kind, names, input, target, effect profile, budget, status, start, deadline,
-    /// result, error key, settlement and approval fact as `task` holds them.
+    /// Starts a task that was written `waiting` (a compaction's summary task, `docs/executions.md`,
+    /// "Compaction"): writes its kind, names, input, target, effect profile, budget, status, start,
+    /// deadline, result, error key, settlement and approval fact as `task` holds them.
     ///
     /// The write is conditional: it applies only while the stored row is `waiting`, so a stop
     /// that canceled the row first wins. Answers whether this write did.

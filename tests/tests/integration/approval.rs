@@ -1,4 +1,4 @@
-//! The approval stage end to end (spec/REFERENCE.md 10; R67–R69): a real server, a scripted
+//! The approval stage end to end (`docs/executions.md`, "Approval"): a real server, a scripted
 //! model, a raw runner that claims only what it is offered, and the approve and deny doors on
 //! HTTP and gRPC.
 

@@ -1,7 +1,8 @@
-//! Compaction end to end (spec/REFERENCE.md 13; 11 `pre_compact`/`post_compact`; R70): a real
-//! server, the fake OpenAI-wire provider (which can refuse a request for length and report any
-//! input token count), the in-process kernel tool `runners_list` for the model's rounds, and a
-//! raw runner for the delegate summarizer and the hooks.
+//! Compaction end to end (`docs/executions.md`, "Compaction"; "Lifecycle hooks" for
+//! `pre_compact`/`post_compact`): a real server, the fake OpenAI-wire provider (which can refuse a
+//! request for length and report any input token count), the in-process kernel tool
+//! `runners_list` for the model's rounds, and a raw runner for the delegate summarizer and the
+//! hooks.
 //!
 //! Most executions run the same shape: round 1 and round 2 each call `runners_list`; round 3 is
 //! where compaction happens. Before it the transcript is `[input, a1(c1), t1, a2(c2), t2]`: the

@@ -1,21 +1,25 @@
-//! The conformance suite of the Agent configuration door: one test per requirement of
-//! spec/REFERENCE.md section 19 that concerns declaration, validation, storage or assembly,
-//! driving the real HTTP doors. Tests assert status codes and refusal words, never message text
-//! beyond the field a message must name and the word it must carry.
+//! The conformance suite of the Agent configuration door: one test per requirement that concerns
+//! declaration, validation, storage or assembly (`docs/declaration.md`; a test's `rNN_` prefix is
+//! the requirement number the document quotes), driving the real HTTP doors. Tests assert status
+//! codes and refusal words, never message text beyond the field a message must name and the word it
+//! must carry.
 //!
 //! What a provider receives (the wire projection) is observed through a fake OpenAI-compatible
 //! provider on 127.0.0.1:0 that records every request ([`FakeProvider`]); inputs are admitted
 //! through the in-process API, the door the HTTP and gRPC edges share.
 //!
-//! Requirements no door can observe yet, so no test asserts them:
-//! - R36's intersection and R38's freezing of memory bindings, Speaker and reach: there are no
-//!   memory doors or memory tools in-process, so the effective context is invisible (R36 checks
-//!   the stored limit instead).
-//! - R45 on input update, context estimate and regeneration: those doors do not exist; only input
-//!   create carries `execution_declaration`.
-//! - Runtime-only requirements (R41–R44, R47, R48, R51, R52, R55–R57) belong to other suites.
-//! - R50's spawn half (`spawn.declaration` against a captured catalog): no kernel tool runs
-//!   in-process, so a spawn call cannot be observed apart from the kernel-tool tests R21, R32, R33.
+//! What no door can observe yet, so no test here asserts it:
+//! - the intersection of memory bindings and the freezing of bindings, speaker and reach: there
+//!   are no memory doors or memory tools in-process, so the effective context is invisible (the
+//!   stored limit is checked instead; `docs/declaration.md`, "Memory limits");
+//! - `execution_declaration` on an input update: that door does not exist; regeneration and the
+//!   context estimate take one in the control suite (`control.rs`; `docs/executions.md`,
+//!   "Control");
+//! - run-time behaviour (the model chain, the context estimate, regeneration, spawning, lifecycle
+//!   hooks at run time) belongs to other suites (`docs/executions.md`);
+//! - the spawn half of the delegation catalog (`spawn.declaration` against a captured catalog):
+//!   no such kernel tool runs in-process, so a spawn call cannot be observed apart from the
+//!   kernel-tool tests `r21_`, `r32_` and `r33_` (`docs/declaration.md`, "Delegation catalog").
 
 use nexus_proto::{ErrorCode, ExecutionId};
 use std::collections::BTreeMap;
@@ -382,7 +386,7 @@ fn decline() -> Value {
     json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": null, "refusal": "declined"}, "finish_reason": "content_filter"}]})
 }
 
-// ---- SHA-256, for the collision names of R27 ----------------------------------------------------
+// ---- SHA-256, for the collision names (`docs/declaration.md`, "Collision names") ----------------
 
 /// SHA-256 (FIPS 180-4) as lowercase hex; the suite derives collision names independently.
 fn sha256_hex(data: &[u8]) -> String {
@@ -747,7 +751,7 @@ async fn assembly_preview_writes_nothing() {
     assert_ne!(d.server.store().fingerprint().await.expect("fingerprint"), before);
 }
 
-// ---- R7, R11: the rest of the profile door ------------------------------------------------------
+// ---- the rest of the profile door (`docs/declaration.md`, "Configuration fields") ---------------
 
 fn template(variables: Value) -> Value {
     json!({"blocks": [{"type": "slot", "slot": "system_prompt"}, {"type": "history"}, {"type": "input"}], "variables": variables})
@@ -792,7 +796,7 @@ async fn r11_default_model_disabled_and_hidden_words() {
     assert_eq!(configuration["default_model"], "any/some-model");
 }
 
-// ---- R13–R27: the tool grammar ------------------------------------------------------------------
+// ---- the tool grammar (`docs/declaration.md`, "Tool definitions" to "Collision names") ----------
 
 #[tokio::test]
 async fn r13_tool_definitions_list_bound_and_canonical_order() {
@@ -1584,7 +1588,7 @@ async fn r27_import_collisions_get_stable_target_qualified_names() {
     assert!(answer.message().contains("duplicate_tool_name"), "{}", answer.message());
 }
 
-// ---- R28–R33: assembly and freezing -------------------------------------------------------------
+// ---- assembly and freezing (`docs/declaration.md`, "Assembly preview" and "Freezing") -----------
 
 #[tokio::test]
 async fn r28_the_selected_runner_is_a_declared_eligible_candidate() {
@@ -1765,7 +1769,7 @@ async fn r33_delegated_tasks_inherit_the_accepted_tool_surface() {
     assert_eq!(offered_names(&child), ["a"], "the child inherits the parent's tools, narrowed by tools");
 }
 
-// ---- R34–R38: memory_context_limit and conversation_reach ---------------------------------------
+// ---- memory_context_limit and conversation_reach (`docs/declaration.md`, "Memory limits") -------
 
 fn binding(name: &str, scope: &str, access: &str) -> Value {
     json!({"name": name, "scope": scope, "access": access})
@@ -1817,7 +1821,7 @@ async fn r35_a_nonempty_limit_uses_natural_roots_with_the_conversation_root() {
         let answer = d.refused(&body, 422, "validation_failed").await;
         assert!(answer.message().starts_with("configuration.memory_context_limit"), "{row}: {}", answer.message());
     }
-    // SPEC-000's own example.
+    // A limit with all three kinds of root (`docs/declaration.md`, "Memory limits").
     let example = json!({"bindings": [
         {"name": "conversation", "scope": "conversation", "access": "read_write"},
         {"name": "workspace", "scope": "workspace", "access": "read"},
@@ -1854,7 +1858,7 @@ async fn r37_conversation_reach_vocabulary() {
     }
 }
 
-// ---- R39–R40: fallback_models -------------------------------------------------------------------
+// ---- fallback_models (`docs/declaration.md`, "Configuration fields") ----------------------------
 
 #[tokio::test]
 async fn r39_fallback_models_are_complete_references_within_their_bounds() {
@@ -1925,12 +1929,13 @@ async fn r40_empty_means_none_omission_clears_and_routes_are_visited_once() {
     }
 }
 
-// ---- R45–R46: execution_declaration -------------------------------------------------------------
+// ---- execution_declaration (`docs/declaration.md`, "Inline declarations") -----------------------
 
 #[tokio::test]
 async fn r45_execution_declaration_has_the_flat_field_set_and_is_validated_at_admission() {
     let d = door().await;
-    // SPEC-000's example, with a model this server runs and identity fields that must not count.
+    // A full inline declaration, with a model this server runs and identity fields that must not
+    // count.
     let example = json!({
         "prompt_mechanism": "default",
         "system_prompt": {"content": "Check the supplied change.", "role": "developer"},
@@ -2074,7 +2079,7 @@ async fn r46_the_inline_declaration_replaces_the_standing_one_whole() {
     assert_eq!(system_texts(&request), ["inline words"]);
 }
 
-// ---- R49–R50: delegation_catalog ----------------------------------------------------------------
+// ---- delegation_catalog (`docs/declaration.md`, "Delegation catalog") ---------------------------
 
 fn catalog_entry(name: &str, declaration: Value) -> Value {
     json!({"name": name, "description": format!("{name} reviews a change."), "model_mode": "default", "declaration": declaration})
@@ -2143,7 +2148,7 @@ async fn r50_null_keeps_generic_spawn_and_any_list_is_a_catalog() {
     d.turn("catalog", Some(declaration), None).await.expect("an inline catalog is admitted");
 }
 
-// ---- R53–R54: lifecycle_hooks -------------------------------------------------------------------
+// ---- lifecycle_hooks (`docs/declaration.md`, "Lifecycle hooks") ---------------------------------
 
 #[tokio::test]
 async fn r53_hook_events_and_fields() {
@@ -2236,7 +2241,7 @@ async fn r54_hook_tool_timeout_and_continuation_bounds() {
     }
 }
 
-// ---- R58: prompt documents ----------------------------------------------------------------------
+// ---- prompt documents (`docs/declaration.md`, "Prompt documents") -------------------------------
 
 #[tokio::test]
 async fn r58_prompt_document_words_on_both_doors() {
@@ -2298,7 +2303,7 @@ async fn r58_prompt_document_words_on_both_doors() {
     assert_eq!(d.http.declare(&body).await.status, 200);
 }
 
-// ---- SPEC-000's status table --------------------------------------------------------------------
+// ---- every word and status of the profile door (`docs/declaration.md`, "Doors") -----------------
 
 #[tokio::test]
 async fn spec000_every_word_and_status() {

@@ -1,7 +1,7 @@
-//! Execution control end to end (spec/REFERENCE.md 7, "Pause, stop, delete"; 8; 12; SPEC-000
-//! "Inline execution declarations"; R45–R48): pause and resume, graceful and forced, with their
-//! frozen clocks; stop, graceful and forced, draining through `canceling`; regeneration; the
-//! context estimate; and the freeze of a running execution's declaration against profile edits.
+//! Execution control end to end (`docs/executions.md`, "Control"; `docs/declaration.md`,
+//! "Inline declarations"): pause and resume, graceful and forced, with their frozen clocks; stop,
+//! graceful and forced, draining through `canceling`; regeneration; the context estimate; and the
+//! freeze of a running execution's declaration against profile edits.
 //!
 //! A real server, scripted models (or a local fake provider where a test must see what a model
 //! was asked, or hold a model call open), and a raw runner that claims and commits only when told.

@@ -1,5 +1,5 @@
 //! Integration tests of the runner fabric: a real server on 127.0.0.1:0 and scripted runners that
-//! speak the stream frame by frame (spec/REFERENCE.md 6.3 to 6.10).
+//! speak the stream frame by frame (`docs/protocol.md`, "Announce" through "Expiry").
 
 use nexus_actors::doors::api::FeedType;
 use nexus_actors::store::EventType;

@@ -1,6 +1,6 @@
-//! Lifecycle hooks end to end (spec/REFERENCE.md 11; R55–R57): a real server, the scripted model
-//! (or the fake OpenAI-wire provider), and a raw runner that serves the hook tool by committing
-//! the decision a test chooses. The retry and abandon doors run on HTTP and gRPC.
+//! Lifecycle hooks end to end (`docs/executions.md`, "Lifecycle hooks"): a real server, the
+//! scripted model (or the fake OpenAI-wire provider), and a raw runner that serves the hook tool by
+//! committing the decision a test chooses. The retry and abandon doors run on HTTP and gRPC.
 
 use nexus_actors::store::EventType;
 use nexus_proto::{ErrorCode, ExecutionId, InboxKind, RunStatus, TaskStatus};

@@ -1,5 +1,5 @@
 //! Model adapters and the fallback chain end to end: real executions against a local fake
-//! provider that speaks the OpenAI and Anthropic wires (REFERENCE.md 15, 16; R41-R44).
+//! provider that speaks the OpenAI and Anthropic wires (`docs/executions.md`, "Models").
 //!
 //! Each test scripts what every model answers, runs one execution (or two), and checks the
 //! durable events (`model_change`, `round_started`, `turn_status`), what the fake was asked (and

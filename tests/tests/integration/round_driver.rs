@@ -1,5 +1,6 @@
-//! The round driver's per-call failure words and its repeat brake (spec/REFERENCE.md 7, "Round
-//! driver"), end to end with the scripted model and an in-process kernel tool.
+//! The round driver's per-call failure words and its repeat brake (`docs/executions.md`,
+//! "Per-call failures" and "Repeat brake"), end to end with the scripted model and an in-process
+//! kernel tool.
 
 use nexus_actors::store::EventType;
 use nexus_proto::{ExecutionId, RunStatus};

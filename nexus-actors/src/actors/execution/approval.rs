@@ -1,13 +1,13 @@
-//! The approval stage of an execution (`docs/executions.md`, "Approval"; R67–R69).
+//! The approval stage of an execution (`docs/executions.md`, "Approval").
 //!
 //! Every tool call passes the stage once its concrete target is resolved and before it runs
-//! (`docs/executions.md`, "Materialization": the target is persisted before scheduling or approval). The rules are
-//! evaluated on the resolved served tool name (after alias and route resolution) and the resolved
-//! input, under the mode frozen on the execution, by [`crate::declaration::approval::decide`]:
-//! deny wins over ask, ask over allow. The stage grants (the call is routed at once: dispatched to
-//! its frozen runner, or run in-process), parks (`needs_approval`, with a hold of
-//! [`APPROVAL_HOLD_MS`](crate::config::APPROVAL_HOLD_MS) unless `[execution] approval_hold_ms` says otherwise) or denies (failed
-//! `approval_denied`).
+//! (`docs/executions.md`, "Round driver": the target is persisted before scheduling or approval).
+//! The rules are evaluated on the resolved served tool name (after alias and route resolution) and
+//! the resolved input, under the mode frozen on the execution, by
+//! [`crate::declaration::approval::decide`]: deny wins over ask, ask over allow. The stage grants
+//! (the call is routed at once: dispatched to its frozen runner, or run in-process), parks
+//! (`needs_approval`, with a hold of [`APPROVAL_HOLD_MS`](crate::config::APPROVAL_HOLD_MS) unless
+//! `[execution] approval_hold_ms` says otherwise) or denies (failed `approval_denied`).
 //!
 //! A parked task belongs to its ExecutionActor alone: no runner inbox lists it (inboxes list
 //! `dispatched` and `running` rows). The actor keeps one timer per hold; the hold's deadline is the

@@ -1,4 +1,4 @@
-//! The repeat brake, the round driver's only ceiling (spec/REFERENCE.md 7, "Round driver").
+//! The repeat brake, the round driver's only ceiling (`docs/executions.md`, "Repeat brake").
 //!
 //! - A round is *stale* when every call-and-result it carries was already seen in the previous
 //!   [`STALE_LOOKBACK`] rounds and nothing new reached the model (no user message since).

@@ -1,5 +1,5 @@
-//! Compaction of an execution's context: the repair, not a policy (spec/REFERENCE.md 13; 11,
-//! `pre_compact`/`post_compact`; R70).
+//! Compaction of an execution's context: the repair, not a policy (`docs/executions.md`,
+//! "Compaction"; "Lifecycle hooks" for `pre_compact`/`post_compact`).
 //!
 //! # Policy
 //!

@@ -1,6 +1,5 @@
 //! Execution control: pause and resume, stop, regeneration and the context estimate
-//! (spec/REFERENCE.md 7, "Pause, stop, delete"; 8, "What is frozen, and when"; 12, "Budget";
-//! SPEC-000 "Inline execution declarations"; R45–R48).
+//! (`docs/executions.md`, "Control"; `docs/declaration.md`, "Freezing" and "Inline declarations").
 //!
 //! **Pause** `{force?}` (a running execution only, else 409 `not_pausable`): the run turns
 //! `paused` and schedules nothing new, no model round and no dispatch. Claimed work finishes and
@@ -9,13 +8,13 @@
 //! round number (the new generation), so a late answer of the aborted call is never read.
 //!
 //! **Clocks freeze.** While paused, neither a runner task's deadline (the park clock, held by its
-//! [`ExecutorActor`](crate::actors::executor::ExecutorActor)) nor an approval hold (held here) runs out.
-//! A frozen deadline is stored as [`FROZEN_EPOCH_MS`] plus the milliseconds that were left, so
-//! it is durable (a nexus restart while paused stays paused, with its clocks frozen) and no
-//! expiry timer can reach it. Resume stores `resume time + what was left`: every open deadline
-//! moves forward by exactly the paused time, which `turn_status` reports as `paused_ms`. A runner
-//! that claims or extends a task while its execution is paused starts a live clock for it, as any
-//! claim does (REFERENCE.md 6.6); resume leaves such a deadline where it is.
+//! [`ExecutorActor`](crate::actors::executor::ExecutorActor)) nor an approval hold (held here) runs
+//! out. A frozen deadline is stored as [`FROZEN_EPOCH_MS`] plus the milliseconds that were left, so
+//! it is durable (a nexus restart while paused stays paused, with its clocks frozen) and no expiry
+//! timer can reach it. Resume stores `resume time + what was left`: every open deadline moves
+//! forward by exactly the paused time, which `turn_status` reports as `paused_ms`. A runner that
+//! claims or extends a task while its execution is paused starts a live clock for it, as any claim
+//! does (`docs/protocol.md`, "Claim"); resume leaves such a deadline where it is.
 //!
 //! **Resume** (a paused execution only, else 409 `not_paused`): thaw the clocks, turn `running`,
 //! then read the kept answer, or go on where the round stood (settled results go to the model).
@@ -31,12 +30,12 @@
 //! **Regeneration** makes a new execution of the same input. Without an `execution_declaration`
 //! it reuses the original's frozen declaration exactly (tools, environment, approval, models), so
 //! profile edits since then do not reach it; a supplied object is validated as on input admission
-//! and replaces it whole, resolved and frozen at once (R45–R48). An original that never froze a
+//! and replaces it whole, resolved and frozen at once. An original that never froze a
 //! declaration cannot be regenerated without one: 409 `not_regenerable`.
 //!
 //! **Context estimate** compiles what the next round would send, the same compilation
 //! materialization and a round perform, and writes nothing: it reads the store and never starts
-//! the execution's actor (R47).
+//! the execution's actor.
 //!
 //! Every transition is narrated durably as `turn_status`: `paused {force, paused_at,
 //! aborted_round}`, `running {resumed, paused_ms}`, `canceling {force, draining}` and `canceled

@@ -1,4 +1,4 @@
-//! Lifecycle hooks of an execution (spec/REFERENCE.md 11; R55–R57).
+//! Lifecycle hooks of an execution (`docs/executions.md`, "Lifecycle hooks").
 //!
 //! # Tasks
 //!
@@ -48,9 +48,9 @@
 //! # Hold and repair
 //!
 //! A failed hook holds the execution: `needs_attention` with reason `halt_failure`, narrated by
-//! `attention_required` (REFERENCE.md 7, "Failure policy"). A person repairs it ([`repair`]):
-//! `retry` runs the hook again as the next generation (same target, ordinary approval stage);
-//! `abandon` releases the hold as if the hook had let the execution go on (a `stop` hook's
+//! `attention_required` (`docs/executions.md`, "Lifecycle hooks"). A person repairs it
+//! ([`repair`]): `retry` runs the hook again as the next generation (same target, ordinary approval
+//! stage); `abandon` releases the hold as if the hook had let the execution go on (a `stop` hook's
 //! answer is delivered, a `turn_start` hook's round starts). Both answer 409 `not_retryable` /
 //! `not_abandonable` unless the task is `failed`, `timed_out` or `uncertain` and unresolved.
 //!

@@ -1,5 +1,5 @@
-//! Kernel tools that run in-process over the frozen declaration (spec/REFERENCE.md 5,
-//! "Behaviours"): `runners_list` and `tool_search`. They read only what the execution froze, so
+//! Kernel tools that run in-process over the frozen declaration (`docs/executions.md`,
+//! "Kernel tools"): `runners_list` and `tool_search`. They read only what the execution froze, so
 //! they need no I/O and no actor.
 
 use serde_json::{Value, json};

@@ -122,7 +122,7 @@ pub fn supplied_declaration(body: &Value) -> Result<Option<Value>, Refusal> {
     Ok(body.get("execution_declaration").filter(|v| !v.is_null()).cloned())
 }
 
-/// Creates the regeneration of `original` (`docs/executions.md`, "Regeneration"; R48): a new `pending`
+/// Creates the regeneration of `original` (`docs/executions.md`, "Control"): a new `pending`
 /// execution of the same input whose declaration is frozen already, the original's own when
 /// `supplied` is `None`, else `supplied` resolved and frozen now. Its first event is `turn_status
 /// {status: pending, regenerated_from, declaration: reused|replaced, declaration_digest}`. Nothing
@@ -191,11 +191,11 @@ pub async fn regenerate(
     Ok(row)
 }
 
-/// The context estimate of `row` (R47): compiles the request the next round would send, the
-/// transcript with the settled results it has not read yet plus the offered tools, under the
-/// frozen declaration, or `supplied` instead, or for an execution not yet materialized the
-/// declaration it would freeze now; and measures it. Reads the store only: nothing is written,
-/// reserved or started.
+/// The context estimate of `row` (`docs/executions.md`, "Control"): compiles the request the next
+/// round would send, the transcript with the settled results it has not read yet plus the offered
+/// tools, under the frozen declaration, or `supplied` instead, or for an execution not yet
+/// materialized the declaration it would freeze now; and measures it. Reads the store only: nothing
+/// is written, reserved or started.
 ///
 /// Answers `{execution_public_id, status, round, model, declaration: frozen|resolved|supplied,
 /// declaration_digest, messages, tools, open_calls, bytes: {documents, transcript, tools, total},

@@ -43,7 +43,7 @@ impl RunnerSelection {
 ///
 /// `runners` holds the facts of every runner the configuration names (candidates and explicit
 /// route targets) that exists. Only the selected Runner contributes imports; an ineligible named
-/// Runner is refused, never silently replaced (REFERENCE.md 8).
+/// Runner is refused, never silently replaced (`docs/declaration.md`, "Runner imports").
 ///
 /// # Errors
 /// 422 `runner_not_declared` (selected runner not a candidate), `runner_not_eligible`,
@@ -167,7 +167,8 @@ pub fn assemble(
         let allow: Option<Vec<&str>> =
             configuration["runner_tool_names"].as_array().map(|names| names.iter().filter_map(Value::as_str).collect());
         // A lifecycle hook's tool runs only as a hook task and is never exposed to the model
-        // (REFERENCE.md 11; R55), so the runner's announcement of it is not imported.
+        // (`docs/declaration.md`, "Runner imports"), so the runner's announcement of it is not
+        // imported.
         let hook_tools: Vec<&str> = configuration["lifecycle_hooks"]
             .as_object()
             .into_iter()

@@ -56,10 +56,11 @@ impl FrozenTool {
         self.definition.get("defer_loading") == Some(&Value::Bool(true))
     }
 
-    /// Resolves a call the model made to this callable (REFERENCE.md 4, "Call resolution"): a
-    /// runner callable runs under its frozen served name, an alias under the kernel wire name
-    /// with its input mapped, anything else unchanged. `alias` is the callable name when it
-    /// differs from `wire_name` (the inbox row's `tool_alias`, the transcript's `name`).
+    /// Resolves a call the model made to this callable (`docs/executions.md`, "Round driver";
+    /// `docs/declaration.md`, "Aliases"): a runner callable runs under its frozen served name, an
+    /// alias under the kernel wire name with its input mapped, anything else unchanged. `alias` is
+    /// the callable name when it differs from `wire_name` (the inbox row's `tool_alias`, the
+    /// transcript's `name`).
     pub fn resolve_call(&self, input: &Value) -> ResolvedCall {
         if let Some(route) = &self.route {
             let alias = (route.tool_name != self.name).then(|| self.name.clone());
@@ -83,7 +84,7 @@ pub struct RunnerFacts {
     pub announcement: Value,
 }
 
-/// The immutable declaration an execution runs under (REFERENCE.md 8).
+/// The immutable declaration an execution runs under (`docs/declaration.md`, "Freezing").
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FrozenDeclaration {
     /// The assembled tool set, in declaration order.
@@ -104,8 +105,9 @@ pub struct FrozenDeclaration {
     pub runner_candidates: Vec<Value>,
     /// As declared; run by a later part of the fabric.
     pub lifecycle_hooks: Value,
-    /// `compaction_policy` as declared (REFERENCE.md 13), or null; run by
-    /// [`crate::actors::execution::compaction`]. Absent in declarations frozen before it was captured.
+    /// `compaction_policy` as declared (`docs/declaration.md`, "Compaction policy"), or null;
+    /// run by [`crate::actors::execution::compaction`]. Absent in declarations frozen before it
+    /// was captured.
     #[serde(default)]
     pub compaction_policy: Value,
     /// The `summarizer` prompt document `{content, role}`, if any: the kernel summarizer's
@@ -130,8 +132,8 @@ impl FrozenDeclaration {
 }
 
 /// Builds the qualified collision name: the first 49 characters of the served name, `__`, then 12
-/// hex characters of SHA-256 over (runner UUID, NUL, served name) (REFERENCE.md 4, "Runner import
-/// collisions"; R27). At most 63 characters.
+/// hex characters of SHA-256 over (runner UUID, NUL, served name) (`docs/declaration.md`,
+/// "Collision names"). At most 63 characters.
 ///
 /// A character of the head outside `[a-zA-Z0-9_-]` is written as `_`, so the name always fits the
 /// provider rule `^[a-zA-Z0-9_-]{1,64}$`; for a served name inside that rule the name is exactly

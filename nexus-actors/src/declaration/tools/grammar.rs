@@ -33,14 +33,14 @@ pub(in crate::declaration) fn canonical_tool_definitions(value: Option<&Value>) 
     canonical_tool_definitions_at("configuration.tool_definitions", value)
 }
 
-/// Whether a callable name fits every provider's rule `^[a-zA-Z0-9_-]{1,64}$` (FACTS.md,
-/// "Provider tool names").
+/// Whether a callable name fits every provider's rule `^[a-zA-Z0-9_-]{1,64}$`
+/// (`docs/declaration.md`, "Tool definitions").
 pub fn provider_name_ok(name: &str) -> bool {
     PROVIDER_NAME_RE.is_match(name)
 }
 
 /// Validates a `tool_definitions` list and returns its canonical stored form
-/// (REFERENCE.md 4, "Refusal order" and "Stored form"; R13–R23). `field` names the list in
+/// (`docs/declaration.md`, "Refusal order" and "Tool definitions"). `field` names the list in
 /// refusal messages (`configuration.tool_definitions`, `execution_declaration.tool_definitions`).
 ///
 /// The checks run as passes over the whole list, in the origin's order:

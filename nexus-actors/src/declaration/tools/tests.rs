@@ -277,7 +277,8 @@ fn r13_to_r23_declaration_refusals() {
     }
 }
 
-/// REFERENCE.md 4 "Refusal order": each row breaks two rules; the earlier word wins.
+/// The refusal order (`docs/declaration.md`, "Refusal order"): each row breaks two rules; the
+/// earlier word wins.
 #[test]
 fn refusal_order() {
     let bad_route = json!({"kind":"runner","tool_name":"a"});

@@ -4,8 +4,7 @@ use serde_json::{Map, Value, json};
 
 use super::*;
 
-/// The provider wire projection of a frozen set (REFERENCE.md 4, "Wire projection" and
-/// "Visibility"; R14, R15, R17):
+/// The provider wire projection of a frozen set (`docs/declaration.md`, "Wire projection"):
 /// - an alias keeps only `type` and `function`; other entries drop `route` and `defer_loading`
 ///   (a flat function is nested);
 /// - a `type: function` entry with `strict` in neither the function nor the entry gets

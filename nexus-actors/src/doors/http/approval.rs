@@ -1,4 +1,4 @@
-//! The approval doors on HTTP (spec/REFERENCE.md 10, "Park"). They call the same [`Api`] as the
+//! The approval doors on HTTP (`docs/executions.md`, "Approval"). They call the same [`Api`] as the
 //! gRPC twins `ApproveTask` and `DenyTask`.
 //!
 //! - `POST /agent_api/v1/executions/{id}/tasks/{task_key}/approve` (body empty or `{}`) → the

@@ -1,5 +1,5 @@
-//! The manual compaction door on HTTP (spec/REFERENCE.md 13, trigger `manual`). It calls the
-//! same [`Api::compact`] as the gRPC twin `CompactExecution`.
+//! The manual compaction door on HTTP (`docs/executions.md`, "Compaction", trigger `manual`). It
+//! calls the same [`Api::compact`] as the gRPC twin `CompactExecution`.
 //!
 //! - `POST /agent_api/v1/executions/{id}/compact` (body empty or `{}`) → 202 `{execution_public_id,
 //!   summary_task_key, task_key, trigger: "manual", mode, status: "waiting"}`.

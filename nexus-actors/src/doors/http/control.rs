@@ -1,5 +1,5 @@
-//! The execution control doors on HTTP (spec/REFERENCE.md 7, "Pause, stop, delete"; 8; SPEC-000
-//! "Inline execution declarations"). They call the same [`Api`] as the gRPC twins
+//! The execution control doors on HTTP (`docs/executions.md`, "Control";
+//! `docs/declaration.md`, "Inline declarations"). They call the same [`Api`] as the gRPC twins
 //! `PauseExecution`, `ResumeExecution`, `StopExecution`, `RegenerateExecution` and
 //! `EstimateContext`; the semantics are in [`crate::actors::execution::control`].
 //!

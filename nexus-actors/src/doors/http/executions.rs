@@ -1,5 +1,5 @@
 //! The execution doors on HTTP: admit an input, read an execution, and read or watch its event
-//! feed (spec/REFERENCE.md 7, "Events"; SPEC-004 "event feed"). They call the same [`Api`] as
+//! feed (`docs/executions.md`, "Events"). They call the same [`Api`] as
 //! the gRPC twins (`CreateInput`, `GetExecution`, `StreamEvents`). Stop, pause, resume,
 //! regenerate and the estimate are in [`super::control`].
 //!

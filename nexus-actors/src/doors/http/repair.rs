@@ -1,4 +1,4 @@
-//! The repair doors on HTTP (spec/REFERENCE.md 7, "Failure policy"; 11). They call the same
+//! The repair doors on HTTP (`docs/executions.md`, "Lifecycle hooks"). They call the same
 //! [`Api`] as the gRPC twins `RetryTask` and `AbandonTask`.
 //!
 //! - `POST /agent_api/v1/executions/{id}/tasks/{task_key}/retry` (body empty or `{}`) → the new
