@@ -13,6 +13,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use futures::StreamExt;
+use nexus_proto::RunStatus;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
@@ -386,7 +387,9 @@ async fn follow(
                     data["message"].as_str().map(|m| format!("({m})")).unwrap_or_default()
                 );
             }
-            FeedType::Durable(EventType::TurnStatus) if data["status"] != "running" => {
+            FeedType::Durable(EventType::TurnStatus)
+                if data["status"].as_str().and_then(|s| s.parse::<RunStatus>().ok()) != Some(RunStatus::Running) =>
+            {
                 let detail = data["error_key"].as_str().map(|k| format!(": {k}")).unwrap_or_default();
                 let message = data["message"].as_str().map(|m| format!(" ({m})")).unwrap_or_default();
                 println!("turn {}{detail}{message}", data["status"].as_str().unwrap_or_default());

@@ -13,8 +13,9 @@
 //! it is durable (a nexus restart while paused stays paused, with its clocks frozen) and no expiry
 //! timer can reach it. Resume stores `resume time + what was left`: every open deadline moves
 //! forward by exactly the paused time, which `turn_status` reports as `paused_ms`. A runner that
-//! claims or extends a task while its execution is paused starts a live clock for it, as any claim
-//! does (`docs/protocol.md`, "Claim"); resume leaves such a deadline where it is.
+//! claims a task while its execution is paused starts a live clock for it, as any claim does
+//! (`docs/protocol.md`, "Claim"); resume leaves such a deadline where it is. Extending a frozen
+//! deadline is refused `not_extendable` (`docs/protocol.md`, "Extend"): it does not run.
 //!
 //! **Resume** (a paused execution only, else 409 `not_paused`): thaw the clocks, turn `running`,
 //! then read the kept answer, or go on where the round stood (settled results go to the model).
