@@ -83,6 +83,17 @@ pub enum ChatMessage {
     },
 }
 
+/// The ids of the tool calls whose results a transcript already holds (its `tool` messages).
+pub fn answered_calls(transcript: &[ChatMessage]) -> std::collections::HashSet<&str> {
+    transcript
+        .iter()
+        .filter_map(|m| match m {
+            ChatMessage::Tool { tool_call_id, .. } => Some(tool_call_id.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// One tool call requested by a model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolCall {

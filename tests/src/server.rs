@@ -443,6 +443,17 @@ fn workspace_binary(name: &str) -> PathBuf {
     path
 }
 
+/// The configuration of an in-process runner-agent for `runner` against `url`, working in
+/// `workdir` with its journal in `state_dir`, reconnecting quickly (50 ms, at most 200 ms apart).
+pub fn agent_config(url: String, runner: &Minted, workdir: &Path, state_dir: &Path) -> nexus_runner_agent::AgentConfig {
+    let credential = nexus_runner_agent::Credential::new(runner.token.clone());
+    let mut config = nexus_runner_agent::AgentConfig::new(url, runner.id, credential, workdir.to_owned());
+    config.state_dir = state_dir.to_owned();
+    config.reconnect_min_delay = Duration::from_millis(50);
+    config.reconnect_max_delay = Duration::from_millis(200);
+    config
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

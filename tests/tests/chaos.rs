@@ -774,13 +774,7 @@ async fn runner_agent_through_proxy_faults() {
     let proxy = TcpProxy::start(server.server.addr).await;
     let workdir = tempfile::tempdir().expect("workdir");
     let state_dir = tempfile::tempdir().expect("state");
-    let mut config = nexus_runner_agent::AgentConfig::new(
-        proxy.url(),
-        runner.id,
-        nexus_runner_agent::Credential::new(runner.token.clone()),
-        workdir.path().to_owned(),
-    );
-    config.state_dir = state_dir.path().to_owned();
+    let mut config = nexus_tests::agent_config(proxy.url(), &runner, workdir.path(), state_dir.path());
     config.slots = 1;
     config.tool_timeout_ms = 5_000;
     config.liveness_timeout = Duration::from_millis(AGENT_LIVENESS_MS);

@@ -310,13 +310,7 @@ impl Actor for ExecutionActor {
         let declaration_stored = declaration.is_some();
         // Calls whose results the model has not read yet: the current round's tasks that are not
         // in the transcript.
-        let answered: HashSet<&str> = transcript
-            .iter()
-            .filter_map(|m| match m {
-                ChatMessage::Tool { tool_call_id, .. } => Some(tool_call_id.as_str()),
-                _ => None,
-            })
-            .collect();
+        let answered = crate::model::answered_calls(&transcript);
         // Hook tasks are rebuilt apart: their settlement is narrated once judged ([`hooks`]).
         let (hook_tasks, tasks) = hooks::split(store.tasks_of(args.public_id).await?);
         // So are compaction's summary tasks ([`compaction`]): the model never reads them.
@@ -471,43 +465,22 @@ impl Actor for ExecutionActor {
             }
             ExecutionMsg::Stop { force, reply } => {
                 let stopped = control::stop(&myself, state, force).await;
-                control::answer(reply, stopped)?;
+                answer(reply, stopped, "the stop", "the execution")?;
                 if state.row.status.is_quiescent() {
                     myself.stop(None);
                 }
             }
             ExecutionMsg::Control(msg) => control::handle(&myself, state, msg).await?,
             ExecutionMsg::Adjudicate { task_key, adjudication, by, reply } => {
-                let result = approval::adjudicate(&myself, state, task_key, adjudication, &by).await;
-                match result {
-                    Ok(answer) => {
-                        let _ = reply.send(answer);
-                    }
-                    Err(e) => {
-                        let _ = reply.send(Err(Refusal::new(
-                            ErrorCode::Internal,
-                            format!("could not record the decision: {e}; read the task and retry"),
-                        )));
-                        return Err(e);
-                    }
-                }
+                let outcome = approval::adjudicate(&myself, state, task_key, adjudication, &by).await;
+                answer(reply, outcome, "the decision", "the task")?;
             }
             ExecutionMsg::HoldExpired { task_key, deadline_at } => {
                 approval::expire(&myself, state, task_key, deadline_at).await?;
             }
             ExecutionMsg::Repair { task_key, repair, reply } => {
-                match hooks::repair(&myself, state, task_key, repair).await {
-                    Ok(answer) => {
-                        let _ = reply.send(answer);
-                    }
-                    Err(e) => {
-                        let _ = reply.send(Err(Refusal::new(
-                            ErrorCode::Internal,
-                            format!("could not record the repair: {e}; read the task and retry"),
-                        )));
-                        return Err(e);
-                    }
-                }
+                let outcome = hooks::repair(&myself, state, task_key, repair).await;
+                answer(reply, outcome, "the repair", "the task")?;
             }
             ExecutionMsg::Compaction(msg) => compaction::handle(&myself, state, msg).await?,
         }
@@ -521,6 +494,33 @@ impl Actor for ExecutionActor {
             myself.stop(None);
         }
         Ok(())
+    }
+}
+
+/// Sends a handler's answer (`Ok` of `outcome`) to `reply`. A store failure answers `internal`,
+/// saying that `what` could not be recorded and that the caller should read `read` and retry, and
+/// is returned, so the actor stops and reloads from the store on next use.
+///
+/// # Errors
+/// The failure inside `outcome`.
+fn answer<T>(
+    reply: RpcReplyPort<Result<T, Refusal>>,
+    outcome: Result<Result<T, Refusal>, ActorProcessingErr>,
+    what: &str,
+    read: &str,
+) -> Result<(), ActorProcessingErr> {
+    match outcome {
+        Ok(answer) => {
+            let _ = reply.send(answer);
+            Ok(())
+        }
+        Err(e) => {
+            let _ = reply.send(Err(Refusal::new(
+                ErrorCode::Internal,
+                format!("could not record {what}: {e}; read {read} and retry"),
+            )));
+            Err(e)
+        }
     }
 }
 

@@ -374,15 +374,7 @@ async fn a_cut_stream_still_records_the_result_exactly_once() {
     let proxy = TcpProxy::start(server.server.addr).await;
     let workdir = tempfile::tempdir().expect("workdir");
     let state_dir = tempfile::tempdir().expect("state");
-    let mut config = nexus_runner_agent::AgentConfig::new(
-        proxy.url(),
-        runner.id,
-        nexus_runner_agent::Credential::new(runner.token.clone()),
-        workdir.path().to_owned(),
-    );
-    config.state_dir = state_dir.path().to_owned();
-    config.reconnect_min_delay = Duration::from_millis(50);
-    config.reconnect_max_delay = Duration::from_millis(200);
+    let config = nexus_tests::agent_config(proxy.url(), &runner, workdir.path(), state_dir.path());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let agent_task = tokio::spawn(nexus_runner_agent::run(config, async {
         let _ = stop_rx.await;

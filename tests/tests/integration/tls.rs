@@ -20,7 +20,7 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use nexus_actors::config::{ClientAuth, ServerConfig, TlsConfig};
 use nexus_proto::agent::v1::agent_service_client::AgentServiceClient;
 use nexus_proto::agent::v1::{CreateInputRequest, DeclareProfileRequest, GetExecutionRequest, StreamEventsRequest};
-use nexus_runner_agent::{AgentConfig, AgentError, ConfigError, Credential, TlsOptions};
+use nexus_runner_agent::{AgentError, ConfigError, TlsOptions};
 use nexus_tests::{Minted, TestServer, wait_until};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -109,11 +109,7 @@ impl Agent {
     fn start(server: &TestServer, runner: &Minted, tls: TlsOptions) -> Agent {
         let workdir = tempfile::tempdir().expect("workdir");
         let state = tempfile::tempdir().expect("state");
-        let mut config =
-            AgentConfig::new(server.url(), runner.id, Credential::new(runner.token.clone()), workdir.path().to_owned());
-        config.state_dir = state.path().to_owned();
-        config.reconnect_min_delay = Duration::from_millis(50);
-        config.reconnect_max_delay = Duration::from_millis(200);
+        let mut config = nexus_tests::agent_config(server.url(), runner, workdir.path(), state.path());
         config.tls = tls;
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(nexus_runner_agent::run(config, async {

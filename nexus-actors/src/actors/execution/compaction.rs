@@ -104,8 +104,8 @@ pub use plan::{
 
 use super::hooks::{self, Gate, HookEvent};
 use super::{
-    ExecutionMsg, ExecutionState, advance, approval, emit, halt, model_chain, narrate, narration, next_available,
-    offer, save,
+    ExecutionMsg, ExecutionState, advance, answer, approval, emit, halt, model_chain, narrate, narration,
+    next_available, offer, save,
 };
 
 /// The messages of an ExecutionActor that concern compaction ([`ExecutionMsg::Compaction`]).
@@ -791,19 +791,10 @@ pub(super) async fn handle(
     msg: CompactionMsg,
 ) -> Result<(), ActorProcessingErr> {
     match msg {
-        CompactionMsg::Manual { reply } => match manual(myself, state).await {
-            Ok(answer) => {
-                let _ = reply.send(answer);
-                Ok(())
-            }
-            Err(e) => {
-                let _ = reply.send(Err(Refusal::new(
-                    ErrorCode::Internal,
-                    format!("could not record the compaction: {e}; read the execution and retry"),
-                )));
-                Err(e)
-            }
-        },
+        CompactionMsg::Manual { reply } => {
+            let outcome = manual(myself, state).await;
+            answer(reply, outcome, "the compaction", "the execution")
+        }
         CompactionMsg::SummaryDone { task_key, model, result } => {
             summarized(myself, state, task_key, &model, result).await
         }

@@ -57,7 +57,7 @@ use crate::store::{Event, ExecutionRow, TaskRow};
 
 use super::approval;
 use super::phase::{End, Phase};
-use super::{ExecutionMsg, ExecutionState, advance, emit, enter, model_done, narrate, resumed, save};
+use super::{ExecutionMsg, ExecutionState, advance, answer, emit, enter, model_done, narrate, resumed, save};
 
 pub use crate::clock::{FROZEN_EPOCH_MS, frozen_remaining_ms, is_frozen};
 
@@ -122,30 +122,6 @@ impl Drop for ControlState {
 
 type Outcome = Result<Result<ExecutionRow, Refusal>, ActorProcessingErr>;
 
-/// Sends `outcome` to `reply`. A store failure answers `internal` and is returned, so the actor
-/// stops and reloads from the store on next use.
-///
-/// # Errors
-/// The failure inside `outcome`.
-pub(super) fn answer(
-    reply: RpcReplyPort<Result<ExecutionRow, Refusal>>,
-    outcome: Outcome,
-) -> Result<(), ActorProcessingErr> {
-    match outcome {
-        Ok(answer) => {
-            let _ = reply.send(answer);
-            Ok(())
-        }
-        Err(e) => {
-            let _ = reply.send(Err(Refusal::new(
-                ErrorCode::Internal,
-                format!("could not record the change: {e}; read the execution and retry"),
-            )));
-            Err(e)
-        }
-    }
-}
-
 /// Handles one [`ControlMsg`].
 ///
 /// # Errors
@@ -158,11 +134,11 @@ pub(super) async fn handle(
     match msg {
         ControlMsg::Pause { force, reply } => {
             let outcome = pause(myself, state, force).await;
-            answer(reply, outcome)
+            answer(reply, outcome, "the pause", "the execution")
         }
         ControlMsg::Resume { reply } => {
             let outcome = resume(myself, state).await;
-            answer(reply, outcome)
+            answer(reply, outcome, "the resume", "the execution")
         }
         ControlMsg::DrainBound { generation } => {
             if state.phase != Phase::Canceling || generation != state.control.drain_generation {

@@ -3,8 +3,6 @@
 //! (`docs/executions.md`, "Compaction"). No I/O: the driver ([`super`]) measures, writes and
 //! calls what these functions decide.
 
-use std::collections::HashSet;
-
 use serde_json::{Value, json};
 
 use nexus_proto::{ExecutionId, TaskKey};
@@ -80,13 +78,7 @@ pub struct Plan {
 /// Plans the compaction of `transcript` (see the module docs, "What survives"); `None` when there
 /// is nothing to compact.
 pub fn plan(transcript: &[ChatMessage]) -> Option<Plan> {
-    let answered: HashSet<&str> = transcript
-        .iter()
-        .filter_map(|m| match m {
-            ChatMessage::Tool { tool_call_id, .. } => Some(tool_call_id.as_str()),
-            _ => None,
-        })
-        .collect();
+    let answered = crate::model::answered_calls(transcript);
     let last_round = transcript.iter().rposition(|m| matches!(m, ChatMessage::Assistant { .. }))?;
     let unresolved = transcript.iter().position(|m| match m {
         ChatMessage::Assistant { tool_calls, .. } => tool_calls.iter().any(|c| !answered.contains(c.id.as_str())),
