@@ -472,6 +472,7 @@ async fn handle_msg(
                 if let Err(e) = state.fabric.store.touch_executor(state.row.public_id, PresenceEvent::Detached).await {
                     tracing::warn!(error = %e, "could not record last_seen_at");
                 }
+                (state.row.connected_at, state.row.last_seen_at) = (None, Some(state.fabric.clock.now_ms()));
             }
         }
         ExecutorMsg::Request { conn_id, request_id, request } => {
@@ -687,6 +688,10 @@ async fn attach(state: &mut ExecutorState, stream: Attach) -> Result<(), Refusal
         state.window.clear();
     }
     state.fabric.store.touch_executor(state.row.public_id, PresenceEvent::Attached).await.map_err(internal)?;
+    // The row held here shows what the store now says: an announcement's answer reads presence
+    // off it (`docs/protocol.md`, "Presence").
+    let now = state.fabric.clock.now_ms();
+    (state.row.connected_at, state.row.last_seen_at) = (Some(now), Some(now));
     state.connection = Some(Connection { id: stream.conn_id, actor: stream.connection, outbound: stream.outbound });
     push(
         state,

@@ -63,11 +63,24 @@ pub(super) fn validate_hooks(value: Option<&Value>, field: &str) -> Result<bool,
                 format!("{tool} is a reserved kernel tool name; name a tool an executor serves"),
             ));
         }
-        if !entry.get("timeout_ms").and_then(Value::as_u64).is_some_and(|t| (1..=MAX_HOOK_TIMEOUT_MS).contains(&t)) {
-            return Err(invalid(&format!("{at}.timeout_ms"), "is required: an integer from 1 through 300000"));
-        }
-        if stop && entry.get("max_continuations").and_then(Value::as_u64).is_none_or(|n| n > MAX_CONTINUATIONS) {
-            return Err(invalid(&format!("{at}.max_continuations"), "is required: an integer from 0 through 20"));
+        // A missing field and one out of its range are told apart: the value is then quoted.
+        let bounded = |field: &str, range: std::ops::RangeInclusive<u64>| match entry.get(field) {
+            None | Some(Value::Null) => Err(invalid(
+                &format!("{at}.{field}"),
+                format!("is required: an integer from {} through {}", range.start(), range.end()),
+            )),
+            Some(value) if value.as_u64().is_some_and(|n| range.contains(&n)) => Ok(()),
+            Some(value) => {
+                let got = if value.is_number() { format!(", not {value}") } else { String::new() };
+                Err(invalid(
+                    &format!("{at}.{field}"),
+                    format!("must be an integer from {} through {}{got}", range.start(), range.end()),
+                ))
+            }
+        };
+        bounded("timeout_ms", 1..=MAX_HOOK_TIMEOUT_MS)?;
+        if stop {
+            bounded("max_continuations", 0..=MAX_CONTINUATIONS)?;
         }
     }
     Ok(!hooks.is_empty())
@@ -193,6 +206,18 @@ mod tests {
             assert_eq!(refusal.code, ErrorCode::ValidationFailed, "{name}");
             assert!(refusal.message.starts_with(prefix), "{name}: {} should start with {prefix}", refusal.message);
         }
+        // A value out of its range is quoted, a missing one is said to be required.
+        let message = |hooks: Value| validate_hooks(Some(&hooks), F).expect_err("refused").message;
+        assert!(
+            message(json!({"post_compact": {"tool": "t", "timeout_ms": 0}})).ends_with("from 1 through 300000, not 0")
+        );
+        assert!(
+            message(json!({"post_compact": {"tool": "t"}})).ends_with("is required: an integer from 1 through 300000")
+        );
+        assert!(
+            message(json!({"post_compact": {"tool": "t", "timeout_ms": "x".repeat(1_000)}})).len() < 200,
+            "no echo"
+        );
     }
 
     #[test]

@@ -3,9 +3,10 @@
 //!
 //! An accept error is either about one connection (it was reset or aborted before it was taken:
 //! skipped) or about the process (no file descriptors left, `EMFILE`/`ENFILE`, or no buffers): the
-//! listener is fine, but every accept fails until something is freed. The loop then warns once,
+//! listener is fine, but every accept fails until something is freed. The loop then warns,
 //! pauses [`ACCEPT_ERROR_PAUSE`] between attempts instead of retrying at once (which would keep a
-//! core busy and say nothing), and says when it accepts again. tonic's own loop for an `incoming`
+//! core busy and say nothing), and says when it accepts again: one such pair per outage, and at
+//! most one per [`WARN_EVERY`] however often descriptors come and go ([`Pressure`]). tonic's own loop for an `incoming`
 //! stream skips errors with no pause and logs them at trace level, so both doors hand it a stream
 //! that never yields one.
 
@@ -14,19 +15,73 @@ use std::time::Duration;
 
 use futures::Stream;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
 
 /// How long the accept loop waits after an error that is not about one connection.
 pub(crate) const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+/// At most one warning pair (cannot accept, accepting again) per this long: under churn, where
+/// each freed descriptor is taken at once and the next accept fails again, the log stays quiet.
+pub(crate) const WARN_EVERY: Duration = Duration::from_secs(30);
+
+/// The accept loop's account of running out: what it warned, and when.
+#[derive(Debug, Default)]
+pub(crate) struct Pressure {
+    /// Failed accepts since the last warning (or since the outage began).
+    failures: u64,
+    /// The current outage, if accepts are failing now: whether it was warned about.
+    outage: Option<bool>,
+    warned_at: Option<Instant>,
+}
+
+/// What the loop says about a change of pressure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Say {
+    Nothing,
+    /// The first failure of an outage, when no warning was given within [`WARN_EVERY`]: with the
+    /// failures not warned about before it.
+    CannotAccept {
+        failures: u64,
+    },
+    /// The first accept after an outage that was warned about, with its failed attempts.
+    AcceptingAgain {
+        failures: u64,
+    },
+}
+
+impl Pressure {
+    fn failed(&mut self, now: Instant) -> Say {
+        self.failures += 1;
+        let quiet = self.warned_at.is_some_and(|at| now.duration_since(at) < WARN_EVERY);
+        match self.outage {
+            Some(_) => Say::Nothing,
+            None if quiet => {
+                self.outage = Some(false);
+                Say::Nothing
+            }
+            None => {
+                self.outage = Some(true);
+                self.warned_at = Some(now);
+                Say::CannotAccept { failures: std::mem::take(&mut self.failures) }
+            }
+        }
+    }
+
+    fn accepted(&mut self) -> Say {
+        match self.outage.take() {
+            Some(true) => Say::AcceptingAgain { failures: std::mem::take(&mut self.failures) },
+            _ => Say::Nothing,
+        }
+    }
+}
 
 /// Waits for the next connection on `listener`, with `TCP_NODELAY` set (the runner protocol is
 /// small frames that wait for answers). Errors are handled as the module says; this never fails.
-pub(crate) async fn next(listener: &TcpListener) -> TcpStream {
-    let mut failing = 0_u64;
+pub(crate) async fn next(listener: &TcpListener, pressure: &mut Pressure) -> TcpStream {
     loop {
         match listener.accept().await {
             Ok((socket, peer)) => {
-                if failing > 0 {
-                    tracing::warn!(failed_attempts = failing, "accepting connections again");
+                if let Say::AcceptingAgain { failures } = pressure.accepted() {
+                    tracing::warn!(failed_attempts = failures, "accepting connections again");
                 }
                 if let Err(error) = socket.set_nodelay(true) {
                     tracing::debug!(%peer, %error, "cannot set tcp_nodelay");
@@ -37,15 +92,16 @@ pub(crate) async fn next(listener: &TcpListener) -> TcpStream {
                 tracing::debug!(%error, "a connection failed before it was accepted");
             }
             Err(error) => {
-                if failing == 0 {
-                    tracing::warn!(
+                match pressure.failed(Instant::now()) {
+                    Say::CannotAccept { failures } => tracing::warn!(
                         %error,
+                        failed_attempts = failures,
                         pause_ms = u64::try_from(ACCEPT_ERROR_PAUSE.as_millis()).unwrap_or(u64::MAX),
                         "cannot accept connections; retrying until the process has file descriptors again \
                          (raise `ulimit -n`, or close idle connections)"
-                    );
+                    ),
+                    _ => tracing::debug!(%error, "cannot accept connections"),
                 }
-                failing += 1;
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
             }
         }
@@ -54,9 +110,9 @@ pub(crate) async fn next(listener: &TcpListener) -> TcpStream {
 
 /// The plaintext door's connections: [`next`] forever, as a stream tonic can serve.
 pub(crate) fn plaintext(listener: TcpListener) -> impl Stream<Item = io::Result<TcpStream>> {
-    futures::stream::unfold(listener, |listener| async move {
-        let socket = next(&listener).await;
-        Some((Ok(socket), listener))
+    futures::stream::unfold((listener, Pressure::default()), |(listener, mut pressure)| async move {
+        let socket = next(&listener, &mut pressure).await;
+        Some((Ok(socket), (listener, pressure)))
     })
 }
 
@@ -78,5 +134,25 @@ mod tests {
         assert!(is_per_connection(&io::Error::from(io::ErrorKind::ConnectionAborted)));
         // EMFILE: the process is out of descriptors, which pauses the loop.
         assert!(!is_per_connection(&io::Error::from_raw_os_error(24)));
+    }
+
+    #[test]
+    fn one_warning_pair_per_outage_and_at_most_one_per_period_under_churn() {
+        let mut pressure = Pressure::default();
+        let start = Instant::now();
+        assert_eq!(pressure.accepted(), Say::Nothing, "no outage, nothing to say");
+        assert_eq!(pressure.failed(start), Say::CannotAccept { failures: 1 });
+        for _ in 0..50 {
+            assert_eq!(pressure.failed(start), Say::Nothing, "one warning per outage");
+        }
+        assert_eq!(pressure.accepted(), Say::AcceptingAgain { failures: 50 });
+        // Churn: each freed descriptor is taken, and the next accept fails again.
+        for second in 1..29 {
+            assert_eq!(pressure.failed(start + Duration::from_secs(second)), Say::Nothing);
+            assert_eq!(pressure.accepted(), Say::Nothing);
+        }
+        // A period later the next outage is warned about again, with what went unsaid.
+        assert_eq!(pressure.failed(start + WARN_EVERY), Say::CannotAccept { failures: 29 });
+        assert_eq!(pressure.accepted(), Say::AcceptingAgain { failures: 0 });
     }
 }

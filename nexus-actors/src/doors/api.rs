@@ -771,7 +771,7 @@ impl Api {
 /// A task as the execution doors show it: `{task_key, tool_name (the callable), served_name,
 /// status, claimed, runner_executor_public_id, effect_profile, timeout_ms, deadline_at (for a
 /// parked task, the end of its approval hold; null while its execution is paused),
-/// frozen_remaining_ms (what a paused execution's deadline has left, else null), error_key,
+/// frozen_remaining_ms (what an open task of a paused execution has left, else null), error_key,
 /// error_message, result, approval}`. `error_message` is what the model read for a task settled
 /// with an error key (a `timed_out` or `uncertain` task has no result to show), else null.
 pub fn task_view(task: &TaskRow) -> Value {
@@ -786,7 +786,8 @@ pub fn task_view(task: &TaskRow) -> Value {
         "timeout_ms": task.timeout_ms,
         // While its execution is paused a deadline is frozen: no time, only what is left.
         "deadline_at": (!control::is_frozen(task.deadline_at)).then_some(task.deadline_at),
-        "frozen_remaining_ms": control::frozen_remaining_ms(task.deadline_at),
+        // A task that settled while its execution was paused has nothing left to run.
+        "frozen_remaining_ms": control::frozen_remaining_ms(task.deadline_at).filter(|_| !task.is_settled()),
         "error_key": task.error_key,
         "error_message": (task.error_key.is_some() && task.is_settled()).then(|| crate::actors::execution::result_text(task)),
         "result": task.result,

@@ -127,13 +127,10 @@ fn required_uuid<T: std::str::FromStr>(text: &str, field: &str) -> Result<T, Sta
         .ok_or_else(|| Refusal::new(ErrorCode::ParameterMissing, format!("{field} is required")).to_status())
 }
 
-/// The execution of an approve or deny request: required; a malformed id names no execution (404,
-/// as on the HTTP door).
-fn decision_execution(text: &str) -> Result<nexus_proto::ExecutionId, Status> {
-    if text.trim().is_empty() {
-        return Err(Refusal::new(ErrorCode::ParameterMissing, "execution_public_id is required").to_status());
-    }
-    text.trim().parse().map_err(|_| Refusal::new(ErrorCode::NotFound, format!("no execution {text}")).to_status())
+/// The execution a control or decision door names: required (`parameter_missing`), and a UUID
+/// (`parameter_invalid`), as on the HTTP doors.
+fn execution_arg(text: &str) -> Result<nexus_proto::ExecutionId, Status> {
+    required_uuid(text, "execution_public_id")
 }
 
 /// The `body_json` of a door that takes no fields (approve, retry, abandon): empty or `{}`, as on
@@ -312,14 +309,14 @@ impl AgentService for AgentGrpc {
 
     async fn pause_execution(&self, request: Request<PauseExecutionRequest>) -> Result<Response<Execution>, Status> {
         let caller = self.caller(&request).await?;
-        let id = decision_execution(&request.get_ref().execution_public_id)?;
+        let id = execution_arg(&request.get_ref().execution_public_id)?;
         let execution = self.api.pause(&caller, id, request.get_ref().force).await.map_err(|r| r.to_status())?;
         Ok(Response::new(execution_message(&execution)))
     }
 
     async fn resume_execution(&self, request: Request<ResumeExecutionRequest>) -> Result<Response<Execution>, Status> {
         let caller = self.caller(&request).await?;
-        let id = decision_execution(&request.get_ref().execution_public_id)?;
+        let id = execution_arg(&request.get_ref().execution_public_id)?;
         let execution = self.api.resume(&caller, id).await.map_err(|r| r.to_status())?;
         Ok(Response::new(execution_message(&execution)))
     }
@@ -330,7 +327,7 @@ impl AgentService for AgentGrpc {
     ) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
         let body = request.get_ref();
-        let id = decision_execution(&body.execution_public_id)?;
+        let id = execution_arg(&body.execution_public_id)?;
         let declaration = json_arg(&body.execution_declaration_json, "execution_declaration_json")?;
         let regenerated = self
             .api
@@ -343,7 +340,7 @@ impl AgentService for AgentGrpc {
     async fn estimate_context(&self, request: Request<EstimateContextRequest>) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
         let body = request.get_ref();
-        let id = decision_execution(&body.execution_public_id)?;
+        let id = execution_arg(&body.execution_public_id)?;
         let declaration = json_arg(&body.execution_declaration_json, "execution_declaration_json")?;
         let estimate = self
             .api
@@ -356,7 +353,7 @@ impl AgentService for AgentGrpc {
     async fn approve_task(&self, request: Request<TaskDecisionRequest>) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
         let body = request.get_ref();
-        let id = decision_execution(&body.execution_public_id)?;
+        let id = execution_arg(&body.execution_public_id)?;
         empty_body(&body.body_json)?;
         Ok(reply(&self.api.approve_task(&caller, id, &body.task_key).await.map_err(|r| r.to_status())?))
     }
@@ -364,7 +361,7 @@ impl AgentService for AgentGrpc {
     async fn deny_task(&self, request: Request<TaskDecisionRequest>) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
         let body = request.get_ref();
-        let id = decision_execution(&body.execution_public_id)?;
+        let id = execution_arg(&body.execution_public_id)?;
         let decision = body_arg(&body.body_json)?.unwrap_or_default();
         Ok(reply(&self.api.deny_task(&caller, id, &body.task_key, &decision).await.map_err(|r| r.to_status())?))
     }
@@ -372,7 +369,7 @@ impl AgentService for AgentGrpc {
     async fn retry_task(&self, request: Request<TaskDecisionRequest>) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
         let body = request.get_ref();
-        let id = decision_execution(&body.execution_public_id)?;
+        let id = execution_arg(&body.execution_public_id)?;
         empty_body(&body.body_json)?;
         Ok(reply(&self.api.retry_task(&caller, id, &body.task_key).await.map_err(|r| r.to_status())?))
     }
@@ -380,7 +377,7 @@ impl AgentService for AgentGrpc {
     async fn abandon_task(&self, request: Request<TaskDecisionRequest>) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
         let body = request.get_ref();
-        let id = decision_execution(&body.execution_public_id)?;
+        let id = execution_arg(&body.execution_public_id)?;
         empty_body(&body.body_json)?;
         Ok(reply(&self.api.abandon_task(&caller, id, &body.task_key).await.map_err(|r| r.to_status())?))
     }
@@ -390,7 +387,7 @@ impl AgentService for AgentGrpc {
         request: Request<CompactExecutionRequest>,
     ) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
-        let id = decision_execution(&request.get_ref().execution_public_id)?;
+        let id = execution_arg(&request.get_ref().execution_public_id)?;
         let accepted = self.api.compact(&caller, id).await.map_err(|r| r.to_status())?;
         Ok(Response::new(JsonReply { body_json: accepted.to_string(), created: true }))
     }

@@ -150,22 +150,25 @@ impl Acceptor {
     /// handshakes are logged and skipped.
     pub(crate) fn incoming(self, listener: TcpListener) -> impl Stream<Item = io::Result<TlsStream<TcpStream>>> {
         let handshakes: JoinSet<Option<TlsStream<TcpStream>>> = JoinSet::new();
-        futures::stream::unfold((self, listener, handshakes), |(acceptor, listener, mut handshakes)| async move {
-            loop {
-                tokio::select! {
-                    socket = accept::next(&listener) => {
-                        let peer = socket.peer_addr().map_or_else(|_| "unknown".to_owned(), |peer| peer.to_string());
-                        let span = tracing::info_span!("tls_handshake", %peer);
-                        handshakes.spawn(acceptor.clone().handshake(socket).instrument(span));
-                    },
-                    Some(joined) = handshakes.join_next() => {
-                        if let Ok(Some(stream)) = joined {
-                            return Some((Ok(stream), (acceptor, listener, handshakes)));
+        futures::stream::unfold(
+            (self, listener, handshakes, accept::Pressure::default()),
+            |(acceptor, listener, mut handshakes, mut pressure)| async move {
+                loop {
+                    tokio::select! {
+                        socket = accept::next(&listener, &mut pressure) => {
+                            let peer = socket.peer_addr().map_or_else(|_| "unknown".to_owned(), |peer| peer.to_string());
+                            let span = tracing::info_span!("tls_handshake", %peer);
+                            handshakes.spawn(acceptor.clone().handshake(socket).instrument(span));
+                        },
+                        Some(joined) = handshakes.join_next() => {
+                            if let Ok(Some(stream)) = joined {
+                                return Some((Ok(stream), (acceptor, listener, handshakes, pressure)));
+                            }
                         }
                     }
                 }
-            }
-        })
+            },
+        )
     }
 
     async fn handshake(self, socket: TcpStream) -> Option<TlsStream<TcpStream>> {

@@ -178,16 +178,23 @@ fn is_certificate_error(error: &rustls::Error) -> bool {
 }
 
 /// An error with its causes, `outer: inner: innermost` (tonic's own message is only "transport
-/// error").
+/// error"). A cause that repeats what is already said is said once: some layers print their
+/// source inside their own message, and some wrap one without a word of their own.
 fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
+    let mut parts: Vec<String> = vec![error.to_string()];
     let mut cause = error.source();
     while let Some(inner) = cause {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
+        let text = inner.to_string();
+        let last = parts.last_mut().expect("one part at least");
+        if text.starts_with(last.as_str()) {
+            // The cause says the same and more: it replaces the shorter part.
+            *last = text;
+        } else if !last.contains(&text) {
+            parts.push(text);
+        }
         cause = inner.source();
     }
-    text
+    parts.join(": ")
 }
 
 /// The endpoint for `nexus_url`, with keepalive on (HTTP/2 PINGs only prove the next hop alive;
@@ -439,5 +446,36 @@ mod tests {
         ] {
             assert!(!other.looks_like_a_tls_port(), "{other}");
         }
+    }
+
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|inner| inner as &(dyn std::error::Error + 'static))
+        }
+    }
+
+    #[test]
+    fn a_cause_is_said_once() {
+        let refused = || Some(Box::new(Layer("Connection refused", None)));
+        // A layer that prints its source in its own message, wrapped by one with a prefix of it.
+        let repeated = Layer(
+            "transport error",
+            Some(Box::new(Layer(
+                "tcp connect error",
+                Some(Box::new(Layer("tcp connect error: Connection refused", refused()))),
+            ))),
+        );
+        assert_eq!(chain(&repeated), "transport error: tcp connect error: Connection refused");
+        let plain = Layer("transport error", Some(Box::new(Layer("dns error", refused()))));
+        assert_eq!(chain(&plain), "transport error: dns error: Connection refused");
     }
 }

@@ -24,8 +24,8 @@ use nexus_actors::model::{ProviderConfig, ProviderKind};
 use nexus_actors::store::{EventRow, ExecutionRow};
 use nexus_proto::Refusal;
 use nexus_proto::agent::v1::{
-    CreateInputRequest, DeclareProfileRequest, EstimateContextRequest, PauseExecutionRequest,
-    RegenerateExecutionRequest, ResumeExecutionRequest, StopExecutionRequest,
+    CompactExecutionRequest, CreateInputRequest, DeclareProfileRequest, EstimateContextRequest, PauseExecutionRequest,
+    RegenerateExecutionRequest, ResumeExecutionRequest, StopExecutionRequest, TaskDecisionRequest,
 };
 use nexus_proto::runner::v1::nexus_frame;
 use nexus_tests::{Act, FakeProvider, Http, Minted, RawRunner, Reply, TestServer, agent_client, authed, wait_until};
@@ -423,6 +423,43 @@ async fn a_claimant_cannot_extend_a_frozen_deadline_and_can_once_resumed() {
     assert!(!is_frozen(extended.deadline_at_ms));
     commit(&f.raw, run, "r1t0", &token, "yes").await;
     assert_eq!(status_is(&f.server, run, RunStatus::Completed).await.final_text.as_deref(), Some("extended: yes"));
+}
+
+#[tokio::test]
+async fn a_task_settled_while_paused_shows_no_time_left() {
+    let script = json!({"rounds": [
+        {"tool_calls": [{"id": "p", "name": "probe", "arguments": {}}]},
+        {"final": "settled: {{tool:p}}"},
+    ]});
+    let mut f = Fixture::start(&[("settle", script)], Some(60_000)).await;
+    f.declare_tools("scripted/settle", "bypass", Value::Null).await;
+    let run = f.turn("settle while paused").await;
+    let token = claim_next(&mut f.raw, run, "r1t0").await;
+    let paused = f.http().send(reqwest::Method::POST, &door(run, "pause"), None).await;
+    assert_eq!(paused.body["status"], "paused", "{:?}", paused.body);
+    wait_until("the claimed task's clock to freeze", WAIT, || async {
+        f.server.store().task(run, key("r1t0")).await.ok().flatten().filter(|t| is_frozen(t.deadline_at))
+    })
+    .await;
+    let view = f.http().get(&format!("/agent_api/v1/executions/{run}")).await;
+    assert!(
+        view.body["tasks"][0]["frozen_remaining_ms"].is_i64(),
+        "an open task shows what it has left: {:?}",
+        view.body
+    );
+    // Claimed work finishes during a pause; its frozen deadline is then nobody's time.
+    commit(&f.raw, run, "r1t0", &token, "done").await;
+    f.server.task_in(run, "r1t0", TaskStatus::Completed).await;
+    let view = f.http().get(&format!("/agent_api/v1/executions/{run}")).await;
+    let task = &view.body["tasks"][0];
+    assert_eq!(
+        (task["status"].as_str(), &task["deadline_at"], &task["frozen_remaining_ms"]),
+        (Some("completed"), &Value::Null, &Value::Null),
+        "{task}"
+    );
+    let resumed = f.http().send(reqwest::Method::POST, &door(run, "resume"), None).await;
+    assert_eq!(resumed.status, 200, "{:?}", resumed.body);
+    assert_eq!(status_is(&f.server, run, RunStatus::Completed).await.final_text.as_deref(), Some("settled: done"));
 }
 
 #[tokio::test]
@@ -847,6 +884,80 @@ async fn the_control_doors_refuse_with_their_words() {
     }
 
     let mut client = agent_client(&f.server).await;
+    // A malformed id is bad input on every gRPC twin too, never an unknown execution.
+    let bad = "not-a-uuid".to_owned();
+    let decision =
+        || TaskDecisionRequest { execution_public_id: bad.clone(), task_key: "r1t0".into(), body_json: String::new() };
+    let answers = [
+        (
+            "pause",
+            client
+                .pause_execution(authed(
+                    PauseExecutionRequest { execution_public_id: bad.clone(), force: false },
+                    &f.agent,
+                ))
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "resume",
+            client
+                .resume_execution(authed(ResumeExecutionRequest { execution_public_id: bad.clone() }, &f.agent))
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "stop",
+            client
+                .stop_execution(authed(
+                    StopExecutionRequest { execution_public_id: bad.clone(), force: Some(true) },
+                    &f.agent,
+                ))
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "regenerate",
+            client
+                .regenerate_execution(authed(
+                    RegenerateExecutionRequest {
+                        execution_public_id: bad.clone(),
+                        execution_declaration_json: String::new(),
+                    },
+                    &f.agent,
+                ))
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "estimate",
+            client
+                .estimate_context(authed(
+                    EstimateContextRequest {
+                        execution_public_id: bad.clone(),
+                        execution_declaration_json: String::new(),
+                    },
+                    &f.agent,
+                ))
+                .await
+                .map(|_| ()),
+        ),
+        ("approve", client.approve_task(authed(decision(), &f.agent)).await.map(|_| ())),
+        ("deny", client.deny_task(authed(decision(), &f.agent)).await.map(|_| ())),
+        ("retry", client.retry_task(authed(decision(), &f.agent)).await.map(|_| ())),
+        ("abandon", client.abandon_task(authed(decision(), &f.agent)).await.map(|_| ())),
+        (
+            "compact",
+            client
+                .compact_execution(authed(CompactExecutionRequest { execution_public_id: bad.clone() }, &f.agent))
+                .await
+                .map(|_| ()),
+        ),
+    ];
+    for (door, answer) in answers {
+        let status = answer.expect_err("refused");
+        assert_eq!(Refusal::from_status(&status).code, ErrorCode::ParameterInvalid, "{door}");
+    }
     let status = client
         .pause_execution(authed(PauseExecutionRequest { execution_public_id: run.to_string(), force: false }, &f.agent))
         .await

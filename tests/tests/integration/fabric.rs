@@ -51,7 +51,11 @@ async fn setup(tool: Value) -> Setup {
     let (raw, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
     assert!(matches!(hello, Reply::Frame(nexus_frame::Frame::Welcome(_))), "{hello:?}");
     let announced = raw.announce(&json!({"tools": [tool]})).await;
-    assert!(matches!(announced, Reply::Frame(nexus_frame::Frame::Announced(_))), "{announced:?}");
+    let Reply::Frame(nexus_frame::Frame::Announced(announced)) = &announced else { panic!("{announced:?}") };
+    // The answer shows the executor as discovery does: this stream is attached, so it is online.
+    let executor: Value = serde_json::from_str(&announced.executor_json).expect("executor_json");
+    assert_eq!(executor["presence"], "online", "{executor}");
+    assert!(executor["connected_at"].is_i64(), "{executor}");
     declare(&server, &agent, runner.id, "scripted/probe").await;
     Setup { server, agent, runner, raw }
 }
