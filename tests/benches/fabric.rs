@@ -217,6 +217,7 @@ impl FastRunner {
             executor_public_id: runner.id.to_string(),
             credential: runner.token.clone(),
             protocol_version: nexus_proto::RUNNER_PROTOCOL_VERSION,
+            batches: false,
         };
         tx.send(RunnerFrame { request_id: 1, frame: Some(runner_frame::Frame::Hello(hello)) }).expect("hello");
         let mut inbound = client.connect(UnboundedReceiverStream::new(rx)).await.expect("stream").into_inner();

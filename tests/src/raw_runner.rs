@@ -153,6 +153,7 @@ impl RawRunner {
                 executor_public_id: runner.to_string(),
                 credential: credential.to_owned(),
                 protocol_version: nexus_proto::RUNNER_PROTOCOL_VERSION,
+                batches: false,
             })),
         };
         let (hello_tx, hello_rx) = oneshot::channel();

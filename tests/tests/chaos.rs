@@ -1287,6 +1287,7 @@ async fn duplicated_reordered_and_stale_frames_change_nothing() {
             executor_public_id: minted_a.id.to_string(),
             credential: minted_a.token.clone(),
             protocol_version: nexus_proto::RUNNER_PROTOCOL_VERSION,
+            batches: false,
         }))
         .await;
     assert_eq!(hello.code(), Some("protocol_violation"), "{tag}");

@@ -27,6 +27,7 @@ impl Agent {
             executor_public_id: self.config.runner_id.to_string(),
             credential: self.config.credential.expose().to_owned(),
             protocol_version: RUNNER_PROTOCOL_VERSION,
+            batches: false,
         }
     }
 
