@@ -19,6 +19,8 @@ mod tasks;
 mod writer;
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value;
 use sqlx::{AnyPool, Row};
@@ -86,6 +88,30 @@ pub struct Store {
     clock: Clock,
     /// The group-commit writer of the hot-path writes (tasks, executions, inputs, presence).
     writer: Writer,
+    /// Reads and direct (not group-committed) writes, counted for [`Store::io_stats`].
+    io: Arc<IoCounters>,
+}
+
+#[derive(Debug, Default)]
+struct IoCounters {
+    reads: AtomicU64,
+    direct_writes: AtomicU64,
+}
+
+/// The store's traffic since it opened (issue 10: "store writes and reads per settled call").
+///
+/// A write is one unit of work handed to the database: a group-committed job (a task's claim, a
+/// settlement, one execution save with its new tasks and events) or a direct statement or
+/// transaction (presence, admin); a read is one query outside a write. Both are cumulative
+/// counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoStats {
+    /// Queries that read.
+    pub reads: u64,
+    /// Writes, group-committed or direct.
+    pub writes: u64,
+    /// Committed group-commit transactions (disk flushes of the writer).
+    pub transactions: u64,
 }
 
 fn json_opt(text: Option<String>) -> StoreResult<Option<Value>> {
@@ -152,7 +178,8 @@ impl Store {
                 .await
                 .map_err(|e| open_failed(e.to_string()))?;
             let writer = Writer::start(pool.clone(), StoreBackend::Postgres);
-            let store = Store { pool, backend: StoreBackend::Postgres, clock: Clock::system(), writer };
+            let store =
+                Store { pool, backend: StoreBackend::Postgres, clock: Clock::system(), writer, io: Arc::default() };
             if !create && !store.has_schema().await.map_err(|e| open_failed(e.to_string()))? {
                 return Err(open_failed(
                     "the database holds no nexus store; start `nexus serve` on it once to create it".into(),
@@ -177,7 +204,7 @@ impl Store {
             .map_err(|e| open_failed(e.to_string()))?;
         migrator.run(&pool).await.map_err(|e| open_failed(e.to_string()))?;
         let writer = Writer::start(pool.clone(), StoreBackend::Sqlite);
-        Ok(Store { pool, backend: StoreBackend::Sqlite, clock: Clock::system(), writer })
+        Ok(Store { pool, backend: StoreBackend::Sqlite, clock: Clock::system(), writer, io: Arc::default() })
     }
 
     /// This store, stamping rows with `clock` (the server's, so that stored times and deadlines
@@ -191,6 +218,28 @@ impl Store {
     /// The clock the store stamps rows with.
     pub fn clock(&self) -> &Clock {
         &self.clock
+    }
+
+    /// Reads and writes since the store opened ([`IoStats`]).
+    pub fn io_stats(&self) -> IoStats {
+        let group = self.writer.stats();
+        IoStats {
+            reads: self.io.reads.load(Ordering::Relaxed),
+            writes: group.writes + self.io.direct_writes.load(Ordering::Relaxed),
+            transactions: group.transactions,
+        }
+    }
+
+    /// The pool, for one read (counted).
+    fn reader(&self) -> &AnyPool {
+        self.io.reads.fetch_add(1, Ordering::Relaxed);
+        &self.pool
+    }
+
+    /// The pool, for one write outside group commit (counted).
+    fn direct_writer(&self) -> &AnyPool {
+        self.io.direct_writes.fetch_add(1, Ordering::Relaxed);
+        &self.pool
     }
 
     /// What group commit has done since the store opened (writes and the transactions they took).
@@ -210,7 +259,7 @@ impl Store {
 
     /// Whether the nexus tables exist (the migrations ran here once).
     async fn has_schema(&self) -> StoreResult<bool> {
-        let tables = sqlx::query(self.backend.tables_sql()).fetch_all(&self.pool).await?;
+        let tables = sqlx::query(self.backend.tables_sql()).fetch_all(self.reader()).await?;
         for table in tables {
             if table.try_get::<String, _>("name")? == "_sqlx_migrations" {
                 return Ok(true);
@@ -227,7 +276,7 @@ impl Store {
     pub async fn fingerprint(&self) -> StoreResult<String> {
         use sha2::{Digest, Sha256};
         let mut hasher = Sha256::new();
-        let tables = sqlx::query(self.backend.tables_sql()).fetch_all(&self.pool).await?;
+        let tables = sqlx::query(self.backend.tables_sql()).fetch_all(self.reader()).await?;
         for table in tables {
             let name: String = table.try_get("name")?;
             if name.starts_with("_sqlx") {
@@ -243,7 +292,7 @@ impl Store {
                 // (timestamps, bytea) that the Any driver does not decode.
                 StoreBackend::Postgres => format!("SELECT t::text AS r FROM \"{name}\" t ORDER BY 1"),
             };
-            let dump = sqlx::query(sqlx::AssertSqlSafe(dump_sql)).fetch_all(&self.pool).await?;
+            let dump = sqlx::query(sqlx::AssertSqlSafe(dump_sql)).fetch_all(self.reader()).await?;
             for row in dump {
                 for index in 0..row.len() {
                     let cell: Option<String> = row.try_get::<Option<String>, _>(index).unwrap_or(None);

@@ -118,6 +118,8 @@ pub struct RawRunner {
     pushes: mpsc::UnboundedReceiver<nexus_frame::Frame>,
     reader: tokio::task::JoinHandle<()>,
     offers: Arc<Mutex<OfferLedger>>,
+    /// `NexusBatch` frames received, and the frames they held.
+    batches: Arc<(AtomicU64, AtomicU64)>,
 }
 
 impl Drop for RawRunner {
@@ -142,6 +144,13 @@ impl RawRunner {
     /// Opens a stream and says Hello. Returns the runner, and the Hello's reply (Welcome or a
     /// refusal).
     pub async fn connect(url: &str, runner: Uuid, credential: &str) -> (RawRunner, Reply) {
+        RawRunner::connect_with(url, runner, credential, false).await
+    }
+
+    /// [`RawRunner::connect`], saying in the Hello whether this runner reads `NexusBatch`
+    /// frames (`docs/protocol.md`, "Batches"). Batches are unpacked either way, each inner frame
+    /// handled as if it came alone; [`RawRunner::batches_received`] counts them.
+    pub async fn connect_with(url: &str, runner: Uuid, credential: &str, batches: bool) -> (RawRunner, Reply) {
         let channel = Endpoint::from_shared(url.to_owned()).expect("url").connect().await.expect("connect");
         let mut client = RunnerServiceClient::new(channel);
         let (outbound, receiver) = mpsc::channel(64);
@@ -153,7 +162,7 @@ impl RawRunner {
                 executor_public_id: runner.to_string(),
                 credential: credential.to_owned(),
                 protocol_version: nexus_proto::RUNNER_PROTOCOL_VERSION,
-                batches: false,
+                batches,
             })),
         };
         let (hello_tx, hello_rx) = oneshot::channel();
@@ -164,51 +173,63 @@ impl RawRunner {
         let pong = outbound.clone();
         let offers: Arc<Mutex<OfferLedger>> = Arc::default();
         let reader_offers = offers.clone();
+        let batch_counts: Arc<(AtomicU64, AtomicU64)> = Arc::default();
+        let reader_batches = batch_counts.clone();
         let reader = tokio::spawn(async move {
             let Ok(response) = response else {
                 fail_all(&reader_waiters);
                 return;
             };
             let mut inbound = response.into_inner();
-            while let Ok(Some(frame)) = inbound.message().await {
-                let Some(body) = frame.frame else { continue };
-                if frame.request_id == 0 {
-                    match &body {
-                        nexus_frame::Frame::Ping(ping) => {
-                            let _ = pong
-                                .send(RunnerFrame {
-                                    request_id: 0,
-                                    frame: Some(runner_frame::Frame::Pong(Pong { nonce: ping.nonce })),
-                                })
-                                .await;
-                            continue;
-                        }
-                        nexus_frame::Frame::WorkAvailable(work) => {
-                            reader_offers.lock().expect("offers").offered(&work.run_public_id, &work.task_key);
-                        }
-                        nexus_frame::Frame::WorkCanceled(canceled) => {
-                            reader_offers
-                                .lock()
-                                .expect("offers")
-                                .withdrawn(&canceled.run_public_id, &canceled.task_key);
-                        }
-                        _ => {}
+            while let Ok(Some(outer)) = inbound.message().await {
+                let frames = match outer.frame {
+                    Some(nexus_frame::Frame::Batch(batch)) => {
+                        reader_batches.0.fetch_add(1, Ordering::Relaxed);
+                        reader_batches.1.fetch_add(batch.frames.len() as u64, Ordering::Relaxed);
+                        batch.frames
                     }
-                    let _ = push_tx.send(body);
-                    continue;
-                }
-                if let nexus_frame::Frame::ClaimGranted(granted) = &body
-                    && let Ok(task) = serde_json::from_str::<Value>(&granted.task_json)
-                    && let (Some(run), Some(task_key)) = (task["run_public_id"].as_str(), task["task_key"].as_str())
-                {
-                    reader_offers.lock().expect("offers").withdrawn(run, task_key);
-                }
-                let reply = match body {
-                    nexus_frame::Frame::Refusal(r) => Reply::Refused { code: r.code, http_status: r.http_status },
-                    other => Reply::Frame(other),
+                    body => vec![nexus_proto::runner::v1::NexusFrame { request_id: outer.request_id, frame: body }],
                 };
-                if let Some(waiter) = reader_waiters.lock().expect("waiters").remove(&frame.request_id) {
-                    let _ = waiter.send(reply);
+                for frame in frames {
+                    let Some(body) = frame.frame else { continue };
+                    if frame.request_id == 0 {
+                        match &body {
+                            nexus_frame::Frame::Ping(ping) => {
+                                let _ = pong
+                                    .send(RunnerFrame {
+                                        request_id: 0,
+                                        frame: Some(runner_frame::Frame::Pong(Pong { nonce: ping.nonce })),
+                                    })
+                                    .await;
+                                continue;
+                            }
+                            nexus_frame::Frame::WorkAvailable(work) => {
+                                reader_offers.lock().expect("offers").offered(&work.run_public_id, &work.task_key);
+                            }
+                            nexus_frame::Frame::WorkCanceled(canceled) => {
+                                reader_offers
+                                    .lock()
+                                    .expect("offers")
+                                    .withdrawn(&canceled.run_public_id, &canceled.task_key);
+                            }
+                            _ => {}
+                        }
+                        let _ = push_tx.send(body);
+                        continue;
+                    }
+                    if let nexus_frame::Frame::ClaimGranted(granted) = &body
+                        && let Ok(task) = serde_json::from_str::<Value>(&granted.task_json)
+                        && let (Some(run), Some(task_key)) = (task["run_public_id"].as_str(), task["task_key"].as_str())
+                    {
+                        reader_offers.lock().expect("offers").withdrawn(run, task_key);
+                    }
+                    let reply = match body {
+                        nexus_frame::Frame::Refusal(r) => Reply::Refused { code: r.code, http_status: r.http_status },
+                        other => Reply::Frame(other),
+                    };
+                    if let Some(waiter) = reader_waiters.lock().expect("waiters").remove(&frame.request_id) {
+                        let _ = waiter.send(reply);
+                    }
                 }
             }
             fail_all(&reader_waiters);
@@ -218,7 +239,8 @@ impl RawRunner {
             .ok()
             .and_then(Result::ok)
             .unwrap_or(Reply::Lost);
-        let runner = RawRunner { outbound, waiters, next_id: AtomicU64::new(2), pushes, reader, offers };
+        let runner =
+            RawRunner { outbound, waiters, next_id: AtomicU64::new(2), pushes, reader, offers, batches: batch_counts };
         (runner, hello_reply)
     }
 
@@ -237,6 +259,40 @@ impl RawRunner {
             return Reply::Lost;
         }
         tokio::time::timeout(Duration::from_secs(10), rx).await.ok().and_then(Result::ok).unwrap_or(Reply::Lost)
+    }
+
+    /// Sends `frames` in one `RunnerBatch` (each with a fresh request id) and waits (10 s at
+    /// most) for every answer, in order.
+    pub async fn batch(&self, frames: Vec<runner_frame::Frame>) -> Vec<Reply> {
+        let mut inner = Vec::with_capacity(frames.len());
+        let mut answers = Vec::with_capacity(frames.len());
+        for frame in frames {
+            let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = oneshot::channel();
+            self.waiters.lock().expect("waiters").insert(request_id, tx);
+            inner.push(RunnerFrame { request_id, frame: Some(frame) });
+            answers.push(rx);
+        }
+        let batch = runner_frame::Frame::Batch(nexus_proto::runner::v1::RunnerBatch { frames: inner });
+        if self.outbound.send(RunnerFrame { request_id: 0, frame: Some(batch) }).await.is_err() {
+            return answers.iter().map(|_| Reply::Lost).collect();
+        }
+        let mut replies = Vec::with_capacity(answers.len());
+        for rx in answers {
+            replies.push(
+                tokio::time::timeout(Duration::from_secs(10), rx)
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or(Reply::Lost),
+            );
+        }
+        replies
+    }
+
+    /// `(NexusBatch frames received, frames they held)` so far.
+    pub fn batches_received(&self) -> (u64, u64) {
+        (self.batches.0.load(Ordering::Relaxed), self.batches.1.load(Ordering::Relaxed))
     }
 
     /// Announces `body` (whole replacement).

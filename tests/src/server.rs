@@ -371,7 +371,7 @@ impl TestServer {
         }
         let inbox = self.server.api.root.executor(runner);
         for copy in &copies {
-            inbox.offer(copy.clone()).expect("the runner's inbox takes offers");
+            inbox.offer(vec![copy.clone()]).expect("the runner's inbox takes offers");
         }
         copies
     }

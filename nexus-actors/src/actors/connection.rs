@@ -1,26 +1,33 @@
 //! The ConnectionActor: one per live runner stream; transient (`docs/architecture.md`,
 //! "Actors"; `docs/protocol.md`, "Hello and Welcome").
 //!
-//! A reader task forwards inbound frames as messages (tonic gives the server no disconnect
-//! event, so the reader's end is the disconnect). The first frame must be Hello: it is
-//! authenticated on the executor-transport plane and the stream is attached to its
-//! [`ExecutorActor`](crate::actors::executor::ExecutorActor), which fences any older stream. That
-//! check reads the store and may load a cold inbox, so it runs in a task this actor owns, and
-//! frames that arrive meanwhile wait for it in order. Later frames go to the executor; Pong is
-//! handled here. Application Ping/Pong detects a half-open stream, because proxies answer HTTP/2
-//! pings themselves. A drop stops only this actor.
+//! A reader task owns the inbound half (tonic gives the server no disconnect event, so the
+//! reader's end is the disconnect). The first frame must be Hello: the reader hands it to this
+//! actor, which authenticates it on the executor-transport plane and attaches the stream to its
+//! [`ExecutorActor`](crate::actors::executor::ExecutorActor), fencing any older stream. That check
+//! reads the store and may load a cold inbox, so it runs in a task this actor owns; frames that
+//! arrive meanwhile wait in the reader, in order. Once attached, the reader decodes frames and
+//! sends them straight to the executor (issue 10, item 3): every frame already read off the
+//! socket goes in one message, and a `RunnerBatch` is answered as one `NexusBatch`
+//! (`docs/protocol.md`, "Batches"). This actor keeps liveness and fencing only: application
+//! Ping/Pong detects a half-open stream (proxies answer HTTP/2 pings themselves), and each ping
+//! tick rereads the runner's row. A drop stops only this actor.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use nexus_proto::runner::v1::{Hello, NexusFrame, Ping, RunnerFrame, nexus_frame, runner_frame::Frame};
 use nexus_proto::{ErrorCode, ExecutionId, ExecutorStatus, Refusal, RunnerId, TaskKey};
 
-use crate::actors::executor::{Attach, ExecutorHandle, Outbound, RunnerRequest, TaskId, no_task, refusal_frame};
+use crate::actors::executor::{
+    Attach, ExecutorHandle, Outbound, Requests, RunnerRequest, TaskId, no_task, refusal_frame,
+};
 use crate::actors::fabric::Fabric;
 use crate::actors::root::RootHandle;
 use crate::auth::Plane;
@@ -35,11 +42,17 @@ static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 pub const OUTBOUND_BUFFER: usize = 1024;
 /// Frames a runner may send before its Hello is answered; more is a protocol violation.
 pub const FRAMES_BEFORE_WELCOME_BOUND: usize = 1_024;
+/// The most frames one `RunnerBatch` may hold (`docs/protocol.md`, "Batches"); every frame of a
+/// longer batch is refused `protocol_violation`.
+pub const BATCH_BOUND: usize = 256;
+/// The reader stops gathering frames already read off the socket into one message to the
+/// executor once it holds this many.
+const FRAMES_PER_MESSAGE: usize = BATCH_BOUND;
 
 /// The ConnectionActor's messages.
 pub enum ConnectionMsg {
-    /// A frame from the runner.
-    Inbound(RunnerFrame),
+    /// The stream's first frame (it must be Hello).
+    First(RunnerFrame),
     /// The inbound stream ended (cleanly or with an error).
     Closed(Option<String>),
     /// Ping timer.
@@ -80,12 +93,19 @@ pub struct ConnectionArgs {
     pub outbound: Outbound,
 }
 
+/// Where an attached stream's frames go, handed to the reader once its Hello is through.
+struct Route {
+    executor: ExecutorHandle,
+    conn_id: u64,
+}
+
 /// Where the stream stands with its Hello.
 enum Standing {
     /// No Hello yet.
     Fresh,
-    /// The Hello is being checked; the frames that arrived since wait here, in order.
-    Hello { task: JoinHandle<()>, waiting: Vec<RunnerFrame> },
+    /// The Hello is being checked; the reader holds the frames that arrive meanwhile and waits
+    /// for its route.
+    Hello { task: JoinHandle<()> },
     /// Attached to the runner's inbox under the credential's epoch.
     Attached { executor: ExecutorHandle, credential_epoch: i64 },
 }
@@ -97,7 +117,12 @@ pub struct ConnectionState {
     id: u64,
     outbound: Outbound,
     standing: Standing,
-    last_inbound: Instant,
+    /// The reader's route, sent once the Hello is through.
+    route: Option<oneshot::Sender<Route>>,
+    /// When the stream opened; [`ConnectionState::last_inbound`] counts from it.
+    opened: Instant,
+    /// Milliseconds after `opened` at which the reader last read a frame.
+    last_inbound: Arc<AtomicU64>,
     nonce: u64,
     reader: JoinHandle<()>,
     ticker: JoinHandle<()>,
@@ -115,8 +140,12 @@ fn task_field(run: &str, task_key: &str) -> Result<TaskId, Refusal> {
     Ok((run, task_key))
 }
 
-fn refuse(state: &ConnectionState, request_id: u64, refusal: &Refusal) {
-    let _ = state.outbound.try_send(Ok(refusal_frame(request_id, refusal)));
+fn refuse(outbound: &Outbound, request_id: u64, refusal: &Refusal) {
+    let _ = outbound.try_send(Ok(refusal_frame(request_id, refusal)));
+}
+
+fn violation(message: &str) -> Refusal {
+    Refusal::new(ErrorCode::ProtocolViolation, message)
 }
 
 impl Actor for ConnectionActor {
@@ -129,27 +158,16 @@ impl Actor for ConnectionActor {
         myself: ActorRef<ConnectionMsg>,
         args: ConnectionArgs,
     ) -> Result<ConnectionState, ActorProcessingErr> {
-        let mut inbound = args.inbound;
-        let reader_target = myself.clone();
-        let reader = tokio::spawn(async move {
-            loop {
-                match inbound.message().await {
-                    Ok(Some(frame)) => {
-                        if reader_target.cast(ConnectionMsg::Inbound(frame)).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(None) => {
-                        let _ = reader_target.cast(ConnectionMsg::Closed(None));
-                        return;
-                    }
-                    Err(status) => {
-                        let _ = reader_target.cast(ConnectionMsg::Closed(Some(status.message().to_owned())));
-                        return;
-                    }
-                }
-            }
-        });
+        let opened = Instant::now();
+        let last_inbound = Arc::new(AtomicU64::new(0));
+        let (route_tx, route_rx) = oneshot::channel();
+        let reader = tokio::spawn(read(
+            args.inbound,
+            myself.clone(),
+            route_rx,
+            args.outbound.clone(),
+            Seen { opened, at: last_inbound.clone() },
+        ));
         let interval = args.fabric.config.runner.ping_interval();
         let ticker_target = myself.clone();
         let mut closing = args.fabric.closing.subscribe();
@@ -178,7 +196,9 @@ impl Actor for ConnectionActor {
             id: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
             outbound: args.outbound,
             standing: Standing::Fresh,
-            last_inbound: Instant::now(),
+            route: Some(route_tx),
+            opened,
+            last_inbound,
             nonce: 0,
             reader,
             ticker,
@@ -210,10 +230,7 @@ impl Actor for ConnectionActor {
         state: &mut ConnectionState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ConnectionMsg::Inbound(frame) => {
-                state.last_inbound = Instant::now();
-                inbound(&myself, state, frame);
-            }
+            ConnectionMsg::First(frame) => first(&myself, state, frame),
             ConnectionMsg::HelloDone { request_id, result } => hello_done(&myself, state, request_id, result),
             ConnectionMsg::Closed(error) => {
                 match error {
@@ -229,7 +246,10 @@ impl Actor for ConnectionActor {
 }
 
 async fn tick(myself: &ActorRef<ConnectionMsg>, state: &mut ConnectionState) {
-    if state.last_inbound.elapsed() > state.fabric.config.runner.liveness_timeout() {
+    let quiet_ms = u64::try_from(state.opened.elapsed().as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_sub(state.last_inbound.load(Ordering::Relaxed));
+    if quiet_ms > u64::try_from(state.fabric.config.runner.liveness_timeout().as_millis()).unwrap_or(u64::MAX) {
         tracing::warn!(conn = state.id, "no frame within the liveness bound; closing the stream as dead");
         myself.stop(Some("liveness timeout".into()));
         return;
@@ -258,33 +278,21 @@ async fn tick(myself: &ActorRef<ConnectionMsg>, state: &mut ConnectionState) {
     }
 }
 
-fn inbound(myself: &ActorRef<ConnectionMsg>, state: &mut ConnectionState, frame: RunnerFrame) {
+/// The stream's first frame: a Hello starts its check; anything else ends the stream.
+fn first(myself: &ActorRef<ConnectionMsg>, state: &mut ConnectionState, frame: RunnerFrame) {
     let request_id = frame.request_id;
-    match &mut state.standing {
-        Standing::Fresh => match frame.frame {
-            Some(Frame::Hello(hello)) => start_hello(myself, state, request_id, hello),
-            Some(_) => {
-                refuse(state, request_id, &Refusal::new(ErrorCode::ProtocolViolation, "the first frame must be hello"));
-                myself.stop(Some("no hello".into()));
-            }
-            None => refuse(state, request_id, &Refusal::new(ErrorCode::ProtocolViolation, "an empty frame")),
-        },
-        Standing::Hello { waiting, .. } => {
-            if waiting.len() >= FRAMES_BEFORE_WELCOME_BOUND {
-                let refusal = Refusal::new(
-                    ErrorCode::ProtocolViolation,
-                    format!("more than {FRAMES_BEFORE_WELCOME_BOUND} frames before welcome; wait for welcome"),
-                );
-                refuse(state, request_id, &refusal);
-                myself.stop(Some("too many frames before welcome".into()));
-                return;
-            }
-            waiting.push(frame);
+    match (&state.standing, frame.frame) {
+        (Standing::Fresh, Some(Frame::Hello(hello))) => start_hello(myself, state, request_id, hello),
+        (Standing::Fresh, Some(_)) => {
+            refuse(&state.outbound, request_id, &violation("the first frame must be hello"));
+            myself.stop(Some("no hello".into()));
         }
-        Standing::Attached { executor, .. } => {
-            let executor = executor.clone();
-            forward(myself, state, &executor, frame);
+        (Standing::Fresh, None) => {
+            refuse(&state.outbound, request_id, &violation("an empty frame; the first frame must be hello"));
+            myself.stop(Some("no hello".into()));
         }
+        // The reader hands over one first frame; a second is a bug, never acted on.
+        _ => tracing::warn!(conn = state.id, "a second first frame; ignored"),
     }
 }
 
@@ -302,7 +310,7 @@ fn start_hello(myself: &ActorRef<ConnectionMsg>, state: &mut ConnectionState, re
         },
         tracing::info_span!("hello", conn = conn_id),
     ));
-    state.standing = Standing::Hello { task, waiting: Vec::new() };
+    state.standing = Standing::Hello { task };
 }
 
 async fn check_hello(
@@ -328,7 +336,14 @@ async fn check_hello(
             format!("protocol_version {} is not spoken here; upgrade runner-agent", hello.protocol_version),
         ));
     }
-    let attach = Attach { conn_id, hello_request_id: request_id, connection, outbound, credential_epoch };
+    let attach = Attach {
+        conn_id,
+        hello_request_id: request_id,
+        connection,
+        outbound,
+        credential_epoch,
+        batches: hello.batches,
+    };
     root.executor(claimed).attach(attach).await?;
     Ok((claimed, credential_epoch))
 }
@@ -339,46 +354,171 @@ fn hello_done(
     request_id: u64,
     result: Result<(RunnerId, i64), Refusal>,
 ) {
-    let waiting = match std::mem::replace(&mut state.standing, Standing::Fresh) {
-        Standing::Hello { waiting, .. } => waiting,
-        other => {
-            state.standing = other;
-            return;
-        }
-    };
+    if !matches!(state.standing, Standing::Hello { .. }) {
+        return;
+    }
     let (runner, credential_epoch) = match result {
         Ok(attached) => attached,
         Err(refusal) => {
             tracing::info!(conn = state.id, code = %refusal.code, "hello refused");
-            refuse(state, request_id, &refusal);
+            refuse(&state.outbound, request_id, &refusal);
             myself.stop(Some("hello refused".into()));
             return;
         }
     };
     let executor = state.root.executor(runner);
     state.standing = Standing::Attached { executor: executor.clone(), credential_epoch };
-    for frame in waiting {
-        forward(myself, state, &executor, frame);
+    let route = Route { executor, conn_id: state.id };
+    if state.route.take().is_none_or(|reader| reader.send(route).is_err()) {
+        // The reader is gone: the stream ended while the Hello was checked.
+        myself.stop(Some("stream ended during hello".into()));
     }
 }
 
-/// Hands a frame of an attached stream to its inbox, or answers it here.
-fn forward(myself: &ActorRef<ConnectionMsg>, state: &ConnectionState, executor: &ExecutorHandle, frame: RunnerFrame) {
-    let request_id = frame.request_id;
-    let Some(body) = frame.frame else {
-        refuse(state, request_id, &Refusal::new(ErrorCode::ProtocolViolation, "an empty frame"));
-        return;
+/// When the reader last read a frame, for the liveness check.
+struct Seen {
+    opened: Instant,
+    at: Arc<AtomicU64>,
+}
+
+impl Seen {
+    fn now(&self) {
+        let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.at.store(ms, Ordering::Relaxed);
+    }
+}
+
+type Read = Result<Option<RunnerFrame>, tonic::Status>;
+
+fn closed(actor: &ActorRef<ConnectionMsg>, end: Read) {
+    let error = match end {
+        Err(status) => Some(status.message().to_owned()),
+        Ok(_) => None,
     };
-    let request = match body {
-        Frame::Pong(_) => return,
-        Frame::Hello(_) => {
-            refuse(
-                state,
-                request_id,
-                &Refusal::new(ErrorCode::ProtocolViolation, "hello was already said on this stream"),
-            );
+    let _ = actor.cast(ConnectionMsg::Closed(error));
+}
+
+/// The reader: the first frame to the actor; after a Hello, the frames that arrive wait here
+/// until the Hello is through; then every frame goes straight to the executor, gathered with
+/// the frames already read off the socket into one message.
+async fn read(
+    mut inbound: tonic::Streaming<RunnerFrame>,
+    actor: ActorRef<ConnectionMsg>,
+    mut route: oneshot::Receiver<Route>,
+    outbound: Outbound,
+    seen: Seen,
+) {
+    let first = match inbound.message().await {
+        Ok(Some(frame)) => frame,
+        end => return closed(&actor, end),
+    };
+    seen.now();
+    let hello = matches!(first.frame, Some(Frame::Hello(_)));
+    if actor.cast(ConnectionMsg::First(first)).is_err() || !hello {
+        return;
+    }
+    let mut pending: Vec<RunnerFrame> = Vec::new();
+    let route = loop {
+        tokio::select! {
+            biased;
+            answer = &mut route => match answer {
+                Ok(route) => break route,
+                // Refused: the actor stops, and this task with it.
+                Err(_) => return,
+            },
+            read = inbound.message() => match read {
+                Ok(Some(frame)) => {
+                    seen.now();
+                    if pending.len() >= FRAMES_BEFORE_WELCOME_BOUND {
+                        let refusal = Refusal::new(
+                            ErrorCode::ProtocolViolation,
+                            format!("more than {FRAMES_BEFORE_WELCOME_BOUND} frames before welcome; wait for welcome"),
+                        );
+                        refuse(&outbound, frame.request_id, &refusal);
+                        actor.stop(Some("too many frames before welcome".into()));
+                        return;
+                    }
+                    pending.push(frame);
+                }
+                end => return closed(&actor, end),
+            },
+        }
+    };
+    let mut end = None;
+    loop {
+        if pending.is_empty() {
+            match inbound.message().await {
+                Ok(Some(frame)) => pending.push(frame),
+                other => return closed(&actor, other),
+            }
+        }
+        // Frames already read off the socket join this message; reading them never waits.
+        while pending.len() < FRAMES_PER_MESSAGE {
+            match inbound.message().now_or_never() {
+                Some(Ok(Some(frame))) => pending.push(frame),
+                Some(other) => {
+                    end = Some(other);
+                    break;
+                }
+                None => break,
+            }
+        }
+        seen.now();
+        let (requests, batched) = decode(std::mem::take(&mut pending));
+        if !requests.is_empty() && route.executor.requests(route.conn_id, requests, batched).is_err() {
+            actor.stop(Some("executor gone".into()));
             return;
         }
+        if let Some(end) = end.take() {
+            return closed(&actor, end);
+        }
+    }
+}
+
+/// The requests `frames` carry, in order, each with the request id its answer repeats (a frame
+/// refused here keeps its place as its refusal); and whether any came in a `RunnerBatch`, whose
+/// answers then go back in one `NexusBatch`.
+fn decode(frames: Vec<RunnerFrame>) -> (Requests, bool) {
+    let mut requests = Vec::with_capacity(frames.len());
+    let mut batched = false;
+    for frame in frames {
+        match frame.frame {
+            Some(Frame::Batch(batch)) => {
+                batched = true;
+                if batch.frames.len() > BATCH_BOUND {
+                    let refusal = Refusal::new(
+                        ErrorCode::ProtocolViolation,
+                        format!("a batch holds at most {BATCH_BOUND} frames; send fewer in each"),
+                    );
+                    requests.extend(batch.frames.iter().map(|inner| (inner.request_id, Err(refusal.clone()))));
+                    continue;
+                }
+                for inner in batch.frames {
+                    if let Some(request) = request_of(inner.frame, true) {
+                        requests.push((inner.request_id, request));
+                    }
+                }
+            }
+            body => {
+                if let Some(request) = request_of(body, false) {
+                    requests.push((frame.request_id, request));
+                }
+            }
+        }
+    }
+    (requests, batched)
+}
+
+/// The request one frame of an attached stream makes, its refusal, or `None` (a pong, which
+/// only proves the stream alive).
+fn request_of(body: Option<Frame>, in_batch: bool) -> Option<Result<RunnerRequest, Refusal>> {
+    let Some(body) = body else { return Some(Err(violation("an empty frame"))) };
+    Some(match body {
+        Frame::Pong(_) => return None,
+        Frame::Hello(_) if in_batch => Err(violation("hello is never batched; it is the stream's first frame")),
+        Frame::Hello(_) => Err(violation("hello was already said on this stream")),
+        Frame::Batch(_) => Err(violation("a batch never holds another batch")),
+        Frame::Announce(_) if in_batch => Err(violation("announce is never batched; send it alone")),
         Frame::Announce(announce) => Ok(RunnerRequest::Announce(announce.body_json)),
         Frame::Claim(c) => task_field(&c.run_public_id, &c.task_key).map(|task| RunnerRequest::Claim { task }),
         Frame::ClaimStatus(c) => task_field(&c.run_public_id, &c.task_key)
@@ -400,13 +540,5 @@ fn forward(myself: &ActorRef<ConnectionMsg>, state: &ConnectionState, executor: 
                 _ => refusal,
             })
             .map(|task| RunnerRequest::Progress { task, claim_token: p.claim_token, frame_json: p.frame_json }),
-    };
-    match request {
-        Ok(request) => {
-            if executor.request(state.id, request_id, request).is_err() {
-                myself.stop(Some("executor gone".into()));
-            }
-        }
-        Err(refusal) => refuse(state, request_id, &refusal),
-    }
+    })
 }

@@ -46,9 +46,21 @@ use self::phase::{End, Facts, Phase};
 /// in Root meanwhile, and a runner that cannot be reached now is offered the durable row when its
 /// inbox next loads.
 fn offer(state: &ExecutionState, task: &TaskRow) {
-    let Some(target) = task.target_executor_public_id else { return };
-    if let Err(error) = state.root.executor(target).offer(task.clone()) {
-        tracing::warn!(runner_id = %target, %error, "cannot reach the runner's inbox now; it is offered when the inbox loads");
+    offer_all(state, std::slice::from_ref(task).iter());
+}
+
+/// [`offer`] for several rows: one message per runner inbox, so a round's calls to one runner
+/// are offered together (one `NexusBatch` to a runner that reads batches).
+fn offer_all<'a>(state: &ExecutionState, tasks: impl Iterator<Item = &'a TaskRow>) {
+    let mut by_runner: BTreeMap<nexus_proto::RunnerId, Vec<TaskRow>> = BTreeMap::new();
+    for task in tasks {
+        let Some(target) = task.target_executor_public_id else { continue };
+        by_runner.entry(target).or_default().push(task.clone());
+    }
+    for (target, rows) in by_runner {
+        if let Err(error) = state.root.executor(target).offer(rows) {
+            tracing::warn!(runner_id = %target, %error, "cannot reach the runner's inbox now; it is offered when the inbox loads");
+        }
     }
 }
 
@@ -434,9 +446,12 @@ impl Actor for ExecutionActor {
                 *held = (*task).clone();
                 narrate(state, &task);
                 if state.pending.values().all(TaskRow::is_settled) {
-                    save(state, &[]).await?;
+                    // The narration goes out with the boundary's own save (the next round's
+                    // start, a hook's task, the final answer) or alone ([`advance`]).
                     if state.phase.is_working() {
                         advance(&myself, state).await?;
+                    } else {
+                        save(state, &[]).await?;
                     }
                 } else if !state.flush_queued {
                     // Mid-round narrations are coalesced: the settlements already queued are all
@@ -646,7 +661,18 @@ pub(crate) fn result_text(task: &TaskRow) -> String {
 }
 
 /// Makes progress from where the execution stands ([`Phase`]): the round driver.
+/// Moves the execution on from where it stands ([`step`]); whatever that left unwritten (a
+/// settlement's narration at a round boundary, a materialization) is written in one save, so
+/// a round boundary costs one write, not two (issue 10, item 1).
 async fn advance(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Result<(), ActorProcessingErr> {
+    step(myself, state).await?;
+    if !state.events.is_empty() {
+        save(state, &[]).await?;
+    }
+    Ok(())
+}
+
+async fn step(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Result<(), ActorProcessingErr> {
     sync(state);
     let phase = state.phase;
     match phase {
@@ -720,7 +746,8 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
 }
 
 /// Freezes `frozen` onto the execution: the first transcript (system prompt, the input's text),
-/// `input_materialized` and `turn_status running`, in one save. Returns `true`.
+/// `input_materialized` and `turn_status running`, written by the next save (normally the first
+/// round's, so that materializing and starting a round take one write). Returns `true`.
 async fn adopt(
     state: &mut ExecutionState,
     input: &crate::store::InputRow,
@@ -752,7 +779,6 @@ async fn adopt(
     state.declaration_stored = false;
     enter(state, Phase::Boundary { round: state.row.round });
     emit(state, Event::TurnStatus(TurnStatus::Running { resumed: None, paused_ms: None }));
-    save(state, &[]).await?;
     Ok(true)
 }
 
@@ -957,9 +983,7 @@ async fn model_done(
     // "Approval").
     approval::announce_parks(myself, state, &tasks);
     save(state, &tasks).await?;
-    for task in tasks.iter().filter(|t| t.status == TaskStatus::Dispatched) {
-        offer(state, task);
-    }
+    offer_all(state, tasks.iter().filter(|t| t.status == TaskStatus::Dispatched));
     advance(myself, state).await
 }
 

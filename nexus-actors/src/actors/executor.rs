@@ -20,7 +20,9 @@
 //! [`ConnectionActor`]: crate::actors::connection::ConnectionActor
 
 pub mod commit;
+mod deadlines;
 mod offers;
+mod requests;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,12 +30,11 @@ use std::sync::Arc;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 use nexus_kernel_tools::EffectProfile;
 use nexus_proto::runner::v1::{
-    Announced, ClaimGranted, ClaimState, Committed, Extended, NexusFrame, ProgressAccepted, Refusal as RefusalFrame,
-    Welcome, WorkAvailable, WorkCanceled, nexus_frame::Frame,
+    Announced, ClaimGranted, ClaimState, Committed, Extended, NexusBatch, NexusFrame, ProgressAccepted,
+    Refusal as RefusalFrame, Welcome, WorkAvailable, WorkCanceled, nexus_frame::Frame,
 };
 use nexus_proto::{
     ErrorCode, ExecutionId, ExecutorStatus, InboxKind, Presence, RUNNER_PROTOCOL_VERSION, Refusal, RunnerId, TaskKey,
@@ -50,6 +51,7 @@ use crate::clock::{deadline_after, is_frozen};
 use crate::store::{ExecutorRow, PresenceEvent, TaskRow};
 
 use self::commit::CommitRefusal;
+use self::deadlines::Deadlines;
 use self::offers::{OfferWindow, Sent};
 
 /// The most an extension may grant, in milliseconds (one hour).
@@ -124,6 +126,10 @@ pub enum RunnerRequest {
     },
 }
 
+/// Requests read from a stream, in order, each with the request id its answer repeats; a frame
+/// the reader refused keeps its place as its refusal.
+pub type Requests = Vec<(u64, Result<RunnerRequest, Refusal>)>;
+
 /// The ExecutorActor's messages.
 pub enum ExecutorMsg {
     /// A stream passed Hello: fence any older stream, welcome this one, offer the inbox again.
@@ -138,19 +144,21 @@ pub enum ExecutorMsg {
         /// The connection's id.
         conn_id: u64,
     },
-    /// A request from the stream `conn_id`.
-    Request {
+    /// Requests from the stream `conn_id`: every frame its reader had read, in order. Their
+    /// writes share one store write and their answers are queued together (`docs/protocol.md`,
+    /// "Batches").
+    Requests {
         /// The connection's id; requests from a fenced stream are dropped.
         conn_id: u64,
-        /// Echoed on the answer.
-        request_id: u64,
-        /// The request.
-        request: RunnerRequest,
+        /// The requests.
+        requests: Requests,
+        /// Some came in a `RunnerBatch`: the answers go back in one `NexusBatch`.
+        batched: bool,
     },
-    /// A task addressed here was written to the store: hold it and push `work_available`. The
-    /// row is exactly as its writer just made it durable, which spares a store read on the
+    /// Tasks addressed here were written to the store: hold them and push `work_available`. The
+    /// rows are exactly as their writer just made them durable, which spares a store read on the
     /// dispatch path.
-    Offer(Box<TaskRow>),
+    Offer(Vec<TaskRow>),
     /// Cancel a task: it settles `canceled` and the claimant gets `work_canceled`.
     Cancel {
         /// The task: its execution (`run_public_id`) and key.
@@ -158,12 +166,11 @@ pub enum ExecutorMsg {
     },
     /// The stored row changed behind the actor (re-paired or revoked by `nexus admin`): reread it.
     Refresh,
-    /// A deadline timer fired.
-    Expire {
-        /// The task: its execution (`run_public_id`) and key.
-        task: TaskId,
-        /// The deadline the timer was set for; a moved deadline makes it stale.
-        deadline_at: i64,
+    /// The inbox's one deadline alarm rang for `at` (Unix milliseconds): every task due by
+    /// then expires.
+    Alarm {
+        /// The deadline the alarm was set for.
+        at: i64,
     },
     /// The execution paused or resumed: its open tasks here take their new deadlines from
     /// `shift` (durably) and their expiry timers follow (`docs/executions.md`, "Control":
@@ -209,13 +216,13 @@ impl ExecutorHandle {
         self.root.to_executor(self.runner, message)
     }
 
-    /// Hands over a task just written `dispatched` to this runner, to hold and offer.
+    /// Hands over tasks just written `dispatched` to this runner, to hold and offer.
     ///
     /// # Errors
-    /// [`ActorError::Stopped`] during shutdown; the row is durable and is offered when the
+    /// [`ActorError::Stopped`] during shutdown; the rows are durable and are offered when the
     /// inbox next loads.
-    pub fn offer(&self, task: TaskRow) -> Result<(), ActorError> {
-        self.send(ExecutorMsg::Offer(Box::new(task)))
+    pub fn offer(&self, tasks: Vec<TaskRow>) -> Result<(), ActorError> {
+        self.send(ExecutorMsg::Offer(tasks))
     }
 
     /// Cancels an open task: it settles `canceled`, and a claimant hears `work_canceled`.
@@ -250,13 +257,14 @@ impl ExecutorHandle {
         self.send(ExecutorMsg::Detach { conn_id })
     }
 
-    /// Hands the inbox a request read from the stream `conn_id`; the answer goes back on the
-    /// stream with `request_id`.
+    /// Hands the inbox the requests read from the stream `conn_id`; each answer goes back on
+    /// the stream with its request id, all in one `NexusBatch` when `batched` (or when the
+    /// stream's Hello asked for batches).
     ///
     /// # Errors
     /// [`ActorError::Stopped`] during shutdown.
-    pub fn request(&self, conn_id: u64, request_id: u64, request: RunnerRequest) -> Result<(), ActorError> {
-        self.send(ExecutorMsg::Request { conn_id, request_id, request })
+    pub fn requests(&self, conn_id: u64, requests: Requests, batched: bool) -> Result<(), ActorError> {
+        self.send(ExecutorMsg::Requests { conn_id, requests, batched })
     }
 
     /// Attaches a stream that passed Hello: fences an older one, queues Welcome, offers the inbox
@@ -293,12 +301,16 @@ pub struct Attach {
     pub outbound: Outbound,
     /// The epoch of the credential that said Hello.
     pub credential_epoch: i64,
+    /// The Hello's `batches`: the runner reads `NexusBatch` frames.
+    pub batches: bool,
 }
 
 struct Connection {
     id: u64,
     actor: ConnectionHandle,
     outbound: Outbound,
+    /// Pushes and answers may go out in `NexusBatch` frames.
+    batches: bool,
 }
 
 /// A task by its execution and key.
@@ -309,9 +321,12 @@ pub struct ExecutorState {
     fabric: Arc<Fabric>,
     root: RootHandle,
     row: ExecutorRow,
+    /// When `row` was last read from the store (Unix milliseconds).
+    row_read_at: i64,
     connection: Option<Connection>,
     open: HashMap<TaskId, TaskRow>,
-    timers: HashMap<TaskId, JoinHandle<()>>,
+    /// Every open task's deadline, and the one alarm for the earliest.
+    deadlines: Deadlines,
     progress_at: HashMap<TaskId, i64>,
     /// The current stream's offers: only open, claimable tasks; empty while no stream is attached.
     window: OfferWindow,
@@ -339,7 +354,7 @@ impl ExecutorState {
             self.connection.is_some() || window.outstanding() + window.waiting() == 0,
             "an offer window outlived its stream"
         );
-        assert_eq!(self.timers.len(), self.open.len(), "every open task has exactly one expiry timer");
+        assert_eq!(self.deadlines.len(), self.open.len(), "every open task has exactly one deadline");
         assert!(self.progress_at.len() <= self.open.len(), "progress throttles outlive their tasks");
     }
 }
@@ -405,22 +420,24 @@ impl Actor for ExecutorActor {
             .executor(args.public_id)
             .await?
             .ok_or_else(|| format!("no executor {}", args.public_id))?;
+        let now = args.fabric.clock.now_ms();
         let mut state = ExecutorState {
             fabric: args.fabric,
             root: args.root,
             row,
+            row_read_at: now,
             connection: None,
             open: HashMap::new(),
-            timers: HashMap::new(),
+            deadlines: Deadlines::default(),
             progress_at: HashMap::new(),
             window: OfferWindow::new(OFFER_WINDOW),
         };
         // The park clock resumes: every open task gets its timer back.
         for task in state.fabric.store.open_tasks_for(args.public_id).await? {
             let id = (task.run_public_id, task.task_key);
-            schedule_expiry(&myself, &mut state, &id, task.deadline_at);
             hold(&mut state, id, task);
         }
+        rearm(&myself, &mut state);
         #[cfg(debug_assertions)]
         state.check_invariants();
         tracing::debug!(runner_id = %args.public_id, open = state.open.len(), "executor loaded");
@@ -432,9 +449,7 @@ impl Actor for ExecutorActor {
         _myself: ActorRef<ExecutorMsg>,
         state: &mut ExecutorState,
     ) -> Result<(), ActorProcessingErr> {
-        for timer in state.timers.values() {
-            timer.abort();
-        }
+        state.deadlines.disarm();
         Ok(())
     }
 
@@ -444,21 +459,18 @@ impl Actor for ExecutorActor {
         msg: ExecutorMsg,
         state: &mut ExecutorState,
     ) -> Result<(), ActorProcessingErr> {
-        let handled = handle_msg(&myself, msg, state).await;
+        let handled = handle_msg(msg, state).await;
         // Whatever left the window (a claim, a settlement) or joined the inbox makes room for the
         // next offers; they queue after this message's answer.
         fill_window(state);
+        rearm(&myself, state);
         #[cfg(debug_assertions)]
         state.check_invariants();
         handled
     }
 }
 
-async fn handle_msg(
-    myself: &ActorRef<ExecutorMsg>,
-    msg: ExecutorMsg,
-    state: &mut ExecutorState,
-) -> Result<(), ActorProcessingErr> {
+async fn handle_msg(msg: ExecutorMsg, state: &mut ExecutorState) -> Result<(), ActorProcessingErr> {
     match msg {
         ExecutorMsg::Attach { attach: stream, reply } => {
             let result = attach(state, stream).await;
@@ -475,57 +487,42 @@ async fn handle_msg(
                 (state.row.connected_at, state.row.last_seen_at) = (None, Some(state.fabric.clock.now_ms()));
             }
         }
-        ExecutorMsg::Request { conn_id, request_id, request } => {
+        ExecutorMsg::Requests { conn_id, requests, batched } => {
             if state.connection.as_ref().is_none_or(|c| c.id != conn_id) {
-                tracing::debug!(runner_id = %state.row.public_id, "dropping a request from a fenced stream");
+                tracing::debug!(runner_id = %state.row.public_id, "dropping requests from a fenced stream");
                 return Ok(());
             }
-            let answer = match request {
-                RunnerRequest::Announce(body) => announce(state, &body).await,
-                RunnerRequest::Claim { task } => claim(myself, state, task).await,
-                RunnerRequest::ClaimStatus { task, claim_token } => claim_status(state, task, &claim_token).await,
-                RunnerRequest::Extend { task, claim_token, timeout_ms } => {
-                    extend(myself, state, task, &claim_token, timeout_ms).await
-                }
-                RunnerRequest::Commit { task, claim_token, body_json } => {
-                    commit(state, task, &claim_token, &body_json).await
-                }
-                RunnerRequest::Progress { task, claim_token, frame_json } => {
-                    progress(state, task, &claim_token, &frame_json)
-                }
-            };
-            let frame = match answer {
-                Ok(frame) => NexusFrame { request_id, frame: Some(frame) },
-                Err(refusal) => refusal_frame(request_id, &refusal),
-            };
-            push(state, frame);
+            let answers = requests::answer(state, requests).await;
+            push_all(state, answers, batched);
         }
         ExecutorMsg::Refresh => {
-            if let Some(row) = state.fabric.store.executor(state.row.public_id).await? {
-                state.row = row;
-            }
+            state.row_read_at = i64::MIN;
+            refresh_row(state).await?;
         }
-        ExecutorMsg::Offer(task) => {
-            let id = (task.run_public_id, task.task_key);
+        ExecutorMsg::Offer(tasks) => {
             // Eligibility is checked at dispatch: a revoked runner gets no new work, and the
-            // call fails at once rather than waiting out its park.
-            if let Some(row) = state.fabric.store.executor(state.row.public_id).await? {
-                state.row = row;
-            }
-            if !state.open.contains_key(&id) {
-                if task.is_settled() {
-                    return Ok(());
+            // call fails at once rather than waiting out its park. A revocation by `nexus admin`
+            // (another process) reaches a live stream within a ping interval (`Refresh`); the row
+            // is reread here at most once per interval for a runner without one, so a busy inbox
+            // reads nothing per offer (issue 10, item 1). A claim's conditional write is the
+            // last word either way.
+            refresh_row(state).await?;
+            for task in tasks {
+                let id = (task.run_public_id, task.task_key);
+                if !state.open.contains_key(&id) {
+                    if task.is_settled() {
+                        continue;
+                    }
+                    hold(state, id, task);
                 }
-                schedule_expiry(myself, state, &id, task.deadline_at);
-                hold(state, id, *task);
+                if state.row.status != ExecutorStatus::Active {
+                    settle(state, &id, TaskStatus::Failed, None, Some("executor_revoked")).await?;
+                    continue;
+                }
+                // Offered when the window has room; a repeated offer of a task already offered
+                // on this stream is not sent twice.
+                enqueue_offer(state, &id);
             }
-            if state.row.status != ExecutorStatus::Active {
-                settle(state, &id, TaskStatus::Failed, None, Some("executor_revoked")).await?;
-                return Ok(());
-            }
-            // Offered when the window has room; a repeated offer of a task already offered on
-            // this stream is not sent twice.
-            enqueue_offer(state, &id);
         }
         ExecutorMsg::Cancel { task: id } => {
             if let Some(task) = state.open.get(&id) {
@@ -545,27 +542,54 @@ async fn handle_msg(
                 }
             }
         }
-        ExecutorMsg::Expire { task: id, deadline_at } => {
-            let Some(task) = state.open.get(&id) else { return Ok(()) };
-            if task.deadline_at != deadline_at {
-                return Ok(());
+        ExecutorMsg::Alarm { at } => {
+            state.deadlines.rang(at);
+            // Due by the alarm's time, or by now if the clock ran on past it.
+            let due = state.deadlines.due(at.max(state.fabric.clock.now_ms()));
+            for (id, deadline_at) in due {
+                let Some(task) = state.open.get(&id) else { continue };
+                debug_assert_eq!(task.deadline_at, deadline_at, "the alarm keeps the held deadline: {id:?}");
+                let (status, error_key) = expiry_outcome(task);
+                tracing::info!(runner_id = %state.row.public_id, run_id = %id.0, task_key = %id.1, %status, "task expired");
+                settle(state, &id, status, None, Some(error_key)).await?;
             }
-            let (status, error_key) = expiry_outcome(task);
-            tracing::info!(runner_id = %state.row.public_id, run_id = %id.0, task_key = %id.1, %status, "task expired");
-            settle(state, &id, status, None, Some(error_key)).await?;
         }
         ExecutorMsg::ShiftDeadlines { run, shift } => {
-            let ids: Vec<TaskId> = state.open.keys().filter(|id| id.0 == run).copied().collect();
-            for id in ids {
-                let Some(mut task) = state.open.get(&id).cloned() else { continue };
-                let Some(deadline_at) = shift.apply(task.deadline_at) else { continue };
-                task.deadline_at = deadline_at;
-                state.fabric.store.update_task(&task).await?;
-                schedule_expiry(myself, state, &id, deadline_at);
+            // Every open deadline of the execution here moves in one store write.
+            let moved: Vec<TaskRow> = state
+                .open
+                .values()
+                .filter(|task| task.run_public_id == run)
+                .filter_map(|task| {
+                    let deadline_at = shift.apply(task.deadline_at)?;
+                    Some(TaskRow { deadline_at, ..task.clone() })
+                })
+                .collect();
+            let written = state.fabric.store.update_tasks(moved.clone()).await?;
+            for (task, written) in moved.into_iter().zip(written) {
+                if !written {
+                    tracing::warn!(run_id = %run, task_key = %task.task_key, "a deadline shift lost to another claim");
+                    continue;
+                }
+                let id = (task.run_public_id, task.task_key);
                 hold(state, id, task);
             }
         }
     }
+    Ok(())
+}
+
+/// Rereads the runner's row unless it was read within the last ping interval.
+async fn refresh_row(state: &mut ExecutorState) -> Result<(), crate::store::StoreError> {
+    let now = state.fabric.clock.now_ms();
+    let interval = i64::try_from(state.fabric.config.runner.ping_interval_ms).unwrap_or(i64::MAX);
+    if now.saturating_sub(state.row_read_at) < interval {
+        return Ok(());
+    }
+    if let Some(row) = state.fabric.store.executor(state.row.public_id).await? {
+        state.row = row;
+    }
+    state.row_read_at = now;
     Ok(())
 }
 
@@ -594,6 +618,28 @@ fn push(state: &mut ExecutorState, frame: NexusFrame) {
     }
 }
 
+/// Queues the answers to one message's requests: in one `NexusBatch` when they came in a
+/// `RunnerBatch` or the stream asked for batches, else one frame each ([`push`]).
+fn push_all(state: &mut ExecutorState, mut answers: Vec<NexusFrame>, batched: bool) {
+    let Some(connection) = &state.connection else { return };
+    if answers.len() > 1 && (batched || connection.batches) {
+        push(state, batch_frame(answers));
+        return;
+    }
+    if answers.len() == 1 && batched {
+        // A batch of one is answered in kind.
+        push(state, batch_frame(answers));
+        return;
+    }
+    for answer in answers.drain(..) {
+        push(state, answer);
+    }
+}
+
+fn batch_frame(frames: Vec<NexusFrame>) -> NexusFrame {
+    NexusFrame { request_id: 0, frame: Some(Frame::Batch(NexusBatch { frames })) }
+}
+
 /// Whether the runner may claim the task now, so that it belongs in the offer window.
 fn claimable(task: &TaskRow) -> bool {
     !task.claimed && task.status == TaskStatus::Dispatched && task.kind.inbox_kind() == Some(InboxKind::ToolCall)
@@ -607,7 +653,7 @@ fn hold(state: &mut ExecutorState, id: TaskId, task: TaskRow) {
         Some(state.row.public_id),
         "an executor holds only the tasks addressed to it: {id:?}"
     );
-    debug_assert!(state.timers.contains_key(&id), "every open task has its expiry timer: {id:?}");
+    state.deadlines.set(id, task.deadline_at);
     state.open.insert(id, task);
 }
 
@@ -637,6 +683,41 @@ fn enqueue_offer(state: &mut ExecutorState, id: &TaskId) {
 fn fill_window(state: &mut ExecutorState) {
     let Some(connection) = &state.connection else { return };
     let open = &state.open;
+    if connection.batches {
+        // One `NexusBatch` of every offer the window lets out now, if the stream has room for
+        // a frame (offers never drop the stream).
+        if connection.outbound.capacity() == 0 {
+            return;
+        }
+        let mut frames = Vec::new();
+        state.window.fill(|id| {
+            if frames.len() >= crate::actors::connection::BATCH_BOUND {
+                return Sent::Blocked;
+            }
+            match open.get(id).filter(|task| claimable(task)).and_then(work_available) {
+                Some(frame) => {
+                    frames.push(frame);
+                    Sent::Offered
+                }
+                None => Sent::Gone,
+            }
+        });
+        let frame = match frames.len() {
+            0 => return,
+            1 => frames.pop().expect("one offer"),
+            _ => batch_frame(frames),
+        };
+        if let Err(e) = connection.outbound.try_send(Ok(frame)) {
+            // Room was checked above; only a closed stream (its Detach clears the window) or a
+            // race with a ping gets here. The window counts these offers as out, so the stream
+            // goes, and the next one is offered the inbox afresh.
+            tracing::warn!(runner_id = %state.row.public_id, error = %e, "runner stream cannot take offers; dropping it");
+            connection.actor.close("outbound full or closed");
+            state.connection = None;
+            state.window.clear();
+        }
+        return;
+    }
     state.window.fill(|id| {
         let frame = open.get(id).filter(|task| claimable(task)).and_then(work_available);
         debug_assert!(frame.is_some(), "only open, claimable tasks wait for an offer: {id:?}");
@@ -651,27 +732,29 @@ fn fill_window(state: &mut ExecutorState) {
     });
 }
 
-fn schedule_expiry(myself: &ActorRef<ExecutorMsg>, state: &mut ExecutorState, id: &TaskId, deadline_at: i64) {
-    let actor = myself.clone();
-    let task = *id;
-    let clock = state.fabric.clock.clone();
-    // A frozen deadline (a paused execution's) never comes due: its timer sleeps until the
-    // resume moves it.
-    let timer = tokio::spawn(async move {
-        if is_frozen(deadline_at) {
-            return;
-        }
-        clock.sleep_until(deadline_at).await;
-        let _ = actor.cast(ExecutorMsg::Expire { task, deadline_at });
-    });
-    if let Some(old) = state.timers.insert(*id, timer) {
-        old.abort();
+/// Arms the inbox's one alarm for its earliest live deadline, unless it is armed for that
+/// already. A frozen deadline (a paused execution's) never comes due, so it arms nothing.
+fn rearm(myself: &ActorRef<ExecutorMsg>, state: &mut ExecutorState) {
+    let Some(at) = state.deadlines.next_live() else {
+        state.deadlines.disarm();
+        return;
+    };
+    if state.deadlines.armed_for() == Some(at) {
+        return;
     }
+    let actor = myself.clone();
+    let clock = state.fabric.clock.clone();
+    let alarm = tokio::spawn(async move {
+        clock.sleep_until(at).await;
+        let _ = actor.cast(ExecutorMsg::Alarm { at });
+    });
+    state.deadlines.arm(at, alarm);
 }
 
 async fn attach(state: &mut ExecutorState, stream: Attach) -> Result<(), Refusal> {
     if let Some(row) = state.fabric.store.executor(state.row.public_id).await.map_err(internal)? {
         state.row = row;
+        state.row_read_at = state.fabric.clock.now_ms();
     }
     if state.row.status != ExecutorStatus::Active {
         return Err(Refusal::new(
@@ -692,7 +775,12 @@ async fn attach(state: &mut ExecutorState, stream: Attach) -> Result<(), Refusal
     // off it (`docs/protocol.md`, "Presence").
     let now = state.fabric.clock.now_ms();
     (state.row.connected_at, state.row.last_seen_at) = (Some(now), Some(now));
-    state.connection = Some(Connection { id: stream.conn_id, actor: stream.connection, outbound: stream.outbound });
+    state.connection = Some(Connection {
+        id: stream.conn_id,
+        actor: stream.connection,
+        outbound: stream.outbound,
+        batches: stream.batches,
+    });
     push(
         state,
         NexusFrame {
@@ -797,9 +885,100 @@ fn token_current(state: &ExecutorState, token: &str) -> bool {
         .is_some_and(|epoch| epoch == state.row.credential_epoch)
 }
 
-async fn claim(myself: &ActorRef<ExecutorMsg>, state: &mut ExecutorState, id: TaskId) -> Result<Frame, Refusal> {
-    let (run, task_key) = id;
-    let task = find(state, id).await?;
+/// What one request decided: its answer now, or a row change whose answer waits until the
+/// message's store write is durable ([`requests::answer`]).
+enum Decided {
+    Answer(Frame),
+    Write(Staged),
+}
+
+/// A task row a request changed, staged until the message's write is durable, and what to do
+/// once it is.
+struct Staged {
+    /// The row as it is to be written.
+    row: TaskRow,
+    effect: Effect,
+}
+
+enum Effect {
+    /// A grant: hold the claimed row, answer with the token.
+    Claim { frame: Frame },
+    /// A moved deadline: hold it, tell the execution.
+    Extend { timeout_ms: i64, frame: Frame },
+    /// A settlement: release the task, tell the execution, answer.
+    Settle { answer: Result<Frame, Refusal> },
+}
+
+impl Staged {
+    fn id(&self) -> TaskId {
+        (self.row.run_public_id, self.row.task_key)
+    }
+
+    /// Applies the change once its write is durable (`written`), or answers why not (`false`:
+    /// the row held another claim, so nothing changed).
+    fn apply(self, state: &mut ExecutorState, written: bool) -> Result<Frame, Refusal> {
+        let id = self.id();
+        match self.effect {
+            Effect::Claim { frame } => {
+                if !written {
+                    // Another node won the row first: this grant loses.
+                    return Err(Refusal::new(
+                        ErrorCode::AlreadyClaimed,
+                        "this task was claimed once; a claim is never re-granted",
+                    ));
+                }
+                tracing::info!(runner_id = %state.row.public_id, run_id = %id.0, task_key = %id.1, "task claimed");
+                state.window.withdraw(&id, self.row.started_at);
+                hold(state, id, self.row);
+                Ok(frame)
+            }
+            Effect::Extend { timeout_ms, frame } => {
+                if !written {
+                    return Err(internal("the task holds another claim"));
+                }
+                let deadline_at = self.row.deadline_at;
+                hold(state, id, self.row);
+                if let Err(error) = state.root.execution(id.0).deadline_extended(id.1, deadline_at, timeout_ms) {
+                    unreachable_execution(id.0, &error);
+                }
+                Ok(frame)
+            }
+            Effect::Settle { answer } => {
+                if !written {
+                    return Err(internal("the task holds another claim"));
+                }
+                release(state, self.row);
+                answer
+            }
+        }
+    }
+}
+
+/// `task` settled `status` now, with `result` and `error_key`.
+fn settled(
+    state: &ExecutorState,
+    mut task: TaskRow,
+    status: TaskStatus,
+    result: Option<Value>,
+    error_key: Option<&str>,
+) -> TaskRow {
+    debug_assert!(
+        !task.is_settled(),
+        "a task settles at most once: {}/{} is already {}",
+        task.run_public_id,
+        task.task_key,
+        task.status
+    );
+    debug_assert!(status.is_settled(), "{status} is not a settled status");
+    task.status = status;
+    task.result = result;
+    task.error_key = error_key.map(str::to_owned);
+    task.settled_at = Some(state.fabric.clock.now_ms());
+    task
+}
+
+fn claim(state: &ExecutorState, task: TaskRow) -> Result<Decided, Refusal> {
+    let (run, task_key) = (task.run_public_id, task.task_key);
     if task.kind.inbox_kind() != Some(InboxKind::ToolCall) {
         return Err(Refusal::new(ErrorCode::NotClaimableKind, "asks and approvals are never claimable"));
     }
@@ -828,42 +1007,24 @@ async fn claim(myself: &ActorRef<ExecutorMsg>, state: &mut ExecutorState, id: Ta
     // Claiming restarts the park clock: the holder gets a full deadline.
     granted.deadline_at = deadline_after(now, granted.timeout_ms);
     // The store's conditional write is the last word: another node that won the row first makes
-    // this grant lose.
-    state.fabric.store.update_task(&granted).await.map_err(|e| match e {
-        crate::store::StoreError::Conflict(_) => {
-            Refusal::new(ErrorCode::AlreadyClaimed, "this task was claimed once; a claim is never re-granted")
-        }
-        other => internal(other),
-    })?;
-    schedule_expiry(myself, state, &id, granted.deadline_at);
-    tracing::info!(runner_id = %state.row.public_id, run_id = %run, %task_key, "task claimed");
+    // this grant lose ([`Staged::apply`]).
     let frame = Frame::ClaimGranted(ClaimGranted {
         task_json: task_json(&granted).to_string(),
         claim_token: token,
         deadline_at_ms: granted.deadline_at,
     });
-    state.window.withdraw(&id, granted.started_at);
-    hold(state, id, granted);
-    Ok(frame)
+    Ok(Decided::Write(Staged { row: granted, effect: Effect::Claim { frame } }))
 }
 
-async fn claim_status(state: &ExecutorState, id: TaskId, token: &str) -> Result<Frame, Refusal> {
-    let task = find(state, id).await?;
-    if !token_matches(&task, token) || !token_current(state, token) {
+fn claim_status(state: &ExecutorState, task: &TaskRow, token: &str) -> Result<Frame, Refusal> {
+    if !token_matches(task, token) || !token_current(state, token) {
         return Err(Refusal::new(ErrorCode::NotClaimant, "this token does not hold the claim"));
     }
     let active = !task.is_settled() && state.fabric.clock.now_ms() < task.deadline_at;
     Ok(Frame::ClaimState(ClaimState { active }))
 }
 
-async fn extend(
-    myself: &ActorRef<ExecutorMsg>,
-    state: &mut ExecutorState,
-    id: TaskId,
-    token: &str,
-    timeout_ms: i64,
-) -> Result<Frame, Refusal> {
-    let task = find(state, id).await?;
+fn extend(state: &ExecutorState, task: TaskRow, token: &str, timeout_ms: i64) -> Result<Decided, Refusal> {
     if !token_matches(&task, token) || !token_current(state, token) {
         return Err(Refusal::new(ErrorCode::NotClaimant, "this token does not hold the claim"));
     }
@@ -895,22 +1056,18 @@ async fn extend(
     }
     let mut extended = task;
     extended.deadline_at = deadline_after(now, timeout_ms);
-    state.fabric.store.update_task(&extended).await.map_err(internal)?;
-    schedule_expiry(myself, state, &id, extended.deadline_at);
-    let deadline_at = extended.deadline_at;
-    hold(state, id, extended);
-    if let Err(error) = state.root.execution(id.0).deadline_extended(id.1, deadline_at, timeout_ms) {
-        unreachable_execution(id.0, &error);
-    }
-    Ok(Frame::Extended(Extended { deadline_at_ms: deadline_at }))
+    let frame = Frame::Extended(Extended { deadline_at_ms: extended.deadline_at });
+    Ok(Decided::Write(Staged { row: extended, effect: Effect::Extend { timeout_ms, frame } }))
 }
 
-async fn commit(state: &mut ExecutorState, id: TaskId, token: &str, body_json: &str) -> Result<Frame, Refusal> {
-    let task = find(state, id).await?;
+fn commit(state: &ExecutorState, task: TaskRow, token: &str, body_json: &str) -> Result<Decided, Refusal> {
     if task.is_settled() {
         // Write-once: the same token after settle is an idle success.
         if token_matches(&task, token) {
-            return Ok(Frame::Committed(Committed { idle: true, status: task.status.as_str().to_owned() }));
+            return Ok(Decided::Answer(Frame::Committed(Committed {
+                idle: true,
+                status: task.status.as_str().to_owned(),
+            })));
         }
         return Err(Refusal::new(ErrorCode::StaleClaim, "this token does not hold the claim; the task has settled"));
     }
@@ -923,23 +1080,28 @@ async fn commit(state: &mut ExecutorState, id: TaskId, token: &str, body_json: &
     if !token_current(state, token) {
         return Err(Refusal::new(ErrorCode::StaleClaim, "this claim was fenced when the runner was paired again"));
     }
+    let settle = |task, status: TaskStatus, result, error_key, answer| {
+        Ok(Decided::Write(Staged {
+            row: settled(state, task, status, result, error_key),
+            effect: Effect::Settle { answer },
+        }))
+    };
+    let committed =
+        |status: TaskStatus| Ok(Frame::Committed(Committed { idle: false, status: status.as_str().to_owned() }));
     if state.fabric.clock.now_ms() >= task.deadline_at {
         // The deadline wins: the content is discarded and the task settles by the expiry rule.
         let (status, error_key) = expiry_outcome(&task);
-        settle(state, &id, status, None, Some(error_key)).await.map_err(internal)?;
-        return Ok(Frame::Committed(Committed { idle: false, status: status.as_str().to_owned() }));
+        return settle(task, status, None, Some(error_key), committed(status));
     }
     match commit::validate(body_json) {
         Ok(body) => {
             let (status, error_key) =
                 if body.failed { (TaskStatus::Failed, Some("tool_failed")) } else { (TaskStatus::Completed, None) };
-            settle(state, &id, status, Some(body.stored), error_key).await.map_err(internal)?;
-            Ok(Frame::Committed(Committed { idle: false, status: status.as_str().to_owned() }))
+            settle(task, status, Some(body.stored), error_key, committed(status))
         }
         Err(CommitRefusal::Standing(refusal)) => Err(refusal),
         Err(CommitRefusal::Closes(refusal)) => {
-            settle(state, &id, TaskStatus::Failed, None, Some("result_unstorable")).await.map_err(internal)?;
-            Err(refusal)
+            settle(task, TaskStatus::Failed, None, Some("result_unstorable"), Err(refusal))
         }
     }
 }
@@ -969,7 +1131,8 @@ fn progress(state: &mut ExecutorState, id: TaskId, token: &str, frame_json: &str
     Ok(Frame::ProgressAccepted(ProgressAccepted {}))
 }
 
-/// Settles an open task: durable first, then the execution hears of it.
+/// Settles an open task on its own (an expiry, a cancel, a revoked runner): durable first, then
+/// the execution hears of it.
 async fn settle(
     state: &mut ExecutorState,
     id: &TaskId,
@@ -977,29 +1140,27 @@ async fn settle(
     result: Option<Value>,
     error_key: Option<&str>,
 ) -> Result<(), crate::store::StoreError> {
-    let Some(mut task) = state.open.get(id).cloned() else { return Ok(()) };
-    debug_assert!(!task.is_settled(), "a task settles at most once: {id:?} is already {}", task.status);
-    debug_assert!(status.is_settled(), "{status} is not a settled status");
-    task.status = status;
-    task.result = result;
-    task.error_key = error_key.map(str::to_owned);
-    task.settled_at = Some(state.fabric.clock.now_ms());
+    let Some(task) = state.open.get(id).cloned() else { return Ok(()) };
+    let task = settled(state, task, status, result, error_key);
     state.fabric.store.update_task(&task).await?;
-    state.open.remove(id);
-    state.progress_at.remove(id);
-    state.window.withdraw(id, task.started_at);
-    let timer = state.timers.remove(id);
-    debug_assert!(timer.is_some(), "every open task has its expiry timer: {id:?}");
-    if let Some(timer) = timer {
-        timer.abort();
-    }
-    tracing::info!(runner_id = %state.row.public_id, run_id = %id.0, task_key = %id.1, %status, "task settled");
+    release(state, task);
+    Ok(())
+}
+
+/// Lets go of a task whose settlement is durable, and tells its execution.
+fn release(state: &mut ExecutorState, task: TaskRow) {
+    let id = (task.run_public_id, task.task_key);
+    state.open.remove(&id);
+    state.progress_at.remove(&id);
+    state.window.withdraw(&id, task.started_at);
+    let held = state.deadlines.remove(&id);
+    debug_assert!(held, "every open task has its deadline: {id:?}");
+    tracing::info!(runner_id = %state.row.public_id, run_id = %id.0, task_key = %id.1, status = %task.status, "task settled");
     // Never waits: a cold execution loads in Root while this actor goes on, and hears of its
     // tasks in the order they settled.
     if let Err(error) = state.root.execution(id.0).task_settled(task) {
         unreachable_execution(id.0, &error);
     }
-    Ok(())
 }
 
 fn unreachable_execution(run: ExecutionId, error: &ActorError) {

@@ -43,7 +43,7 @@ impl Store {
         let row = sqlx::query("SELECT 1 FROM conversations WHERE public_id = $1 AND member_public_id = $2")
             .bind(conversation.to_string())
             .bind(member.to_string())
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.reader())
             .await?;
         Ok(row.is_some())
     }
@@ -58,7 +58,7 @@ impl Store {
              tool_names FROM inputs WHERE public_id = $1",
         )
         .bind(public_id.to_string())
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.reader())
         .await?;
         row.map(|row| {
             Ok(InputRow {
@@ -84,7 +84,7 @@ impl Store {
              transcript, round, final_text, error_key, event_seq, created_at, updated_at FROM executions WHERE public_id = $1",
         )
         .bind(public_id.to_string())
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.reader())
         .await?;
         row.map(|row| {
             Ok(ExecutionRow {
@@ -113,7 +113,7 @@ impl Store {
     /// [`StoreError`] on a database failure.
     pub async fn live_executions(&self) -> StoreResult<Vec<ExecutionId>> {
         let rows = sqlx::query("SELECT public_id FROM executions WHERE status IN ('pending', 'running', 'canceling')")
-            .fetch_all(&self.pool)
+            .fetch_all(self.reader())
             .await?;
         rows.iter().map(|r| parse(&r.try_get::<String, _>("public_id")?)).collect()
     }
@@ -193,7 +193,7 @@ impl Store {
         .bind(execution.to_string())
         .bind(after_seq)
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(self.reader())
         .await?;
         rows.iter()
             .map(|row| {

@@ -19,7 +19,7 @@ impl Store {
         display_name: &str,
         credential: &Credential,
     ) -> StoreResult<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.direct_writer().begin().await?;
         let empty = serde_json::json!({"tools": [], "environment": {}, "documents": []});
         sqlx::query(
             "INSERT INTO executors (public_id, kind, display_name, status, assignment_scope, credential_epoch, announcement, created_at) \
@@ -46,7 +46,7 @@ impl Store {
              connected_at, last_seen_at FROM executors WHERE public_id = $1",
         )
         .bind(public_id.to_string())
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.reader())
         .await?;
         row.map(|row| {
             Ok(ExecutorRow {
@@ -74,7 +74,7 @@ impl Store {
             .bind(announcement.to_string())
             .bind(self.clock.now_ms())
             .bind(public_id.to_string())
-            .execute(&self.pool)
+            .execute(self.direct_writer())
             .await?;
         Ok(())
     }
@@ -108,8 +108,9 @@ impl Store {
     /// # Errors
     /// [`StoreError`] on a database failure.
     pub async fn executors(&self) -> StoreResult<Vec<ExecutorRow>> {
-        let rows =
-            sqlx::query("SELECT public_id FROM executors ORDER BY created_at, public_id").fetch_all(&self.pool).await?;
+        let rows = sqlx::query("SELECT public_id FROM executors ORDER BY created_at, public_id")
+            .fetch_all(self.reader())
+            .await?;
         let mut executors = Vec::with_capacity(rows.len());
         for row in rows {
             if let Some(executor) = self.executor(parse(&row.try_get::<String, _>("public_id")?)?).await? {
@@ -126,7 +127,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] on a database failure.
     pub async fn repair_executor(&self, public_id: RunnerId, credential: &Credential) -> StoreResult<Option<i64>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.direct_writer().begin().await?;
         let bumped = sqlx::query(
             "UPDATE executors SET credential_epoch = credential_epoch + 1 WHERE public_id = $1 AND status = 'active'",
         )
@@ -154,7 +155,7 @@ impl Store {
     pub async fn revoke_executor(&self, public_id: RunnerId) -> StoreResult<bool> {
         let done = sqlx::query("UPDATE executors SET status = 'revoked' WHERE public_id = $1")
             .bind(public_id.to_string())
-            .execute(&self.pool)
+            .execute(self.direct_writer())
             .await?;
         Ok(done.rows_affected() > 0)
     }

@@ -16,7 +16,7 @@ impl Store {
     pub async fn create_member(&self, member: &MemberRow, credential: &Credential) -> StoreResult<()> {
         // Write first: a transaction that reads and then writes cannot upgrade its SQLite lock
         // while another writer commits ("database is locked"), so the UNIQUE index decides.
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.direct_writer().begin().await?;
         let now = self.clock.now_ms();
         sqlx::query(
             "INSERT INTO members (public_id, kind, handle, display_name, created_at) VALUES ($1, $2, $3, $4, $5)",
@@ -58,7 +58,7 @@ impl Store {
         )
         .bind(digest)
         .bind(self.clock.now_ms())
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.reader())
         .await?;
         let Some(row) = row else { return Ok(None) };
         let plane: String = row.try_get("plane")?;
@@ -99,7 +99,7 @@ impl Store {
     pub async fn member(&self, public_id: MemberId) -> StoreResult<Option<MemberRow>> {
         let row = sqlx::query("SELECT public_id, kind, handle, display_name, status FROM members WHERE public_id = $1")
             .bind(public_id.to_string())
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.reader())
             .await?;
         row.map(|row| {
             Ok(MemberRow {
@@ -121,7 +121,7 @@ impl Store {
         let done = sqlx::query("UPDATE members SET status = $1 WHERE public_id = $2")
             .bind(status.as_str())
             .bind(public_id.to_string())
-            .execute(&self.pool)
+            .execute(self.direct_writer())
             .await?;
         Ok(done.rows_affected() > 0)
     }

@@ -20,7 +20,7 @@ impl Store {
              FROM profiles WHERE member_public_id = $1",
         )
         .bind(member.to_string())
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.reader())
         .await?;
         row.map(|row| {
             Ok(ProfileRow {
@@ -60,7 +60,7 @@ impl Store {
         .bind(summarizer.map(Value::to_string))
         .bind(declared_at)
         .bind(member.to_string())
-        .fetch_optional(&self.pool)
+        .fetch_optional(self.reader())
         .await?
         .ok_or_else(|| StoreError::Conflict("profile vanished".into()))?;
         Ok(ProfileRow {
@@ -92,7 +92,11 @@ impl Store {
                 "UPDATE profiles SET summarizer = $1, summarizer_version = summarizer_version + 1 WHERE member_public_id = $2"
             }
         };
-        sqlx::query(sql).bind(document.map(Value::to_string)).bind(member.to_string()).execute(&self.pool).await?;
+        sqlx::query(sql)
+            .bind(document.map(Value::to_string))
+            .bind(member.to_string())
+            .execute(self.direct_writer())
+            .await?;
         self.profile(member).await?.ok_or_else(|| StoreError::Conflict("profile vanished".into()))
     }
 
@@ -108,7 +112,7 @@ impl Store {
              FROM named_definitions WHERE member_public_id = $1 AND deleted_at IS NULL ORDER BY name",
         )
         .bind(member.to_string())
-        .fetch_all(&self.pool)
+        .fetch_all(self.reader())
         .await?;
         rows.iter()
             .map(|row| {
@@ -136,7 +140,7 @@ impl Store {
         let now = self.clock.now_ms();
         // Write first (replace, else insert): a read-then-write transaction cannot upgrade its
         // SQLite lock while another writer commits.
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.direct_writer().begin().await?;
         let replaced = sqlx::query(
             "UPDATE named_definitions SET identifier = $1, scope = $2, description = $3, configuration = $4, display_name = $5, \
              system_prompt = $6, updated_at = $7, deleted_at = NULL WHERE member_public_id = $8 AND name = $9",
@@ -187,7 +191,7 @@ impl Store {
         .bind(self.clock.now_ms())
         .bind(member.to_string())
         .bind(name)
-        .execute(&self.pool)
+        .execute(self.direct_writer())
         .await?;
         Ok(done.rows_affected() > 0)
     }

@@ -28,7 +28,7 @@ impl Store {
         let row = sqlx::query(concat!(task_select!(), " WHERE run_public_id = $1 AND task_key = $2"))
             .bind(run.to_string())
             .bind(task_key.to_string())
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.reader())
             .await?;
         row.as_ref().map(task_of).transpose()
     }
@@ -40,7 +40,7 @@ impl Store {
     pub async fn tasks_of(&self, run: ExecutionId) -> StoreResult<Vec<TaskRow>> {
         let rows = sqlx::query(concat!(task_select!(), " WHERE run_public_id = $1 ORDER BY round, task_key"))
             .bind(run.to_string())
-            .fetch_all(&self.pool)
+            .fetch_all(self.reader())
             .await?;
         rows.iter().map(task_of).collect()
     }
@@ -60,7 +60,7 @@ impl Store {
             " WHERE target_executor_public_id = $1 AND status IN ('dispatched', 'running') ORDER BY started_at, task_key"
         ))
         .bind(executor.to_string())
-        .fetch_all(&self.pool)
+        .fetch_all(self.reader())
         .await?;
         rows.iter().map(task_of).collect()
     }
@@ -77,7 +77,7 @@ impl Store {
             "SELECT DISTINCT target_executor_public_id AS id FROM tasks \
              WHERE status IN ('dispatched', 'running') AND target_executor_public_id IS NOT NULL",
         )
-        .fetch_all(&self.pool)
+        .fetch_all(self.reader())
         .await?;
         rows.iter().map(|r| parse(&r.try_get::<String, _>("id")?)).collect()
     }
@@ -102,6 +102,39 @@ impl Store {
             .write(move |connection| {
                 let task = task.clone();
                 Box::pin(async move { update_task_in(connection, &task).await })
+            })
+            .await
+    }
+
+    /// Writes several tasks' mutable columns as [`Store::update_task`] does, in one
+    /// group-committed write: a runner's batch of claims and settlements, or a pause moving every
+    /// open deadline of an execution at one runner (issue 10, item 1).
+    ///
+    /// Each row is conditional as in [`Store::update_task`]; answers, per row and in order,
+    /// whether it was written (`false`: the row holds another claim and nothing changed). A row
+    /// that lost never fails its neighbours.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure; nothing is written then.
+    pub async fn update_tasks(&self, tasks: Vec<TaskRow>) -> StoreResult<Vec<bool>> {
+        if tasks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tasks = Arc::new(tasks);
+        self.writer
+            .write(move |connection| {
+                let tasks = tasks.clone();
+                Box::pin(async move {
+                    let mut written = Vec::with_capacity(tasks.len());
+                    for task in tasks.iter() {
+                        written.push(match update_task_in(connection, task).await {
+                            Ok(()) => true,
+                            Err(StoreError::Conflict(_)) => false,
+                            Err(other) => return Err(other),
+                        });
+                    }
+                    Ok(written)
+                })
             })
             .await
     }

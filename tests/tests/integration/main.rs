@@ -4,6 +4,7 @@
 
 mod approval;
 mod approval_runner_agent;
+mod batches;
 mod compaction;
 mod conformance;
 mod conformance_props;
