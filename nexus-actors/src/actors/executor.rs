@@ -547,7 +547,11 @@ async fn handle_msg(msg: ExecutorMsg, state: &mut ExecutorState) -> Result<(), A
             // Due by the alarm's time, or by now if the clock ran on past it.
             let due = state.deadlines.due(at.max(state.fabric.clock.now_ms()));
             for (id, deadline_at) in due {
-                let Some(task) = state.open.get(&id) else { continue };
+                let Some(task) = state.open.get(&id) else {
+                    debug_assert!(false, "a filed deadline belongs to an open task: {id:?}");
+                    state.deadlines.remove(&id);
+                    continue;
+                };
                 debug_assert_eq!(task.deadline_at, deadline_at, "the alarm keeps the held deadline: {id:?}");
                 let (status, error_key) = expiry_outcome(task);
                 tracing::info!(runner_id = %state.row.public_id, run_id = %id.0, task_key = %id.1, %status, "task expired");

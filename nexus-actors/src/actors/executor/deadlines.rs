@@ -52,18 +52,10 @@ impl Deadlines {
         self.in_order.first().map(|(at, _)| *at).filter(|at| !is_frozen(*at))
     }
 
-    /// Takes out every live deadline at or before `now`, earliest first.
-    pub(super) fn due(&mut self, now: i64) -> Vec<(TaskId, i64)> {
-        let mut due = Vec::new();
-        while let Some(&(at, id)) = self.in_order.first() {
-            if at > now || is_frozen(at) {
-                break;
-            }
-            self.in_order.pop_first();
-            self.by_task.remove(&id);
-            due.push((id, at));
-        }
-        due
+    /// Every live deadline at or before `now`, earliest first. They stay filed until their
+    /// tasks settle ([`Deadlines::remove`]).
+    pub(super) fn due(&self, now: i64) -> Vec<(TaskId, i64)> {
+        self.in_order.iter().take_while(|(at, _)| *at <= now && !is_frozen(*at)).map(|(at, id)| (*id, *at)).collect()
     }
 
     /// The deadline the alarm is armed for.
@@ -113,7 +105,8 @@ mod tests {
         deadlines.set(id(1), 400);
         assert_eq!(deadlines.next_live(), Some(200));
         assert_eq!(deadlines.due(300), vec![(id(2), 200), (id(0), 300)]);
-        assert_eq!(deadlines.len(), 1);
+        assert_eq!(deadlines.len(), 3, "due deadlines stay filed until their tasks settle");
+        assert!(deadlines.remove(&id(2)) && deadlines.remove(&id(0)));
         assert!(deadlines.remove(&id(1)));
         assert!(!deadlines.remove(&id(1)));
         assert_eq!(deadlines.next_live(), None);
@@ -128,6 +121,6 @@ mod tests {
         deadlines.set(id(1), 10);
         assert_eq!(deadlines.next_live(), Some(10));
         assert_eq!(deadlines.due(i64::MAX), vec![(id(1), 10)]);
-        assert_eq!(deadlines.len(), 1);
+        assert_eq!(deadlines.len(), 2);
     }
 }
