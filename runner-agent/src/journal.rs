@@ -59,7 +59,8 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 pub(crate) use self::file::CompactionPolicy;
-use self::file::{LogWriter, Record};
+pub(crate) use self::file::LogWriter;
+use self::file::Record;
 
 /// The journal's file name inside the state directory.
 pub const JOURNAL_FILE: &str = "journal.log";
@@ -466,7 +467,7 @@ impl Journal {
 
     /// The writer, for tests that inject failures into it.
     #[cfg(test)]
-    fn writer_mut(&mut self) -> &mut LogWriter {
+    pub(crate) fn writer_mut(&mut self) -> &mut LogWriter {
         self.log.as_mut().and_then(|log| log.writer.as_mut()).expect("an idle writable journal")
     }
 }

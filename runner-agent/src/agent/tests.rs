@@ -541,3 +541,25 @@ fn coalescing_keeps_order_and_bounds() {
     assert_eq!(sizes, [2, 2, 1]);
     assert!(out.iter().all(|frame| frame.encoded_len() <= MAX_BATCH_BYTES + 16));
 }
+
+#[tokio::test]
+async fn a_claim_the_journal_could_not_keep_is_not_run_and_fails() {
+    let setup = Setup::new();
+    let (mut agent, mut frames) = setup.agent();
+    agent.on_frame(work("t1"));
+    turn(&mut agent).await;
+    let claim_id = sent(&mut frames)[0].0;
+
+    agent.journal.writer_mut().fail_after_bytes = Some(7);
+    agent.on_frame(answer(claim_id, grant("bash", json!({"command": "touch ran"}), "tok-1")));
+    turn(&mut agent).await;
+    assert!(agent.tasks.is_empty() && agent.running.is_empty(), "the tool never started");
+    let (_, commit, body) = commit_of(&sent(&mut frames));
+    assert_eq!(commit.claim_token, "tok-1");
+    assert_eq!(body["outcome"], "failed");
+    assert!(body["content"].as_str().unwrap().contains("journal"), "{body}");
+    assert!(!setup.workdir().join("ran").exists());
+    // The next flush rewrote the log whole: the partial line is gone and the result is kept.
+    let on_disk = setup.on_disk();
+    assert!(matches!(on_disk.get(&key("t1")).unwrap().state, EntryState::CommitPending { .. }));
+}

@@ -173,7 +173,7 @@ pub(super) fn sync_dir(dir: &Path) -> Result<(), JournalError> {
 /// Owns `journal.log` while the agent runs: appends each batch of records and syncs it once,
 /// and rewrites the file from the live entries when it has grown (see [`CompactionPolicy`]).
 /// It keeps each live entry's line, so that compacting serializes nothing.
-pub(super) struct LogWriter {
+pub(crate) struct LogWriter {
     path: PathBuf,
     header_line: Vec<u8>,
     /// The open log, positioned at its end; `None` before the first write and after a failed
@@ -189,7 +189,7 @@ pub(super) struct LogWriter {
     fsyncs: Arc<AtomicU64>,
     /// Test hook: the next append writes only this many bytes and fails, as a crash would leave it.
     #[cfg(test)]
-    pub(super) fail_after_bytes: Option<usize>,
+    pub(crate) fail_after_bytes: Option<usize>,
 }
 
 impl LogWriter {
