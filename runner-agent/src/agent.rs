@@ -1,6 +1,12 @@
 //! The agent's loop: one task owns the journal, the running tools and the live stream, and handles
-//! one event at a time (a frame, a finished tool, a handle's request, a timer). Tools run in a
-//! `JoinSet` the loop owns; the stream comes and goes underneath them.
+//! one event at a time (a frame, a finished tool, a handle's request, a journal flush, a timer).
+//! Tools run in a `JoinSet` the loop owns; the stream comes and goes underneath them.
+//!
+//! Each turn of the loop ends the same way ([`Agent::end_turn`]): the frames the turn produced go
+//! out, several in one `RunnerBatch`, and the journal records it queued go to the disk with one
+//! sync, off the loop. What must wait for the disk (a tool's start, a commit, an extend's answer)
+//! waits in `after_durable` for the flush's event (`docs/protocol.md`, "Runner journal",
+//! "Batches").
 
 mod commits;
 mod link;
@@ -17,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use nexus_proto::Refusal;
 use nexus_proto::runner::v1::{NexusFrame, RunnerFrame};
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinSet;
+use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, MissedTickBehavior};
 use tonic::Streaming;
 use tonic::transport::Endpoint;
@@ -27,7 +33,7 @@ use self::link::{ConnectError, Connected};
 use crate::claim::{ControlRequest, RequestError};
 use crate::config::{AgentConfig, ConfigError};
 use crate::error::AgentError;
-use crate::journal::{EntryState, Journal, StateDirLock, TaskKey, lock_state_dir};
+use crate::journal::{EntryState, Journal, StateDirLock, TaskKey, Ticket, lock_state_dir};
 use crate::retry::ReconnectBackoff;
 use crate::sleep_until_opt;
 use crate::tools::{StopReason, ToolOutcome, Toolbox};
@@ -43,6 +49,16 @@ type Connecting = Pin<Box<dyn Future<Output = Result<Connected, ConnectError>> +
 struct Finished {
     key: TaskKey,
     outcome: ToolOutcome,
+}
+
+/// What waits for the journal: done once the flush through its ticket ends.
+enum AfterDurable {
+    /// Start a claimed tool, its `running` entry on disk.
+    Start(Box<work::Start>),
+    /// Send a result, its `commit_pending` entry on disk.
+    Commit(TaskKey),
+    /// Tell a tool its extension, the new deadline on disk.
+    Extended { reply: oneshot::Sender<Result<i64, RequestError>>, deadline_at_ms: i64 },
 }
 
 /// A request sent on the live stream, waiting for the answer with its request id.
@@ -98,6 +114,8 @@ impl FenceWatch {
 /// The live stream's sending half and bookkeeping.
 struct Link {
     outbound: mpsc::Sender<RunnerFrame>,
+    /// Frames of this turn, sent when it ends ([`Agent::flush_outbox`]).
+    outbox: Vec<RunnerFrame>,
     next_request_id: u64,
     pending: HashMap<u64, (Pending, Instant)>,
     last_frame_at: Instant,
@@ -113,7 +131,10 @@ pub(crate) struct Agent {
     /// runner's stream meanwhile.
     _state_lock: StateDirLock,
     journal: Journal,
-    /// Tools running now, with the way to stop each.
+    /// Actions waiting for their journal records to be durable, in ticket order.
+    after_durable: VecDeque<(Ticket, AfterDurable)>,
+    /// Tools running now (or claimed and waiting for their journal entry to start), with the way
+    /// to stop each.
     running: HashMap<TaskKey, watch::Sender<Option<StopReason>>>,
     tasks: JoinSet<Finished>,
     /// Hinted tasks not yet claimed, oldest first; `hinted` mirrors it for lookups.
@@ -145,7 +166,7 @@ impl Agent {
         }
         config.workdir = workdir.clone();
         let state_lock = lock_state_dir(&config.state_dir)?;
-        let journal = Journal::open(&config.state_dir, config.runner_id)?;
+        let journal = Journal::open_writable(&state_lock, config.runner_id)?;
         for entry in journal.entries() {
             let (run_public_id, task_key) = (&entry.key.run_public_id, &entry.key.task_key);
             match entry.state {
@@ -166,6 +187,7 @@ impl Agent {
             endpoint,
             _state_lock: state_lock,
             journal,
+            after_durable: VecDeque::new(),
             running: HashMap::new(),
             tasks: JoinSet::new(),
             hints: VecDeque::new(),
@@ -186,6 +208,15 @@ impl Agent {
     /// Runs until `shutdown` resolves and the stopped tools are journaled (bounded by
     /// `shutdown_grace`), or until nexus refuses this runner for good.
     pub(crate) async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+        let outcome = self.serve(shutdown).await;
+        // Whatever the last turns queued (a removal, a result) still goes to the disk.
+        if let Err(err) = self.journal.sync().await {
+            error!(error = %err, "could not write the journal");
+        }
+        outcome
+    }
+
+    async fn serve(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
         tokio::pin!(shutdown);
         self.connecting = Some(self.open_after(Duration::ZERO));
         let mut maintenance = tokio::time::interval(self.config.poll_interval);
@@ -193,6 +224,7 @@ impl Agent {
         maintenance.reset();
         let mut drain_deadline = None;
         loop {
+            self.end_turn();
             if self.draining && self.drained() {
                 info!("stopped");
                 return Ok(());
@@ -207,15 +239,25 @@ impl Agent {
                     warn!("the shutdown grace passed with work open; it stays journaled");
                     return Ok(());
                 }
-                Some(joined) = self.tasks.join_next() => match joined {
-                    Ok(finished) => self.on_tool_finished(finished).await,
-                    Err(err) => debug!(error = %err, "a tool task ended without a result"),
-                },
-                Some(request) = self.control_rx.recv() => self.on_control(request),
+                flushed = self.journal.flushed() => self.on_journal_flushed(flushed),
+                Some(joined) = self.tasks.join_next() => {
+                    self.on_joined(joined);
+                    // Tools done meanwhile end in this turn too: their results share a flush
+                    // and a batch.
+                    while let Some(joined) = self.tasks.try_join_next() {
+                        self.on_joined(joined);
+                    }
+                }
+                Some(request) = self.control_rx.recv() => {
+                    self.on_control(request);
+                    while let Ok(request) = self.control_rx.try_recv() {
+                        self.on_control(request);
+                    }
+                }
                 opened = poll_connecting(&mut self.connecting) => {
                     self.connecting = None;
                     match opened {
-                        Ok(connected) => self.on_connected(connected).await,
+                        Ok(connected) => self.on_connected(connected),
                         Err(err) => {
                             if let Some(refusal) = err.fatal() {
                                 error!(code = %refusal.code, message = %refusal.message, "nexus refused this runner; not retrying");
@@ -236,7 +278,7 @@ impl Agent {
                     }
                 }
                 received = next_frame(&mut self.inbound) => match received {
-                    Ok(Some(frame)) => self.on_frame(frame).await,
+                    Ok(Some(frame)) => self.on_frame(frame),
                     Ok(None) => {
                         self.lose_link("nexus closed the stream");
                         self.fence.lost(true);
@@ -244,8 +286,22 @@ impl Agent {
                     Err(status) => self.lose_link(&format!("the stream failed: {status}")),
                 },
                 () = sleep_until_opt(silent_at) => self.lose_link("no frame from nexus within the liveness bound"),
-                _ = maintenance.tick() => self.maintain().await,
+                _ = maintenance.tick() => self.maintain(),
             }
+        }
+    }
+
+    /// The end of a turn: the frames it produced go out, and the journal records it queued go to
+    /// the disk together (unless a flush runs already; they then go with the next).
+    fn end_turn(&mut self) {
+        self.flush_outbox();
+        self.journal.start_flush();
+    }
+
+    fn on_joined(&mut self, joined: Result<Finished, JoinError>) {
+        match joined {
+            Ok(finished) => self.on_tool_finished(finished),
+            Err(err) => debug!(error = %err, "a tool task ended without a result"),
         }
     }
 
@@ -260,23 +316,12 @@ impl Agent {
         }
     }
 
-    /// Nothing left that could still produce or deliver a result.
+    /// Nothing left that could still produce, journal or deliver a result.
     fn drained(&self) -> bool {
-        self.running.is_empty() && (self.link.is_none() || (self.committing.is_empty() && self.claiming.is_empty()))
-    }
-
-    // ---- sending ----
-}
-
-/// Writes the journal; a failure is logged, and the caller decides what it means. (A free
-/// function: holding `&Agent` across the write would make the loop's future `!Send`.)
-async fn persist(journal: &Journal) -> bool {
-    match journal.persist().await {
-        Ok(()) => true,
-        Err(err) => {
-            error!(error = %err, "could not write the journal");
-            false
-        }
+        self.running.is_empty()
+            && self.after_durable.is_empty()
+            && self.journal.is_idle()
+            && (self.link.is_none() || (self.committing.is_empty() && self.claiming.is_empty()))
     }
 }
 

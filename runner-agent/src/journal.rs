@@ -1,23 +1,38 @@
 //! The claim journal: every claim this runner holds and every result it has not yet had
-//! acknowledged, kept in `<state-dir>/journal.json` so that a restart neither loses a result nor
+//! acknowledged, kept in `<state-dir>/journal.log` so that a restart neither loses a result nor
 //! runs a tool twice.
 //!
-//! The file is one JSON document, rewritten whole and atomically (temp file, fsync, rename, fsync
-//! of the directory) after every change:
+//! The file is a log of JSON lines: a header naming the format and the runner, then one record
+//! per change, each the entry as it now stands (`upsert`) or the removal of a task (`remove`).
+//! The last record of a task wins; loading replays the lines in order.
 //!
 //! ```json
-//! {
-//!   "version": 1,
-//!   "runner_id": "6f1c…",
-//!   "entries": [
-//!     {"run_public_id": "…", "task_key": "…", "tool_name": "bash", "claim_token": "…",
-//!      "deadline_at_ms": 1767225600000, "state": "running"},
-//!     {"run_public_id": "…", "task_key": "…", "tool_name": "read_file", "claim_token": "…",
-//!      "deadline_at_ms": 1767225600000, "state": "commit_pending",
-//!      "body": {"content": "…", "structured_content": {}, "is_error": false}, "fallback": false}
-//!   ]
-//! }
+//! {"version":2,"runner_id":"6f1c…"}
+//! {"op":"upsert","entry":{"run_public_id":"…","task_key":"…","tool_name":"bash","claim_token":"…","deadline_at_ms":1767225600000,"state":"running"}}
+//! {"op":"upsert","entry":{"run_public_id":"…","task_key":"…","tool_name":"bash","claim_token":"…","deadline_at_ms":1767225600000,"state":"commit_pending","body":{"content":"…","structured_content":{},"is_error":false},"fallback":false}}
+//! {"op":"remove","run_public_id":"…","task_key":"…"}
 //! ```
+//!
+//! Writing: the agent's loop changes the journal in memory ([`Journal::insert`] and friends each
+//! queue one record and return its [`Ticket`]), and at the end of each turn hands everything
+//! queued to a blocking task that appends it and syncs once ([`Journal::start_flush`]); the loop
+//! learns of the sync as an event ([`Journal::flushed`]). So every change of one turn shares one
+//! fsync, and the loop never waits on the disk. Whatever must be durable before it happens waits
+//! for its ticket: a tool starts only once its `running` entry is on disk, and a commit is sent
+//! only once its `commit_pending` entry (with the body) is. While one flush runs, new records
+//! queue for the next.
+//!
+//! Compaction: when the log's records outnumber both 1,024 and four times the live entries, or
+//! its bytes exceed both 16 MiB and four times the live entries' bytes, the writer rewrites it
+//! instead of appending: the header and one `upsert` per live entry into `journal.log.tmp`,
+//! fsync, rename over the log, fsync of the directory. Opening the journal for writing always compacts, which also migrates
+//! an old `journal.json` (version 1, one JSON document, whose entries win over the log's) and
+//! removes it afterwards.
+//!
+//! Crashes: a record is written with its newline last, so a crash mid-write leaves at most a
+//! partial last line; it was never acknowledged and loading ignores it. Any other line that does
+//! not parse is [`JournalError::CorruptRecord`], naming the file and the line. A failed append
+//! makes the next flush rewrite the whole file, so a partial line never ends up mid-log.
 //!
 //! Rules the agent keeps with it: an entry is written `running` before its tool starts and
 //! `commit_pending` (with the body) before the commit is sent; it is removed when nexus answers
@@ -27,20 +42,33 @@
 //!
 //! One runner-agent at a time owns a state directory: [`lock_state_dir`] takes an exclusive
 //! advisory lock on `<state-dir>/runner-agent.lock` for the life of the process, so a second
-//! runner-agent on the same directory stops at once instead of writing the same journal.
+//! runner-agent on the same directory stops at once instead of writing the same journal; only
+//! the lock's holder opens the journal for writing ([`Journal::open_writable`]).
 
-use std::collections::BTreeMap;
+mod file;
+
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
 use uuid::Uuid;
 
+pub(crate) use self::file::CompactionPolicy;
+pub(crate) use self::file::LogWriter;
+use self::file::Record;
+
 /// The journal's file name inside the state directory.
-pub const JOURNAL_FILE: &str = "journal.json";
+pub const JOURNAL_FILE: &str = "journal.log";
+/// The whole-document journal of older runner-agents, migrated into [`JOURNAL_FILE`] and removed
+/// when the journal is opened for writing.
+pub const LEGACY_JOURNAL_FILE: &str = "journal.json";
 /// The lock file inside the state directory; it holds the owner's pid, for the operator.
 pub const LOCK_FILE: &str = "runner-agent.lock";
-const FORMAT_VERSION: u32 = 1;
 
 /// Identifies one task: the run it belongs to and its key inside that run.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -86,14 +114,6 @@ pub struct JournalEntry {
     pub state: EntryState,
 }
 
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JournalFile {
-    version: u32,
-    runner_id: Uuid,
-    entries: Vec<JournalEntry>,
-}
-
 /// The journal failed to load or to persist.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -112,6 +132,17 @@ pub enum JournalError {
     Corrupt {
         /// The journal file.
         path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A complete line of the log that is not a record (a torn last line is not this: it is
+    /// ignored). The file is left untouched, as for [`JournalError::Corrupt`].
+    #[error("unreadable journal {path}, line {line}: {reason}")]
+    CorruptRecord {
+        /// The journal file.
+        path: PathBuf,
+        /// The line, counting the header as line 1.
+        line: usize,
         /// What is wrong with it.
         reason: String,
     },
@@ -143,7 +174,15 @@ pub enum JournalError {
 /// the kernel releases it then, so a killed runner-agent leaves no stale lock behind).
 #[derive(Debug)]
 pub struct StateDirLock {
+    dir: PathBuf,
     _file: std::fs::File,
+}
+
+impl StateDirLock {
+    /// The state directory this lock holds.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
 }
 
 /// Takes the exclusive lock on `state_dir` (creating the directory if needed) and records this
@@ -169,46 +208,121 @@ pub fn lock_state_dir(state_dir: &Path) -> Result<StateDirLock, JournalError> {
     }
     file.set_len(0).map_err(io)?;
     file.write_all(format!("{}\n", std::process::id()).as_bytes()).map_err(io)?;
-    Ok(StateDirLock { _file: file })
+    Ok(StateDirLock { dir: state_dir.to_owned(), _file: file })
 }
 
-/// The in-memory journal; mutate it, then [`persist`](Journal::persist) it.
+/// The place of one queued record in the journal's order: the record is on disk once a flush
+/// through its ticket has succeeded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Ticket(u64);
+
+/// A flush that ended: every record up to `through` was handed to the disk, and `result` says
+/// whether it is durable.
 #[derive(Debug)]
+pub(crate) struct Flushed {
+    pub(crate) through: Ticket,
+    pub(crate) result: Result<(), JournalError>,
+}
+
+/// The writing side of an open journal.
+struct Log {
+    runner_id: Uuid,
+    policy: CompactionPolicy,
+    /// Records not yet handed to the writer, oldest first.
+    queued: Vec<Record>,
+    /// The ticket the next record gets.
+    next: u64,
+    /// Tasks with a record queued or being written: the ticket of the latest.
+    unwritten: HashMap<TaskKey, Ticket>,
+    /// The writer while no flush runs (a flush owns it meanwhile).
+    writer: Option<LogWriter>,
+    in_flight: Option<InFlight>,
+    fsyncs: Arc<AtomicU64>,
+}
+
+struct InFlight {
+    through: Ticket,
+    task: JoinHandle<(LogWriter, Result<(), JournalError>)>,
+}
+
+/// The journal: its entries in memory and, when opened for writing, the log they are kept in.
+/// Change it, then [`start_flush`](Journal::start_flush) (or [`sync`](Journal::sync)).
 pub struct Journal {
     path: PathBuf,
-    runner_id: Uuid,
     entries: BTreeMap<TaskKey, JournalEntry>,
+    /// `None` for a snapshot ([`Journal::open`]): changes then stay in memory.
+    log: Option<Log>,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("path", &self.path)
+            .field("entries", &self.entries.len())
+            .field("writable", &self.log.is_some())
+            .finish()
+    }
 }
 
 impl Journal {
-    /// Opens (creating the directory if needed) the journal in `state_dir`. A missing file is an
-    /// empty journal.
+    /// Reads the journal in `state_dir` as it stands, without writing anything: a snapshot, safe
+    /// to take while a runner-agent runs there. A missing file is an empty journal; an old
+    /// `journal.json` not yet migrated is read too.
     ///
     /// # Errors
-    /// [`JournalError::Io`] when the directory or file cannot be read,
-    /// [`JournalError::Corrupt`] for an unparsable file or unknown version, and
-    /// [`JournalError::WrongRunner`] when the file names another runner.
+    /// [`JournalError::Io`] when a file cannot be read, [`JournalError::Corrupt`] for an
+    /// unknown version or a missing header, [`JournalError::CorruptRecord`] for a line that does
+    /// not parse (other than a torn last one), and [`JournalError::WrongRunner`] when the
+    /// journal names another runner.
     pub fn open(state_dir: &Path, runner_id: Uuid) -> Result<Journal, JournalError> {
-        std::fs::create_dir_all(state_dir).map_err(|error| JournalError::Io { path: state_dir.to_owned(), error })?;
+        let (entries, _) = load(state_dir, runner_id)?;
+        Ok(Journal { path: state_dir.join(JOURNAL_FILE), entries, log: None })
+    }
+
+    /// Opens the journal of the state directory `lock` holds for writing: reads it as
+    /// [`open`](Journal::open) does, then rewrites the log from the entries (dropping a torn
+    /// last line, migrating `journal.json` and removing it). Blocks on the disk.
+    ///
+    /// # Errors
+    /// As [`open`](Journal::open), and [`JournalError::Io`] when the log cannot be rewritten.
+    pub fn open_writable(lock: &StateDirLock, runner_id: Uuid) -> Result<Journal, JournalError> {
+        Journal::open_writable_with(lock, runner_id, CompactionPolicy::default())
+    }
+
+    pub(crate) fn open_writable_with(
+        lock: &StateDirLock,
+        runner_id: Uuid,
+        policy: CompactionPolicy,
+    ) -> Result<Journal, JournalError> {
+        let state_dir = lock.dir();
+        let (entries, loaded) = load(state_dir, runner_id)?;
         let path = state_dir.join(JOURNAL_FILE);
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Journal { path, runner_id, entries: BTreeMap::new() });
-            }
-            Err(error) => return Err(JournalError::Io { path, error }),
+        if loaded.torn_bytes > 0 {
+            warn!(
+                path = %path.display(), bytes = loaded.torn_bytes,
+                "ignoring the journal's torn last record: a crash interrupted its write, so it was never acknowledged"
+            );
+        }
+        let fsyncs = Arc::new(AtomicU64::new(0));
+        let mut writer = LogWriter::new(path.clone(), runner_id, &entries, policy, Arc::clone(&fsyncs))?;
+        writer.compact()?;
+        if loaded.legacy {
+            let legacy = state_dir.join(LEGACY_JOURNAL_FILE);
+            std::fs::remove_file(&legacy).map_err(|error| JournalError::Io { path: legacy.clone(), error })?;
+            file::sync_dir(state_dir)?;
+            info!(from = %legacy.display(), to = %path.display(), entries = entries.len(), "migrated the journal");
+        }
+        let log = Log {
+            runner_id,
+            policy,
+            queued: Vec::new(),
+            next: 1,
+            unwritten: HashMap::new(),
+            writer: Some(writer),
+            in_flight: None,
+            fsyncs,
         };
-        let file: JournalFile = serde_json::from_slice(&bytes)
-            .map_err(|err| JournalError::Corrupt { path: path.clone(), reason: err.to_string() })?;
-        if file.version != FORMAT_VERSION {
-            let reason = format!("version {} (this build reads {FORMAT_VERSION})", file.version);
-            return Err(JournalError::Corrupt { path, reason });
-        }
-        if file.runner_id != runner_id {
-            return Err(JournalError::WrongRunner { path, found: file.runner_id, expected: runner_id });
-        }
-        let entries = file.entries.into_iter().map(|entry| (entry.key.clone(), entry)).collect();
-        Ok(Journal { path, runner_id, entries })
+        Ok(Journal { path, entries, log: Some(log) })
     }
 
     /// The journal file's path.
@@ -226,159 +340,157 @@ impl Journal {
         self.entries.get(key)
     }
 
+    /// How many fsyncs this journal has done since it was opened (a compaction counts two: the
+    /// file and its directory).
+    pub fn fsyncs(&self) -> u64 {
+        self.log.as_ref().map_or(0, |log| log.fsyncs.load(Ordering::Relaxed))
+    }
+
     pub(crate) fn contains(&self, key: &TaskKey) -> bool {
         self.entries.contains_key(key)
     }
 
-    pub(crate) fn get_mut(&mut self, key: &TaskKey) -> Option<&mut JournalEntry> {
-        self.entries.get_mut(key)
+    /// Adds or replaces the entry of its task.
+    pub(crate) fn insert(&mut self, entry: JournalEntry) -> Ticket {
+        self.entries.insert(entry.key.clone(), entry.clone());
+        self.queue(Record::Upsert { entry })
     }
 
-    pub(crate) fn insert(&mut self, entry: JournalEntry) {
-        self.entries.insert(entry.key.clone(), entry);
+    /// Changes the entry for `key`, if journaled.
+    pub(crate) fn update(&mut self, key: &TaskKey, change: impl FnOnce(&mut JournalEntry)) -> Option<Ticket> {
+        let entry = self.entries.get_mut(key)?;
+        change(entry);
+        let entry = entry.clone();
+        Some(self.queue(Record::Upsert { entry }))
     }
 
     pub(crate) fn remove(&mut self, key: &TaskKey) -> Option<JournalEntry> {
-        self.entries.remove(key)
+        let removed = self.entries.remove(key)?;
+        self.queue(Record::Remove { key: key.clone() });
+        Some(removed)
     }
 
     /// Removes the entries `expired` selects, returning them.
     pub(crate) fn remove_where(&mut self, mut expired: impl FnMut(&JournalEntry) -> bool) -> Vec<JournalEntry> {
         let keys: Vec<TaskKey> = self.entries.values().filter(|entry| expired(entry)).map(|e| e.key.clone()).collect();
-        keys.iter().filter_map(|key| self.entries.remove(key)).collect()
+        keys.iter().filter_map(|key| self.remove(key)).collect()
     }
 
-    /// Writes the whole journal atomically: a temp file beside it, fsync, rename over the old
-    /// file, fsync of the directory. Runs on the blocking pool.
+    fn queue(&mut self, record: Record) -> Ticket {
+        let Some(log) = self.log.as_mut() else { return Ticket(0) };
+        let ticket = Ticket(log.next);
+        log.next += 1;
+        log.unwritten.insert(record.key().clone(), ticket);
+        log.queued.push(record);
+        ticket
+    }
+
+    /// Whether a change of `key` is still queued or being written.
+    pub(crate) fn has_unwritten(&self, key: &TaskKey) -> bool {
+        self.log.as_ref().is_some_and(|log| log.unwritten.contains_key(key))
+    }
+
+    /// Nothing is queued and no flush runs.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.log.as_ref().is_none_or(|log| log.queued.is_empty() && log.in_flight.is_none())
+    }
+
+    /// Hands every queued record to a blocking task that writes them with one sync, unless a
+    /// flush runs already (they then go with the next) or nothing is queued. Never blocks.
+    pub(crate) fn start_flush(&mut self) {
+        let Some(log) = self.log.as_mut() else { return };
+        if log.in_flight.is_some() || log.queued.is_empty() {
+            return;
+        }
+        let Some(mut writer) = log.writer.take() else { return };
+        let records = std::mem::take(&mut log.queued);
+        let through = Ticket(log.next - 1);
+        let span = tracing::debug_span!("journal_flush", records = records.len());
+        let task = tokio::task::spawn_blocking(move || {
+            let _entered = span.enter();
+            let result = writer.write(records);
+            (writer, result)
+        });
+        log.in_flight = Some(InFlight { through, task });
+    }
+
+    /// Waits for the running flush to end (forever when none runs) and takes its writer back.
+    /// Cancel-safe: dropped before the flush ends, it leaves the flush running.
+    pub(crate) async fn flushed(&mut self) -> Flushed {
+        let Some(log) = self.log.as_mut() else { return std::future::pending().await };
+        let Some(in_flight) = log.in_flight.as_mut() else { return std::future::pending().await };
+        let joined = (&mut in_flight.task).await;
+        let through = in_flight.through;
+        log.in_flight = None;
+        let result = match joined {
+            Ok((writer, result)) => {
+                log.writer = Some(writer);
+                result
+            }
+            Err(join_error) => {
+                // The writer went with the task: start a new one, which rewrites the whole file
+                // from what memory holds (records still queued are in it too; replaying them is
+                // harmless).
+                let fsyncs = Arc::clone(&log.fsyncs);
+                match LogWriter::new(self.path.clone(), log.runner_id, &self.entries, log.policy, fsyncs) {
+                    Ok(writer) => log.writer = Some(writer),
+                    Err(err) => warn!(error = %err, "could not restart the journal's writer"),
+                }
+                Err(JournalError::Io { path: self.path.clone(), error: std::io::Error::other(join_error.to_string()) })
+            }
+        };
+        log.unwritten.retain(|_, ticket| *ticket > through);
+        Flushed { through, result }
+    }
+
+    /// Writes everything queued and waits until it is on disk.
     ///
     /// # Errors
-    /// [`JournalError::Io`] when any step fails; the previous file is then still intact.
-    pub async fn persist(&self) -> Result<(), JournalError> {
-        let file = JournalFile {
-            version: FORMAT_VERSION,
-            runner_id: self.runner_id,
-            entries: self.entries.values().cloned().collect(),
-        };
-        let bytes = serde_json::to_vec_pretty(&file)
-            .map_err(|err| JournalError::Corrupt { path: self.path.clone(), reason: err.to_string() })?;
-        let path = self.path.clone();
-        tokio::task::spawn_blocking(move || write_atomically(&path, &bytes)).await.map_err(|err| JournalError::Io {
-            path: self.path.clone(),
-            error: std::io::Error::other(err.to_string()),
-        })?
+    /// The last [`JournalError::Io`] a flush met; the next flush rewrites the whole file.
+    pub async fn sync(&mut self) -> Result<(), JournalError> {
+        let mut outcome = Ok(());
+        loop {
+            self.start_flush();
+            if self.is_idle() {
+                return outcome;
+            }
+            if self.log.as_ref().is_some_and(|log| log.in_flight.is_none()) {
+                // Records are queued but there is no writer to take them.
+                let error = std::io::Error::other("the journal's writer is gone");
+                return Err(JournalError::Io { path: self.path.clone(), error });
+            }
+            if let Err(err) = self.flushed().await.result {
+                outcome = Err(err);
+            }
+        }
+    }
+
+    /// The writer, for tests that inject failures into it.
+    #[cfg(test)]
+    pub(crate) fn writer_mut(&mut self) -> &mut LogWriter {
+        self.log.as_mut().and_then(|log| log.writer.as_mut()).expect("an idle writable journal")
     }
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), JournalError> {
-    let io = |error| JournalError::Io { path: path.to_owned(), error };
-    let temp = path.with_extension("json.tmp");
-    let mut file = std::fs::File::create(&temp).map_err(io)?;
-    file.write_all(bytes).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    drop(file);
-    std::fs::rename(&temp, path).map_err(io)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir).and_then(|dir| dir.sync_all()).map_err(io)?;
+/// What loading found besides the entries.
+struct LoadNotes {
+    torn_bytes: usize,
+    legacy: bool,
+}
+
+/// The log's entries with a `journal.json`'s on top: a file left by an older runner-agent, or by
+/// a migration that crashed before removing it (its entries are then the log's already).
+fn load(state_dir: &Path, runner_id: Uuid) -> Result<(BTreeMap<TaskKey, JournalEntry>, LoadNotes), JournalError> {
+    let log = file::read_log(&state_dir.join(JOURNAL_FILE), runner_id)?;
+    let legacy = file::read_legacy(&state_dir.join(LEGACY_JOURNAL_FILE), runner_id)?;
+    let torn_bytes = log.as_ref().map_or(0, |loaded| loaded.torn_bytes);
+    let mut entries = log.map(|loaded| loaded.entries).unwrap_or_default();
+    let notes = LoadNotes { torn_bytes, legacy: legacy.is_some() };
+    for entry in legacy.into_iter().flatten() {
+        entries.insert(entry.key.clone(), entry);
     }
-    Ok(())
+    Ok((entries, notes))
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    fn key(task: &str) -> TaskKey {
-        TaskKey { run_public_id: "run-1".into(), task_key: task.into() }
-    }
-
-    #[test]
-    fn one_holder_at_a_time_locks_a_state_dir() {
-        let dir = tempfile::tempdir().unwrap();
-        let state = dir.path().join("state");
-        let held = lock_state_dir(&state).unwrap();
-        match lock_state_dir(&state) {
-            Err(JournalError::InUse { path, pid }) => {
-                assert_eq!(path, state);
-                assert_eq!(pid, Some(std::process::id()), "the holder's pid is named");
-            }
-            other => panic!("expected InUse, got {other:?}"),
-        }
-        drop(held);
-        let again = lock_state_dir(&state).expect("a released lock is taken again");
-        assert!(lock_state_dir(&dir.path().join("other")).is_ok(), "another state dir is free");
-        drop(again);
-    }
-
-    #[tokio::test]
-    async fn journal_round_trips_through_its_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let runner = Uuid::from_u128(1);
-        let mut journal = Journal::open(&dir.path().join("state"), runner).unwrap();
-        assert_eq!(journal.entries().count(), 0);
-        journal.insert(JournalEntry {
-            key: key("a"),
-            tool_name: "bash".into(),
-            claim_token: "tok-a".into(),
-            deadline_at_ms: 1_000,
-            state: EntryState::Running,
-        });
-        let body = json!({"content": "hi", "structured_content": {"n": 1}, "is_error": false});
-        journal.insert(JournalEntry {
-            key: key("b"),
-            tool_name: "read_file".into(),
-            claim_token: "tok-b".into(),
-            deadline_at_ms: 2_000,
-            state: EntryState::CommitPending { body: body.clone(), fallback: false },
-        });
-        journal.persist().await.unwrap();
-        assert!(!journal.path().with_extension("json.tmp").exists());
-
-        let reopened = Journal::open(&dir.path().join("state"), runner).unwrap();
-        let entries: Vec<_> = reopened.entries().cloned().collect();
-        assert_eq!(entries, journal.entries().cloned().collect::<Vec<_>>());
-        assert_eq!(entries[0].state, EntryState::Running);
-        assert_eq!(entries[1].state, EntryState::CommitPending { body, fallback: false });
-        assert_eq!(reopened.get(&key("a")).unwrap().claim_token, "tok-a");
-
-        // The file is the documented shape: flat entries with a `state` tag.
-        let raw: serde_json::Value = serde_json::from_slice(&std::fs::read(journal.path()).unwrap()).unwrap();
-        assert_eq!(raw["version"], 1);
-        assert_eq!(raw["runner_id"], runner.to_string());
-        assert_eq!(raw["entries"][0]["task_key"], "a");
-        assert_eq!(raw["entries"][0]["state"], "running");
-        assert_eq!(raw["entries"][1]["state"], "commit_pending");
-        assert_eq!(raw["entries"][1]["body"]["content"], "hi");
-    }
-
-    #[tokio::test]
-    async fn journal_refuses_another_runner_and_garbage() {
-        let dir = tempfile::tempdir().unwrap();
-        let journal = Journal::open(dir.path(), Uuid::from_u128(1)).unwrap();
-        journal.persist().await.unwrap();
-        assert!(matches!(Journal::open(dir.path(), Uuid::from_u128(2)), Err(JournalError::WrongRunner { .. })));
-        std::fs::write(dir.path().join(JOURNAL_FILE), b"{not json").unwrap();
-        assert!(matches!(Journal::open(dir.path(), Uuid::from_u128(1)), Err(JournalError::Corrupt { .. })));
-    }
-
-    #[test]
-    fn remove_where_returns_what_it_removed() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut journal = Journal::open(dir.path(), Uuid::nil()).unwrap();
-        for (task, deadline) in [("a", 10), ("b", 20), ("c", 30)] {
-            journal.insert(JournalEntry {
-                key: key(task),
-                tool_name: "bash".into(),
-                claim_token: format!("tok-{task}"),
-                deadline_at_ms: deadline,
-                state: EntryState::Running,
-            });
-        }
-        let removed = journal.remove_where(|entry| entry.deadline_at_ms < 25);
-        let removed: Vec<&str> = removed.iter().map(|e| e.key.task_key.as_str()).collect();
-        assert_eq!(removed, ["a", "b"]);
-        assert!(journal.contains(&key("c")));
-        assert!(!journal.contains(&key("a")));
-    }
-}
+mod tests;

@@ -1,15 +1,17 @@
 //! `run` against a scripted nexus on 127.0.0.1:0: each test plays the server side of the stream
 //! frame by frame (hello, announce, claim, commit, a dropped stream, a silent stream, shutdown,
-//! a stream fenced again and again), and a second runner-agent on a state dir already held.
+//! a stream fenced again and again, batches both ways), and a second runner-agent on a state dir
+//! already held.
 
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nexus_proto::runner::v1::runner_service_server::{RunnerService, RunnerServiceServer};
 use nexus_proto::runner::v1::{
-    Announced, ClaimGranted, Committed, NexusFrame, Refusal, RunnerFrame, Welcome, WorkAvailable, nexus_frame,
-    runner_frame,
+    Announced, ClaimGranted, Committed, NexusBatch, NexusFrame, Ping, Refusal, RunnerFrame, Welcome, WorkAvailable,
+    nexus_frame, runner_frame,
 };
 use nexus_runner_agent::journal::{Journal, JournalError};
 use nexus_runner_agent::{AgentConfig, AgentError, Credential};
@@ -28,26 +30,57 @@ const PATIENCE: Duration = Duration::from_secs(10);
 struct Conn {
     inbound: Streaming<RunnerFrame>,
     outbound: mpsc::UnboundedSender<Result<NexusFrame, Status>>,
+    /// Frames of a batch already read, not yet taken.
+    unbatched: VecDeque<RunnerFrame>,
 }
 
 impl Conn {
+    /// The next frame on the wire, a batch whole.
+    async fn recv_raw(&mut self) -> RunnerFrame {
+        tokio::time::timeout(PATIENCE, self.inbound.message())
+            .await
+            .expect("the agent sent a frame in time")
+            .expect("the stream is healthy")
+            .expect("the stream is open")
+    }
+
+    /// The next frame, a batch's frames one by one (each as if sent alone).
+    async fn recv_any(&mut self) -> (u64, runner_frame::Frame) {
+        loop {
+            if let Some(frame) = self.unbatched.pop_front() {
+                return (frame.request_id, frame.frame.expect("a frame body"));
+            }
+            let frame = self.recv_raw().await;
+            match frame.frame.expect("a frame body") {
+                runner_frame::Frame::Batch(batch) => {
+                    assert_eq!(frame.request_id, 0, "a batch's own request id is 0");
+                    assert!((2..=256).contains(&batch.frames.len()), "a batch of {} frames", batch.frames.len());
+                    self.unbatched.extend(batch.frames);
+                }
+                body => return (frame.request_id, body),
+            }
+        }
+    }
+
     /// The next frame that is not progress.
     async fn recv(&mut self) -> (u64, runner_frame::Frame) {
         loop {
-            let frame = tokio::time::timeout(PATIENCE, self.inbound.message())
-                .await
-                .expect("the agent sent a frame in time")
-                .expect("the stream is healthy")
-                .expect("the stream is open");
-            match frame.frame.expect("a frame body") {
-                runner_frame::Frame::Progress(_) => continue,
-                body => return (frame.request_id, body),
+            match self.recv_any().await {
+                (_, runner_frame::Frame::Progress(_)) => continue,
+                received => return received,
             }
         }
     }
 
     fn send(&self, request_id: u64, frame: nexus_frame::Frame) {
         self.outbound.send(Ok(NexusFrame { request_id, frame: Some(frame) })).expect("stream open");
+    }
+
+    /// Sends several frames as one `NexusBatch`.
+    fn send_batch(&self, frames: Vec<(u64, nexus_frame::Frame)>) {
+        let frames =
+            frames.into_iter().map(|(request_id, frame)| NexusFrame { request_id, frame: Some(frame) }).collect();
+        self.send(0, nexus_frame::Frame::Batch(NexusBatch { frames }));
     }
 
     /// Reads hello and answers welcome; returns the hello's credential.
@@ -57,15 +90,8 @@ impl Conn {
         assert_eq!(request_id, 1);
         assert_eq!(hello.executor_public_id, RUNNER.to_string());
         assert_eq!(hello.protocol_version, nexus_proto::RUNNER_PROTOCOL_VERSION);
-        self.send(
-            1,
-            nexus_frame::Frame::Welcome(Welcome {
-                executor_public_id: RUNNER.to_string(),
-                credential_epoch: 1,
-                protocol_version: nexus_proto::RUNNER_PROTOCOL_VERSION,
-                ping_interval_ms,
-            }),
-        );
+        assert!(hello.batches, "runner-agent reads batches");
+        self.send(1, welcome(ping_interval_ms));
         hello.credential
     }
 
@@ -78,15 +104,7 @@ impl Conn {
     }
 
     fn work(&self, task_key: &str) {
-        self.send(
-            0,
-            nexus_frame::Frame::WorkAvailable(WorkAvailable {
-                kind: "tool_call".into(),
-                run_public_id: "run-1".into(),
-                task_key: task_key.into(),
-                tool_name: "bash".into(),
-            }),
-        );
+        self.send(0, work(task_key));
     }
 
     /// Reads a claim for `task_key` and grants it.
@@ -94,18 +112,7 @@ impl Conn {
         let (request_id, frame) = self.recv().await;
         let runner_frame::Frame::Claim(claim) = frame else { panic!("expected claim, got {frame:?}") };
         assert_eq!((claim.run_public_id.as_str(), claim.task_key.as_str()), ("run-1", task_key));
-        let task = json!({
-            "kind": "tool_call", "run_public_id": "run-1", "task_key": task_key, "tool_name": "bash",
-            "tool_input": {"command": command}, "timeout_ms": 60_000,
-        });
-        self.send(
-            request_id,
-            nexus_frame::Frame::ClaimGranted(ClaimGranted {
-                task_json: task.to_string(),
-                claim_token: claim_token.into(),
-                deadline_at_ms: now_ms() + 60_000,
-            }),
-        );
+        self.send(request_id, granted(task_key, command, claim_token));
     }
 
     /// Reads a commit; returns its request id, token and body.
@@ -120,6 +127,36 @@ impl Conn {
     }
 }
 
+fn welcome(ping_interval_ms: u64) -> nexus_frame::Frame {
+    nexus_frame::Frame::Welcome(Welcome {
+        executor_public_id: RUNNER.to_string(),
+        credential_epoch: 1,
+        protocol_version: nexus_proto::RUNNER_PROTOCOL_VERSION,
+        ping_interval_ms,
+    })
+}
+
+fn work(task_key: &str) -> nexus_frame::Frame {
+    nexus_frame::Frame::WorkAvailable(WorkAvailable {
+        kind: "tool_call".into(),
+        run_public_id: "run-1".into(),
+        task_key: task_key.into(),
+        tool_name: "bash".into(),
+    })
+}
+
+fn granted(task_key: &str, command: &str, claim_token: &str) -> nexus_frame::Frame {
+    let task = json!({
+        "kind": "tool_call", "run_public_id": "run-1", "task_key": task_key, "tool_name": "bash",
+        "tool_input": {"command": command}, "timeout_ms": 60_000,
+    });
+    nexus_frame::Frame::ClaimGranted(ClaimGranted {
+        task_json: task.to_string(),
+        claim_token: claim_token.into(),
+        deadline_at_ms: now_ms() + 60_000,
+    })
+}
+
 struct FakeNexus {
     connections: mpsc::UnboundedSender<Conn>,
 }
@@ -130,7 +167,7 @@ impl RunnerService for FakeNexus {
 
     async fn connect(&self, request: Request<Streaming<RunnerFrame>>) -> Result<Response<Self::ConnectStream>, Status> {
         let (outbound, frames) = mpsc::unbounded_channel();
-        let conn = Conn { inbound: request.into_inner(), outbound };
+        let conn = Conn { inbound: request.into_inner(), outbound, unbatched: VecDeque::new() };
         self.connections.send(conn).map_err(|_| Status::unavailable("test over"))?;
         Ok(Response::new(UnboundedReceiverStream::new(frames)))
     }
@@ -297,16 +334,11 @@ async fn shutdown_kills_a_running_tool_and_commits_what_happened() {
     conn.grant("t1", "echo started; sleep 30", "tok-1").await;
 
     // Wait until the command has started (its output shows in a progress frame), then stop.
-    let progress = tokio::time::timeout(PATIENCE, async {
-        loop {
-            let frame = conn.inbound.message().await.unwrap().unwrap();
-            if let Some(runner_frame::Frame::Progress(progress)) = frame.frame {
-                return progress;
-            }
+    let progress = loop {
+        if let (_, runner_frame::Frame::Progress(progress)) = conn.recv_any().await {
+            break progress;
         }
-    })
-    .await
-    .expect("a progress frame in time");
+    };
     assert_eq!(progress.claim_token, "tok-1");
     let tail: Value = serde_json::from_str(&progress.frame_json).unwrap();
     assert_eq!(tail["text_tail"], "started\n");
@@ -428,4 +460,83 @@ async fn a_second_agent_on_a_held_state_dir_stops_at_once() {
     stop.send(()).unwrap();
     assert!(finished(agent).await.is_ok());
     drop(conn);
+}
+
+#[tokio::test]
+async fn offers_in_one_batch_are_claimed_in_one_batch_and_answers_in_one_are_handled() {
+    let mut nexus = Harness::start().await;
+    let (stop, agent) = spawn_agent(nexus.config.clone());
+    let mut conn = nexus.accept().await;
+    conn.welcome(15_000).await;
+    conn.announced().await;
+
+    conn.send_batch(vec![(0, work("t1")), (0, work("t2")), (0, work("t3"))]);
+    let claims = conn.recv_raw().await;
+    let Some(runner_frame::Frame::Batch(batch)) = claims.frame else { panic!("expected one batch, got {claims:?}") };
+    assert_eq!(claims.request_id, 0);
+    let claimed: Vec<(u64, String)> = batch
+        .frames
+        .into_iter()
+        .map(|frame| match frame.frame {
+            Some(runner_frame::Frame::Claim(claim)) => (frame.request_id, claim.task_key),
+            other => panic!("expected claims, got {other:?}"),
+        })
+        .collect();
+    let tasks: Vec<&str> = claimed.iter().map(|(_, task)| task.as_str()).collect();
+    assert_eq!(tasks, ["t1", "t2", "t3"]);
+
+    // The answers come back in one batch: each is handled as if it came alone.
+    conn.send_batch(vec![
+        (claimed[0].0, granted("t1", "echo one", "tok-1")),
+        (claimed[1].0, granted("t2", "echo two", "tok-2")),
+        (
+            claimed[2].0,
+            nexus_frame::Frame::Refusal(Refusal {
+                code: "already_claimed".into(),
+                message: "taken".into(),
+                http_status: 409,
+            }),
+        ),
+    ]);
+    let mut commits = Vec::new();
+    while commits.len() < 2 {
+        let (request_id, token, body) = conn.commit().await;
+        commits.push((request_id, token, body["content"].as_str().unwrap().to_owned()));
+    }
+    commits.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(commits[0].1, "tok-1");
+    assert!(commits[0].2.contains("one"), "{}", commits[0].2);
+    assert_eq!(commits[1].1, "tok-2");
+    let committed = || nexus_frame::Frame::Committed(Committed { idle: false, status: "completed".into() });
+    conn.send_batch(commits.iter().map(|(request_id, _, _)| (*request_id, committed())).collect());
+
+    // The agent drains only once both acknowledgements are in, then its journal is empty.
+    stop.send(()).unwrap();
+    assert!(finished(agent).await.is_ok());
+    assert!(journal_tasks(nexus.state_dir()).is_empty());
+}
+
+#[tokio::test]
+async fn a_welcome_inside_a_batch_is_taken_with_the_frames_around_it() {
+    let mut nexus = Harness::start().await;
+    let (stop, agent) = spawn_agent(nexus.config.clone());
+    let mut conn = nexus.accept().await;
+    let (request_id, hello) = conn.recv().await;
+    assert!(matches!(hello, runner_frame::Frame::Hello(_)));
+    conn.send_batch(vec![
+        (0, nexus_frame::Frame::Ping(Ping { nonce: 3 })),
+        (request_id, welcome(15_000)),
+        (0, work("t1")),
+    ]);
+    let (pong_id, pong) = conn.recv().await;
+    assert_eq!(pong_id, 0);
+    assert!(matches!(pong, runner_frame::Frame::Pong(ref pong) if pong.nonce == 3), "{pong:?}");
+    conn.announced().await;
+    conn.grant("t1", "echo hi", "tok-1").await;
+    let (commit_id, token, _) = conn.commit().await;
+    assert_eq!(token, "tok-1");
+    conn.committed(commit_id);
+    stop.send(()).unwrap();
+    assert!(finished(agent).await.is_ok());
+    assert!(journal_tasks(nexus.state_dir()).is_empty());
 }

@@ -14,7 +14,9 @@ use super::*;
 
 impl Agent {
     pub(super) fn send_commit(&mut self, key: &TaskKey) {
-        if self.link.is_none() || self.committing.contains(key) {
+        // A result still on its way to the disk is sent when it gets there
+        // ([`Agent::on_journal_flushed`]).
+        if self.link.is_none() || self.committing.contains(key) || self.journal.has_unwritten(key) {
             return;
         }
         let Some(entry) = self.journal.get(key) else {
@@ -33,8 +35,9 @@ impl Agent {
     }
 
     /// Drops results whose deadline passed (nexus settles those by expiry), then sends every
-    /// other unacknowledged result that is not already in flight.
-    pub(super) async fn resend_commits(&mut self) {
+    /// other unacknowledged result that is not already in flight (or still on its way to the
+    /// disk).
+    pub(super) fn resend_commits(&mut self) {
         let now_ms = unix_now_ms();
         let committing = &self.committing;
         let expired = self.journal.remove_where(|entry| {
@@ -47,9 +50,6 @@ impl Agent {
                 run_public_id = %entry.key.run_public_id, task_key = %entry.key.task_key,
                 "dropping a result whose claim deadline passed; nexus settles the task by expiry"
             );
-        }
-        if !expired.is_empty() {
-            persist(&self.journal).await;
         }
         let waiting: Vec<TaskKey> = self
             .journal
@@ -64,7 +64,7 @@ impl Agent {
 
     // ---- events ----
 
-    pub(super) async fn on_commit_refused(&mut self, key: TaskKey, frame: nexus_proto::runner::v1::Refusal) {
+    pub(super) fn on_commit_refused(&mut self, key: TaskKey, frame: nexus_proto::runner::v1::Refusal) {
         let (run_public_id, task_key) = (&key.run_public_id, &key.task_key);
         let http_status = frame.http_status;
         let refusal = refusal_of(frame);
@@ -75,26 +75,29 @@ impl Agent {
         // A malformed result leaves the park standing: replace it once with a short error the
         // model can read, rather than letting the task run into its deadline.
         let malformed = http_status == 422 && refusal.code != ErrorCode::ResultUnstorable;
-        if malformed
-            && let Some(entry) = self.journal.get_mut(&key)
-            && matches!(entry.state, EntryState::CommitPending { fallback: false, .. })
-        {
+        let first_refusal = self
+            .journal
+            .get(&key)
+            .is_some_and(|entry| matches!(entry.state, EntryState::CommitPending { fallback: false, .. }));
+        if malformed && first_refusal {
             warn!(%run_public_id, %task_key, code = %refusal.code, "nexus refused the result; committing a short error instead");
             let message = format!("the tool ran, but nexus refused its result ({}: {})", refusal.code, refusal.message);
-            entry.state =
-                EntryState::CommitPending { body: ToolOutcome::error(message).into_commit_body(), fallback: true };
-            persist(&self.journal).await;
-            self.send_commit(&key);
+            let body = ToolOutcome::error(message).into_commit_body();
+            let replaced = self
+                .journal
+                .update(&key, move |entry| entry.state = EntryState::CommitPending { body, fallback: true });
+            if let Some(ticket) = replaced {
+                self.after_durable.push_back((ticket, AfterDurable::Commit(key)));
+            }
             return;
         }
         warn!(%run_public_id, %task_key, code = %refusal.code, "nexus refused the commit for good; dropping the result");
         self.journal.remove(&key);
-        persist(&self.journal).await;
     }
 
     /// The periodic pass: drop a wedged stream, forget interrupted tasks whose deadline passed,
     /// re-send results, and read the claim status of running tools.
-    pub(super) async fn maintain(&mut self) {
+    pub(super) fn maintain(&mut self) {
         let wedged = self.link.as_ref().is_some_and(|link| {
             link.pending.values().any(|(_, sent_at)| sent_at.elapsed() >= self.config.request_timeout)
         });
@@ -114,13 +117,10 @@ impl Agent {
                 "forgetting an interrupted task whose deadline passed"
             );
         }
-        if !forgotten.is_empty() {
-            persist(&self.journal).await;
-        }
         if self.link.is_none() {
             return;
         }
-        self.resend_commits().await;
+        self.resend_commits();
         let probes: Vec<(TaskKey, String)> = self
             .running
             .keys()

@@ -30,6 +30,8 @@ pub(super) struct Connected {
     pub(super) outbound: mpsc::Sender<RunnerFrame>,
     pub(super) inbound: Streaming<NexusFrame>,
     pub(super) welcome: Welcome,
+    /// Frames that followed the welcome inside the same `NexusBatch`, for the loop.
+    pub(super) after_welcome: Vec<NexusFrame>,
 }
 
 /// Why a stream could not be opened.
@@ -313,26 +315,40 @@ pub(super) async fn open(
         .map_err(ConnectError::Status)?;
     let mut inbound = response.into_inner();
     loop {
-        let frame = tokio::time::timeout_at(deadline, inbound.message())
+        let received = tokio::time::timeout_at(deadline, inbound.message())
             .await
             .map_err(timed_out)?
             .map_err(ConnectError::Status)?
             .ok_or(ConnectError::Closed)?;
-        match frame.frame {
-            Some(nexus_frame::Frame::Ping(ping)) => {
-                let pong =
-                    RunnerFrame { request_id: 0, frame: Some(runner_frame::Frame::Pong(Pong { nonce: ping.nonce })) };
-                outbound.try_send(pong).map_err(|_| ConnectError::Closed)?;
+        // A batch is read frame by frame, each as if it came alone.
+        let mut frames = match received.frame {
+            Some(nexus_frame::Frame::Batch(batch)) => batch.frames.into_iter(),
+            frame => vec![NexusFrame { request_id: received.request_id, frame }].into_iter(),
+        };
+        while let Some(frame) = frames.next() {
+            match frame.frame {
+                Some(nexus_frame::Frame::Ping(ping)) => {
+                    let pong = RunnerFrame {
+                        request_id: 0,
+                        frame: Some(runner_frame::Frame::Pong(Pong { nonce: ping.nonce })),
+                    };
+                    outbound.try_send(pong).map_err(|_| ConnectError::Closed)?;
+                }
+                Some(nexus_frame::Frame::Welcome(welcome)) if frame.request_id == HELLO_REQUEST_ID => {
+                    return Ok(Connected { outbound, inbound, welcome, after_welcome: frames.collect() });
+                }
+                Some(nexus_frame::Frame::Refusal(refusal)) if frame.request_id == HELLO_REQUEST_ID => {
+                    let http_status = u16::try_from(refusal.http_status).unwrap_or(500);
+                    return Err(ConnectError::Refused(Refusal::from_wire(
+                        &refusal.code,
+                        &refusal.message,
+                        http_status,
+                    )));
+                }
+                Some(nexus_frame::Frame::Batch(_)) => return Err(ConnectError::Unexpected("a batch inside a batch")),
+                Some(_) => return Err(ConnectError::Unexpected("another frame")),
+                None => return Err(ConnectError::Unexpected("an empty frame")),
             }
-            Some(nexus_frame::Frame::Welcome(welcome)) if frame.request_id == HELLO_REQUEST_ID => {
-                return Ok(Connected { outbound, inbound, welcome });
-            }
-            Some(nexus_frame::Frame::Refusal(refusal)) if frame.request_id == HELLO_REQUEST_ID => {
-                let http_status = u16::try_from(refusal.http_status).unwrap_or(500);
-                return Err(ConnectError::Refused(Refusal::from_wire(&refusal.code, &refusal.message, http_status)));
-            }
-            Some(_) => return Err(ConnectError::Unexpected("another frame")),
-            None => return Err(ConnectError::Unexpected("an empty frame")),
         }
     }
 }

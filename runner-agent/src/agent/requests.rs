@@ -1,10 +1,11 @@
-//! Requests on the stream and their answers: numbering, the pending table, pushes, and
-//! the claim handles' requests (`docs/protocol.md`, "Request ids").
+//! Requests on the stream and their answers: numbering, the pending table, pushes, batches,
+//! and the claim handles' requests (`docs/protocol.md`, "Request ids", "Batches").
 
 use nexus_proto::ErrorCode;
 use nexus_proto::runner::v1::nexus_frame::Frame as Answer;
 use nexus_proto::runner::v1::runner_frame::Frame as Request;
-use nexus_proto::runner::v1::{ClaimStatus, Extend, NexusFrame, Pong, Progress, RunnerFrame};
+use nexus_proto::runner::v1::{ClaimStatus, Extend, NexusFrame, Pong, Progress, RunnerBatch, RunnerFrame};
+use prost::Message;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
@@ -31,25 +32,34 @@ impl Agent {
         }
     }
 
-    /// Sends `frame` under a fresh request id; `None` when there is no usable stream.
+    /// Queues `frame` under a fresh request id, to go out when the turn ends; `None` when there
+    /// is no stream.
     pub(super) fn send_numbered(&mut self, frame: Request) -> Option<u64> {
         let link = self.link.as_mut()?;
         let request_id = link.next_request_id;
         link.next_request_id += 1;
-        let frame = RunnerFrame { request_id, frame: Some(frame) };
-        if link.outbound.try_send(frame).is_err() {
-            self.lose_link("nexus stopped reading the stream");
-            return None;
-        }
+        link.outbox.push(RunnerFrame { request_id, frame: Some(frame) });
         Some(request_id)
     }
 
-    /// Sends a frame that expects no answer (request id 0).
+    /// Queues a frame that expects no answer (request id 0).
     pub(super) fn send_push(&mut self, frame: Request) {
-        let Some(link) = self.link.as_ref() else {
+        if let Some(link) = self.link.as_mut() {
+            link.outbox.push(RunnerFrame { request_id: 0, frame: Some(frame) });
+        }
+    }
+
+    /// Sends the frames this turn queued: runs of frames that may share a batch go as one
+    /// `RunnerBatch` ([`coalesce`]), a frame alone as itself. A full outbound queue means nexus
+    /// stopped reading: the stream is dropped.
+    pub(super) fn flush_outbox(&mut self) {
+        let Some(link) = self.link.as_mut() else { return };
+        if link.outbox.is_empty() {
             return;
-        };
-        if link.outbound.try_send(RunnerFrame { request_id: 0, frame: Some(frame) }).is_err() {
+        }
+        let frames = coalesce(std::mem::take(&mut link.outbox));
+        let stalled = frames.into_iter().any(|frame| link.outbound.try_send(frame).is_err());
+        if stalled {
             self.lose_link("nexus stopped reading the stream");
         }
     }
@@ -73,10 +83,26 @@ impl Agent {
         };
     }
 
-    pub(super) async fn on_frame(&mut self, frame: NexusFrame) {
+    /// One frame from nexus; a `NexusBatch` is handled frame by frame, each as if it came alone.
+    pub(super) fn on_frame(&mut self, frame: NexusFrame) {
         if let Some(link) = self.link.as_mut() {
             link.last_frame_at = Instant::now();
         }
+        match frame.frame {
+            Some(Answer::Batch(batch)) => {
+                for inner in batch.frames {
+                    if matches!(inner.frame, Some(Answer::Batch(_))) {
+                        debug!("ignoring a batch inside a batch");
+                        continue;
+                    }
+                    self.on_single_frame(inner);
+                }
+            }
+            _ => self.on_single_frame(frame),
+        }
+    }
+
+    fn on_single_frame(&mut self, frame: NexusFrame) {
         let NexusFrame { request_id, frame } = frame;
         let Some(frame) = frame else {
             debug!(request_id, "ignoring an empty frame");
@@ -89,14 +115,14 @@ impl Agent {
             answer => {
                 let pending = self.link.as_mut().and_then(|link| link.pending.remove(&request_id));
                 match pending {
-                    Some((pending, _)) => self.on_answer(pending, answer).await,
+                    Some((pending, _)) => self.on_answer(pending, answer),
                     None => debug!(request_id, "ignoring an answer to no open request"),
                 }
             }
         }
     }
 
-    pub(super) async fn on_answer(&mut self, pending: Pending, answer: Answer) {
+    pub(super) fn on_answer(&mut self, pending: Pending, answer: Answer) {
         self.untrack(&pending);
         match (pending, answer) {
             (Pending::Announce, Answer::Announced(_)) => info!("nexus accepted the announcement"),
@@ -104,19 +130,18 @@ impl Agent {
                 code = %refusal.code, message = %refusal.message,
                 "nexus refused the announcement; the tools stay as last announced"
             ),
-            (Pending::Claim(key), Answer::ClaimGranted(grant)) => self.on_claim_granted(key, grant).await,
+            (Pending::Claim(key), Answer::ClaimGranted(grant)) => self.on_claim_granted(key, grant),
             (Pending::Claim(key), Answer::Refusal(refusal)) => {
                 debug!(run_public_id = %key.run_public_id, task_key = %key.task_key, code = %refusal.code, "claim refused");
             }
             (Pending::Commit(key), Answer::Committed(committed)) => {
                 self.journal.remove(&key);
-                persist(&self.journal).await;
                 info!(
                     run_public_id = %key.run_public_id, task_key = %key.task_key,
                     idle = committed.idle, status = %committed.status, "commit acknowledged"
                 );
             }
-            (Pending::Commit(key), Answer::Refusal(refusal)) => self.on_commit_refused(key, refusal).await,
+            (Pending::Commit(key), Answer::Refusal(refusal)) => self.on_commit_refused(key, refusal),
             (Pending::Probe(key), Answer::ClaimState(state)) => {
                 if !state.active {
                     self.stop_task(&key, "the claim is no longer active");
@@ -128,11 +153,14 @@ impl Agent {
                 }
             }
             (Pending::Extend { key, reply }, Answer::Extended(extended)) => {
-                if let Some(entry) = self.journal.get_mut(&key) {
-                    entry.deadline_at_ms = extended.deadline_at_ms;
-                    persist(&self.journal).await;
+                // The tool learns of the new deadline once the journal holds it.
+                let deadline_at_ms = extended.deadline_at_ms;
+                match self.journal.update(&key, |entry| entry.deadline_at_ms = deadline_at_ms) {
+                    Some(ticket) => {
+                        self.after_durable.push_back((ticket, AfterDurable::Extended { reply, deadline_at_ms }))
+                    }
+                    None => drop(reply.send(Ok(deadline_at_ms))),
                 }
-                drop(reply.send(Ok(extended.deadline_at_ms)));
             }
             (Pending::ClaimStatus(reply), Answer::ClaimState(state)) => drop(reply.send(Ok(state.active))),
             (Pending::Extend { reply, .. }, Answer::Refusal(refusal)) => {
@@ -180,6 +208,72 @@ impl Agent {
                 });
                 self.send_request(frame, Pending::ClaimStatus(reply));
             }
+        }
+    }
+}
+
+/// At most this many frames go in one `RunnerBatch` (`docs/protocol.md`, "Batches").
+pub(super) const MAX_BATCH_FRAMES: usize = 256;
+/// A `RunnerBatch` stays within this many encoded bytes: below the smallest frame bound nexus
+/// accepts for `[runner] max_frame_bytes` (1,100,000), so a batch fits wherever its frames
+/// would. A frame larger than this goes alone.
+pub(super) const MAX_BATCH_BYTES: usize = 1_000_000;
+
+/// Whether `frame` may travel inside a `RunnerBatch`: never hello, announce or another batch.
+fn batchable(frame: &RunnerFrame) -> bool {
+    matches!(
+        frame.frame,
+        Some(
+            Request::Claim(_)
+                | Request::ClaimStatus(_)
+                | Request::Extend(_)
+                | Request::Commit(_)
+                | Request::Progress(_)
+                | Request::Pong(_)
+        )
+    )
+}
+
+/// Bytes `frame` takes inside a batch: its field tag, its length and itself.
+fn batched_len(frame: &RunnerFrame) -> usize {
+    let len = frame.encoded_len();
+    1 + prost::length_delimiter_len(len) + len
+}
+
+/// The frames to send for `frames`, in order: each run of batchable frames as `RunnerBatch`es
+/// of at most [`MAX_BATCH_FRAMES`] frames and [`MAX_BATCH_BYTES`] bytes (outer request id 0), a
+/// run of one as that frame alone, and every other frame alone.
+pub(super) fn coalesce(frames: Vec<RunnerFrame>) -> Vec<RunnerFrame> {
+    let mut out = Vec::new();
+    let mut batch = Vec::new();
+    let mut batch_bytes = 0;
+    for frame in frames {
+        let bytes = batched_len(&frame);
+        if !batchable(&frame) || bytes > MAX_BATCH_BYTES {
+            close_batch(&mut out, &mut batch);
+            out.push(frame);
+            continue;
+        }
+        if batch.len() == MAX_BATCH_FRAMES || batch_bytes + bytes > MAX_BATCH_BYTES {
+            close_batch(&mut out, &mut batch);
+        }
+        if batch.is_empty() {
+            batch_bytes = 0;
+        }
+        batch_bytes += bytes;
+        batch.push(frame);
+    }
+    close_batch(&mut out, &mut batch);
+    out
+}
+
+fn close_batch(out: &mut Vec<RunnerFrame>, batch: &mut Vec<RunnerFrame>) {
+    match batch.len() {
+        0 => {}
+        1 => out.append(batch),
+        _ => {
+            let frames = std::mem::take(batch);
+            out.push(RunnerFrame { request_id: 0, frame: Some(Request::Batch(RunnerBatch { frames })) });
         }
     }
 }

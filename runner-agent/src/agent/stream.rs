@@ -27,7 +27,8 @@ impl Agent {
             executor_public_id: self.config.runner_id.to_string(),
             credential: self.config.credential.expose().to_owned(),
             protocol_version: RUNNER_PROTOCOL_VERSION,
-            batches: false,
+            // This runner reads NexusBatch frames (`docs/protocol.md`, "Batches").
+            batches: true,
         }
     }
 
@@ -42,8 +43,8 @@ impl Agent {
         self.connecting = Some(self.open_after(delay));
     }
 
-    pub(super) async fn on_connected(&mut self, connected: Connected) {
-        let Connected { outbound, inbound, welcome } = connected;
+    pub(super) fn on_connected(&mut self, connected: Connected) {
+        let Connected { outbound, inbound, welcome, after_welcome } = connected;
         if welcome.protocol_version != RUNNER_PROTOCOL_VERSION {
             warn!(theirs = welcome.protocol_version, ours = RUNNER_PROTOCOL_VERSION, "protocol versions differ");
         }
@@ -64,13 +65,18 @@ impl Agent {
         }
         self.attach(outbound, liveness);
         self.inbound = Some(inbound);
-        self.after_connect().await;
+        self.after_connect();
+        // Frames that shared a batch with the welcome come after it, as if they came alone.
+        for frame in after_welcome {
+            self.on_frame(frame);
+        }
     }
 
     pub(super) fn attach(&mut self, outbound: mpsc::Sender<RunnerFrame>, liveness: Duration) {
         let now = Instant::now();
         self.link = Some(Link {
             outbound,
+            outbox: Vec::new(),
             next_request_id: HELLO_REQUEST_ID + 1,
             pending: HashMap::new(),
             last_frame_at: now,
@@ -80,10 +86,10 @@ impl Agent {
     }
 
     /// Announce (whole replacement), then re-send every unacknowledged result.
-    pub(super) async fn after_connect(&mut self) {
+    pub(super) fn after_connect(&mut self) {
         let body_json = self.toolbox.announcement().to_string();
         self.send_request(Request::Announce(Announce { body_json }), Pending::Announce);
-        self.resend_commits().await;
+        self.resend_commits();
     }
 
     pub(super) fn lose_link(&mut self, reason: &str) {

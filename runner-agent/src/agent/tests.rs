@@ -1,11 +1,14 @@
-//! The loop driven frame by frame against a scripted stream.
+//! The loop driven frame by frame against a scripted stream. A test plays a turn of the loop
+//! with [`turn`]: the outbox goes out and the journal flushes, its durable actions run.
 
 use std::time::Duration;
 
 use nexus_proto::InboxKind;
 use nexus_proto::runner::v1::nexus_frame::Frame as Answer;
 use nexus_proto::runner::v1::runner_frame::Frame as Request;
-use nexus_proto::runner::v1::{ClaimGranted, Commit, NexusFrame, Pong, RunnerFrame, WorkAvailable, WorkCanceled};
+use nexus_proto::runner::v1::{
+    Claim, ClaimGranted, Commit, NexusBatch, NexusFrame, Pong, RunnerBatch, RunnerFrame, WorkAvailable, WorkCanceled,
+};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
@@ -13,7 +16,7 @@ use super::link::HELLO_REQUEST_ID;
 use crate::claim::{ClaimHandle, RequestError};
 use crate::config::AgentConfig;
 use crate::error::AgentError;
-use crate::journal::{EntryState, Journal, JournalEntry, TaskKey};
+use crate::journal::{EntryState, Journal, JournalEntry, TaskKey, lock_state_dir};
 
 use std::path::{Path, PathBuf};
 
@@ -53,9 +56,12 @@ impl Setup {
     }
 
     async fn seed(&self, entries: Vec<JournalEntry>) {
-        let mut journal = self.on_disk();
-        entries.into_iter().for_each(|entry| journal.insert(entry));
-        journal.persist().await.unwrap();
+        let lock = lock_state_dir(&self.config.state_dir).unwrap();
+        let mut journal = Journal::open_writable(&lock, RUNNER).unwrap();
+        for entry in entries {
+            journal.insert(entry);
+        }
+        journal.sync().await.unwrap();
     }
 
     fn agent(&self) -> (Agent, mpsc::Receiver<RunnerFrame>) {
@@ -103,8 +109,46 @@ fn grant(tool_name: &str, tool_input: Value, claim_token: &str) -> Answer {
     })
 }
 
+/// Ends turns until nothing waits for the journal: sends the outbox, flushes, and runs what
+/// waited for the flush (which may queue more).
+async fn turn(agent: &mut Agent) {
+    loop {
+        agent.end_turn();
+        if agent.journal.is_idle() {
+            return;
+        }
+        let flushed = tokio::time::timeout(Duration::from_secs(10), agent.journal.flushed()).await;
+        agent.on_journal_flushed(flushed.expect("the journal flushed in time"));
+    }
+}
+
+/// The frames as sent on the stream, batches whole.
+fn sent_raw(frames: &mut mpsc::Receiver<RunnerFrame>) -> Vec<RunnerFrame> {
+    std::iter::from_fn(|| frames.try_recv().ok()).collect()
+}
+
+/// The frames sent, each batch's frames in its place.
 fn sent(frames: &mut mpsc::Receiver<RunnerFrame>) -> Vec<(u64, runner_frame::Frame)> {
-    std::iter::from_fn(|| frames.try_recv().ok()).map(|frame| (frame.request_id, frame.frame.unwrap())).collect()
+    unbatch(sent_raw(frames))
+}
+
+fn unbatch(frames: Vec<RunnerFrame>) -> Vec<(u64, runner_frame::Frame)> {
+    let mut out = Vec::new();
+    for frame in frames {
+        match frame.frame.unwrap() {
+            Request::Batch(batch) => {
+                assert_eq!(frame.request_id, 0, "a batch's own request id is 0");
+                assert!(batch.frames.len() > 1, "a batch holds several frames");
+                out.extend(batch.frames.into_iter().map(|inner| (inner.request_id, inner.frame.unwrap())));
+            }
+            body => out.push((frame.request_id, body)),
+        }
+    }
+    out
+}
+
+fn batch(frames: Vec<NexusFrame>) -> NexusFrame {
+    push(Answer::Batch(NexusBatch { frames }))
 }
 
 fn claimed_tasks(frames: &[(u64, runner_frame::Frame)]) -> Vec<String> {
@@ -132,7 +176,8 @@ fn commit_of(frames: &[(u64, runner_frame::Frame)]) -> (u64, Commit, Value) {
 async fn finish_next(agent: &mut Agent) {
     let joined = tokio::time::timeout(Duration::from_secs(10), agent.tasks.join_next()).await;
     let finished = joined.expect("a tool finished in time").expect("a tool was running").unwrap();
-    agent.on_tool_finished(finished).await;
+    agent.on_tool_finished(finished);
+    turn(agent).await;
 }
 
 #[tokio::test]
@@ -141,14 +186,15 @@ async fn a_task_claimed_before_a_restart_is_never_claimed_or_run_again() {
     setup.seed(vec![entry("t1", unix_now_ms() + 60_000, EntryState::Running)]).await;
     let (mut agent, mut frames) = setup.agent();
 
-    agent.on_frame(work("t1")).await;
-    agent.on_frame(work("t2")).await;
-    agent.on_frame(work("t2")).await; // a duplicate hint
+    agent.on_frame(work("t1"));
+    agent.on_frame(work("t2"));
+    agent.on_frame(work("t2")); // a duplicate hint
     let mut ask = work("t3");
     if let Some(Answer::WorkAvailable(w)) = ask.frame.as_mut() {
         w.kind = "ask".into();
     }
-    agent.on_frame(ask).await;
+    agent.on_frame(ask);
+    turn(&mut agent).await;
 
     let frames = sent(&mut frames);
     assert_eq!(claimed_tasks(&frames), ["t2"]);
@@ -161,16 +207,34 @@ async fn a_task_claimed_before_a_restart_is_never_claimed_or_run_again() {
 async fn a_claim_is_journaled_before_it_runs_and_its_result_before_it_is_committed() {
     let setup = Setup::new();
     let (mut agent, mut frames) = setup.agent();
-    agent.on_frame(work("t1")).await;
+    agent.on_frame(work("t1"));
+    turn(&mut agent).await;
     let claim_id = sent(&mut frames)[0].0;
 
     let input = json!({"path": "out.txt", "content": "hello"});
-    agent.on_frame(answer(claim_id, grant("write_file", input, "tok-1"))).await;
+    agent.on_frame(answer(claim_id, grant("write_file", input, "tok-1")));
+    // The tool waits for its entry to reach the disk, holding its slot meanwhile.
+    assert!(agent.tasks.is_empty(), "no tool starts before its claim is durable");
+    assert!(agent.running.contains_key(&key("t1")));
+    assert!(setup.on_disk().get(&key("t1")).is_none());
+    let fsyncs = agent.journal.fsyncs();
+    turn(&mut agent).await;
+    assert_eq!(agent.journal.fsyncs(), fsyncs + 1);
+    assert_eq!(agent.tasks.len(), 1, "the tool started once its claim was durable");
     let journaled = setup.on_disk().get(&key("t1")).cloned().unwrap();
     assert_eq!(journaled.claim_token, "tok-1");
     assert_eq!(journaled.tool_name, "write_file");
+    assert_eq!(journaled.state, EntryState::Running);
 
-    finish_next(&mut agent).await;
+    // The result is journaled before its commit goes out.
+    let joined = tokio::time::timeout(Duration::from_secs(10), agent.tasks.join_next()).await;
+    agent.on_tool_finished(joined.unwrap().unwrap().unwrap());
+    agent.flush_outbox();
+    assert!(sent(&mut frames).is_empty(), "no commit before its result is durable");
+    agent.resend_commits();
+    agent.flush_outbox();
+    assert!(sent(&mut frames).is_empty(), "nor by the periodic pass");
+    turn(&mut agent).await;
     let frames = sent(&mut frames);
     let (commit_id, commit, body) = commit_of(&frames);
     assert_eq!(commit.claim_token, "tok-1");
@@ -182,7 +246,8 @@ async fn a_claim_is_journaled_before_it_runs_and_its_result_before_it_is_committ
     assert_eq!(setup.on_disk().get(&key("t1")).unwrap().state, EntryState::CommitPending { body, fallback: false });
 
     let committed = Answer::Committed(Committed { idle: false, status: "completed".into() });
-    agent.on_frame(answer(commit_id, committed)).await;
+    agent.on_frame(answer(commit_id, committed));
+    turn(&mut agent).await;
     assert_eq!(setup.on_disk().entries().count(), 0);
     assert!(agent.committing.is_empty());
 }
@@ -201,7 +266,8 @@ async fn results_are_resent_after_reconnect_and_expired_ones_are_dropped() {
         ])
         .await;
     let (mut agent, mut frames) = setup.agent();
-    agent.after_connect().await;
+    agent.after_connect();
+    turn(&mut agent).await;
 
     let frames_sent = sent(&mut frames);
     let Request::Announce(announce) = &frames_sent[0].1 else { panic!("announce first") };
@@ -216,13 +282,15 @@ async fn results_are_resent_after_reconnect_and_expired_ones_are_dropped() {
 
     // The maintenance pass forgets the interrupted task whose deadline passed, and does not
     // send the in-flight commit twice.
-    agent.maintain().await;
+    agent.maintain();
+    turn(&mut agent).await;
     assert!(sent(&mut frames).is_empty());
     let remaining: Vec<String> = setup.on_disk().entries().map(|e| e.key.task_key.clone()).collect();
     assert_eq!(remaining, ["live"]);
 
     // A final refusal drops the result.
-    agent.on_frame(answer(commit_id, refusal("stale_claim", 409))).await;
+    agent.on_frame(answer(commit_id, refusal("stale_claim", 409)));
+    turn(&mut agent).await;
     assert_eq!(setup.on_disk().entries().count(), 0);
 }
 
@@ -232,10 +300,14 @@ async fn a_malformed_result_is_replaced_once_by_a_short_error() {
     let body = json!({"content": "x", "structured_content": null, "is_error": false});
     setup.seed(vec![entry("t1", unix_now_ms() + 60_000, EntryState::CommitPending { body, fallback: false })]).await;
     let (mut agent, mut frames) = setup.agent();
-    agent.resend_commits().await;
+    agent.resend_commits();
+    turn(&mut agent).await;
     let (first_id, _, _) = commit_of(&sent(&mut frames));
 
-    agent.on_frame(answer(first_id, refusal("invalid_content", 422))).await;
+    agent.on_frame(answer(first_id, refusal("invalid_content", 422)));
+    agent.flush_outbox();
+    assert!(sent(&mut frames).is_empty(), "the short error is journaled before it is sent");
+    turn(&mut agent).await;
     let (second_id, commit, fallback) = commit_of(&sent(&mut frames));
     assert_eq!(commit.claim_token, "tok-t1");
     assert_eq!(fallback["is_error"], true);
@@ -243,11 +315,14 @@ async fn a_malformed_result_is_replaced_once_by_a_short_error() {
     assert!(matches!(setup.on_disk().get(&key("t1")).unwrap().state, EntryState::CommitPending { fallback: true, .. }));
 
     // A retryable refusal keeps it; a second malformed refusal drops it.
-    agent.on_frame(answer(second_id, refusal("unavailable", 503))).await;
+    agent.on_frame(answer(second_id, refusal("unavailable", 503)));
+    turn(&mut agent).await;
     assert!(setup.on_disk().get(&key("t1")).is_some());
-    agent.resend_commits().await;
+    agent.resend_commits();
+    turn(&mut agent).await;
     let (third_id, _, _) = commit_of(&sent(&mut frames));
-    agent.on_frame(answer(third_id, refusal("invalid_content", 422))).await;
+    agent.on_frame(answer(third_id, refusal("invalid_content", 422)));
+    turn(&mut agent).await;
     assert!(setup.on_disk().get(&key("t1")).is_none());
 }
 
@@ -256,19 +331,24 @@ async fn claims_wait_for_a_free_slot() {
     let mut setup = Setup::new();
     setup.config.slots = 1;
     let (mut agent, mut frames) = setup.agent();
-    agent.on_frame(work("t1")).await;
-    agent.on_frame(work("t2")).await;
+    agent.on_frame(work("t1"));
+    agent.on_frame(work("t2"));
+    turn(&mut agent).await;
     let first = sent(&mut frames);
     assert_eq!(claimed_tasks(&first), ["t1"]);
 
-    agent.on_frame(answer(first[0].0, refusal("already_claimed", 409))).await;
+    agent.on_frame(answer(first[0].0, refusal("already_claimed", 409)));
+    turn(&mut agent).await;
     let second = sent(&mut frames);
     assert_eq!(claimed_tasks(&second), ["t2"]);
 
-    // While t2 runs, a new hint waits.
+    // While t2 waits for its journal entry, and then runs, a new hint waits.
     let input = json!({"command": "sleep 30"});
-    agent.on_frame(answer(second[0].0, grant("bash", input, "tok-2"))).await;
-    agent.on_frame(work("t3")).await;
+    agent.on_frame(answer(second[0].0, grant("bash", input, "tok-2")));
+    agent.on_frame(work("t3"));
+    agent.flush_outbox();
+    assert!(claimed_tasks(&sent(&mut frames)).is_empty());
+    turn(&mut agent).await;
     assert!(claimed_tasks(&sent(&mut frames)).is_empty());
     agent.on_work_canceled(WorkCanceled { run_public_id: "run-1".into(), task_key: "t2".into() });
     finish_next(&mut agent).await;
@@ -283,7 +363,8 @@ async fn claims_wait_for_a_free_slot() {
 async fn pings_get_pongs_and_a_lost_stream_fails_waiting_requests() {
     let setup = Setup::new();
     let (mut agent, mut frames) = setup.agent();
-    agent.on_frame(push(Answer::Ping(Ping { nonce: 7 }))).await;
+    agent.on_frame(push(Answer::Ping(Ping { nonce: 7 })));
+    turn(&mut agent).await;
     let frames_sent = sent(&mut frames);
     assert!(matches!(frames_sent.as_slice(), [(0, Request::Pong(Pong { nonce: 7 }))]));
 
@@ -291,6 +372,7 @@ async fn pings_get_pongs_and_a_lost_stream_fails_waiting_requests() {
     let asking = tokio::spawn(async move { handle.is_active().await });
     let request = agent.control_rx.recv().await.unwrap();
     agent.on_control(request);
+    turn(&mut agent).await;
     let status_id = sent(&mut frames)[0].0;
     assert!(agent.link.as_ref().unwrap().pending.contains_key(&status_id));
 
@@ -319,4 +401,165 @@ fn the_run_future_is_send() {
     let setup = Setup::new();
     let future = crate::run(setup.config.clone(), async {});
     assert_send(&future);
+}
+
+fn claim_frame(request_id: u64, task: &str) -> RunnerFrame {
+    let claim = Claim { run_public_id: "run-1".into(), task_key: task.into() };
+    RunnerFrame { request_id, frame: Some(Request::Claim(claim)) }
+}
+
+fn inner_frames(frame: &RunnerFrame) -> Option<&[RunnerFrame]> {
+    match &frame.frame {
+        Some(Request::Batch(RunnerBatch { frames })) => Some(frames),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn offers_in_one_batch_are_claimed_in_one_batch_and_a_batch_of_answers_is_handled() {
+    let setup = Setup::new();
+    let (mut agent, mut frames) = setup.agent();
+    assert!(agent.hello().batches, "the hello says this runner reads batches");
+
+    agent.on_frame(batch(vec![work("t1"), work("t2"), work("t3"), push(Answer::Ping(Ping { nonce: 9 }))]));
+    turn(&mut agent).await;
+    let raw = sent_raw(&mut frames);
+    assert_eq!(raw.len(), 1, "one frame on the wire: {raw:?}");
+    assert_eq!(raw[0].request_id, 0);
+    let inner = inner_frames(&raw[0]).expect("a RunnerBatch");
+    let requests = unbatch(raw.clone());
+    assert_eq!(claimed_tasks(&requests), ["t1", "t2", "t3"]);
+    assert!(matches!(inner[3].frame, Some(Request::Pong(Pong { nonce: 9 }))));
+    let ids: Vec<u64> = inner[..3].iter().map(|frame| frame.request_id).collect();
+    assert_eq!(ids, [HELLO_REQUEST_ID + 1, HELLO_REQUEST_ID + 2, HELLO_REQUEST_ID + 3]);
+
+    // The answers come back together: two grants and a refusal. Both claims share one fsync
+    // and both tools start once it is done.
+    let write = |name: &str| json!({"path": format!("{name}.txt"), "content": name});
+    agent.on_frame(batch(vec![
+        answer(ids[0], grant("write_file", write("one"), "tok-1")),
+        answer(ids[2], refusal("already_claimed", 409)),
+        answer(ids[1], grant("write_file", write("two"), "tok-2")),
+    ]));
+    assert!(agent.tasks.is_empty());
+    let fsyncs = agent.journal.fsyncs();
+    turn(&mut agent).await;
+    assert_eq!(agent.journal.fsyncs(), fsyncs + 1, "two claims, one fsync");
+    assert_eq!(agent.tasks.len(), 2);
+    assert!(agent.claiming.is_empty());
+
+    // Both results in one turn: one fsync, one batch of commits.
+    for _ in 0..2 {
+        let joined = tokio::time::timeout(Duration::from_secs(10), agent.tasks.join_next()).await;
+        agent.on_tool_finished(joined.unwrap().unwrap().unwrap());
+    }
+    turn(&mut agent).await;
+    assert_eq!(agent.journal.fsyncs(), fsyncs + 2, "two results, one fsync");
+    let raw = sent_raw(&mut frames);
+    assert_eq!(raw.len(), 1, "the commits share a batch: {raw:?}");
+    let commits: Vec<(u64, String)> = unbatch(raw)
+        .into_iter()
+        .map(|(id, frame)| match frame {
+            Request::Commit(commit) => (id, commit.claim_token),
+            other => panic!("expected commits, got {other:?}"),
+        })
+        .collect();
+    let mut tokens: Vec<&str> = commits.iter().map(|(_, token)| token.as_str()).collect();
+    tokens.sort_unstable();
+    assert_eq!(tokens, ["tok-1", "tok-2"]);
+
+    let committed = || Answer::Committed(Committed { idle: false, status: "completed".into() });
+    agent.on_frame(batch(commits.iter().map(|(id, _)| answer(*id, committed())).collect()));
+    turn(&mut agent).await;
+    assert!(agent.committing.is_empty());
+    assert_eq!(setup.on_disk().entries().count(), 0);
+    assert_eq!(std::fs::read_to_string(setup.workdir().join("two.txt")).unwrap(), "two");
+}
+
+#[tokio::test]
+async fn a_task_canceled_before_its_claim_is_durable_never_starts() {
+    let setup = Setup::new();
+    let (mut agent, mut frames) = setup.agent();
+    agent.on_frame(work("t1"));
+    turn(&mut agent).await;
+    let claim_id = sent(&mut frames)[0].0;
+    agent.on_frame(batch(vec![
+        answer(claim_id, grant("bash", json!({"command": "touch ran"}), "tok-1")),
+        push(Answer::WorkCanceled(WorkCanceled { run_public_id: "run-1".into(), task_key: "t1".into() })),
+    ]));
+    turn(&mut agent).await;
+    assert!(agent.tasks.is_empty() && agent.running.is_empty());
+    let (_, commit, body) = commit_of(&sent(&mut frames));
+    assert_eq!(commit.claim_token, "tok-1");
+    assert_eq!(body["outcome"], "failed");
+    assert!(!setup.workdir().join("ran").exists());
+}
+
+#[test]
+fn coalescing_keeps_order_and_bounds() {
+    use super::requests::{MAX_BATCH_BYTES, MAX_BATCH_FRAMES, coalesce};
+    use prost::Message;
+
+    let announce =
+        RunnerFrame { request_id: 5, frame: Some(Request::Announce(nexus_proto::runner::v1::Announce::default())) };
+    let big = RunnerFrame {
+        request_id: 9,
+        frame: Some(Request::Progress(nexus_proto::runner::v1::Progress {
+            frame_json: "x".repeat(MAX_BATCH_BYTES),
+            ..Default::default()
+        })),
+    };
+    let frames = vec![
+        claim_frame(2, "a"),
+        announce.clone(),
+        claim_frame(3, "b"),
+        claim_frame(4, "c"),
+        big.clone(),
+        claim_frame(6, "d"),
+    ];
+    let out = coalesce(frames);
+    assert_eq!(out.len(), 5);
+    assert_eq!(out[0], claim_frame(2, "a"), "a frame alone goes as itself");
+    assert_eq!(out[1], announce, "announce never goes in a batch");
+    assert_eq!(inner_frames(&out[2]).unwrap(), [claim_frame(3, "b"), claim_frame(4, "c")]);
+    assert_eq!(out[3], big, "a frame over the byte bound goes alone");
+    assert_eq!(out[4], claim_frame(6, "d"));
+
+    let many: Vec<RunnerFrame> = (0..600).map(|n| claim_frame(n + 2, &format!("t{n}"))).collect();
+    let out = coalesce(many.clone());
+    let sizes: Vec<usize> = out.iter().map(|frame| inner_frames(frame).unwrap().len()).collect();
+    assert_eq!(sizes, [MAX_BATCH_FRAMES, MAX_BATCH_FRAMES, 600 - 2 * MAX_BATCH_FRAMES]);
+    let flattened: Vec<RunnerFrame> = out.iter().flat_map(|frame| inner_frames(frame).unwrap().to_vec()).collect();
+    assert_eq!(flattened, many, "nothing lost or reordered");
+
+    let commit = |n: u64| RunnerFrame {
+        request_id: n,
+        frame: Some(Request::Commit(Commit { body_json: "y".repeat(400_000), ..Default::default() })),
+    };
+    let out = coalesce((1..=5).map(commit).collect());
+    let sizes: Vec<usize> = out.iter().map(|frame| inner_frames(frame).map_or(1, <[_]>::len)).collect();
+    assert_eq!(sizes, [2, 2, 1]);
+    assert!(out.iter().all(|frame| frame.encoded_len() <= MAX_BATCH_BYTES + 16));
+}
+
+#[tokio::test]
+async fn a_claim_the_journal_could_not_keep_is_not_run_and_fails() {
+    let setup = Setup::new();
+    let (mut agent, mut frames) = setup.agent();
+    agent.on_frame(work("t1"));
+    turn(&mut agent).await;
+    let claim_id = sent(&mut frames)[0].0;
+
+    agent.journal.writer_mut().fail_after_bytes = Some(7);
+    agent.on_frame(answer(claim_id, grant("bash", json!({"command": "touch ran"}), "tok-1")));
+    turn(&mut agent).await;
+    assert!(agent.tasks.is_empty() && agent.running.is_empty(), "the tool never started");
+    let (_, commit, body) = commit_of(&sent(&mut frames));
+    assert_eq!(commit.claim_token, "tok-1");
+    assert_eq!(body["outcome"], "failed");
+    assert!(body["content"].as_str().unwrap().contains("journal"), "{body}");
+    assert!(!setup.workdir().join("ran").exists());
+    // The next flush rewrote the log whole: the partial line is gone and the result is kept.
+    let on_disk = setup.on_disk();
+    assert!(matches!(on_disk.get(&key("t1")).unwrap().state, EntryState::CommitPending { .. }));
 }

@@ -12,10 +12,10 @@ use nexus_proto::runner::v1::{Claim, ClaimGranted, WorkAvailable, WorkCanceled};
 use serde_json::Value;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::claim::ClaimHandle;
-use crate::journal::{EntryState, JournalEntry, TaskKey};
+use crate::journal::{EntryState, Flushed, JournalEntry, TaskKey};
 use crate::tools::{StopReason, ToolContext, ToolOutcome};
 
 use super::*;
@@ -73,7 +73,9 @@ impl Agent {
         }
     }
 
-    pub(super) async fn on_claim_granted(&mut self, key: TaskKey, grant: ClaimGranted) {
+    /// Journals the claim `running`, then starts its tool once that is on disk
+    /// ([`Agent::on_journal_flushed`]). The task takes its slot at once.
+    pub(super) fn on_claim_granted(&mut self, key: TaskKey, grant: ClaimGranted) {
         let task: Value = serde_json::from_str(&grant.task_json).unwrap_or(Value::Null);
         let tool_name = task.get("tool_name").and_then(Value::as_str).unwrap_or_default().to_owned();
         let tool_input = task.get("tool_input").cloned().unwrap_or(Value::Null);
@@ -86,7 +88,7 @@ impl Agent {
             unix_now_ms().saturating_add(i64::try_from(budget).unwrap_or(i64::MAX))
         };
         info!(run_public_id = %key.run_public_id, task_key = %key.task_key, tool = %tool_name, "claimed");
-        self.journal.insert(JournalEntry {
+        let ticket = self.journal.insert(JournalEntry {
             key: key.clone(),
             tool_name: tool_name.clone(),
             claim_token: grant.claim_token.clone(),
@@ -95,16 +97,60 @@ impl Agent {
         });
         if self.draining {
             let content = "the runner was shutting down and did not start the tool".to_owned();
-            self.record_result(&key, ToolOutcome::Failed { content }).await;
-            return;
-        }
-        // Journal the claim before the tool can have any effect.
-        if !persist(&self.journal).await {
-            let content = "the runner could not record the claim in its journal, so it did not start the tool";
-            self.record_result(&key, ToolOutcome::Failed { content: content.to_owned() }).await;
+            self.record_result(&key, ToolOutcome::Failed { content });
             return;
         }
         let (stop_tx, stop) = watch::channel(None);
+        self.running.insert(key.clone(), stop_tx);
+        let start =
+            Start { key, tool_name, tool_input, task_timeout_ms, deadline_at_ms, claim_token: grant.claim_token, stop };
+        self.after_durable.push_back((ticket, AfterDurable::Start(Box::new(start))));
+    }
+
+    /// A flush of the journal ended: what waited for it goes ahead. When the write failed, a
+    /// claimed tool is not started (a `failed` outcome is committed instead) and a result is
+    /// committed all the same.
+    pub(super) fn on_journal_flushed(&mut self, flushed: Flushed) {
+        let journaled = match &flushed.result {
+            Ok(()) => true,
+            Err(err) => {
+                error!(error = %err, "could not write the journal");
+                false
+            }
+        };
+        while self.after_durable.front().is_some_and(|(ticket, _)| *ticket <= flushed.through) {
+            let Some((_, action)) = self.after_durable.pop_front() else { break };
+            match action {
+                AfterDurable::Start(start) => self.start_tool(*start, journaled),
+                AfterDurable::Commit(key) => {
+                    if !journaled {
+                        warn!(task_key = %key.task_key, "committing a result the journal could not keep");
+                    }
+                    self.send_commit(&key);
+                }
+                AfterDurable::Extended { reply, deadline_at_ms } => drop(reply.send(Ok(deadline_at_ms))),
+            }
+        }
+        self.pump_claims();
+    }
+
+    /// Starts a claimed tool whose `running` entry is on disk (`journaled`), unless it was
+    /// stopped meanwhile.
+    fn start_tool(&mut self, start: Start, journaled: bool) {
+        let Start { key, tool_name, tool_input, task_timeout_ms, deadline_at_ms, claim_token, stop } = start;
+        let stopped = *stop.borrow();
+        let not_started = match (journaled, stopped) {
+            (false, _) => Some("the runner could not record the claim in its journal, so it did not start the tool"),
+            (true, Some(StopReason::Shutdown)) => Some("the runner was shutting down and did not start the tool"),
+            (true, Some(StopReason::Canceled)) => Some("the task was canceled before its tool started"),
+            (true, None) => None,
+        };
+        if let Some(content) = not_started {
+            self.running.remove(&key);
+            self.probing.remove(&key);
+            self.record_result(&key, ToolOutcome::Failed { content: content.to_owned() });
+            return;
+        }
         let until_deadline = Duration::from_millis(u64::try_from(deadline_at_ms - unix_now_ms()).unwrap_or(0));
         let ctx = ToolContext {
             workdir: self.toolbox.workdir().clone(),
@@ -112,7 +158,7 @@ impl Agent {
             task_timeout_ms,
             clamp_at: Some(Instant::now() + until_deadline.saturating_sub(self.config.commit_margin)),
             stop,
-            claim: Some(ClaimHandle::new(key.clone(), grant.claim_token, self.control_tx.clone())),
+            claim: Some(ClaimHandle::new(key.clone(), claim_token, self.control_tx.clone())),
         };
         let span = info_span!(
             "task",
@@ -122,40 +168,48 @@ impl Agent {
             tool = %tool_name,
         );
         let toolbox = Arc::clone(&self.toolbox);
-        let task_key = key.clone();
         self.tasks.spawn(
             async move {
                 let outcome = AssertUnwindSafe(toolbox.run(&tool_name, tool_input, ctx))
                     .catch_unwind()
                     .await
                     .unwrap_or_else(|_| ToolOutcome::error("the tool crashed; its effect is unknown"));
-                Finished { key: task_key, outcome }
+                Finished { key, outcome }
             }
             .instrument(span),
         );
-        self.running.insert(key, stop_tx);
     }
 
-    pub(super) async fn on_tool_finished(&mut self, finished: Finished) {
+    pub(super) fn on_tool_finished(&mut self, finished: Finished) {
         let Finished { key, outcome } = finished;
         self.running.remove(&key);
         self.probing.remove(&key);
         let is_error = !matches!(outcome, ToolOutcome::Completed { is_error: false, .. });
         info!(run_public_id = %key.run_public_id, task_key = %key.task_key, is_error, "tool finished");
-        self.record_result(&key, outcome).await;
+        self.record_result(&key, outcome);
         self.pump_claims();
     }
 
-    /// Journals the result, then commits it.
-    pub(super) async fn record_result(&mut self, key: &TaskKey, outcome: ToolOutcome) {
-        let Some(entry) = self.journal.get_mut(key) else {
+    /// Journals the result `commit_pending`; it is committed once that is on disk.
+    pub(super) fn record_result(&mut self, key: &TaskKey, outcome: ToolOutcome) {
+        let body = outcome.into_commit_body();
+        let journaled =
+            self.journal.update(key, move |entry| entry.state = EntryState::CommitPending { body, fallback: false });
+        let Some(ticket) = journaled else {
             warn!(task_key = %key.task_key, "a tool finished for a task the journal does not hold");
             return;
         };
-        entry.state = EntryState::CommitPending { body: outcome.into_commit_body(), fallback: false };
-        if !persist(&self.journal).await {
-            warn!(task_key = %key.task_key, "committing a result the journal could not keep");
-        }
-        self.send_commit(key);
+        self.after_durable.push_back((ticket, AfterDurable::Commit(key.clone())));
     }
+}
+
+/// A claimed tool waiting for its `running` entry to reach the disk.
+pub(super) struct Start {
+    key: TaskKey,
+    tool_name: String,
+    tool_input: Value,
+    task_timeout_ms: Option<u64>,
+    deadline_at_ms: i64,
+    claim_token: String,
+    stop: watch::Receiver<Option<StopReason>>,
 }
