@@ -121,6 +121,8 @@ struct Link {
     last_frame_at: Instant,
     connected_at: Instant,
     liveness: Duration,
+    /// nexus said in its welcome that it reads `RunnerBatch` frames.
+    batches: bool,
 }
 
 pub(crate) struct Agent {

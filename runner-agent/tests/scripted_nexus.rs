@@ -85,13 +85,20 @@ impl Conn {
 
     /// Reads hello and answers welcome; returns the hello's credential.
     async fn welcome(&mut self, ping_interval_ms: u64) -> String {
+        self.welcome_with(ping_interval_ms, true).await
+    }
+
+    /// [`Conn::welcome`], saying in the welcome whether this nexus reads batches.
+    async fn welcome_with(&mut self, ping_interval_ms: u64, batches: bool) -> String {
         let (request_id, frame) = self.recv().await;
         let runner_frame::Frame::Hello(hello) = frame else { panic!("expected hello, got {frame:?}") };
         assert_eq!(request_id, 1);
         assert_eq!(hello.executor_public_id, RUNNER.to_string());
         assert_eq!(hello.protocol_version, nexus_proto::RUNNER_PROTOCOL_VERSION);
         assert!(hello.batches, "runner-agent reads batches");
-        self.send(1, welcome(ping_interval_ms));
+        let nexus_frame::Frame::Welcome(mut answer) = welcome(ping_interval_ms) else { unreachable!() };
+        answer.batches = batches;
+        self.send(1, nexus_frame::Frame::Welcome(answer));
         hello.credential
     }
 
@@ -133,6 +140,7 @@ fn welcome(ping_interval_ms: u64) -> nexus_frame::Frame {
         credential_epoch: 1,
         protocol_version: nexus_proto::RUNNER_PROTOCOL_VERSION,
         ping_interval_ms,
+        batches: true,
     })
 }
 
@@ -514,6 +522,33 @@ async fn offers_in_one_batch_are_claimed_in_one_batch_and_answers_in_one_are_han
     stop.send(()).unwrap();
     assert!(finished(agent).await.is_ok());
     assert!(journal_tasks(nexus.state_dir()).is_empty());
+}
+
+#[tokio::test]
+async fn a_nexus_that_reads_no_batches_gets_one_frame_per_request() {
+    let mut nexus = Harness::start().await;
+    let (stop, agent) = spawn_agent(nexus.config.clone());
+    let mut conn = nexus.accept().await;
+    conn.welcome_with(15_000, false).await;
+    conn.announced().await;
+
+    conn.send_batch(vec![(0, work("t1")), (0, work("t2"))]);
+    let mut claimed = Vec::new();
+    while claimed.len() < 2 {
+        let frame = conn.recv_raw().await;
+        match frame.frame {
+            Some(runner_frame::Frame::Claim(claim)) => claimed.push((frame.request_id, claim.task_key)),
+            other => panic!("expected a claim alone, got {other:?}"),
+        }
+    }
+    let tasks: Vec<&str> = claimed.iter().map(|(_, task)| task.as_str()).collect();
+    assert_eq!(tasks, ["t1", "t2"]);
+    for (request_id, _) in &claimed {
+        let refusal = Refusal { code: "already_claimed".into(), message: "taken".into(), http_status: 409 };
+        conn.send(*request_id, nexus_frame::Frame::Refusal(refusal));
+    }
+    stop.send(()).unwrap();
+    assert!(finished(agent).await.is_ok());
 }
 
 #[tokio::test]

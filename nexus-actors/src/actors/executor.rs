@@ -794,6 +794,7 @@ async fn attach(state: &mut ExecutorState, stream: Attach) -> Result<(), Refusal
                 credential_epoch: u64::try_from(state.row.credential_epoch).unwrap_or(0),
                 protocol_version: RUNNER_PROTOCOL_VERSION,
                 ping_interval_ms: state.fabric.config.runner.ping_interval_ms,
+                batches: true,
             })),
         },
     );

@@ -57,7 +57,9 @@ impl Agent {
         if link.outbox.is_empty() {
             return;
         }
-        let frames = coalesce(std::mem::take(&mut link.outbox));
+        let outbox = std::mem::take(&mut link.outbox);
+        // A nexus that did not say it reads batches gets one frame per request.
+        let frames = if link.batches { coalesce(outbox) } else { outbox };
         let stalled = frames.into_iter().any(|frame| link.outbound.try_send(frame).is_err());
         if stalled {
             self.lose_link("nexus stopped reading the stream");

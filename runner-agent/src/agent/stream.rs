@@ -64,6 +64,9 @@ impl Agent {
             );
         }
         self.attach(outbound, liveness);
+        if let Some(link) = self.link.as_mut() {
+            link.batches = welcome.batches;
+        }
         self.inbound = Some(inbound);
         self.after_connect();
         // Frames that shared a batch with the welcome come after it, as if they came alone.
@@ -82,6 +85,7 @@ impl Agent {
             last_frame_at: now,
             connected_at: now,
             liveness,
+            batches: true,
         });
     }
 
