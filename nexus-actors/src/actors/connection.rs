@@ -380,6 +380,8 @@ fn forward(myself: &ActorRef<ConnectionMsg>, state: &ConnectionState, executor: 
             return;
         }
         Frame::Announce(announce) => Ok(RunnerRequest::Announce(announce.body_json)),
+        // Batches (issue 10, item 4) have their frames in the contract but are not served yet.
+        Frame::Batch(_) => Err(Refusal::new(ErrorCode::ProtocolViolation, "batches are not served yet")),
         Frame::Claim(c) => task_field(&c.run_public_id, &c.task_key).map(|task| RunnerRequest::Claim { task }),
         Frame::ClaimStatus(c) => task_field(&c.run_public_id, &c.task_key)
             .map(|task| RunnerRequest::ClaimStatus { task, claim_token: c.claim_token }),
