@@ -38,7 +38,7 @@ use uuid::Uuid;
 
 use nexus_actors::config::StoreConfig;
 use nexus_actors::doors::api::{Caller, CreateInput};
-use nexus_actors::store::Store;
+use nexus_actors::store::{Store, TranscriptWrite};
 use nexus_proto::runner::v1::runner_service_client::RunnerServiceClient;
 use nexus_proto::runner::v1::runner_service_server::{RunnerService, RunnerServiceServer};
 use nexus_proto::runner::v1::{
@@ -560,7 +560,7 @@ async fn recovery(open: usize, per_runner: usize) -> (Duration, Duration, bool) 
             })
             .collect();
         for chunk in clones.chunks(5_000) {
-            store.save_execution(&execution, chunk, &[]).await.expect("seed tasks");
+            store.save_execution(&execution, TranscriptWrite::Unchanged, chunk, &[]).await.expect("seed tasks");
         }
         seeded.push((runner, run, count));
         index += 1;
