@@ -18,3 +18,4 @@ mod quickstart;
 mod round_driver;
 mod store;
 mod tls;
+mod transcript;
