@@ -15,6 +15,7 @@ mod executors;
 mod members;
 mod profiles;
 mod rows;
+mod save_bytes;
 mod tasks;
 mod writer;
 
@@ -25,17 +26,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde_json::Value;
 use sqlx::{AnyPool, Row};
 
+use nexus_proto::ExecutionId;
+
 use crate::auth::{Credential, Plane};
 use crate::clock::Clock;
 
 pub use backend::{StoreBackend, is_postgres_url, redact as redact_url};
 pub use config::StoreConfig;
 pub use event::{Event, EventType};
+pub use executions::TranscriptWrite;
 pub use rows::{
     EventRow, ExecutionRow, ExecutorRow, InputRow, MemberRow, NamedDefinitionRow, PresenceEvent, ProfileRow, TaskRow,
 };
+pub use save_bytes::{RECENT_ROUNDS as SAVE_BYTES_RECENT_ROUNDS, SaveBytes};
 pub use writer::{GroupCommitStats, MAX_BATCH as GROUP_COMMIT_MAX_BATCH};
 
+use save_bytes::SaveLedger;
 use writer::Writer;
 
 /// A store failure. Every variant is an internal error to callers: bad input is refused before
@@ -88,6 +94,8 @@ pub struct Store {
     clock: Clock,
     /// The group-commit writer of the hot-path writes (tasks, executions, inputs, presence).
     writer: Writer,
+    /// What execution saves have written ([`Store::save_bytes`]).
+    saves: Arc<SaveLedger>,
     /// Reads and direct (not group-committed) writes, counted for [`Store::io_stats`].
     io: Arc<IoCounters>,
 }
@@ -178,8 +186,14 @@ impl Store {
                 .await
                 .map_err(|e| open_failed(e.to_string()))?;
             let writer = Writer::start(pool.clone(), StoreBackend::Postgres);
-            let store =
-                Store { pool, backend: StoreBackend::Postgres, clock: Clock::system(), writer, io: Arc::default() };
+            let store = Store {
+                pool,
+                backend: StoreBackend::Postgres,
+                clock: Clock::system(),
+                writer,
+                saves: Arc::default(),
+                io: Arc::default(),
+            };
             if !create && !store.has_schema().await.map_err(|e| open_failed(e.to_string()))? {
                 return Err(open_failed(
                     "the database holds no nexus store; start `nexus serve` on it once to create it".into(),
@@ -204,7 +218,14 @@ impl Store {
             .map_err(|e| open_failed(e.to_string()))?;
         migrator.run(&pool).await.map_err(|e| open_failed(e.to_string()))?;
         let writer = Writer::start(pool.clone(), StoreBackend::Sqlite);
-        Ok(Store { pool, backend: StoreBackend::Sqlite, clock: Clock::system(), writer, io: Arc::default() })
+        Ok(Store {
+            pool,
+            backend: StoreBackend::Sqlite,
+            clock: Clock::system(),
+            writer,
+            saves: Arc::default(),
+            io: Arc::default(),
+        })
     }
 
     /// This store, stamping rows with `clock` (the server's, so that stored times and deadlines
@@ -245,6 +266,19 @@ impl Store {
     /// What group commit has done since the store opened (writes and the transactions they took).
     pub fn group_commit_stats(&self) -> GroupCommitStats {
         self.writer.stats()
+    }
+
+    /// What execution saves have written since the store opened: how many, and the bytes of the
+    /// text they bound (`docs/architecture.md`, "Transcript storage").
+    pub fn save_bytes(&self) -> SaveBytes {
+        self.saves.total()
+    }
+
+    /// What the saves of `execution` wrote while its row stood at `round` (the round it had
+    /// started last); `None` when it saved nothing there, or when that pair is older than the
+    /// [`SAVE_BYTES_RECENT_ROUNDS`] most recent ones the store keeps.
+    pub fn round_save_bytes(&self, execution: ExecutionId, round: i64) -> Option<SaveBytes> {
+        self.saves.of_round(execution, round)
     }
 
     /// Which database serves this store.

@@ -1,5 +1,6 @@
 //! The fabric's figures side by side from one run (issue 4, item 7): latency, throughput, memory
-//! and recovery, each beside its target.
+//! and recovery, and the bytes a save of a long execution writes early and late (issue 10, item
+//! 2), each beside its target.
 //!
 //! A benchmark, not a test: it prints a table and which targets hold, and it never fails on a
 //! target. `cargo test` does not run it; run it with `cargo bench -p nexus-tests --bench fabric`.
@@ -13,7 +14,7 @@
 //! - `NEXUS_BENCH_IDLE_RUNNERS` / `NEXUS_BENCH_IDLE_EXECUTIONS`: how many idle runners (default
 //!   1,000) and idle executions (default 1,000) the memory figures divide by.
 //!
-//! Latency, throughput and recovery run in this one process: the server, its store, and the fake
+//! Latency, bytes per save, throughput and recovery run in this one process: the server, its store, and the fake
 //! runners (a lean state machine on the runner stream: claim on `work_available`, commit on the
 //! grant, at most `slots` tasks in flight). The memory figures are read off a `nexus serve` child
 //! process (its VmRSS before and after), so the clients' half of each connection is not counted;
@@ -38,7 +39,7 @@ use uuid::Uuid;
 
 use nexus_actors::config::StoreConfig;
 use nexus_actors::doors::api::{Caller, CreateInput};
-use nexus_actors::store::{IoStats, Store};
+use nexus_actors::store::{IoStats, SaveBytes, Store, TranscriptWrite};
 use nexus_proto::runner::v1::runner_service_client::RunnerServiceClient;
 use nexus_proto::runner::v1::runner_service_server::{RunnerService, RunnerServiceServer};
 use nexus_proto::runner::v1::{
@@ -61,6 +62,10 @@ const WINDOW: u64 = 32;
 const BATCH_BOUND: usize = 256;
 /// Two-round turns (one call, then the final answer) each turn driver keeps in flight.
 const TURNS_IN_FLIGHT: usize = 8;
+/// Tool rounds of the long execution whose saves are measured, and the early round they are
+/// compared with.
+const LONG_ROUNDS: usize = 200;
+const EARLY_ROUND: i64 = 10;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
@@ -78,8 +83,18 @@ fn fan_script(calls: usize) -> Value {
     json!({"rounds": [{"tool_calls": calls}, {"final": "done"}]})
 }
 
+/// `rounds` rounds of one `noop` call each, then a final answer. Each call's arguments name its
+/// round, so no two rounds repeat (the repeat brake would stop a run of identical ones).
+fn long_script(rounds: usize) -> Value {
+    let mut all: Vec<Value> = (1..=rounds)
+        .map(|round| json!({"tool_calls": [{"id": format!("c{round}"), "name": "noop", "arguments": {"step": round}}]}))
+        .collect();
+    all.push(json!({"final": "done"}));
+    json!({"rounds": all})
+}
+
 fn scripts() -> Vec<(&'static str, Value)> {
-    vec![("one", fan_script(1)), ("fan", fan_script(FAN_OUT))]
+    vec![("one", fan_script(1)), ("fan", fan_script(FAN_OUT)), ("long", long_script(LONG_ROUNDS))]
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -389,6 +404,33 @@ async fn fabric_latency(server: &TestServer) -> (Vec<Duration>, (f64, f64)) {
     (all[20..].to_vec(), io)
 }
 
+// ---- bytes per save ----------------------------------------------------------------------------
+
+/// What the saves of one execution of [`LONG_ROUNDS`] tool rounds wrote at [`EARLY_ROUND`] and at
+/// its last tool round, a [`FastRunner`] serving its calls; `None` when it did not complete.
+async fn save_bytes(server: &TestServer) -> Option<(SaveBytes, SaveBytes)> {
+    let runner = server.runner("long").await;
+    let fast = FastRunner::connect(&server.url(), &runner, &noop_tool(60_000), 1, false).await;
+    let caller = agent_for(server, "long", runner.id, "long").await;
+    let run = admit(server, &caller).await;
+    let settled =
+        wait_count(&fast.counters.settled, &fast.counters.notify, LONG_ROUNDS as u64, Duration::from_secs(300)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let completed = loop {
+        let row = server.store().execution(run).await.expect("execution").expect("row");
+        if row.status.is_quiescent() || Instant::now() > deadline {
+            break row.status == nexus_proto::RunStatus::Completed;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    if !(settled && completed) {
+        eprintln!("bytes per save: the long execution did not complete");
+        return None;
+    }
+    let store = server.store();
+    Some((store.round_save_bytes(run, EARLY_ROUND)?, store.round_save_bytes(run, LONG_ROUNDS as i64)?))
+}
+
 // ---- throughput --------------------------------------------------------------------------------
 
 /// One throughput window's figures.
@@ -684,7 +726,7 @@ async fn recovery(open: usize, per_runner: usize) -> (Duration, Duration, bool) 
             })
             .collect();
         for chunk in clones.chunks(5_000) {
-            store.save_execution(&execution, chunk, &[]).await.expect("seed tasks");
+            store.save_execution(&execution, TranscriptWrite::Unchanged, chunk, &[]).await.expect("seed tasks");
         }
         seeded.push((runner, run, count));
         index += 1;
@@ -742,6 +784,8 @@ async fn run() {
     let (fsync50, fsync99) = p50_p99(fsync_latency(server.data_dir.path()));
     let (fabric_samples, (turn_writes, turn_reads)) = fabric_latency(&server).await;
     let (fabric50, fabric99) = p50_p99(fabric_samples);
+    eprintln!("bytes per save of one execution of {LONG_ROUNDS} tool rounds...");
+    let long = save_bytes(&server).await;
     eprintln!("throughput on SQLite ({seconds} s)...");
     let sqlite = throughput(&server, seconds, true).await;
     server.shutdown().await;
@@ -820,6 +864,26 @@ async fn run() {
         "| RSS per idle execution ({idle_executions}) | {per_execution:.1} KiB | <= 16 KiB | {} |",
         verdict(per_execution <= 16.0)
     );
+    match long {
+        Some((early, late)) => {
+            println!(
+                "| bytes per save, one execution, round {EARLY_ROUND} of {LONG_ROUNDS} tool rounds (SQLite) | {:.0} B ({} saves, {} B) | | |",
+                early.per_save(),
+                early.saves,
+                early.bytes
+            );
+            println!(
+                "| bytes per save, the same execution, round {LONG_ROUNDS} | {:.0} B ({} saves, {} B) | <= 1.2 x round {EARLY_ROUND} | {} |",
+                late.per_save(),
+                late.saves,
+                late.bytes,
+                verdict(late.per_save() <= 1.2 * early.per_save())
+            );
+        }
+        None => println!(
+            "| bytes per save, round {LONG_ROUNDS} | NOT MEASURED (see stderr) | <= 1.2 x round {EARLY_ROUND} | MISSED |"
+        ),
+    }
     let scaled = if open < 100_000 { " (SCALED DOWN from 100000)" } else { "" };
     println!(
         "| restart with {open} open tasks{scaled}, {recovery_per_runner} per runner: server up | {:.2} s | | |",

@@ -17,7 +17,7 @@ use nexus_actors::clock::Clock;
 use nexus_actors::config::ServerConfig;
 use nexus_actors::doors::api::{Caller, CreateInput};
 use nexus_actors::model::{ModelRegistry, Script};
-use nexus_actors::store::{ExecutionRow, Store, StoreBackend, TaskRow};
+use nexus_actors::store::{ExecutionRow, Store, StoreBackend, TaskRow, TranscriptWrite};
 use nexus_actors::{RunningServer, start_with_models};
 use nexus_proto::{ExecutionId, MemberId, RunnerId, TaskKey, TaskStatus};
 
@@ -367,7 +367,7 @@ impl TestServer {
             })
             .collect();
         for chunk in copies.chunks(1_000) {
-            store.save_execution(&execution, chunk, &[]).await.expect("copies written");
+            store.save_execution(&execution, TranscriptWrite::Unchanged, chunk, &[]).await.expect("copies written");
         }
         let inbox = self.server.api.root.executor(runner);
         for copy in &copies {

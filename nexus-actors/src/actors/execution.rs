@@ -38,7 +38,7 @@ use crate::store::event::{
     AttentionRequired, DeadlineExtended, Materialized, MaterializedTool, ModelChange, RoundCall, RoundResult,
     RoundStarted, TaskNarration, TurnStatus, Usage,
 };
-use crate::store::{Event, EventRow, ExecutionRow, TaskRow};
+use crate::store::{Event, EventRow, ExecutionRow, TaskRow, TranscriptWrite};
 
 use self::phase::{End, Facts, Phase};
 
@@ -277,6 +277,12 @@ pub struct ExecutionState {
     /// Shared with every live execution that froze the same bytes ([`Fabric::declarations`]).
     declaration: Option<Arc<FrozenDeclaration>>,
     transcript: Vec<ChatMessage>,
+    /// How many leading messages of `transcript` the store holds as they are here: the next save
+    /// writes the ones after them (`docs/architecture.md`, "Transcript storage").
+    transcript_stored: usize,
+    /// The store may hold messages after `transcript_stored` that the transcript no longer has
+    /// (it was rewritten, [`rewrite_transcript`]): the next save replaces them.
+    transcript_rewritten: bool,
     /// The current round's tasks by key, settled or not, whose results the model has not read,
     /// and the unresolved hook tasks ([`hooks`]), which the model never reads.
     pending: BTreeMap<TaskKey, TaskRow>,
@@ -317,6 +323,7 @@ impl Actor for ExecutionActor {
         let row = store.execution(args.public_id).await?.ok_or_else(|| format!("no execution {}", args.public_id))?;
         let mut row = row;
         let transcript: Vec<ChatMessage> = serde_json::from_value(std::mem::take(&mut row.transcript))?;
+        let row_transcript_stored = row.transcript_stored;
         let declaration: Option<FrozenDeclaration> = row.declaration.take().map(serde_json::from_value).transpose()?;
         let declaration = declaration.map(|d| args.fabric.declarations.intern(d));
         let declaration_stored = declaration.is_some();
@@ -353,7 +360,9 @@ impl Actor for ExecutionActor {
             phase: Phase::Materializing,
             row,
             declaration,
+            transcript_stored: row_transcript_stored,
             transcript,
+            transcript_rewritten: false,
             pending,
             events: Vec::new(),
             model_call: None,
@@ -591,22 +600,33 @@ fn narrate(state: &mut ExecutionState, task: &TaskRow) {
     emit(state, Event::TaskStatus(Box::new(narration(task))));
 }
 
-/// Writes the row, new tasks and pending events in one transaction, then wakes followers.
+/// Writes the row, the transcript's new messages, new tasks and pending events in one
+/// transaction, then wakes followers.
 async fn save(state: &mut ExecutionState, new_tasks: &[TaskRow]) -> Result<(), ActorProcessingErr> {
-    state.row.transcript = serde_json::to_value(&state.transcript)?;
     // The frozen declaration never changes once stored: it is written once, not on every save.
     state.row.declaration = match state.declaration_stored {
         true => None,
         false => state.declaration.as_ref().map(serde_json::to_value).transpose()?,
     };
+    // Only what the store does not hold yet is written, so a save costs the same at round 200 as
+    // at round 2 (`docs/architecture.md`, "Transcript storage").
+    let kept = state.transcript_stored.min(state.transcript.len());
+    let messages = &state.transcript[kept..];
+    let transcript = match state.transcript_rewritten {
+        true => TranscriptWrite::Rewrite { kept, messages },
+        false => TranscriptWrite::Append { kept, messages },
+    };
     let events = std::mem::take(&mut state.events);
-    let written = state.fabric.store.save_execution(&state.row, new_tasks, &events).await;
-    if written.is_ok() && state.declaration.is_some() {
-        state.declaration_stored = true;
+    let written = state.fabric.store.save_execution(&state.row, transcript, new_tasks, &events).await;
+    if written.is_ok() {
+        state.transcript_stored = state.transcript.len();
+        state.transcript_rewritten = false;
+        if state.declaration.is_some() {
+            state.declaration_stored = true;
+        }
     }
-    // The actor keeps the transcript and the declaration in their typed forms; their JSON copies
-    // on the row exist only for the write (an idle execution holds one copy, not two).
-    state.row.transcript = Value::Null;
+    // The actor keeps the declaration in its typed form; the JSON copy on the row exists only for
+    // the write (an idle execution holds one copy, not two).
     state.row.declaration = None;
     written?;
     state.fabric.events.publish(state.row.public_id, state.row.event_seq);
@@ -614,6 +634,15 @@ async fn save(state: &mut ExecutionState, new_tasks: &[TaskRow]) -> Result<(), A
         state.fabric.events.close(state.row.public_id);
     }
     Ok(())
+}
+
+/// Replaces the transcript with `rewritten` (a compaction): the next save rewrites the stored
+/// messages from the first one that differs, and keeps those before it.
+fn rewrite_transcript(state: &mut ExecutionState, rewritten: Vec<ChatMessage>) {
+    let same = state.transcript.iter().zip(&rewritten).take_while(|(old, new)| old == new).count();
+    state.transcript_stored = state.transcript_stored.min(same);
+    state.transcript_rewritten = true;
+    state.transcript = rewritten;
 }
 
 /// The `task_status` narration of `task` as it now stands.

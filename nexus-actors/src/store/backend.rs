@@ -42,6 +42,16 @@ impl StoreBackend {
         }
     }
 
+    /// The statement that opens a read transaction whose statements all see one snapshot:
+    /// SQLite's deferred transaction reads one WAL snapshot from its first read on; PostgreSQL's
+    /// default isolation (read committed) takes one per statement, so it asks for repeatable read.
+    pub(super) fn snapshot_sql(self) -> &'static str {
+        match self {
+            StoreBackend::Sqlite => "BEGIN",
+            StoreBackend::Postgres => "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+        }
+    }
+
     /// The statement that lists the store's tables as one `name` column, sorted.
     pub(super) fn tables_sql(self) -> &'static str {
         match self {

@@ -1,4 +1,4 @@
-//! Conversations, inputs, executions and their event logs.
+//! Conversations, inputs, executions, their transcripts and their event logs.
 
 use std::sync::Arc;
 
@@ -7,8 +7,78 @@ use sqlx::{AnyConnection, Row};
 
 use nexus_proto::{ConversationId, ExecutionId, InputId, MemberId};
 
+use crate::model::ChatMessage;
+
+use super::save_bytes::counted;
 use super::tasks::insert_task;
-use super::{Event, EventRow, ExecutionRow, InputRow, Store, StoreResult, TaskRow, json_opt, parse, parse_opt};
+use super::{
+    Event, EventRow, ExecutionRow, InputRow, Store, StoreError, StoreResult, TaskRow, json_opt, parse, parse_opt,
+};
+
+/// What a save writes of an execution's transcript, which the store holds one message per row
+/// (`docs/architecture.md`, "Transcript storage"): only what changed since the last save.
+#[derive(Clone, Copy, Debug)]
+pub enum TranscriptWrite<'a> {
+    /// The stored transcript stays as it is.
+    Unchanged,
+    /// The store keeps its first `kept` messages, and `messages` follow them: a save of a growing
+    /// transcript. `kept` is 0 for a transcript the store holds none of per row yet (a new one,
+    /// or one written whole before migration 0007).
+    Append {
+        /// The messages the store holds already, which stay as they are.
+        kept: usize,
+        /// The messages after them.
+        messages: &'a [ChatMessage],
+    },
+    /// The transcript was rewritten after its first `kept` messages (a compaction): the stored
+    /// messages after them are replaced by `messages`.
+    Rewrite {
+        /// The leading messages the rewrite left as they were.
+        kept: usize,
+        /// The messages after them.
+        messages: &'a [ChatMessage],
+    },
+}
+
+/// A [`TranscriptWrite`] ready for the writer: the new messages as JSON text.
+#[derive(Debug)]
+struct TranscriptRows {
+    kept: i64,
+    messages: Vec<String>,
+    /// Whether stored messages past `kept` are deleted first.
+    rewrite: bool,
+}
+
+impl TranscriptRows {
+    /// `None` for [`TranscriptWrite::Unchanged`].
+    fn of(write: TranscriptWrite<'_>) -> StoreResult<Option<TranscriptRows>> {
+        let (kept, messages, rewrite) = match write {
+            TranscriptWrite::Unchanged => return Ok(None),
+            TranscriptWrite::Append { kept, messages } => (kept, messages, false),
+            TranscriptWrite::Rewrite { kept, messages } => (kept, messages, true),
+        };
+        let messages = messages.iter().map(serde_json::to_string).collect::<Result<Vec<_>, _>>()?;
+        Ok(Some(TranscriptRows { kept: position(kept)?, messages, rewrite }))
+    }
+
+    /// The transcript's length once written.
+    fn length(&self) -> StoreResult<i64> {
+        Ok(self.kept + position(self.messages.len())?)
+    }
+}
+
+fn position(index: usize) -> StoreResult<i64> {
+    i64::try_from(index).map_err(|_| StoreError::Corrupt(format!("transcript position {index} out of range")))
+}
+
+/// The row columns a save writes; the transcript's length and its legacy column ride along when
+/// the transcript is written.
+const UPDATE_EXECUTION: &str = "UPDATE executions SET status = $1, attention_reason = $2, \
+    declaration = COALESCE($3, declaration), round = $4, final_text = $5, error_key = $6, event_seq = $7, \
+    updated_at = $8 WHERE public_id = $9";
+const UPDATE_EXECUTION_AND_TRANSCRIPT: &str = "UPDATE executions SET status = $1, attention_reason = $2, \
+    declaration = COALESCE($3, declaration), round = $4, final_text = $5, error_key = $6, event_seq = $7, \
+    updated_at = $8, transcript = '[]', transcript_length = $9 WHERE public_id = $10";
 
 impl Store {
     /// Admits an input: creates the conversation when new, the input and its pending execution,
@@ -79,32 +149,49 @@ impl Store {
     /// # Errors
     /// [`StoreError`] on a database failure.
     pub async fn execution(&self, public_id: ExecutionId) -> StoreResult<Option<ExecutionRow>> {
+        // The row and its messages are read in one snapshot, so a save committed in between is
+        // seen whole or not at all, as when the transcript was a column of the row.
+        let mut snapshot = self.reader().begin_with(self.backend.snapshot_sql()).await?;
         let row = sqlx::query(
             "SELECT conversation_public_id, input_public_id, member_public_id, status, attention_reason, declaration, \
-             transcript, round, final_text, error_key, event_seq, created_at, updated_at FROM executions WHERE public_id = $1",
+             transcript, transcript_length, round, final_text, error_key, event_seq, created_at, updated_at \
+             FROM executions WHERE public_id = $1",
         )
         .bind(public_id.to_string())
-        .fetch_optional(self.reader())
+        .fetch_optional(&mut *snapshot)
         .await?;
-        row.map(|row| {
-            Ok(ExecutionRow {
-                public_id,
-                conversation_public_id: parse(&row.try_get::<String, _>("conversation_public_id")?)?,
-                input_public_id: parse(&row.try_get::<String, _>("input_public_id")?)?,
-                member_public_id: parse(&row.try_get::<String, _>("member_public_id")?)?,
-                status: parse(&row.try_get::<String, _>("status")?)?,
-                attention_reason: parse_opt(row.try_get("attention_reason")?)?,
-                declaration: json_opt(row.try_get("declaration")?)?,
-                transcript: serde_json::from_str(&row.try_get::<String, _>("transcript")?)?,
-                round: row.try_get("round")?,
-                final_text: row.try_get("final_text")?,
-                error_key: row.try_get("error_key")?,
-                event_seq: row.try_get("event_seq")?,
-                created_at: row.try_get("created_at")?,
-                updated_at: row.try_get("updated_at")?,
-            })
-        })
-        .transpose()
+        let Some(row) = row else {
+            snapshot.commit().await?;
+            return Ok(None);
+        };
+        let length: i64 = row.try_get("transcript_length")?;
+        let (transcript, transcript_stored) = match length {
+            // Written whole before migration 0007 (or empty): the legacy column holds it.
+            0 => (serde_json::from_str(&row.try_get::<String, _>("transcript")?)?, 0),
+            _ => {
+                let messages = transcript_in(&mut snapshot, public_id, length).await?;
+                let stored = messages.len();
+                (Value::Array(messages), stored)
+            }
+        };
+        snapshot.commit().await?;
+        Ok(Some(ExecutionRow {
+            public_id,
+            conversation_public_id: parse(&row.try_get::<String, _>("conversation_public_id")?)?,
+            input_public_id: parse(&row.try_get::<String, _>("input_public_id")?)?,
+            member_public_id: parse(&row.try_get::<String, _>("member_public_id")?)?,
+            status: parse(&row.try_get::<String, _>("status")?)?,
+            attention_reason: parse_opt(row.try_get("attention_reason")?)?,
+            declaration: json_opt(row.try_get("declaration")?)?,
+            transcript,
+            transcript_stored,
+            round: row.try_get("round")?,
+            final_text: row.try_get("final_text")?,
+            error_key: row.try_get("error_key")?,
+            event_seq: row.try_get("event_seq")?,
+            created_at: row.try_get("created_at")?,
+            updated_at: row.try_get("updated_at")?,
+        }))
     }
 
     /// Executions that have not reached a terminal status, for recovery at start-up.
@@ -118,10 +205,13 @@ impl Store {
         rows.iter().map(|r| parse(&r.try_get::<String, _>("public_id")?)).collect()
     }
 
-    /// Writes an execution's mutable columns, new tasks and new events in one transaction.
+    /// Writes an execution's mutable columns, what changed of its transcript, new tasks and new
+    /// events in one transaction.
     ///
     /// This is the only write path of an execution: a round's expansion (its tasks, the
-    /// transcript and the events that narrate it) is atomic.
+    /// transcript and the events that narrate it) is atomic. The row's own `transcript` is not
+    /// read: `transcript` says what to write of it, so a save writes what is new, not the whole
+    /// history (`docs/architecture.md`, "Transcript storage").
     /// A `declaration` of `None` leaves the stored one as it is (a frozen declaration is written
     /// once).
     ///
@@ -130,21 +220,27 @@ impl Store {
     pub async fn save_execution(
         &self,
         execution: &ExecutionRow,
+        transcript: TranscriptWrite<'_>,
         new_tasks: &[TaskRow],
         new_events: &[EventRow],
     ) -> StoreResult<()> {
+        let transcript = TranscriptRows::of(transcript)?;
+        let row = without_transcript(execution);
         // Group-committed: answered once the batch holding this write is durable.
-        let write = Arc::new((execution.clone(), new_tasks.to_vec(), new_events.to_vec()));
+        let write = Arc::new((row, transcript, new_tasks.to_vec(), new_events.to_vec()));
         let now = self.clock.now_ms();
-        self.writer
+        let bytes = self
+            .writer
             .write(move |connection| {
                 let write = write.clone();
                 Box::pin(async move {
-                    let (execution, new_tasks, new_events) = &*write;
-                    save_execution_in(connection, execution, new_tasks, new_events, now).await
+                    let (execution, transcript, new_tasks, new_events) = &*write;
+                    save_execution_in(connection, execution, transcript.as_ref(), new_tasks, new_events, now).await
                 })
             })
-            .await
+            .await?;
+        self.saves.record(execution.public_id, execution.round, bytes);
+        Ok(())
     }
 
     /// Creates an execution of an input that already has one (a regeneration, `docs/executions.md`,
@@ -176,7 +272,8 @@ impl Store {
                     .bind(execution.created_at)
                     .execute(&mut *connection)
                     .await?;
-                    save_execution_in(connection, execution, &[], events, execution.updated_at).await
+                    save_execution_in(connection, execution, None, &[], events, execution.updated_at).await?;
+                    Ok(())
                 })
             })
             .await
@@ -208,44 +305,115 @@ impl Store {
     }
 }
 
-/// [`Store::save_execution`]'s statements, on the writer's transaction.
+/// [`Store::save_execution`]'s statements, on the writer's transaction. Answers the bytes of text
+/// they bound ([`Store::save_bytes`]).
 async fn save_execution_in(
     connection: &mut AnyConnection,
     execution: &ExecutionRow,
+    transcript: Option<&TranscriptRows>,
     new_tasks: &[TaskRow],
     new_events: &[EventRow],
     now: i64,
-) -> StoreResult<()> {
-    sqlx::query(
-        "UPDATE executions SET status = $1, attention_reason = $2, declaration = COALESCE($3, declaration), transcript = $4, round = $5, \
-         final_text = $6, error_key = $7, event_seq = $8, updated_at = $9 WHERE public_id = $10",
-    )
-    .bind(execution.status.as_str())
-    .bind(execution.attention_reason.map(|reason| reason.as_str()))
-    .bind(execution.declaration.as_ref().map(Value::to_string))
-    .bind(execution.transcript.to_string())
-    .bind(execution.round)
-    .bind(&execution.final_text)
-    .bind(&execution.error_key)
-    .bind(execution.event_seq)
-    .bind(now)
-    .bind(execution.public_id.to_string())
-    .execute(&mut *connection)
-    .await?;
+) -> StoreResult<u64> {
+    let mut bytes = 0;
+    let public_id = execution.public_id.to_string();
+    let declaration = execution.declaration.as_ref().map(Value::to_string);
+    let update = match transcript {
+        Some(_) => UPDATE_EXECUTION_AND_TRANSCRIPT,
+        None => UPDATE_EXECUTION,
+    };
+    let mut update = sqlx::query(update)
+        .bind(counted(&mut bytes, execution.status.as_str()))
+        .bind(counted(&mut bytes, execution.attention_reason.map(|reason| reason.as_str())))
+        .bind(counted(&mut bytes, &declaration))
+        .bind(execution.round)
+        .bind(counted(&mut bytes, &execution.final_text))
+        .bind(counted(&mut bytes, &execution.error_key))
+        .bind(execution.event_seq)
+        .bind(now);
+    if let Some(transcript) = transcript {
+        update = update.bind(transcript.length()?);
+    }
+    update.bind(counted(&mut bytes, &public_id)).execute(&mut *connection).await?;
+    if let Some(transcript) = transcript {
+        if transcript.rewrite {
+            sqlx::query("DELETE FROM transcript_messages WHERE execution_public_id = $1 AND position >= $2")
+                .bind(counted(&mut bytes, &public_id))
+                .bind(transcript.kept)
+                .execute(&mut *connection)
+                .await?;
+        }
+        for (index, message) in transcript.messages.iter().enumerate() {
+            sqlx::query("INSERT INTO transcript_messages (execution_public_id, position, message) VALUES ($1, $2, $3)")
+                .bind(counted(&mut bytes, &public_id))
+                .bind(transcript.kept + position(index)?)
+                .bind(counted(&mut bytes, message))
+                .execute(&mut *connection)
+                .await?;
+        }
+    }
     for task in new_tasks {
-        insert_task(connection, task).await?;
+        bytes += insert_task(connection, task).await?;
     }
     for event in new_events {
         sqlx::query("INSERT INTO events (execution_public_id, seq, type, data, at) VALUES ($1, $2, $3, $4, $5)")
-            .bind(execution.public_id.to_string())
+            .bind(counted(&mut bytes, &public_id))
             .bind(event.seq)
-            .bind(event.event.event_type().as_str())
-            .bind(event.event.data().to_string())
+            .bind(counted(&mut bytes, event.event.event_type().as_str()))
+            .bind(counted(&mut bytes, event.event.data().to_string()))
             .bind(event.at)
             .execute(&mut *connection)
             .await?;
     }
-    Ok(())
+    Ok(bytes)
+}
+
+/// `row` without its transcript, which the writer never reads: a save does not copy the history.
+fn without_transcript(row: &ExecutionRow) -> ExecutionRow {
+    ExecutionRow {
+        public_id: row.public_id,
+        conversation_public_id: row.conversation_public_id,
+        input_public_id: row.input_public_id,
+        member_public_id: row.member_public_id,
+        status: row.status,
+        attention_reason: row.attention_reason,
+        declaration: row.declaration.clone(),
+        transcript: Value::Null,
+        transcript_stored: 0,
+        round: row.round,
+        final_text: row.final_text.clone(),
+        error_key: row.error_key.clone(),
+        event_seq: row.event_seq,
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+    }
+}
+
+/// The `length` messages of an execution's transcript, in order, read on `connection`.
+async fn transcript_in(connection: &mut AnyConnection, execution: ExecutionId, length: i64) -> StoreResult<Vec<Value>> {
+    let rows = sqlx::query(
+        "SELECT position, message FROM transcript_messages WHERE execution_public_id = $1 AND position < $2 \
+         ORDER BY position",
+    )
+    .bind(execution.to_string())
+    .bind(length)
+    .fetch_all(&mut *connection)
+    .await?;
+    let mut messages = Vec::with_capacity(rows.len());
+    for (index, row) in rows.iter().enumerate() {
+        let at: i64 = row.try_get("position")?;
+        if at != position(index)? {
+            return Err(StoreError::Corrupt(format!("execution {execution}: transcript message {index} is missing")));
+        }
+        messages.push(serde_json::from_str(&row.try_get::<String, _>("message")?)?);
+    }
+    if position(messages.len())? != length {
+        return Err(StoreError::Corrupt(format!(
+            "execution {execution}: transcript has {} of its {length} messages",
+            messages.len()
+        )));
+    }
+    Ok(messages)
 }
 
 /// [`Store::admit_input`]'s statements, on the writer's transaction.

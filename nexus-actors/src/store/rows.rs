@@ -137,8 +137,12 @@ pub struct ExecutionRow {
     pub attention_reason: Option<AttentionReason>,
     /// The frozen declaration, `None` until materialized.
     pub declaration: Option<Value>,
-    /// Chat transcript (JSON array).
+    /// Chat transcript (JSON array). The actor keeps its own typed copy and leaves this `null`.
     pub transcript: Value,
+    /// How many of `transcript`'s messages the store holds one per row: all of them, or none for
+    /// a transcript written whole before migration 0007, which the next save stores per row
+    /// (`docs/architecture.md`, "Transcript storage"). Ignored by the writes.
+    pub transcript_stored: usize,
     /// The last round started.
     pub round: i64,
     /// The final answer.

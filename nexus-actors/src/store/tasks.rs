@@ -17,6 +17,7 @@ use sqlx::{AnyConnection, Row};
 
 use nexus_proto::{ExecutionId, RunnerId, TaskKey};
 
+use super::save_bytes::counted;
 use super::{Store, StoreError, StoreResult, TaskRow, json_opt, parse, parse_opt};
 
 impl Store {
@@ -284,33 +285,34 @@ fn task_of(row: &AnyRow) -> StoreResult<TaskRow> {
     })
 }
 
-pub(super) async fn insert_task(connection: &mut AnyConnection, task: &TaskRow) -> StoreResult<()> {
+pub(super) async fn insert_task(connection: &mut AnyConnection, task: &TaskRow) -> StoreResult<u64> {
+    let mut bytes = 0;
     sqlx::query(
         "INSERT INTO tasks (run_public_id, task_key, kind, round, callable_name, tool_name, tool_input, tool_call_id, \
          target_executor_public_id, effect_profile, timeout_ms, status, claimed, claim_token_digest, started_at, \
          deadline_at, result, error_key, settled_at, approval) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
     )
-    .bind(task.run_public_id.to_string())
-    .bind(task.task_key.to_string())
-    .bind(task.kind.as_str())
+    .bind(counted(&mut bytes, task.run_public_id.to_string()))
+    .bind(counted(&mut bytes, task.task_key.to_string()))
+    .bind(counted(&mut bytes, task.kind.as_str()))
     .bind(task.round)
-    .bind(&task.callable_name)
-    .bind(&task.tool_name)
-    .bind(task.tool_input.to_string())
-    .bind(&task.tool_call_id)
-    .bind(task.target_executor_public_id.map(|id| id.to_string()))
-    .bind(task.effect_profile.as_ref().map(Value::to_string))
+    .bind(counted(&mut bytes, &task.callable_name))
+    .bind(counted(&mut bytes, &task.tool_name))
+    .bind(counted(&mut bytes, task.tool_input.to_string()))
+    .bind(counted(&mut bytes, &task.tool_call_id))
+    .bind(counted(&mut bytes, task.target_executor_public_id.map(|id| id.to_string())))
+    .bind(counted(&mut bytes, task.effect_profile.as_ref().map(Value::to_string)))
     .bind(task.timeout_ms)
-    .bind(task.status.as_str())
+    .bind(counted(&mut bytes, task.status.as_str()))
     .bind(i64::from(task.claimed))
-    .bind(&task.claim_token_digest)
+    .bind(counted(&mut bytes, &task.claim_token_digest))
     .bind(task.started_at)
     .bind(task.deadline_at)
-    .bind(task.result.as_ref().map(Value::to_string))
-    .bind(&task.error_key)
+    .bind(counted(&mut bytes, task.result.as_ref().map(Value::to_string)))
+    .bind(counted(&mut bytes, &task.error_key))
     .bind(task.settled_at)
-    .bind(task.approval.as_ref().map(Value::to_string))
+    .bind(counted(&mut bytes, task.approval.as_ref().map(Value::to_string)))
     .execute(&mut *connection)
     .await?;
-    Ok(())
+    Ok(bytes)
 }

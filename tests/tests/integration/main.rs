@@ -19,3 +19,4 @@ mod quickstart;
 mod round_driver;
 mod store;
 mod tls;
+mod transcript;

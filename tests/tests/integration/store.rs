@@ -6,12 +6,14 @@ use nexus_tests::key;
 use std::sync::Arc;
 
 use serde_json::json;
+use sqlx::{AnyConnection, Connection, Row};
 use tempfile::TempDir;
 use tokio::sync::Barrier;
 
 use nexus_actors::clock::Clock;
 use nexus_actors::config::StoreConfig;
-use nexus_actors::store::{InputRow, Store, StoreBackend, StoreError, TaskRow};
+use nexus_actors::model::{ChatMessage, ToolCall};
+use nexus_actors::store::{InputRow, Store, StoreBackend, StoreError, TaskRow, TranscriptWrite};
 use nexus_tests::{TestDatabase, test_store_backend};
 
 /// A store on the suite's backend; the data dir and database live as long as the returned guards.
@@ -69,7 +71,10 @@ async fn a_claim_is_granted_once_across_nodes_sharing_the_store() {
     store.admit_input(&input, true, run).await.expect("admit");
     let execution = store.execution(run).await.expect("read").expect("execution");
     let open = task(run, nexus_proto::RunnerId::new_v4());
-    store.save_execution(&execution, std::slice::from_ref(&open), &[]).await.expect("dispatch");
+    store
+        .save_execution(&execution, TranscriptWrite::Unchanged, std::slice::from_ref(&open), &[])
+        .await
+        .expect("dispatch");
 
     // A second node: its own pool on the same database (on SQLite, the same file).
     let other = Store::connect(data_dir.path(), &config).await.expect("second node");
@@ -168,4 +173,125 @@ async fn writes_beside_a_busy_writer_never_fail_as_locked() {
     let again =
         nexus_actors::cli::admin::create_member(&store, nexus_actors::cli::admin::MemberKind::Agent, "agent-0").await;
     assert_eq!(again.map_err(|r| r.code).err(), Some(ErrorCode::ValidationFailed));
+}
+
+/// A connection of its own to the store's database, to write what an older nexus wrote.
+async fn raw_connection(data_dir: &TempDir, config: &StoreConfig) -> AnyConnection {
+    sqlx::any::install_default_drivers();
+    let url = match &config.database_url {
+        Some(url) => url.clone(),
+        None => format!("sqlite://{}", data_dir.path().join("nexus.db").display()),
+    };
+    AnyConnection::connect(&url).await.expect("a raw connection")
+}
+
+/// `(legacy column, per-row messages)` of an execution as stored.
+async fn stored_transcript(raw: &mut AnyConnection, run: ExecutionId) -> (String, i64) {
+    let legacy = sqlx::query("SELECT transcript FROM executions WHERE public_id = $1")
+        .bind(run.to_string())
+        .fetch_one(&mut *raw)
+        .await
+        .expect("row")
+        .get::<String, _>("transcript");
+    let rows = sqlx::query("SELECT COUNT(*) AS n FROM transcript_messages WHERE execution_public_id = $1")
+        .bind(run.to_string())
+        .fetch_one(&mut *raw)
+        .await
+        .expect("count")
+        .get::<i64, _>("n");
+    (legacy, rows)
+}
+
+fn user(text: &str) -> ChatMessage {
+    ChatMessage::User { content: text.to_owned() }
+}
+
+fn called(id: &str) -> ChatMessage {
+    let call = ToolCall { id: id.to_owned(), name: "probe".to_owned(), arguments: "{}".to_owned() };
+    ChatMessage::Assistant { content: None, tool_calls: vec![call] }
+}
+
+fn result(id: &str) -> ChatMessage {
+    ChatMessage::Tool { tool_call_id: id.to_owned(), content: format!("result of {id}") }
+}
+
+#[tokio::test]
+async fn a_transcript_written_whole_reads_back_and_saves_move_it_to_rows() {
+    let (store, config, data_dir, _database) = open_store().await;
+    let input = InputRow {
+        public_id: nexus_proto::InputId::new_v4(),
+        conversation_public_id: nexus_proto::ConversationId::new_v4(),
+        member_public_id: nexus_proto::MemberId::new_v4(),
+        text: "first".into(),
+        execution_declaration: None,
+        runner_executor_public_id: None,
+        tool_names: None,
+    };
+    let run = ExecutionId::new_v4();
+    store.admit_input(&input, true, run).await.expect("admit");
+    let admitted = store.execution(run).await.expect("read").expect("execution");
+    assert_eq!((admitted.transcript.clone(), admitted.transcript_stored), (json!([]), 0));
+
+    // An execution as a nexus before per-row transcripts left it: the whole array in the row.
+    let legacy = vec![user("first"), called("a"), result("a")];
+    let mut raw = raw_connection(&data_dir, &config).await;
+    sqlx::query("UPDATE executions SET transcript = $1 WHERE public_id = $2")
+        .bind(serde_json::to_string(&legacy).expect("json"))
+        .bind(run.to_string())
+        .execute(&mut raw)
+        .await
+        .expect("legacy transcript");
+    let read = store.execution(run).await.expect("read").expect("execution");
+    assert_eq!((read.transcript.clone(), read.transcript_stored), (json!(legacy), 0), "read from the row");
+    // A save that leaves the transcript alone leaves it there.
+    store.save_execution(&read, TranscriptWrite::Unchanged, &[], &[]).await.expect("unchanged");
+    assert_eq!(store.execution(run).await.expect("read").expect("execution").transcript, json!(legacy));
+
+    // The next save writes every message per row (none were stored so) and empties the column.
+    let mut transcript = legacy.clone();
+    transcript.push(called("b"));
+    let write = TranscriptWrite::Append { kept: 0, messages: &transcript };
+    store.save_execution(&read, write, &[], &[]).await.expect("moved");
+    let moved = store.execution(run).await.expect("read").expect("execution");
+    assert_eq!((moved.transcript.clone(), moved.transcript_stored), (json!(transcript), 4));
+    assert_eq!(stored_transcript(&mut raw, run).await, ("[]".to_owned(), 4));
+
+    // An append writes the new message alone: the row's words, the id twice, the message.
+    let before = store.save_bytes();
+    let at_round = store.round_save_bytes(run, moved.round).expect("saved at this round");
+    transcript.push(result("b"));
+    let write = TranscriptWrite::Append { kept: 4, messages: &transcript[4..] };
+    store.save_execution(&moved, write, &[], &[]).await.expect("appended");
+    let message = serde_json::to_string(&transcript[4]).expect("json").len() as u64;
+    let expected = (moved.status.as_str().len() + 2 * run.to_string().len()) as u64 + message;
+    let after = store.save_bytes();
+    assert_eq!((after.saves - before.saves, after.bytes - before.bytes), (1, expected));
+    let now = store.round_save_bytes(run, moved.round).expect("saved at this round");
+    assert_eq!((now.saves - at_round.saves, now.bytes - at_round.bytes), (1, expected));
+    let appended = store.execution(run).await.expect("read").expect("execution");
+    assert_eq!((appended.transcript.clone(), appended.transcript_stored), (json!(transcript), 5));
+
+    // A rewrite (a compaction) replaces the messages after the ones it kept.
+    let summary = ChatMessage::Assistant { content: Some("summary".into()), tool_calls: Vec::new() };
+    let rewritten = vec![user("first"), summary, result("b")];
+    let write = TranscriptWrite::Rewrite { kept: 1, messages: &rewritten[1..] };
+    store.save_execution(&appended, write, &[], &[]).await.expect("rewritten");
+    let compacted = store.execution(run).await.expect("read").expect("execution");
+    assert_eq!((compacted.transcript.clone(), compacted.transcript_stored), (json!(rewritten), 3));
+    assert_eq!(stored_transcript(&mut raw, run).await, ("[]".to_owned(), 3));
+    // And it grows from there.
+    let grown = [called("c")];
+    store
+        .save_execution(&compacted, TranscriptWrite::Append { kept: 3, messages: &grown }, &[], &[])
+        .await
+        .expect("appended after the rewrite");
+    let last = store.execution(run).await.expect("read").expect("execution");
+    assert_eq!(last.transcript.as_array().map(Vec::len), Some(4));
+    assert_eq!(last.transcript[3], json!(grown[0]));
+    // Appending where a message is already stored is refused, and nothing of that save is written.
+    let clash = store.save_execution(&last, TranscriptWrite::Append { kept: 2, messages: &grown }, &[], &[]).await;
+    assert!(clash.is_err(), "{clash:?}");
+    assert_eq!(store.execution(run).await.expect("read").expect("execution"), last);
+    raw.close().await.expect("close");
+    store.close().await;
 }

@@ -105,7 +105,7 @@ pub use plan::{
 use super::hooks::{self, Gate, HookEvent};
 use super::{
     ExecutionMsg, ExecutionState, advance, answer, approval, emit, halt, model_chain, narrate, narration,
-    next_available, offer, save,
+    next_available, offer, rewrite_transcript, save,
 };
 
 /// The messages of an ExecutionActor that concern compaction ([`ExecutionMsg::Compaction`]).
@@ -735,7 +735,8 @@ async fn apply(
         return Ok(());
     };
     let retained = state.transcript.len() - plan.tail_start;
-    state.transcript = compacted_transcript(&state.transcript, &plan, summary);
+    let rewritten = compacted_transcript(&state.transcript, &plan, summary);
+    rewrite_transcript(state, rewritten);
     let Some(active) = state.compaction.active.as_mut() else { return Ok(()) };
     active.phase = Phase::Applied;
     let mode = if task.kind == TaskKind::ModelTask { CompactionMode::Kernel } else { CompactionMode::Delegate };

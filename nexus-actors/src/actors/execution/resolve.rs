@@ -169,6 +169,7 @@ pub async fn regenerate(
         status: RunStatus::Pending,
         attention_reason: None,
         transcript: json!([]),
+        transcript_stored: 0,
         round: 0,
         final_text: None,
         error_key: None,
