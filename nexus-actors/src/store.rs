@@ -122,6 +122,28 @@ pub struct IoStats {
     pub transactions: u64,
 }
 
+/// The `VALUES` list of a multi-row INSERT: `rows` tuples of `columns` placeholders, numbered
+/// from `$1` (both backends read `$N`). One statement for many rows spares a round trip per row
+/// to the database (for SQLite, to sqlx's worker thread).
+pub(super) fn values_list(rows: usize, columns: usize) -> String {
+    let mut sql = String::with_capacity(rows * columns * 5);
+    for row in 0..rows {
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        for column in 0..columns {
+            if column > 0 {
+                sql.push_str(", ");
+            }
+            sql.push('$');
+            sql.push_str(&(row * columns + column + 1).to_string());
+        }
+        sql.push(')');
+    }
+    sql
+}
+
 fn json_opt(text: Option<String>) -> StoreResult<Option<Value>> {
     text.map(|t| serde_json::from_str(&t)).transpose().map_err(StoreError::from)
 }
@@ -381,5 +403,11 @@ mod tests {
         let StoreError::OpenDatabase { url, .. } = &error else { panic!("{error}") };
         assert_eq!(url, "postgres://nexus:***@127.0.0.1:1/nexus");
         assert!(!error.to_string().contains("s3cret"), "{error}");
+    }
+
+    #[test]
+    fn a_values_list_numbers_every_placeholder_once_row_by_row() {
+        assert_eq!(values_list(1, 3), "($1, $2, $3)");
+        assert_eq!(values_list(2, 2), "($1, $2), ($3, $4)");
     }
 }

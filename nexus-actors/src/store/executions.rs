@@ -10,7 +10,7 @@ use nexus_proto::{ConversationId, ExecutionId, InputId, MemberId};
 use crate::model::ChatMessage;
 
 use super::save_bytes::counted;
-use super::tasks::insert_task;
+use super::tasks::insert_tasks;
 use super::{
     Event, EventRow, ExecutionRow, InputRow, Store, StoreError, StoreResult, TaskRow, json_opt, parse, parse_opt,
 };
@@ -66,6 +66,9 @@ impl TranscriptRows {
         Ok(self.kept + position(self.messages.len())?)
     }
 }
+
+/// Rows per INSERT of events and transcript messages (at most 5 parameters each).
+const ROWS_PER_STATEMENT: usize = 200;
 
 fn position(index: usize) -> StoreResult<i64> {
     i64::try_from(index).map_err(|_| StoreError::Corrupt(format!("transcript position {index} out of range")))
@@ -343,27 +346,40 @@ async fn save_execution_in(
                 .execute(&mut *connection)
                 .await?;
         }
-        for (index, message) in transcript.messages.iter().enumerate() {
-            sqlx::query("INSERT INTO transcript_messages (execution_public_id, position, message) VALUES ($1, $2, $3)")
-                .bind(counted(&mut bytes, &public_id))
-                .bind(transcript.kept + position(index)?)
-                .bind(counted(&mut bytes, message))
-                .execute(&mut *connection)
-                .await?;
+        // Many rows to a statement: a save costs a few statements however much it writes.
+        let mut start = 0;
+        for chunk in transcript.messages.chunks(ROWS_PER_STATEMENT) {
+            let sql = format!(
+                "INSERT INTO transcript_messages (execution_public_id, position, message) VALUES {}",
+                super::values_list(chunk.len(), 3)
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (offset, message) in chunk.iter().enumerate() {
+                query = query
+                    .bind(counted(&mut bytes, &public_id))
+                    .bind(transcript.kept + position(start + offset)?)
+                    .bind(counted(&mut bytes, message));
+            }
+            query.execute(&mut *connection).await?;
+            start += chunk.len();
         }
     }
-    for task in new_tasks {
-        bytes += insert_task(connection, task).await?;
-    }
-    for event in new_events {
-        sqlx::query("INSERT INTO events (execution_public_id, seq, type, data, at) VALUES ($1, $2, $3, $4, $5)")
-            .bind(counted(&mut bytes, &public_id))
-            .bind(event.seq)
-            .bind(counted(&mut bytes, event.event.event_type().as_str()))
-            .bind(counted(&mut bytes, event.event.data().to_string()))
-            .bind(event.at)
-            .execute(&mut *connection)
-            .await?;
+    bytes += insert_tasks(connection, new_tasks).await?;
+    for chunk in new_events.chunks(ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "INSERT INTO events (execution_public_id, seq, type, data, at) VALUES {}",
+            super::values_list(chunk.len(), 5)
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for event in chunk {
+            query = query
+                .bind(counted(&mut bytes, &public_id))
+                .bind(event.seq)
+                .bind(counted(&mut bytes, event.event.event_type().as_str()))
+                .bind(counted(&mut bytes, event.event.data().to_string()))
+                .bind(event.at);
+        }
+        query.execute(&mut *connection).await?;
     }
     Ok(bytes)
 }

@@ -285,34 +285,45 @@ fn task_of(row: &AnyRow) -> StoreResult<TaskRow> {
     })
 }
 
-pub(super) async fn insert_task(connection: &mut AnyConnection, task: &TaskRow) -> StoreResult<u64> {
+/// Task rows per INSERT statement (20 parameters each, far below either backend's bound).
+const TASKS_PER_STATEMENT: usize = 100;
+
+/// Inserts `tasks`, up to [`TASKS_PER_STATEMENT`] rows per statement; answers the bytes of text
+/// bound.
+pub(super) async fn insert_tasks(connection: &mut AnyConnection, tasks: &[TaskRow]) -> StoreResult<u64> {
     let mut bytes = 0;
-    sqlx::query(
-        "INSERT INTO tasks (run_public_id, task_key, kind, round, callable_name, tool_name, tool_input, tool_call_id, \
-         target_executor_public_id, effect_profile, timeout_ms, status, claimed, claim_token_digest, started_at, \
-         deadline_at, result, error_key, settled_at, approval) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
-    )
-    .bind(counted(&mut bytes, task.run_public_id.to_string()))
-    .bind(counted(&mut bytes, task.task_key.to_string()))
-    .bind(counted(&mut bytes, task.kind.as_str()))
-    .bind(task.round)
-    .bind(counted(&mut bytes, &task.callable_name))
-    .bind(counted(&mut bytes, &task.tool_name))
-    .bind(counted(&mut bytes, task.tool_input.to_string()))
-    .bind(counted(&mut bytes, &task.tool_call_id))
-    .bind(counted(&mut bytes, task.target_executor_public_id.map(|id| id.to_string())))
-    .bind(counted(&mut bytes, task.effect_profile.as_ref().map(Value::to_string)))
-    .bind(task.timeout_ms)
-    .bind(counted(&mut bytes, task.status.as_str()))
-    .bind(i64::from(task.claimed))
-    .bind(counted(&mut bytes, &task.claim_token_digest))
-    .bind(task.started_at)
-    .bind(task.deadline_at)
-    .bind(counted(&mut bytes, task.result.as_ref().map(Value::to_string)))
-    .bind(counted(&mut bytes, &task.error_key))
-    .bind(task.settled_at)
-    .bind(counted(&mut bytes, task.approval.as_ref().map(Value::to_string)))
-    .execute(&mut *connection)
-    .await?;
+    for chunk in tasks.chunks(TASKS_PER_STATEMENT) {
+        let sql = format!(
+            "INSERT INTO tasks (run_public_id, task_key, kind, round, callable_name, tool_name, tool_input, \
+             tool_call_id, target_executor_public_id, effect_profile, timeout_ms, status, claimed, claim_token_digest, \
+             started_at, deadline_at, result, error_key, settled_at, approval) VALUES {}",
+            super::values_list(chunk.len(), 20)
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for task in chunk {
+            query = query
+                .bind(counted(&mut bytes, task.run_public_id.to_string()))
+                .bind(counted(&mut bytes, task.task_key.to_string()))
+                .bind(counted(&mut bytes, task.kind.as_str()))
+                .bind(task.round)
+                .bind(counted(&mut bytes, &task.callable_name))
+                .bind(counted(&mut bytes, &task.tool_name))
+                .bind(counted(&mut bytes, task.tool_input.to_string()))
+                .bind(counted(&mut bytes, &task.tool_call_id))
+                .bind(counted(&mut bytes, task.target_executor_public_id.map(|id| id.to_string())))
+                .bind(counted(&mut bytes, task.effect_profile.as_ref().map(Value::to_string)))
+                .bind(task.timeout_ms)
+                .bind(counted(&mut bytes, task.status.as_str()))
+                .bind(i64::from(task.claimed))
+                .bind(counted(&mut bytes, &task.claim_token_digest))
+                .bind(task.started_at)
+                .bind(task.deadline_at)
+                .bind(counted(&mut bytes, task.result.as_ref().map(Value::to_string)))
+                .bind(counted(&mut bytes, &task.error_key))
+                .bind(task.settled_at)
+                .bind(counted(&mut bytes, task.approval.as_ref().map(Value::to_string)));
+        }
+        query.execute(&mut *connection).await?;
+    }
     Ok(bytes)
 }
