@@ -173,7 +173,7 @@ pub enum ExecutorMsg {
         at: i64,
     },
     /// The execution paused or resumed: its open tasks here take their new deadlines from
-    /// `shift` (durably) and their expiry timers follow (`docs/executions.md`, "Control":
+    /// `shift` (durably) and the inbox alarm follows (`docs/executions.md`, "Control":
     /// the clocks freeze, and resume shifts them forward).
     ShiftDeadlines {
         /// The execution.
@@ -649,7 +649,7 @@ fn claimable(task: &TaskRow) -> bool {
     !task.claimed && task.status == TaskStatus::Dispatched && task.kind.inbox_kind() == Some(InboxKind::ToolCall)
 }
 
-/// Holds an open task: it is addressed here, unsettled, and has its expiry timer.
+/// Holds an open task: it is addressed here, unsettled, and has its deadline filed with the inbox alarm.
 fn hold(state: &mut ExecutorState, id: TaskId, task: TaskRow) {
     debug_assert!(!task.is_settled(), "an open task is never settled: {id:?} is {}", task.status);
     debug_assert_eq!(
