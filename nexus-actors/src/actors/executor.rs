@@ -624,18 +624,14 @@ fn push(state: &mut ExecutorState, frame: NexusFrame) {
 
 /// Queues the answers to one message's requests: in one `NexusBatch` when they came in a
 /// `RunnerBatch` or the stream asked for batches, else one frame each ([`push`]).
-fn push_all(state: &mut ExecutorState, mut answers: Vec<NexusFrame>, batched: bool) {
+fn push_all(state: &mut ExecutorState, answers: Vec<NexusFrame>, batched: bool) {
     let Some(connection) = &state.connection else { return };
-    if answers.len() > 1 && (batched || connection.batches) {
+    // A batch is answered in kind, even a batch of one.
+    if !answers.is_empty() && (batched || (connection.batches && answers.len() > 1)) {
         push(state, batch_frame(answers));
         return;
     }
-    if answers.len() == 1 && batched {
-        // A batch of one is answered in kind.
-        push(state, batch_frame(answers));
-        return;
-    }
-    for answer in answers.drain(..) {
+    for answer in answers {
         push(state, answer);
     }
 }
