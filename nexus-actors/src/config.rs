@@ -210,8 +210,9 @@ impl Default for DoorsConfig {
 
 /// TLS on the one port. With `cert` and `key` set, every connection (runners, gRPC clients and
 /// the HTTP/JSON doors) is TLS, offering ALPN `h2` and `http/1.1`; without them nexus serves
-/// plaintext, for development on a trusted network. Paths are relative to the directory nexus
-/// runs in; the files are read once at start-up.
+/// plaintext, for development on a trusted network. A relative path in the config file is
+/// relative to the file's directory (one given by flag, to the working directory); the files are
+/// read once at start-up.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TlsConfig {
@@ -327,7 +328,36 @@ impl ServerConfig {
         let Some(path) = path else { return Ok(ServerConfig::default()) };
         let text =
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        Self::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })
+        let mut config = Self::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })?;
+        let base = path.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        config.resolve_paths(base, text_sets_data_dir(&text));
+        Ok(config)
+    }
+
+    /// Makes every relative path the file names relative to `base`, the directory the file is in,
+    /// so a config file means the same whichever directory nexus runs in: `data_dir` (only when
+    /// the file sets it; the default `./nexus-data` stays relative to the working directory), the
+    /// `[tls]` files and each scripted model's `script`. Paths given by flags or the environment
+    /// are applied after this and stay relative to the working directory.
+    fn resolve_paths(&mut self, base: &Path, data_dir_from_file: bool) {
+        let resolve = |path: &mut PathBuf| {
+            if path.is_relative() {
+                *path = base.join(&*path);
+            }
+        };
+        if data_dir_from_file {
+            resolve(&mut self.data_dir);
+        }
+        for path in [&mut self.tls.cert, &mut self.tls.key, &mut self.tls.client_ca].into_iter().flatten() {
+            resolve(path);
+        }
+        for provider in self.providers.providers.values_mut() {
+            for model in provider.models.values_mut() {
+                if let Some(script) = model.script.as_mut() {
+                    resolve(script);
+                }
+            }
+        }
     }
 
     /// Checks the relations between fields that the types cannot express.
@@ -411,6 +441,12 @@ impl ServerConfig {
     pub fn from_toml(text: &str) -> Result<ServerConfig, toml::de::Error> {
         toml::from_str(text)
     }
+}
+
+/// Whether a configuration text sets the top-level `data_dir` key (it parsed as a
+/// [`ServerConfig`] already, so it is a valid TOML table).
+fn text_sets_data_dir(text: &str) -> bool {
+    text.parse::<toml::Table>().is_ok_and(|table| table.contains_key("data_dir"))
 }
 
 #[cfg(test)]
@@ -515,5 +551,44 @@ mod tests {
         assert_eq!(mutual.tls.client_auth(), ClientAuth::Runners);
         assert!(ServerConfig::from_toml("[tls]\nclient_auth = \"sometimes\"\n").is_err());
         assert!(ServerConfig::from_toml("[tls]\ncertificate = \"a\"\n").is_err());
+    }
+
+    #[test]
+    fn relative_paths_in_a_config_file_are_relative_to_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conf = dir.path().join("conf");
+        std::fs::create_dir(&conf).expect("mkdir");
+        let file = conf.join("nexus.toml");
+        std::fs::write(
+            &file,
+            "data_dir = \"data\"\n[tls]\ncert = \"tls/server.pem\"\nkey = \"/etc/nexus/server.key\"\n\
+             [providers.scripted]\nkind = \"scripted\"\n[providers.scripted.models.slow]\nscript = \"../slow.json\"\n",
+        )
+        .expect("write");
+        let config = ServerConfig::load(Some(&file)).expect("loads");
+        assert_eq!(config.data_dir, conf.join("data"));
+        assert_eq!(config.tls.cert, Some(conf.join("tls/server.pem")));
+        assert_eq!(config.tls.key, Some(PathBuf::from("/etc/nexus/server.key")), "absolute paths stay");
+        let script = config.providers.providers["scripted"].models["slow"].script.clone();
+        assert_eq!(script, Some(conf.join("../slow.json")));
+
+        // A file that leaves data_dir out keeps the default, relative to the working directory.
+        std::fs::write(&file, "[doors]\nburst = 5\n").expect("write");
+        assert_eq!(ServerConfig::load(Some(&file)).expect("loads").data_dir, PathBuf::from("nexus-data"));
+    }
+
+    #[test]
+    fn the_example_config_names_scripts_that_exist_beside_it() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/nexus.toml");
+        let config = ServerConfig::load(Some(&file)).expect("example loads");
+        let scripted = &config.providers.providers["scripted"];
+        for (name, model) in &scripted.models {
+            if let Some(script) = &model.script {
+                let text = std::fs::read_to_string(script)
+                    .unwrap_or_else(|error| panic!("scripted/{name}: {}: {error}", script.display()));
+                crate::model::scripted::Script::from_json(&text).unwrap_or_else(|error| panic!("scripted/{name}: {error}"));
+            }
+        }
+        assert!(scripted.models["slow"].script.is_some() && scripted.models["quickstart"].script.is_some());
     }
 }

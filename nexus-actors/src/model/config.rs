@@ -224,8 +224,8 @@ pub struct ModelConfig {
     #[serde(default)]
     pub hidden: bool,
     /// `script`: `scripted` providers only; path of a JSON script file (format in
-    /// [`super::scripted`]), read once when the registry is built. A relative path is relative to
-    /// the working directory of the nexus process. Default none (the model answers
+    /// [`super::scripted`]), read once when the registry is built. A relative path in a config
+    /// file is relative to that file's directory ([`crate::config::ServerConfig::load`]). Default none (the model answers
     /// `<provider>/<model> has no script; input was: <input>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<PathBuf>,
