@@ -328,7 +328,8 @@ impl ServerConfig {
         let Some(path) = path else { return Ok(ServerConfig::default()) };
         let text =
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        let mut config = Self::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })?;
+        let mut config =
+            Self::from_toml(&text).map_err(|source| ConfigError::Parse { path: path.to_owned(), source })?;
         let base = path.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
         config.resolve_paths(base, text_sets_data_dir(&text));
         Ok(config)
@@ -586,7 +587,8 @@ mod tests {
             if let Some(script) = &model.script {
                 let text = std::fs::read_to_string(script)
                     .unwrap_or_else(|error| panic!("scripted/{name}: {}: {error}", script.display()));
-                crate::model::scripted::Script::from_json(&text).unwrap_or_else(|error| panic!("scripted/{name}: {error}"));
+                crate::model::scripted::Script::from_json(&text)
+                    .unwrap_or_else(|error| panic!("scripted/{name}: {error}"));
             }
         }
         assert!(scripted.models["slow"].script.is_some() && scripted.models["quickstart"].script.is_some());

@@ -185,8 +185,26 @@ fn init_tracing(filter: &str) {
         .init();
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// Runs the command; a failure prints `error: ` and its chain of causes on one line (never a
+/// backtrace, whatever `RUST_BACKTRACE` says: the message is what to fix) and exits 1.
+fn main() -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     nexus_actors::install_crypto_provider();
     let cli = Cli::parse();
     match cli.command {

@@ -69,11 +69,16 @@ fn serve_refuses_client_auth_without_a_client_ca() {
         .arg(&config)
         .arg("--data-dir")
         .arg(dir.path().join("data"))
+        // An operator who exported it for another program still gets the message alone.
+        .env("RUST_BACKTRACE", "1")
         .output()
         .expect("runs");
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("tls.client_auth") && stderr.contains("client_ca"), "{stderr}");
+    assert!(stderr.starts_with("error: "), "one line that says what is wrong: {stderr}");
+    assert!(!stderr.to_lowercase().contains("backtrace"), "no backtrace after a refusal: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
 }
 
 #[test]

@@ -180,6 +180,8 @@ pub enum ExecutorMsg {
         run: ExecutionId,
         /// How each open task's deadline moves.
         shift: DeadlineShift,
+        /// Answered once the new deadlines are durable.
+        done: RpcReplyPort<()>,
     },
 }
 
@@ -233,12 +235,23 @@ impl ExecutorHandle {
         self.send(ExecutorMsg::Cancel { task })
     }
 
-    /// Moves the deadlines of `run`'s open tasks here by `shift` (a pause or a resume).
+    /// Moves the deadlines of `run`'s open tasks here by `shift` (a pause or a resume), and
+    /// answers once the new deadlines are durable, so a pause's answer already shows them frozen.
     ///
     /// # Errors
-    /// [`ActorError::Stopped`] during shutdown.
-    pub fn shift_deadlines(&self, run: ExecutionId, shift: DeadlineShift) -> Result<(), ActorError> {
-        self.send(ExecutorMsg::ShiftDeadlines { run, shift })
+    /// [`ActorError::Stopped`] during shutdown; [`ActorError::Timeout`] after the call deadline.
+    pub async fn shift_deadlines(&self, run: ExecutionId, shift: DeadlineShift) -> Result<(), ActorError> {
+        let (done, moved) = tokio::sync::oneshot::channel();
+        self.send(ExecutorMsg::ShiftDeadlines { run, shift, done: done.into() })?;
+        let deadline = self.root.deadline();
+        match tokio::time::timeout(deadline, moved).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(ActorError::Stopped { actor: "runner inbox" }),
+            Err(_) => Err(ActorError::Timeout {
+                actor: "runner inbox",
+                after_ms: u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX),
+            }),
+        }
     }
 
     /// Rereads the runner's row (re-paired or revoked behind the actor's back).
@@ -558,7 +571,7 @@ async fn handle_msg(msg: ExecutorMsg, state: &mut ExecutorState) -> Result<(), A
                 settle(state, &id, status, None, Some(error_key)).await?;
             }
         }
-        ExecutorMsg::ShiftDeadlines { run, shift } => {
+        ExecutorMsg::ShiftDeadlines { run, shift, done } => {
             // Every open deadline of the execution here moves in one store write.
             let moved: Vec<TaskRow> = state
                 .open
@@ -578,6 +591,8 @@ async fn handle_msg(msg: ExecutorMsg, state: &mut ExecutorState) -> Result<(), A
                 let id = (task.run_public_id, task.task_key);
                 hold(state, id, task);
             }
+            // The caller may have given up waiting; the shift stands either way.
+            let _ = done.send(());
         }
     }
     Ok(())

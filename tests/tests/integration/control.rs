@@ -351,10 +351,12 @@ async fn resume_moves_open_deadlines_and_holds_forward_by_the_paused_time() {
 
     let paused = http.send(reqwest::Method::POST, &door(run, "pause"), None).await;
     assert_eq!(paused.body["status"], "paused", "{:?}", paused.body);
-    let frozen = wait_until("the runner task's clock to freeze", WAIT, || async {
-        f.server.store().task(run, key("r1t0")).await.ok().flatten().filter(|t| is_frozen(t.deadline_at))
-    })
-    .await;
+    // The pause answers once every clock is frozen, the runner's inbox included: its answer
+    // already shows no deadline and what is left.
+    let tasks = paused.body["tasks"].as_array().expect("tasks");
+    assert!(tasks.iter().all(|t| t["deadline_at"].is_null() && t["frozen_remaining_ms"].is_i64()), "{tasks:?}");
+    let frozen = f.server.store().task(run, key("r1t0")).await.expect("store").expect("task");
+    assert!(is_frozen(frozen.deadline_at), "the runner task's clock is frozen when the pause answers");
     assert!(frozen.deadline_at <= FROZEN_EPOCH_MS + 3_000, "what is left is at most the park");
     let hold = f.server.store().task(run, key("r1t1")).await.expect("store").expect("task");
     assert!(is_frozen(hold.deadline_at), "the approval hold is frozen");

@@ -254,7 +254,7 @@ async fn shift_clocks(
     let targets: BTreeSet<RunnerId> =
         open_tasks(state).await?.iter().filter_map(|t| t.target_executor_public_id).collect();
     for target in targets {
-        if let Err(error) = state.root.executor(target).shift_deadlines(state.row.public_id, shift) {
+        if let Err(error) = state.root.executor(target).shift_deadlines(state.row.public_id, shift).await {
             tracing::warn!(runner_id = %target, %error, "cannot move deadlines at the runner's inbox");
         }
     }
