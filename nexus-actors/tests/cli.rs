@@ -82,6 +82,24 @@ fn serve_refuses_client_auth_without_a_client_ca() {
 }
 
 #[test]
+fn a_config_refusal_is_said_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = dir.path().join("nexus.toml");
+    std::fs::write(&config, "[execution]\nbogus = 1\n").expect("write");
+    let out = nexus()
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("error: invalid config file"), "{stderr}");
+    assert_eq!(stderr.matches("bogus").count(), 2, "the key and its excerpt, once each: {stderr}");
+}
+
+#[test]
 fn serve_admin_and_a_graceful_sigterm() {
     let dir = tempfile::tempdir().expect("dir");
     let (mut server, addr, lines) = serve(dir.path());
