@@ -18,6 +18,7 @@
 //! persistence.
 
 pub mod anthropic;
+pub mod bounds;
 pub mod config;
 #[cfg(test)]
 mod fake_http;

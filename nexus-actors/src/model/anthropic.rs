@@ -20,8 +20,8 @@
 //!   ignored), `stop_reason`, `usage`.
 //! - A streamed answer (`text/event-stream`): `message_start` (input usage), `content_block_start`
 //!   (`text`, or `tool_use` -> `tool_call_started`), `content_block_delta` (`text_delta` ->
-//!   `text_delta`, `input_json_delta` -> `tool_call_arguments_delta`; thinking and signature
-//!   deltas are ignored), `content_block_stop`, `message_delta` (`stop_reason`, output usage),
+//!   `text_delta`, `input_json_delta` -> `tool_call_arguments_delta`; thinking is counted to its
+//!   bound and never kept, signature deltas are ignored), `content_block_stop`, `message_delta` (`stop_reason`, output usage),
 //!   `message_stop`, `ping`, and `error`. A stream that ends before `message_stop` and without a
 //!   `stop_reason` was cut: `Transport` (retryable).
 //!
@@ -38,6 +38,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
+use super::bounds::{CALL_ARGUMENTS_KEPT, check_text_len, count_reasoning, push_capped};
 use super::registry::ConfigError;
 use super::wire::{Answer, ErrorInfo, endpoint, http_client, provider_error, read_events, send, stream_cut};
 use super::{
@@ -284,8 +285,12 @@ fn parse_answer(body: &[u8]) -> Result<ModelResponse, ModelError> {
         value.get("content").and_then(Value::as_array).ok_or_else(|| provider_error("answer has no content"))?;
     let mut text: Option<String> = None;
     let mut tool_calls = Vec::new();
+    let mut reasoning = 0;
     for (index, block) in blocks.iter().enumerate() {
         match block.get("type").and_then(Value::as_str) {
+            Some("thinking") => {
+                count_reasoning(&mut reasoning, block.get("thinking").and_then(Value::as_str).unwrap_or(""))?;
+            }
             Some("text") => {
                 text.get_or_insert_with(String::new).push_str(block.get("text").and_then(Value::as_str).unwrap_or(""));
             }
@@ -330,6 +335,8 @@ struct StreamAnswer {
     usage: Usage,
     saw_usage: bool,
     stopped: bool,
+    /// Thinking bytes read, counted to their bound and never kept.
+    reasoning: usize,
 }
 
 impl StreamAnswer {
@@ -343,6 +350,7 @@ impl StreamAnswer {
             usage: Usage::default(),
             saw_usage: false,
             stopped: false,
+            reasoning: 0,
         }
     }
 
@@ -352,11 +360,14 @@ impl StreamAnswer {
         }
     }
 
-    fn add_text(&mut self, text: &str) {
-        self.text.get_or_insert_with(String::new).push_str(text);
+    fn add_text(&mut self, text: &str) -> Result<(), ModelError> {
+        let kept = self.text.get_or_insert_with(String::new);
+        kept.push_str(text);
+        check_text_len(kept)?;
         if !text.is_empty() {
             self.emit(TranscriptDelta::Text { text: text.to_owned() });
         }
+        Ok(())
     }
 
     /// One event; `Ok(true)` at `message_stop`.
@@ -380,7 +391,11 @@ impl StreamAnswer {
                 match block.get("type").and_then(Value::as_str) {
                     Some("text") => {
                         self.blocks.insert(index, Block::Text);
-                        self.add_text(block.get("text").and_then(Value::as_str).unwrap_or(""));
+                        self.add_text(block.get("text").and_then(Value::as_str).unwrap_or(""))?;
+                    }
+                    Some("thinking") => {
+                        self.blocks.insert(index, Block::Other);
+                        count_reasoning(&mut self.reasoning, block.get("thinking").and_then(Value::as_str).unwrap_or(""))?;
                     }
                     Some("tool_use") => {
                         let ordinal = self.calls.len();
@@ -412,13 +427,16 @@ impl StreamAnswer {
                 let delta = value.get("delta").unwrap_or(&Value::Null);
                 match (delta.get("type").and_then(Value::as_str), self.blocks.get(&index)) {
                     (Some("text_delta"), Some(Block::Text)) => {
-                        self.add_text(delta.get("text").and_then(Value::as_str).unwrap_or(""));
+                        self.add_text(delta.get("text").and_then(Value::as_str).unwrap_or(""))?;
+                    }
+                    (Some("thinking_delta"), _) => {
+                        count_reasoning(&mut self.reasoning, delta.get("thinking").and_then(Value::as_str).unwrap_or(""))?;
                     }
                     (Some("input_json_delta"), Some(Block::ToolUse { ordinal })) => {
                         let ordinal = *ordinal;
                         let piece = delta.get("partial_json").and_then(Value::as_str).unwrap_or("");
                         if !piece.is_empty() {
-                            self.calls[ordinal].arguments.push_str(piece);
+                            push_capped(&mut self.calls[ordinal].arguments, piece, CALL_ARGUMENTS_KEPT);
                             self.emit(TranscriptDelta::ToolCallArguments { index: ordinal, delta: piece.to_owned() });
                         }
                     }

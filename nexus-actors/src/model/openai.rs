@@ -34,12 +34,19 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::bounds::{
+    ANSWER_TEXT_BOUND, CALL_ARGUMENTS_KEPT, CALL_NAME_KEPT, check_text_len, count_reasoning, push_capped,
+};
 use super::registry::ConfigError;
 use super::wire::{Answer, ErrorInfo, endpoint, http_client, provider_error, read_events, send, shorten, stream_cut};
 use super::{
     BoxFuture, ChatMessage, DeltaSink, ModelError, ModelProvider, ModelRequest, ModelResponse, ToolCall,
     TranscriptDelta, Usage,
 };
+
+/// Where OpenAI-compatible servers put a model's reasoning (vLLM, DeepSeek: `reasoning_content`;
+/// OpenRouter, Ollama: `reasoning`): counted to its bound, never kept ([`super::bounds`]).
+const REASONING_KEYS: [&str; 2] = ["reasoning_content", "reasoning"];
 
 /// The client of one `openai_compatible` provider. One `reqwest` client (rustls) per provider,
 /// with the provider's `request_timeout_ms` as the whole-request timeout (streamed body included).
@@ -188,6 +195,10 @@ fn parse_answer(body: &[u8]) -> Result<ModelResponse, ModelError> {
         .filter(|message| message.is_object())
         .ok_or_else(|| provider_error("choices[0] has no message"))?;
     let finish_reason = parse_finish_reason(choice.get("finish_reason"))?;
+    let mut reasoning = 0;
+    for key in REASONING_KEYS {
+        count_reasoning(&mut reasoning, message.get(key).and_then(Value::as_str).unwrap_or_default())?;
+    }
     let refusal = message.get("refusal").and_then(Value::as_str).unwrap_or_default();
     judge_finish(refusal, finish_reason.as_deref())?;
     let text = parse_content(message.get("content"))?;
@@ -307,6 +318,8 @@ struct StreamAnswer {
     finish_reason: Option<String>,
     usage: Option<Usage>,
     done: bool,
+    /// Reasoning bytes read, counted to their bound and never kept.
+    reasoning: usize,
 }
 
 impl StreamAnswer {
@@ -319,6 +332,7 @@ impl StreamAnswer {
             finish_reason: None,
             usage: None,
             done: false,
+            reasoning: 0,
         }
     }
 
@@ -356,13 +370,20 @@ impl StreamAnswer {
             return Ok(false);
         };
         if let Some(text) = delta.get("content").and_then(Value::as_str) {
-            self.text.get_or_insert_with(String::new).push_str(text);
+            let kept = self.text.get_or_insert_with(String::new);
+            kept.push_str(text);
+            check_text_len(kept)?;
             if !text.is_empty() {
                 self.emit(TranscriptDelta::Text { text: text.to_owned() });
             }
         }
         if let Some(refusal) = delta.get("refusal").and_then(Value::as_str) {
-            self.refusal.push_str(refusal);
+            push_capped(&mut self.refusal, refusal, ANSWER_TEXT_BOUND);
+        }
+        for key in REASONING_KEYS {
+            if let Some(reasoning) = delta.get(key).and_then(Value::as_str) {
+                count_reasoning(&mut self.reasoning, reasoning)?;
+            }
         }
         match delta.get("tool_calls") {
             None | Some(Value::Null) => {}
@@ -387,14 +408,14 @@ impl StreamAnswer {
         if let Some(name) = function.and_then(|f| f.get("name")).and_then(Value::as_str)
             && !call.started
         {
-            call.name.push_str(name);
+            push_capped(&mut call.name, name, CALL_NAME_KEPT * 4);
         }
         let arguments = match function.and_then(|f| f.get("arguments")) {
             None | Some(Value::Null) => String::new(),
             Some(Value::String(text)) => text.clone(),
             Some(other) => other.to_string(),
         };
-        call.arguments.push_str(&arguments);
+        push_capped(&mut call.arguments, &arguments, CALL_ARGUMENTS_KEPT);
         let mut deltas = Vec::new();
         if !call.started && !call.name.is_empty() {
             call.started = true;
