@@ -306,7 +306,7 @@ fn parse_answer(body: &[u8]) -> Result<ModelResponse, ModelError> {
                     Some(input) => input.to_string(),
                 };
                 let id = id.map_or_else(|| format!("call_{}", tool_calls.len()), str::to_owned);
-                tool_calls.push(ToolCall { id, name: name.to_owned(), arguments });
+                tool_calls.push(ToolCall { id, name: name.to_owned(), arguments, model_id: None });
             }
             _ => {}
         }
@@ -411,7 +411,7 @@ impl StreamAnswer {
                         // A start may carry a non-empty input; deltas otherwise build it from "".
                         let input = block.get("input").filter(|i| i.as_object().is_some_and(|o| !o.is_empty()));
                         let arguments = input.map(Value::to_string).unwrap_or_default();
-                        self.calls.push(ToolCall { id: id.clone(), name: name.clone(), arguments: arguments.clone() });
+                        self.calls.push(ToolCall { id: id.clone(), name: name.clone(), arguments: arguments.clone(), model_id: None });
                         self.blocks.insert(index, Block::ToolUse { ordinal });
                         self.emit(TranscriptDelta::ToolCallStarted { index: ordinal, tool_call_id: id, name });
                         if !arguments.is_empty() {
@@ -544,8 +544,8 @@ mod tests {
                 ChatMessage::Assistant {
                     content: Some("checking".into()),
                     tool_calls: vec![
-                        ToolCall { id: "call.1".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into() },
-                        ToolCall { id: "c2".into(), name: "read".into(), arguments: "not json".into() },
+                        ToolCall { id: "call.1".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into(), model_id: None },
+                        ToolCall { id: "c2".into(), name: "read".into(), arguments: "not json".into(), model_id: None },
                     ],
                 },
                 ChatMessage::Tool { tool_call_id: "call.1".into(), content: "a.txt".into() },
@@ -621,8 +621,8 @@ mod tests {
             ModelResponse {
                 text: Some("Let me check.".into()),
                 tool_calls: vec![
-                    ToolCall { id: "toolu_01".into(), name: "bash".into(), arguments: "{\"command\": \"ls\"}".into() },
-                    ToolCall { id: "toolu_02".into(), name: "now".into(), arguments: "{}".into() },
+                    ToolCall { id: "toolu_01".into(), name: "bash".into(), arguments: "{\"command\": \"ls\"}".into(), model_id: None },
+                    ToolCall { id: "toolu_02".into(), name: "now".into(), arguments: "{}".into(), model_id: None },
                 ],
                 finish_reason: "tool_calls".into(),
                 usage: Some(Usage { input_tokens: 30, output_tokens: 31 }),

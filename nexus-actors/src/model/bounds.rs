@@ -186,6 +186,7 @@ mod tests {
             id: format!("id\0{}", "i".repeat(300)),
             name: "n\0".into(),
             arguments: "a".repeat(3 * CALL_ARGUMENTS_KEPT),
+            model_id: None,
         };
         let bounded = bound_answer(answer("fine\0text", vec![call])).expect("calls are per-call matters");
         assert_eq!(bounded.text.as_deref(), Some("fine\u{FFFD}text"));

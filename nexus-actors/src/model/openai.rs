@@ -289,7 +289,7 @@ fn parse_tool_calls(tool_calls: Option<&Value>) -> Result<Vec<ToolCall>, ModelEr
                 Some(Value::String(text)) => text.clone(),
                 Some(other) => other.to_string(),
             };
-            Ok(ToolCall { id: call_id(call.get("id"), index), name: name.to_owned(), arguments })
+            Ok(ToolCall { id: call_id(call.get("id"), index), name: name.to_owned(), arguments, model_id: None })
         })
         .collect()
 }
@@ -454,7 +454,7 @@ impl StreamAnswer {
                 }
                 let arguments = if call.arguments.trim().is_empty() { "{}".to_owned() } else { call.arguments };
                 let id = if call.id.is_empty() { format!("call_{ordinal}") } else { call.id };
-                Ok(ToolCall { id, name: call.name, arguments })
+                Ok(ToolCall { id, name: call.name, arguments, model_id: None })
             })
             .collect::<Result<Vec<_>, _>>()?;
         answer(self.text, tool_calls, self.finish_reason, self.usage)
@@ -575,6 +575,7 @@ mod tests {
                         id: "c0".into(),
                         name: "bash".into(),
                         arguments: "{\"command\":\"pwd\"}".into(),
+                        model_id: None,
                     }],
                 },
                 ChatMessage::Tool { tool_call_id: "c0".into(), content: "exit_code: 0\nstdout:\n/work\n".into() },
@@ -592,8 +593,8 @@ mod tests {
         assert_eq!(
             answer.tool_calls,
             vec![
-                ToolCall { id: "call_abc".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into() },
-                ToolCall { id: "call_1".into(), name: "read".into(), arguments: "{\"path\":\"a\"}".into() },
+                ToolCall { id: "call_abc".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into(), model_id: None },
+                ToolCall { id: "call_1".into(), name: "read".into(), arguments: "{\"path\":\"a\"}".into(), model_id: None },
             ]
         );
         let seen = server.take_seen();
@@ -770,11 +771,12 @@ mod tests {
             ModelResponse {
                 text: Some("Let me look.".into()),
                 tool_calls: vec![
-                    ToolCall { id: "call_a".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into() },
+                    ToolCall { id: "call_a".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into(), model_id: None },
                     ToolCall {
                         id: "call_b".into(),
                         name: "read_file".into(),
-                        arguments: "{\"path\":\"a.txt\"}".into()
+                        arguments: "{\"path\":\"a.txt\"}".into(),
+                        model_id: None,
                     },
                 ],
                 finish_reason: "tool_calls".into(),
