@@ -583,7 +583,12 @@ mod tests {
             ChatMessage::User { content: "u".into() },
             ChatMessage::Assistant {
                 content: None,
-                tool_calls: vec![ToolCall { id: "c1".into(), name: "bash".into(), arguments: "{}".into(), model_id: None }],
+                tool_calls: vec![ToolCall {
+                    id: "c1".into(),
+                    name: "bash".into(),
+                    arguments: "{}".into(),
+                    model_id: None,
+                }],
             },
             ChatMessage::Tool { tool_call_id: "c1".into(), content: "ok".into() },
         ];
@@ -603,5 +608,35 @@ mod tests {
         let short: ChatMessage =
             serde_json::from_value(json!({"role": "assistant", "content": "hi"})).expect("defaults apply");
         assert_eq!(short, ChatMessage::Assistant { content: Some("hi".into()), tool_calls: vec![] });
+    }
+
+    fn call(id: &str) -> ToolCall {
+        ToolCall { id: id.into(), name: "bash".into(), arguments: "{}".into(), model_id: None }
+    }
+
+    #[test]
+    fn wire_ids_are_unique_deterministic_and_keep_the_model_id() {
+        let earlier = vec![
+            ChatMessage::Assistant { content: None, tool_calls: vec![call("a"), call("r2t1")] },
+            ChatMessage::Tool { tool_call_id: "a".into(), content: "x".into() },
+        ];
+        let answer = [call("a"), call("b"), call("b"), call(""), call("bad id!"), call(&"l".repeat(129))];
+        let ids = wire_call_ids(&earlier, 2, &answer);
+        let wire: Vec<&str> = ids.iter().map(|c| c.id.as_str()).collect();
+        // `a` is taken by round 1, the second `b` by the first, `r2t1` by a kept model id.
+        assert_eq!(wire, ["r2t0", "b", "r2t2", "r2t3", "r2t4", "r2t5"]);
+        let kept: Vec<Option<&str>> = ids.iter().map(|c| c.model_id.as_deref()).collect();
+        assert_eq!(kept[..5], [Some("a"), None, Some("b"), Some(""), Some("bad id!")]);
+        assert_eq!(wire_call_ids(&earlier, 2, &answer), ids, "the same transcript gives the same ids");
+        // A minted key already taken gets a suffix.
+        let taken = vec![ChatMessage::Assistant { content: None, tool_calls: vec![call("r1t0")] }];
+        assert_eq!(wire_call_ids(&taken, 1, &[call("r1t0")])[0].id, "r1t0-2");
+        // The stored shape leaves `model_id` out when it is the same id.
+        let stored = serde_json::to_value(&ids[1]).expect("json");
+        assert!(stored.get("model_id").is_none(), "{stored}");
+        let mut transcript = earlier.clone();
+        transcript.push(ChatMessage::Assistant { content: None, tool_calls: ids });
+        assert_eq!(current_call_id(&transcript, 2), Some("r2t2"));
+        assert_eq!(current_call_id(&transcript, 9), None);
     }
 }

@@ -421,7 +421,10 @@ impl Api {
         }
         // Neither store holds U+0000 in text (`docs/executions.md`, "Text and NUL").
         if input.text.contains('\0') {
-            return Err(Refusal::new(ErrorCode::ParameterInvalid, "text must not contain NUL (U+0000); remove it and send again"));
+            return Err(Refusal::new(
+                ErrorCode::ParameterInvalid,
+                "text must not contain NUL (U+0000); remove it and send again",
+            ));
         }
         if let Some(names) = &input.tool_names
             && !names.as_array().is_some_and(|a| a.iter().all(Value::is_string))
@@ -527,15 +530,18 @@ impl Api {
             .filter(|row| row.member_public_id == caller.member.public_id)
             .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))?;
         let tasks = store.tasks_of(id).await.map_err(internal)?;
-        let start = match tasks_after {
-            None => 0,
-            Some(after) => 1 + tasks.iter().position(|t| t.task_key.to_string() == after).ok_or_else(|| {
-                Refusal::new(
-                    ErrorCode::ParameterInvalid,
-                    format!("tasks_after `{after}` is no task of execution {id}; pass the tasks_next of an earlier page"),
-                )
-            })?,
-        };
+        let start =
+            match tasks_after {
+                None => 0,
+                Some(after) => 1 + tasks.iter().position(|t| t.task_key.to_string() == after).ok_or_else(|| {
+                    Refusal::new(
+                        ErrorCode::ParameterInvalid,
+                        format!(
+                            "tasks_after `{after}` is no task of execution {id}; pass the tasks_next of an earlier page"
+                        ),
+                    )
+                })?,
+            };
         let (page, tasks_next) = task_page(&tasks[start..]);
         Ok(json!({
             "execution_public_id": row.public_id,
@@ -964,5 +970,39 @@ mod tests {
             assert_eq!(parse_cursor(bad).map_err(|r| r.code).err(), Some(ErrorCode::ParameterInvalid), "{bad}");
         }
         assert_eq!(parse_cursor("cvei_0").ok(), Some(0));
+    }
+
+    fn settled(index: u32, content: &str) -> TaskRow {
+        let key = nexus_proto::TaskKey::Call { round: 1, index };
+        TaskRow {
+            status: TaskStatus::Failed,
+            error_key: Some("tool_failed".into()),
+            settled_at: Some(1),
+            result: Some(json!({"content": content, "is_error": true})),
+            ..TaskRow::new(ExecutionId::new_v4(), key, 1, "bash".into(), 1_000, 1)
+        }
+    }
+
+    #[test]
+    fn task_pages_fit_their_bound_and_carry_a_value_once() {
+        // Six results of 900 KB: two fit one page, and the page says where to go on.
+        let big = "x".repeat(900_000);
+        let tasks: Vec<TaskRow> = (0..6).map(|i| settled(i, &big)).collect();
+        let (page, next) = task_page(&tasks);
+        assert_eq!(page.len(), 2);
+        assert_eq!(next.as_deref(), Some("r1t1"));
+        assert!(Value::Array(page.clone()).to_string().len() <= TASK_PAGE_BOUND);
+        let (rest, next) = task_page(&tasks[4..]);
+        assert_eq!((rest.len(), next), (2, None));
+        // A task alone over the page bound still goes out, alone.
+        let (alone, next) = task_page(&[settled(0, &"y".repeat(TASK_PAGE_BOUND)), settled(1, "z")]);
+        assert_eq!((alone.len(), next.as_deref()), (1, Some("r1t0")));
+        // The error message is a preview: the result's content is the one whole copy.
+        let message = page[0]["error_message"].as_str().unwrap_or_default();
+        assert!(
+            message.len() <= ERROR_MESSAGE_BOUND + "…".len() && message.starts_with("tool_failed: xxx"),
+            "{message}"
+        );
+        assert_eq!(page[0]["result"]["content"].as_str().map(str::len), Some(900_000));
     }
 }

@@ -395,7 +395,10 @@ impl StreamAnswer {
                     }
                     Some("thinking") => {
                         self.blocks.insert(index, Block::Other);
-                        count_reasoning(&mut self.reasoning, block.get("thinking").and_then(Value::as_str).unwrap_or(""))?;
+                        count_reasoning(
+                            &mut self.reasoning,
+                            block.get("thinking").and_then(Value::as_str).unwrap_or(""),
+                        )?;
                     }
                     Some("tool_use") => {
                         let ordinal = self.calls.len();
@@ -411,7 +414,12 @@ impl StreamAnswer {
                         // A start may carry a non-empty input; deltas otherwise build it from "".
                         let input = block.get("input").filter(|i| i.as_object().is_some_and(|o| !o.is_empty()));
                         let arguments = input.map(Value::to_string).unwrap_or_default();
-                        self.calls.push(ToolCall { id: id.clone(), name: name.clone(), arguments: arguments.clone(), model_id: None });
+                        self.calls.push(ToolCall {
+                            id: id.clone(),
+                            name: name.clone(),
+                            arguments: arguments.clone(),
+                            model_id: None,
+                        });
                         self.blocks.insert(index, Block::ToolUse { ordinal });
                         self.emit(TranscriptDelta::ToolCallStarted { index: ordinal, tool_call_id: id, name });
                         if !arguments.is_empty() {
@@ -430,7 +438,10 @@ impl StreamAnswer {
                         self.add_text(delta.get("text").and_then(Value::as_str).unwrap_or(""))?;
                     }
                     (Some("thinking_delta"), _) => {
-                        count_reasoning(&mut self.reasoning, delta.get("thinking").and_then(Value::as_str).unwrap_or(""))?;
+                        count_reasoning(
+                            &mut self.reasoning,
+                            delta.get("thinking").and_then(Value::as_str).unwrap_or(""),
+                        )?;
                     }
                     (Some("input_json_delta"), Some(Block::ToolUse { ordinal })) => {
                         let ordinal = *ordinal;
@@ -544,7 +555,12 @@ mod tests {
                 ChatMessage::Assistant {
                     content: Some("checking".into()),
                     tool_calls: vec![
-                        ToolCall { id: "call.1".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into(), model_id: None },
+                        ToolCall {
+                            id: "call.1".into(),
+                            name: "bash".into(),
+                            arguments: "{\"command\":\"ls\"}".into(),
+                            model_id: None,
+                        },
                         ToolCall { id: "c2".into(), name: "read".into(), arguments: "not json".into(), model_id: None },
                     ],
                 },
@@ -621,7 +637,12 @@ mod tests {
             ModelResponse {
                 text: Some("Let me check.".into()),
                 tool_calls: vec![
-                    ToolCall { id: "toolu_01".into(), name: "bash".into(), arguments: "{\"command\": \"ls\"}".into(), model_id: None },
+                    ToolCall {
+                        id: "toolu_01".into(),
+                        name: "bash".into(),
+                        arguments: "{\"command\": \"ls\"}".into(),
+                        model_id: None
+                    },
                     ToolCall { id: "toolu_02".into(), name: "now".into(), arguments: "{}".into(), model_id: None },
                 ],
                 finish_reason: "tool_calls".into(),

@@ -593,8 +593,18 @@ mod tests {
         assert_eq!(
             answer.tool_calls,
             vec![
-                ToolCall { id: "call_abc".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into(), model_id: None },
-                ToolCall { id: "call_1".into(), name: "read".into(), arguments: "{\"path\":\"a\"}".into(), model_id: None },
+                ToolCall {
+                    id: "call_abc".into(),
+                    name: "bash".into(),
+                    arguments: "{\"command\":\"ls\"}".into(),
+                    model_id: None
+                },
+                ToolCall {
+                    id: "call_1".into(),
+                    name: "read".into(),
+                    arguments: "{\"path\":\"a\"}".into(),
+                    model_id: None
+                },
             ]
         );
         let seen = server.take_seen();
@@ -771,7 +781,12 @@ mod tests {
             ModelResponse {
                 text: Some("Let me look.".into()),
                 tool_calls: vec![
-                    ToolCall { id: "call_a".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into(), model_id: None },
+                    ToolCall {
+                        id: "call_a".into(),
+                        name: "bash".into(),
+                        arguments: "{\"command\":\"ls\"}".into(),
+                        model_id: None
+                    },
                     ToolCall {
                         id: "call_b".into(),
                         name: "read_file".into(),

@@ -413,7 +413,12 @@ mod tests {
             ChatMessage::User { content: "go".into() },
             ChatMessage::Assistant {
                 content: None,
-                tool_calls: vec![ToolCall { id: "count".into(), name: "bash".into(), arguments: "{}".into(), model_id: None }],
+                tool_calls: vec![ToolCall {
+                    id: "count".into(),
+                    name: "bash".into(),
+                    arguments: "{}".into(),
+                    model_id: None,
+                }],
             },
             ChatMessage::Tool { tool_call_id: "count".into(), content: denied.into() },
         ];
