@@ -46,8 +46,11 @@ pub use crate::doors::tls::install_crypto_provider;
 use crate::model::ModelRegistry;
 use crate::store::Store;
 
-/// The largest answer of the client API, in bytes (64 MiB).
-pub const AGENT_REPLY_BOUND: usize = 64 * 1024 * 1024;
+/// The largest answer of the client API, in bytes (4 MiB): the default message size every gRPC
+/// client decodes, so a stock client reads every reply. What one reply carries is bounded to fit
+/// (`docs/executions.md`, "Reply bounds"): an execution's final text (1 MiB) and a page of its
+/// tasks (2 MiB), or one event (a `round_result`'s text and at most 32 calls' inputs).
+pub const AGENT_REPLY_BOUND: usize = 4 * 1024 * 1024;
 
 /// Why the server could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -217,8 +220,7 @@ pub async fn start_with_models(
     };
     let routes = routes
         .add_service(
-            // An execution's JSON carries its task results (each at most 1 MB), so answers may be
-            // larger than requests.
+            // Every reply fits a stock client's decoding limit; requests keep the frame bound.
             AgentServiceServer::new(doors::grpc::AgentGrpc::new(api.clone()))
                 .max_decoding_message_size(max_frame)
                 .max_encoding_message_size(AGENT_REPLY_BOUND),

@@ -18,6 +18,7 @@
 //! persistence.
 
 pub mod anthropic;
+pub mod bounds;
 pub mod config;
 #[cfg(test)]
 mod fake_http;
@@ -97,12 +98,74 @@ pub fn answered_calls(transcript: &[ChatMessage]) -> std::collections::HashSet<&
 /// One tool call requested by a model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolCall {
-    /// The provider's call id (scripted: the script's id or `call_{round}_{index}`).
+    /// The call's id. In an answer: the provider's call id (scripted: the script's id or
+    /// `call_{round}_{index}`). In a transcript: the id the call carries on the provider wire,
+    /// unique in its execution ([`wire_call_ids`]); the result that answers it names this id.
     pub id: String,
     /// The tool's wire name, as the model wrote it (it may name no offered tool).
     pub name: String,
     /// JSON text as the model produced it; not parsed or validated here.
     pub arguments: String,
+    /// In a transcript, the model's own id when the call goes out under another ([`wire_call_ids`]);
+    /// `None` when the two are the same (and always in an answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_id: Option<String>,
+}
+
+/// Whether `id` may go on the provider wire as it is: 1 to 128 characters of `[A-Za-z0-9_-]`,
+/// which every provider nexus speaks accepts.
+fn wire_safe(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Gives each call of round `round`'s answer the id it carries on the provider wire, unique in
+/// the execution (`docs/executions.md`, "Provider call ids"): the model's own id when it is
+/// wire-safe and no earlier call of `transcript` (nor of this answer) carries it, else the call's
+/// task key `r{round}t{i}` (with `-2`, `-3`, … appended while that is taken), the model's id kept
+/// beside it as [`ToolCall::model_id`]. Deterministic: the same transcript and answer give the
+/// same ids, and once written they are read back, never minted again.
+#[must_use]
+pub fn wire_call_ids(transcript: &[ChatMessage], round: i64, calls: &[ToolCall]) -> Vec<ToolCall> {
+    let mut taken: std::collections::HashSet<String> = transcript
+        .iter()
+        .flat_map(|m| match m {
+            ChatMessage::Assistant { tool_calls, .. } => tool_calls.iter().map(|c| c.id.clone()).collect(),
+            ChatMessage::Tool { tool_call_id, .. } => vec![tool_call_id.clone()],
+            _ => Vec::new(),
+        })
+        .collect();
+    calls
+        .iter()
+        .enumerate()
+        .map(|(index, call)| {
+            if wire_safe(&call.id) && !taken.contains(&call.id) {
+                taken.insert(call.id.clone());
+                return ToolCall { model_id: None, ..call.clone() };
+            }
+            let key = format!("r{round}t{index}");
+            let mut minted = key.clone();
+            let mut n = 2;
+            while taken.contains(&minted) {
+                minted = format!("{key}-{n}");
+                n += 1;
+            }
+            taken.insert(minted.clone());
+            ToolCall { id: minted, model_id: Some(call.id.clone()), ..call.clone() }
+        })
+        .collect()
+}
+
+/// The wire id of the `index`th call of the transcript's latest round of calls (its last
+/// assistant message with calls): what the result of task `r{n}t{index}` of the current round
+/// answers. `None` when there is no such call.
+#[must_use]
+pub fn current_call_id(transcript: &[ChatMessage], index: usize) -> Option<&str> {
+    transcript.iter().rev().find_map(|m| match m {
+        ChatMessage::Assistant { tool_calls, .. } if !tool_calls.is_empty() => {
+            Some(tool_calls.get(index).map(|c| c.id.as_str()))
+        }
+        _ => None,
+    })?
 }
 
 /// One model call: the whole transcript plus the offered tools.
@@ -520,7 +583,12 @@ mod tests {
             ChatMessage::User { content: "u".into() },
             ChatMessage::Assistant {
                 content: None,
-                tool_calls: vec![ToolCall { id: "c1".into(), name: "bash".into(), arguments: "{}".into() }],
+                tool_calls: vec![ToolCall {
+                    id: "c1".into(),
+                    name: "bash".into(),
+                    arguments: "{}".into(),
+                    model_id: None,
+                }],
             },
             ChatMessage::Tool { tool_call_id: "c1".into(), content: "ok".into() },
         ];
@@ -540,5 +608,35 @@ mod tests {
         let short: ChatMessage =
             serde_json::from_value(json!({"role": "assistant", "content": "hi"})).expect("defaults apply");
         assert_eq!(short, ChatMessage::Assistant { content: Some("hi".into()), tool_calls: vec![] });
+    }
+
+    fn call(id: &str) -> ToolCall {
+        ToolCall { id: id.into(), name: "bash".into(), arguments: "{}".into(), model_id: None }
+    }
+
+    #[test]
+    fn wire_ids_are_unique_deterministic_and_keep_the_model_id() {
+        let earlier = vec![
+            ChatMessage::Assistant { content: None, tool_calls: vec![call("a"), call("r2t1")] },
+            ChatMessage::Tool { tool_call_id: "a".into(), content: "x".into() },
+        ];
+        let answer = [call("a"), call("b"), call("b"), call(""), call("bad id!"), call(&"l".repeat(129))];
+        let ids = wire_call_ids(&earlier, 2, &answer);
+        let wire: Vec<&str> = ids.iter().map(|c| c.id.as_str()).collect();
+        // `a` is taken by round 1, the second `b` by the first, `r2t1` by a kept model id.
+        assert_eq!(wire, ["r2t0", "b", "r2t2", "r2t3", "r2t4", "r2t5"]);
+        let kept: Vec<Option<&str>> = ids.iter().map(|c| c.model_id.as_deref()).collect();
+        assert_eq!(kept[..5], [Some("a"), None, Some("b"), Some(""), Some("bad id!")]);
+        assert_eq!(wire_call_ids(&earlier, 2, &answer), ids, "the same transcript gives the same ids");
+        // A minted key already taken gets a suffix.
+        let taken = vec![ChatMessage::Assistant { content: None, tool_calls: vec![call("r1t0")] }];
+        assert_eq!(wire_call_ids(&taken, 1, &[call("r1t0")])[0].id, "r1t0-2");
+        // The stored shape leaves `model_id` out when it is the same id.
+        let stored = serde_json::to_value(&ids[1]).expect("json");
+        assert!(stored.get("model_id").is_none(), "{stored}");
+        let mut transcript = earlier.clone();
+        transcript.push(ChatMessage::Assistant { content: None, tool_calls: ids });
+        assert_eq!(current_call_id(&transcript, 2), Some("r2t2"));
+        assert_eq!(current_call_id(&transcript, 9), None);
     }
 }

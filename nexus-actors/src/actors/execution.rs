@@ -66,6 +66,23 @@ fn offer_all<'a>(state: &ExecutionState, tasks: impl Iterator<Item = &'a TaskRow
 
 /// The largest tool input, in bytes (`tool_input_too_large`).
 pub const TOOL_INPUT_BOUND: usize = 65_536;
+/// The most tool calls one answer may fan out into (`round_expansion_refused`, detail
+/// `too_wide_a_fan`): the spec's 32 members per fan, which also keeps a `round_result` event (the
+/// text and every call's input) within one reply of the doors.
+pub const FAN_BOUND: usize = 32;
+
+/// The id the result of `task` answers on the provider wire: its call's id in the transcript's
+/// latest round of calls ([`crate::model::current_call_id`]), else (a row with no call there) its
+/// own `tool_call_id`.
+pub(crate) fn wire_id(transcript: &[ChatMessage], task: &TaskRow) -> String {
+    let index = match task.task_key {
+        TaskKey::Call { index, .. } => usize::try_from(index).ok(),
+        _ => None,
+    };
+    index
+        .and_then(|index| crate::model::current_call_id(transcript, index))
+        .map_or_else(|| task.tool_call_id.clone(), str::to_owned)
+}
 /// The longest tool name a model may call (`unknown_tool` beyond it).
 pub const TOOL_NAME_BOUND: usize = 128;
 
@@ -350,7 +367,7 @@ impl Actor for ExecutionActor {
             tasks.iter().filter(|t| t.is_settled() && !narrated.contains(&t.task_key)).cloned().collect();
         let pending = tasks
             .into_iter()
-            .filter(|t| t.round == row.round && !answered.contains(t.tool_call_id.as_str()))
+            .filter(|t| t.round == row.round && !answered.contains(wire_id(&transcript, t).as_str()))
             .map(|t| (t.task_key, t))
             .collect();
         let mut state = ExecutionState {
@@ -738,9 +755,8 @@ async fn step(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Re
             // (the keys of one round sort that way).
             let settled: Vec<TaskRow> = std::mem::take(&mut state.pending).into_values().collect();
             for task in &settled {
-                state
-                    .transcript
-                    .push(ChatMessage::Tool { tool_call_id: task.tool_call_id.clone(), content: result_text(task) });
+                let tool_call_id = wire_id(&state.transcript, task);
+                state.transcript.push(ChatMessage::Tool { tool_call_id, content: result_text(task) });
             }
             // Compaction runs at the boundary, before the next model request (`docs/executions.md`,
             // "Compaction").
@@ -967,14 +983,24 @@ async fn model_done(
         );
         return deliver(myself, state, text).await;
     }
+    // A round fans out at most so wide (`docs/executions.md`, "Answer bounds").
+    if response.tool_calls.len() > FAN_BOUND {
+        let message = format!(
+            "too_wide_a_fan: the answer has {} tool calls, and a round fans out at most {FAN_BOUND}; the model is asked nothing more",
+            response.tool_calls.len()
+        );
+        return halt(state, "round_expansion_refused", &message).await;
+    }
     // The repeat brake, the round driver's only ceiling (`docs/executions.md`, "Repeat brake").
     if let Some(refused) = brake::check(&state.transcript, &response.tool_calls) {
         let message = format!("{}: {}; the model is asked nothing more", refused.detail, refused.message);
         return halt(state, "round_expansion_refused", &message).await;
     }
-    state
-        .transcript
-        .push(ChatMessage::Assistant { content: response.text.clone(), tool_calls: response.tool_calls.clone() });
+    // The transcript holds each call under an id unique in the execution, the model's own kept
+    // beside it; the tasks and their events keep the model's (`docs/executions.md`, "Provider
+    // call ids").
+    let wire_calls = crate::model::wire_call_ids(&state.transcript, round, &response.tool_calls);
+    state.transcript.push(ChatMessage::Assistant { content: response.text.clone(), tool_calls: wire_calls });
     // Arguments cut off at the output limit are reported as such, not as malformed.
     let truncated = matches!(response.finish_reason.as_str(), "length" | "max_tokens");
     let tasks: Vec<TaskRow> = response
@@ -1134,6 +1160,11 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
         }
         return fail(task, "unknown_tool", format!("{} is not a declared tool", call.name));
     };
+    // Over-bound arguments are refused before they are read: what the answer kept of them is a
+    // prefix ([`crate::model::bounds::CALL_ARGUMENTS_KEPT`]).
+    if call.arguments.len() > TOOL_INPUT_BOUND {
+        return fail(task, "tool_input_too_large", "the arguments are over 64 KiB".into());
+    }
     let input: Value = match serde_json::from_str(&call.arguments) {
         Ok(value @ Value::Object(_)) => value,
         Ok(_) | Err(_) if call.arguments.trim().is_empty() => json!({}),
@@ -1152,9 +1183,6 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
     };
     if holds_nul(&input) {
         return fail(task, "invalid_tool_input", "the arguments hold a NUL character".into());
-    }
-    if call.arguments.len() > TOOL_INPUT_BOUND {
-        return fail(task, "tool_input_too_large", "the arguments are over 64 KiB".into());
     }
     // Aliases run under the kernel wire name with their parameters mapped; the callable name
     // stays beside it as the alias (`docs/declaration.md`, "Aliases").

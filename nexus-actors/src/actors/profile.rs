@@ -248,8 +248,8 @@ async fn put_agent(state: &ProfileState, name: &str, body: &Value) -> Result<(bo
     }
     let display_name = match object.get("display_name") {
         None | Some(Value::Null) => None,
-        Some(Value::String(d)) if !d.is_empty() && d.chars().count() <= 100 => Some(d.clone()),
-        Some(_) => return Err(invalid("display_name", "must be a string of 1 to 100 characters")),
+        Some(Value::String(d)) if !d.is_empty() && d.chars().count() <= 100 && !d.contains('\0') => Some(d.clone()),
+        Some(_) => return Err(invalid("display_name", "must be a string of 1 to 100 characters without NUL")),
     };
     let Some(configuration) = object["configuration"].as_object() else {
         return Err(Refusal::new(ErrorCode::ParameterMissing, "configuration must be an object"));

@@ -403,7 +403,7 @@ impl Api {
     ///
     /// # Errors
     /// 403 `not_agent`; 403 `not_authorized` for a suspended Agent; 400 `parameter_missing` (empty text) or `parameter_invalid` (a scalar
-    /// `tool_names`); 404 `not_found` (unknown conversation); 422 `validation_failed` (an invalid
+    /// `tool_names`, or text holding NUL); 404 `not_found` (unknown conversation); 422 `validation_failed` (an invalid
     /// inline declaration, no declaration at all, or no model to run).
     pub async fn create_input(&self, caller: &Caller, input: CreateInput) -> Result<Admitted, Refusal> {
         if caller.member.kind != MemberKind::Agent {
@@ -418,6 +418,13 @@ impl Api {
         }
         if input.text.len() > INPUT_TEXT_BOUND {
             return Err(Refusal::new(ErrorCode::ContentTooLarge, "text is over 1048576 bytes"));
+        }
+        // Neither store holds U+0000 in text (`docs/executions.md`, "Text and NUL").
+        if input.text.contains('\0') {
+            return Err(Refusal::new(
+                ErrorCode::ParameterInvalid,
+                "text must not contain NUL (U+0000); remove it and send again",
+            ));
         }
         if let Some(names) = &input.tool_names
             && !names.as_array().is_some_and(|a| a.iter().all(Value::is_string))
@@ -493,11 +500,28 @@ impl Api {
         })
     }
 
-    /// Reads one execution with its tasks.
+    /// Reads one execution with the first page of its tasks ([`Api::execution_page`]).
     ///
     /// # Errors
     /// 404 `not_found` for an unknown execution or one the caller does not own.
     pub async fn execution(&self, caller: &Caller, id: ExecutionId) -> Result<Value, Refusal> {
+        self.execution_page(caller, id, None).await
+    }
+
+    /// Reads one execution with a page of its tasks (`docs/executions.md`, "Reply bounds"): the
+    /// tasks after `tasks_after` (a task key of an earlier page; `None` from the first), in the
+    /// execution's task order, as many as fit [`TASK_PAGE_BOUND`] bytes of JSON (at least one),
+    /// and `tasks_next`, the key to pass for the next page, or null after the last.
+    ///
+    /// # Errors
+    /// 404 `not_found` for an unknown execution or one the caller does not own; 400
+    /// `parameter_invalid` when `tasks_after` names no task of the execution.
+    pub async fn execution_page(
+        &self,
+        caller: &Caller,
+        id: ExecutionId,
+        tasks_after: Option<&str>,
+    ) -> Result<Value, Refusal> {
         let store = &self.fabric.store;
         let row = store
             .execution(id)
@@ -506,6 +530,19 @@ impl Api {
             .filter(|row| row.member_public_id == caller.member.public_id)
             .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))?;
         let tasks = store.tasks_of(id).await.map_err(internal)?;
+        let start =
+            match tasks_after {
+                None => 0,
+                Some(after) => 1 + tasks.iter().position(|t| t.task_key.to_string() == after).ok_or_else(|| {
+                    Refusal::new(
+                        ErrorCode::ParameterInvalid,
+                        format!(
+                            "tasks_after `{after}` is no task of execution {id}; pass the tasks_next of an earlier page"
+                        ),
+                    )
+                })?,
+            };
+        let (page, tasks_next) = task_page(&tasks[start..]);
         Ok(json!({
             "execution_public_id": row.public_id,
             "conversation_public_id": row.conversation_public_id,
@@ -520,7 +557,8 @@ impl Api {
             "event_cursor": format!("{CURSOR_PREFIX}{}", row.event_seq),
             "created_at": row.created_at,
             "updated_at": row.updated_at,
-            "tasks": tasks.iter().map(task_view).collect::<Vec<_>>(),
+            "tasks": page,
+            "tasks_next": tasks_next,
         }))
     }
 
@@ -547,7 +585,7 @@ impl Api {
     ///
     /// # Errors
     /// 400 `parameter_invalid` for a body that is not an object, a field other than `reason`, or
-    /// a `reason` that is not a string; otherwise as [`Api::approve_task`].
+    /// a `reason` that is not a string or holds NUL; otherwise as [`Api::approve_task`].
     pub async fn deny_task(
         &self,
         caller: &Caller,
@@ -558,6 +596,12 @@ impl Api {
         known_fields(body, &["reason"])?;
         let reason = match body.get("reason") {
             None | Some(Value::Null) => None,
+            Some(Value::String(reason)) if reason.contains('\0') => {
+                return Err(Refusal::new(
+                    ErrorCode::ParameterInvalid,
+                    "reason must not contain NUL (U+0000); remove it and send again",
+                ));
+            }
             Some(Value::String(reason)) => Some(reason.clone()),
             Some(_) => return Err(Refusal::new(ErrorCode::ParameterInvalid, "reason must be a string")),
         };
@@ -773,8 +817,11 @@ impl Api {
 /// parked task, the end of its approval hold; null while its execution is paused),
 /// frozen_remaining_ms (what an open task of a paused execution has left, else null), error_key,
 /// error_message, result, approval}`. `error_message` is what the model read for a task settled
-/// with an error key (a `timed_out` or `uncertain` task has no result to show), else null.
+/// with an error key (a `timed_out` or `uncertain` task has no result to show), cut to
+/// [`ERROR_MESSAGE_BOUND`] bytes, else null.
 pub fn task_view(task: &TaskRow) -> Value {
+    let error_message = (task.error_key.is_some() && task.is_settled())
+        .then(|| preview(&crate::actors::execution::result_text(task), ERROR_MESSAGE_BOUND));
     json!({
         "task_key": task.task_key,
         "tool_name": task.callable_name,
@@ -789,10 +836,48 @@ pub fn task_view(task: &TaskRow) -> Value {
         // A task that settled while its execution was paused has nothing left to run.
         "frozen_remaining_ms": control::frozen_remaining_ms(task.deadline_at).filter(|_| !task.is_settled()),
         "error_key": task.error_key,
-        "error_message": (task.error_key.is_some() && task.is_settled()).then(|| crate::actors::execution::result_text(task)),
+        "error_message": error_message,
         "result": task.result,
         "approval": task.approval,
     })
+}
+
+/// The most bytes of task JSON one execution reply carries (2 MiB): with the final text (at most
+/// 1 MiB of JSON) and the rest of the row, a reply stays within [`crate::AGENT_REPLY_BOUND`].
+pub const TASK_PAGE_BOUND: usize = 2 * 1024 * 1024;
+
+/// The longest `error_message` of a task view, in bytes: a preview; the whole text is the
+/// result's `content`, which the view carries once.
+pub const ERROR_MESSAGE_BOUND: usize = 512;
+
+/// The views of the leading `tasks` that fit [`TASK_PAGE_BOUND`] (at least one), and the key of
+/// the last one when more follow.
+fn task_page(tasks: &[TaskRow]) -> (Vec<Value>, Option<String>) {
+    let mut page = Vec::new();
+    let mut bytes = 0;
+    for task in tasks {
+        let view = task_view(task);
+        let size = view.to_string().len();
+        if !page.is_empty() && bytes + size > TASK_PAGE_BOUND {
+            let last = tasks[page.len() - 1].task_key.to_string();
+            return (page, Some(last));
+        }
+        bytes += size;
+        page.push(view);
+    }
+    (page, None)
+}
+
+/// `text` cut to at most `bytes` bytes at a character boundary, with `…` when cut.
+fn preview(text: &str, bytes: usize) -> String {
+    if text.len() <= bytes {
+        return text.to_owned();
+    }
+    let mut end = bytes;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 struct Follower {
@@ -885,5 +970,39 @@ mod tests {
             assert_eq!(parse_cursor(bad).map_err(|r| r.code).err(), Some(ErrorCode::ParameterInvalid), "{bad}");
         }
         assert_eq!(parse_cursor("cvei_0").ok(), Some(0));
+    }
+
+    fn settled(index: u32, content: &str) -> TaskRow {
+        let key = nexus_proto::TaskKey::Call { round: 1, index };
+        TaskRow {
+            status: TaskStatus::Failed,
+            error_key: Some("tool_failed".into()),
+            settled_at: Some(1),
+            result: Some(json!({"content": content, "is_error": true})),
+            ..TaskRow::new(ExecutionId::new_v4(), key, 1, "bash".into(), 1_000, 1)
+        }
+    }
+
+    #[test]
+    fn task_pages_fit_their_bound_and_carry_a_value_once() {
+        // Six results of 900 KB: two fit one page, and the page says where to go on.
+        let big = "x".repeat(900_000);
+        let tasks: Vec<TaskRow> = (0..6).map(|i| settled(i, &big)).collect();
+        let (page, next) = task_page(&tasks);
+        assert_eq!(page.len(), 2);
+        assert_eq!(next.as_deref(), Some("r1t1"));
+        assert!(Value::Array(page.clone()).to_string().len() <= TASK_PAGE_BOUND);
+        let (rest, next) = task_page(&tasks[4..]);
+        assert_eq!((rest.len(), next), (2, None));
+        // A task alone over the page bound still goes out, alone.
+        let (alone, next) = task_page(&[settled(0, &"y".repeat(TASK_PAGE_BOUND)), settled(1, "z")]);
+        assert_eq!((alone.len(), next.as_deref()), (1, Some("r1t0")));
+        // The error message is a preview: the result's content is the one whole copy.
+        let message = page[0]["error_message"].as_str().unwrap_or_default();
+        assert!(
+            message.len() <= ERROR_MESSAGE_BOUND + "…".len() && message.starts_with("tool_failed: xxx"),
+            "{message}"
+        );
+        assert_eq!(page[0]["result"]["content"].as_str().map(str::len), Some(900_000));
     }
 }

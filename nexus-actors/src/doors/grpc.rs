@@ -140,13 +140,19 @@ fn empty_body(body_json: &str) -> Result<(), Status> {
     known_fields(&body, &[]).map_err(|r| r.to_status())
 }
 
-fn execution_message(value: &serde_json::Value) -> Execution {
+/// The `Execution` message of an execution's JSON. The final text travels once, in its own field:
+/// `execution_json` is the rest (`docs/executions.md`, "Reply bounds").
+fn execution_message(mut value: serde_json::Value) -> Execution {
+    let final_text = match value.as_object_mut().and_then(|object| object.remove("final_text")) {
+        Some(serde_json::Value::String(text)) => text,
+        _ => String::new(),
+    };
     let text = |key: &str| value[key].as_str().unwrap_or_default().to_owned();
     Execution {
         execution_public_id: text("execution_public_id"),
         conversation_public_id: text("conversation_public_id"),
         status: text("status"),
-        final_text: text("final_text"),
+        final_text,
         error_key: text("error_key"),
         execution_json: value.to_string(),
     }
@@ -200,9 +206,11 @@ impl AgentService for AgentGrpc {
 
     async fn get_execution(&self, request: Request<GetExecutionRequest>) -> Result<Response<Execution>, Status> {
         let caller = self.caller(&request).await?;
-        let id = required_uuid(&request.get_ref().execution_public_id, "execution_public_id")?;
-        let execution = self.api.execution(&caller, id).await.map_err(|r| r.to_status())?;
-        Ok(Response::new(execution_message(&execution)))
+        let body = request.get_ref();
+        let id = required_uuid(&body.execution_public_id, "execution_public_id")?;
+        let tasks_after = Some(body.tasks_after.as_str()).filter(|after| !after.is_empty());
+        let execution = self.api.execution_page(&caller, id, tasks_after).await.map_err(|r| r.to_status())?;
+        Ok(Response::new(execution_message(execution)))
     }
 
     async fn stream_events(
@@ -304,21 +312,21 @@ impl AgentService for AgentGrpc {
         let id = required_uuid(&request.get_ref().execution_public_id, "execution_public_id")?;
         let force = request.get_ref().force.unwrap_or(true);
         let execution = self.api.stop(&caller, id, force).await.map_err(|r| r.to_status())?;
-        Ok(Response::new(execution_message(&execution)))
+        Ok(Response::new(execution_message(execution)))
     }
 
     async fn pause_execution(&self, request: Request<PauseExecutionRequest>) -> Result<Response<Execution>, Status> {
         let caller = self.caller(&request).await?;
         let id = execution_arg(&request.get_ref().execution_public_id)?;
         let execution = self.api.pause(&caller, id, request.get_ref().force).await.map_err(|r| r.to_status())?;
-        Ok(Response::new(execution_message(&execution)))
+        Ok(Response::new(execution_message(execution)))
     }
 
     async fn resume_execution(&self, request: Request<ResumeExecutionRequest>) -> Result<Response<Execution>, Status> {
         let caller = self.caller(&request).await?;
         let id = execution_arg(&request.get_ref().execution_public_id)?;
         let execution = self.api.resume(&caller, id).await.map_err(|r| r.to_status())?;
-        Ok(Response::new(execution_message(&execution)))
+        Ok(Response::new(execution_message(execution)))
     }
 
     async fn regenerate_execution(

@@ -20,8 +20,8 @@
 //!   ignored), `stop_reason`, `usage`.
 //! - A streamed answer (`text/event-stream`): `message_start` (input usage), `content_block_start`
 //!   (`text`, or `tool_use` -> `tool_call_started`), `content_block_delta` (`text_delta` ->
-//!   `text_delta`, `input_json_delta` -> `tool_call_arguments_delta`; thinking and signature
-//!   deltas are ignored), `content_block_stop`, `message_delta` (`stop_reason`, output usage),
+//!   `text_delta`, `input_json_delta` -> `tool_call_arguments_delta`; thinking is counted to its
+//!   bound and never kept, signature deltas are ignored), `content_block_stop`, `message_delta` (`stop_reason`, output usage),
 //!   `message_stop`, `ping`, and `error`. A stream that ends before `message_stop` and without a
 //!   `stop_reason` was cut: `Transport` (retryable).
 //!
@@ -38,6 +38,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
+use super::bounds::{CALL_ARGUMENTS_KEPT, check_text_len, count_reasoning, push_capped};
 use super::registry::ConfigError;
 use super::wire::{Answer, ErrorInfo, endpoint, http_client, provider_error, read_events, send, stream_cut};
 use super::{
@@ -284,8 +285,12 @@ fn parse_answer(body: &[u8]) -> Result<ModelResponse, ModelError> {
         value.get("content").and_then(Value::as_array).ok_or_else(|| provider_error("answer has no content"))?;
     let mut text: Option<String> = None;
     let mut tool_calls = Vec::new();
+    let mut reasoning = 0;
     for (index, block) in blocks.iter().enumerate() {
         match block.get("type").and_then(Value::as_str) {
+            Some("thinking") => {
+                count_reasoning(&mut reasoning, block.get("thinking").and_then(Value::as_str).unwrap_or(""))?;
+            }
             Some("text") => {
                 text.get_or_insert_with(String::new).push_str(block.get("text").and_then(Value::as_str).unwrap_or(""));
             }
@@ -301,7 +306,7 @@ fn parse_answer(body: &[u8]) -> Result<ModelResponse, ModelError> {
                     Some(input) => input.to_string(),
                 };
                 let id = id.map_or_else(|| format!("call_{}", tool_calls.len()), str::to_owned);
-                tool_calls.push(ToolCall { id, name: name.to_owned(), arguments });
+                tool_calls.push(ToolCall { id, name: name.to_owned(), arguments, model_id: None });
             }
             _ => {}
         }
@@ -330,6 +335,8 @@ struct StreamAnswer {
     usage: Usage,
     saw_usage: bool,
     stopped: bool,
+    /// Thinking bytes read, counted to their bound and never kept.
+    reasoning: usize,
 }
 
 impl StreamAnswer {
@@ -343,6 +350,7 @@ impl StreamAnswer {
             usage: Usage::default(),
             saw_usage: false,
             stopped: false,
+            reasoning: 0,
         }
     }
 
@@ -352,11 +360,14 @@ impl StreamAnswer {
         }
     }
 
-    fn add_text(&mut self, text: &str) {
-        self.text.get_or_insert_with(String::new).push_str(text);
+    fn add_text(&mut self, text: &str) -> Result<(), ModelError> {
+        let kept = self.text.get_or_insert_with(String::new);
+        kept.push_str(text);
+        check_text_len(kept)?;
         if !text.is_empty() {
             self.emit(TranscriptDelta::Text { text: text.to_owned() });
         }
+        Ok(())
     }
 
     /// One event; `Ok(true)` at `message_stop`.
@@ -380,7 +391,14 @@ impl StreamAnswer {
                 match block.get("type").and_then(Value::as_str) {
                     Some("text") => {
                         self.blocks.insert(index, Block::Text);
-                        self.add_text(block.get("text").and_then(Value::as_str).unwrap_or(""));
+                        self.add_text(block.get("text").and_then(Value::as_str).unwrap_or(""))?;
+                    }
+                    Some("thinking") => {
+                        self.blocks.insert(index, Block::Other);
+                        count_reasoning(
+                            &mut self.reasoning,
+                            block.get("thinking").and_then(Value::as_str).unwrap_or(""),
+                        )?;
                     }
                     Some("tool_use") => {
                         let ordinal = self.calls.len();
@@ -396,7 +414,12 @@ impl StreamAnswer {
                         // A start may carry a non-empty input; deltas otherwise build it from "".
                         let input = block.get("input").filter(|i| i.as_object().is_some_and(|o| !o.is_empty()));
                         let arguments = input.map(Value::to_string).unwrap_or_default();
-                        self.calls.push(ToolCall { id: id.clone(), name: name.clone(), arguments: arguments.clone() });
+                        self.calls.push(ToolCall {
+                            id: id.clone(),
+                            name: name.clone(),
+                            arguments: arguments.clone(),
+                            model_id: None,
+                        });
                         self.blocks.insert(index, Block::ToolUse { ordinal });
                         self.emit(TranscriptDelta::ToolCallStarted { index: ordinal, tool_call_id: id, name });
                         if !arguments.is_empty() {
@@ -412,13 +435,19 @@ impl StreamAnswer {
                 let delta = value.get("delta").unwrap_or(&Value::Null);
                 match (delta.get("type").and_then(Value::as_str), self.blocks.get(&index)) {
                     (Some("text_delta"), Some(Block::Text)) => {
-                        self.add_text(delta.get("text").and_then(Value::as_str).unwrap_or(""));
+                        self.add_text(delta.get("text").and_then(Value::as_str).unwrap_or(""))?;
+                    }
+                    (Some("thinking_delta"), _) => {
+                        count_reasoning(
+                            &mut self.reasoning,
+                            delta.get("thinking").and_then(Value::as_str).unwrap_or(""),
+                        )?;
                     }
                     (Some("input_json_delta"), Some(Block::ToolUse { ordinal })) => {
                         let ordinal = *ordinal;
                         let piece = delta.get("partial_json").and_then(Value::as_str).unwrap_or("");
                         if !piece.is_empty() {
-                            self.calls[ordinal].arguments.push_str(piece);
+                            push_capped(&mut self.calls[ordinal].arguments, piece, CALL_ARGUMENTS_KEPT);
                             self.emit(TranscriptDelta::ToolCallArguments { index: ordinal, delta: piece.to_owned() });
                         }
                     }
@@ -526,8 +555,13 @@ mod tests {
                 ChatMessage::Assistant {
                     content: Some("checking".into()),
                     tool_calls: vec![
-                        ToolCall { id: "call.1".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into() },
-                        ToolCall { id: "c2".into(), name: "read".into(), arguments: "not json".into() },
+                        ToolCall {
+                            id: "call.1".into(),
+                            name: "bash".into(),
+                            arguments: "{\"command\":\"ls\"}".into(),
+                            model_id: None,
+                        },
+                        ToolCall { id: "c2".into(), name: "read".into(), arguments: "not json".into(), model_id: None },
                     ],
                 },
                 ChatMessage::Tool { tool_call_id: "call.1".into(), content: "a.txt".into() },
@@ -603,8 +637,13 @@ mod tests {
             ModelResponse {
                 text: Some("Let me check.".into()),
                 tool_calls: vec![
-                    ToolCall { id: "toolu_01".into(), name: "bash".into(), arguments: "{\"command\": \"ls\"}".into() },
-                    ToolCall { id: "toolu_02".into(), name: "now".into(), arguments: "{}".into() },
+                    ToolCall {
+                        id: "toolu_01".into(),
+                        name: "bash".into(),
+                        arguments: "{\"command\": \"ls\"}".into(),
+                        model_id: None
+                    },
+                    ToolCall { id: "toolu_02".into(), name: "now".into(), arguments: "{}".into(), model_id: None },
                 ],
                 finish_reason: "tool_calls".into(),
                 usage: Some(Usage { input_tokens: 30, output_tokens: 31 }),

@@ -34,12 +34,19 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::bounds::{
+    ANSWER_TEXT_BOUND, CALL_ARGUMENTS_KEPT, CALL_NAME_KEPT, check_text_len, count_reasoning, push_capped,
+};
 use super::registry::ConfigError;
 use super::wire::{Answer, ErrorInfo, endpoint, http_client, provider_error, read_events, send, shorten, stream_cut};
 use super::{
     BoxFuture, ChatMessage, DeltaSink, ModelError, ModelProvider, ModelRequest, ModelResponse, ToolCall,
     TranscriptDelta, Usage,
 };
+
+/// Where OpenAI-compatible servers put a model's reasoning (vLLM, DeepSeek: `reasoning_content`;
+/// OpenRouter, Ollama: `reasoning`): counted to its bound, never kept ([`super::bounds`]).
+const REASONING_KEYS: [&str; 2] = ["reasoning_content", "reasoning"];
 
 /// The client of one `openai_compatible` provider. One `reqwest` client (rustls) per provider,
 /// with the provider's `request_timeout_ms` as the whole-request timeout (streamed body included).
@@ -188,6 +195,10 @@ fn parse_answer(body: &[u8]) -> Result<ModelResponse, ModelError> {
         .filter(|message| message.is_object())
         .ok_or_else(|| provider_error("choices[0] has no message"))?;
     let finish_reason = parse_finish_reason(choice.get("finish_reason"))?;
+    let mut reasoning = 0;
+    for key in REASONING_KEYS {
+        count_reasoning(&mut reasoning, message.get(key).and_then(Value::as_str).unwrap_or_default())?;
+    }
     let refusal = message.get("refusal").and_then(Value::as_str).unwrap_or_default();
     judge_finish(refusal, finish_reason.as_deref())?;
     let text = parse_content(message.get("content"))?;
@@ -278,7 +289,7 @@ fn parse_tool_calls(tool_calls: Option<&Value>) -> Result<Vec<ToolCall>, ModelEr
                 Some(Value::String(text)) => text.clone(),
                 Some(other) => other.to_string(),
             };
-            Ok(ToolCall { id: call_id(call.get("id"), index), name: name.to_owned(), arguments })
+            Ok(ToolCall { id: call_id(call.get("id"), index), name: name.to_owned(), arguments, model_id: None })
         })
         .collect()
 }
@@ -307,6 +318,8 @@ struct StreamAnswer {
     finish_reason: Option<String>,
     usage: Option<Usage>,
     done: bool,
+    /// Reasoning bytes read, counted to their bound and never kept.
+    reasoning: usize,
 }
 
 impl StreamAnswer {
@@ -319,6 +332,7 @@ impl StreamAnswer {
             finish_reason: None,
             usage: None,
             done: false,
+            reasoning: 0,
         }
     }
 
@@ -356,13 +370,20 @@ impl StreamAnswer {
             return Ok(false);
         };
         if let Some(text) = delta.get("content").and_then(Value::as_str) {
-            self.text.get_or_insert_with(String::new).push_str(text);
+            let kept = self.text.get_or_insert_with(String::new);
+            kept.push_str(text);
+            check_text_len(kept)?;
             if !text.is_empty() {
                 self.emit(TranscriptDelta::Text { text: text.to_owned() });
             }
         }
         if let Some(refusal) = delta.get("refusal").and_then(Value::as_str) {
-            self.refusal.push_str(refusal);
+            push_capped(&mut self.refusal, refusal, ANSWER_TEXT_BOUND);
+        }
+        for key in REASONING_KEYS {
+            if let Some(reasoning) = delta.get(key).and_then(Value::as_str) {
+                count_reasoning(&mut self.reasoning, reasoning)?;
+            }
         }
         match delta.get("tool_calls") {
             None | Some(Value::Null) => {}
@@ -387,14 +408,14 @@ impl StreamAnswer {
         if let Some(name) = function.and_then(|f| f.get("name")).and_then(Value::as_str)
             && !call.started
         {
-            call.name.push_str(name);
+            push_capped(&mut call.name, name, CALL_NAME_KEPT * 4);
         }
         let arguments = match function.and_then(|f| f.get("arguments")) {
             None | Some(Value::Null) => String::new(),
             Some(Value::String(text)) => text.clone(),
             Some(other) => other.to_string(),
         };
-        call.arguments.push_str(&arguments);
+        push_capped(&mut call.arguments, &arguments, CALL_ARGUMENTS_KEPT);
         let mut deltas = Vec::new();
         if !call.started && !call.name.is_empty() {
             call.started = true;
@@ -433,7 +454,7 @@ impl StreamAnswer {
                 }
                 let arguments = if call.arguments.trim().is_empty() { "{}".to_owned() } else { call.arguments };
                 let id = if call.id.is_empty() { format!("call_{ordinal}") } else { call.id };
-                Ok(ToolCall { id, name: call.name, arguments })
+                Ok(ToolCall { id, name: call.name, arguments, model_id: None })
             })
             .collect::<Result<Vec<_>, _>>()?;
         answer(self.text, tool_calls, self.finish_reason, self.usage)
@@ -554,6 +575,7 @@ mod tests {
                         id: "c0".into(),
                         name: "bash".into(),
                         arguments: "{\"command\":\"pwd\"}".into(),
+                        model_id: None,
                     }],
                 },
                 ChatMessage::Tool { tool_call_id: "c0".into(), content: "exit_code: 0\nstdout:\n/work\n".into() },
@@ -571,8 +593,18 @@ mod tests {
         assert_eq!(
             answer.tool_calls,
             vec![
-                ToolCall { id: "call_abc".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into() },
-                ToolCall { id: "call_1".into(), name: "read".into(), arguments: "{\"path\":\"a\"}".into() },
+                ToolCall {
+                    id: "call_abc".into(),
+                    name: "bash".into(),
+                    arguments: "{\"command\":\"ls\"}".into(),
+                    model_id: None
+                },
+                ToolCall {
+                    id: "call_1".into(),
+                    name: "read".into(),
+                    arguments: "{\"path\":\"a\"}".into(),
+                    model_id: None
+                },
             ]
         );
         let seen = server.take_seen();
@@ -749,11 +781,17 @@ mod tests {
             ModelResponse {
                 text: Some("Let me look.".into()),
                 tool_calls: vec![
-                    ToolCall { id: "call_a".into(), name: "bash".into(), arguments: "{\"command\":\"ls\"}".into() },
+                    ToolCall {
+                        id: "call_a".into(),
+                        name: "bash".into(),
+                        arguments: "{\"command\":\"ls\"}".into(),
+                        model_id: None
+                    },
                     ToolCall {
                         id: "call_b".into(),
                         name: "read_file".into(),
-                        arguments: "{\"path\":\"a.txt\"}".into()
+                        arguments: "{\"path\":\"a.txt\"}".into(),
+                        model_id: None,
                     },
                 ],
                 finish_reason: "tool_calls".into(),

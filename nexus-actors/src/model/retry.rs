@@ -169,7 +169,8 @@ pub async fn call_with_retries(
         let request = request.clone();
         let history = &history;
         async move {
-            let result = client.complete(request).await;
+            // Every answer passes its bounds before anything reads it ([`super::bounds`]).
+            let result = client.complete(request).await.and_then(super::bounds::bound_answer);
             if let Err(error) = &result {
                 history.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend(FailureClass::of(error));
             }

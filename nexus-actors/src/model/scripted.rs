@@ -202,7 +202,7 @@ fn parse_round(index: usize, round: RoundFile) -> Result<Round, ScriptError> {
                     Some(serde_json::Value::String(raw)) => raw,
                     Some(value) => value.to_string(),
                 };
-                out.push(ToolCall { id, name: call.name, arguments });
+                out.push(ToolCall { id, name: call.name, arguments, model_id: None });
             }
             Ok(Round::ToolCalls(out, round.finish_reason.unwrap_or_else(|| "tool_calls".to_owned())))
         }
@@ -413,7 +413,12 @@ mod tests {
             ChatMessage::User { content: "go".into() },
             ChatMessage::Assistant {
                 content: None,
-                tool_calls: vec![ToolCall { id: "count".into(), name: "bash".into(), arguments: "{}".into() }],
+                tool_calls: vec![ToolCall {
+                    id: "count".into(),
+                    name: "bash".into(),
+                    arguments: "{}".into(),
+                    model_id: None,
+                }],
             },
             ChatMessage::Tool { tool_call_id: "count".into(), content: denied.into() },
         ];

@@ -7,7 +7,11 @@
 //! event when it has data; `id` and `retry` are ignored (nothing here reconnects). Bytes are
 //! buffered until a line is complete, so a UTF-8 character split across chunks is decoded whole;
 //! invalid UTF-8 is replaced, never an error. An event without a trailing blank line at the end of
-//! the body is dropped, as the standard says.
+//! the body is dropped, as the standard says. A line or an event over
+//! [`STREAM_EVENT_BOUND`] bytes is not buffered: the parser reports [`SseParser::oversize`] and the
+//! reader refuses the answer.
+
+use super::bounds::STREAM_EVENT_BOUND;
 
 /// One dispatched event.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -28,9 +32,18 @@ pub struct SseParser {
     event: Option<String>,
     data: String,
     has_data: bool,
+    /// A line or an event grew over [`STREAM_EVENT_BOUND`]: the stream is refused.
+    oversize: bool,
 }
 
 impl SseParser {
+    /// Whether a line or an event grew over [`STREAM_EVENT_BOUND`] bytes: what follows cannot be
+    /// read as the provider meant it, so the answer is refused.
+    #[must_use]
+    pub fn oversize(&self) -> bool {
+        self.oversize
+    }
+
     /// Parses one chunk of the body and returns the events it completed, in order.
     pub fn push(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
         let mut events = Vec::new();
@@ -46,6 +59,7 @@ impl SseParser {
                         events.push(event);
                     }
                 }
+                _ if self.line.len() + self.data.len() >= STREAM_EVENT_BOUND => self.oversize = true,
                 _ => self.line.push(byte),
             }
         }
@@ -68,6 +82,10 @@ impl SseParser {
         };
         match field {
             "data" => {
+                if self.data.len() + value.len() >= STREAM_EVENT_BOUND {
+                    self.oversize = true;
+                    return None;
+                }
                 if self.has_data {
                     self.data.push('\n');
                 }

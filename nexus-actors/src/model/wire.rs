@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::ModelError;
+use super::bounds::{ANSWER_BODY_BOUND, ERROR_BODY_BOUND, STREAM_EVENT_BOUND};
 use super::registry::ConfigError;
 use super::sse::{SseEvent, SseParser};
 
@@ -73,7 +74,26 @@ pub(crate) async fn send(provider: &str, what: &str, request: reqwest::RequestBu
     if is_event_stream(&response) {
         return Ok(Answer::Events(response));
     }
-    Ok(Answer::Whole(response.bytes().await.map_err(transport_error)?.into()))
+    match read_capped(response, ANSWER_BODY_BOUND).await? {
+        (body, false) => Ok(Answer::Whole(body)),
+        (_, true) => Err(provider_error(format!(
+            "the answer body is over {ANSWER_BODY_BOUND} bytes; nothing of it was kept: ask for a shorter answer"
+        ))),
+    }
+}
+
+/// Reads at most `cap` bytes of a body: the bytes, and whether there were more (the rest is never
+/// read, so an endless body never sits in memory).
+async fn read_capped(mut response: reqwest::Response, cap: usize) -> Result<(Vec<u8>, bool), ModelError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(transport_error)? {
+        if body.len() + chunk.len() > cap {
+            body.extend_from_slice(&chunk[..cap - body.len()]);
+            return Ok((body, true));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, false))
 }
 
 /// Reads a non-2xx answer whole and maps it (module docs).
@@ -84,8 +104,8 @@ async fn error_answer(response: reqwest::Response) -> ModelError {
         .get(reqwest::header::RETRY_AFTER)
         .and_then(|value| value.to_str().ok())
         .and_then(parse_retry_after);
-    match response.bytes().await {
-        Ok(body) => http_error(status, &ErrorInfo::from_body(&body), retry_after),
+    match read_capped(response, ERROR_BODY_BOUND).await {
+        Ok((body, _)) => http_error(status, &ErrorInfo::from_body(&body), retry_after),
         Err(error) => {
             http_error(status, &ErrorInfo { message: error.to_string(), ..ErrorInfo::default() }, retry_after)
         }
@@ -104,6 +124,11 @@ pub(crate) async fn read_events(
             if on_event(event)? {
                 return Ok(());
             }
+        }
+        if parser.oversize() {
+            return Err(provider_error(format!(
+                "a stream event is over {STREAM_EVENT_BOUND} bytes; nothing of the answer was kept"
+            )));
         }
     }
     Ok(())

@@ -63,7 +63,10 @@ async fn wait_completed(
     execution: &str,
 ) -> nexus_proto::agent::v1::Execution {
     wait_until("the execution to complete", WAIT, || async {
-        let request = authed(GetExecutionRequest { execution_public_id: execution.to_owned() }, agent);
+        let request = authed(
+            GetExecutionRequest { execution_public_id: execution.to_owned(), tasks_after: String::new() },
+            agent,
+        );
         let row = client.clone().get_execution(request).await.ok()?.into_inner();
         (row.status == "completed").then_some(row)
     })
@@ -101,7 +104,10 @@ async fn end_to_end_execution_over_grpc_with_a_real_runner_agent() {
     assert_eq!(types.last(), Some(&"turn_status"));
 
     let reply = client
-        .get_execution(authed(GetExecutionRequest { execution_public_id: execution.clone() }, &agent))
+        .get_execution(authed(
+            GetExecutionRequest { execution_public_id: execution.clone(), tasks_after: String::new() },
+            &agent,
+        ))
         .await
         .expect("get");
     let row = reply.into_inner();

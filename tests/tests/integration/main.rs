@@ -5,6 +5,7 @@
 mod approval;
 mod approval_runner_agent;
 mod batches;
+mod bounds;
 mod compaction;
 mod conformance;
 mod conformance_props;

@@ -207,7 +207,7 @@ fn user(text: &str) -> ChatMessage {
 }
 
 fn called(id: &str) -> ChatMessage {
-    let call = ToolCall { id: id.to_owned(), name: "probe".to_owned(), arguments: "{}".to_owned() };
+    let call = ToolCall { id: id.to_owned(), name: "probe".to_owned(), arguments: "{}".to_owned(), model_id: None };
     ChatMessage::Assistant { content: None, tool_calls: vec![call] }
 }
 

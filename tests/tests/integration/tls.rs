@@ -218,7 +218,10 @@ async fn an_execution_runs_end_to_end_over_mutual_tls_and_the_doors_answer_over_
         .expect("the execution ends");
     assert_eq!(events.last().map(|e| e.r#type.as_str()), Some("turn_status"));
     let row = client
-        .get_execution(authed(GetExecutionRequest { execution_public_id: execution.clone() }, &agent))
+        .get_execution(authed(
+            GetExecutionRequest { execution_public_id: execution.clone(), tasks_after: String::new() },
+            &agent,
+        ))
         .await
         .expect("get")
         .into_inner();

@@ -83,6 +83,7 @@ fn expected_transcript() -> Vec<ChatMessage> {
             id: id.clone(),
             name: "noop".to_owned(),
             arguments: json!({"step": round}).to_string(),
+            model_id: None,
         };
         messages.push(ChatMessage::Assistant { content: None, tool_calls: vec![call] });
         messages.push(ChatMessage::Tool { tool_call_id: id, content: format!("ok {round}") });

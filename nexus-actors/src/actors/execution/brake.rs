@@ -126,7 +126,7 @@ mod tests {
     use super::*;
 
     fn call(id: &str, name: &str, arguments: &str) -> ToolCall {
-        ToolCall { id: id.into(), name: name.into(), arguments: arguments.into() }
+        ToolCall { id: id.into(), name: name.into(), arguments: arguments.into(), model_id: None }
     }
 
     /// A transcript of rounds, each `[(name, arguments, result)]`.

@@ -254,13 +254,13 @@ pub async fn estimate(fabric: &Fabric, row: &ExecutionRow, supplied: Option<&Val
             .into_iter()
             // The round's model calls (`r{round}t{i}`); hook tasks never reach the model.
             .filter(|t| matches!(t.task_key, TaskKey::Call { round, .. } if round == row.round))
-            .filter(|t| !answered.contains(&t.tool_call_id))
+            .filter(|t| !answered.contains(&crate::actors::execution::wire_id(&transcript, t)))
             .collect();
         unread.sort_by_key(|t| t.task_key);
         for task in unread {
             if task.is_settled() {
-                transcript
-                    .push(ChatMessage::Tool { tool_call_id: task.tool_call_id.clone(), content: result_text(&task) });
+                let tool_call_id = crate::actors::execution::wire_id(&transcript, &task);
+                transcript.push(ChatMessage::Tool { tool_call_id, content: result_text(&task) });
             } else {
                 open_calls += 1;
             }

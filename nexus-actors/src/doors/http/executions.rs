@@ -38,6 +38,8 @@ use crate::doors::api::{Api, CreateInput, Event};
 pub const EVENTS_DEFAULT_LIMIT: usize = 100;
 /// The largest page of `GET …/events`.
 pub const EVENTS_MAX_LIMIT: usize = 200;
+/// The most bytes of item JSON one page of `GET …/events` carries (4 MiB; at least one item).
+pub const EVENTS_PAGE_BOUND: usize = 4 * 1024 * 1024;
 
 /// The execution doors, merged into [`super::router`].
 pub fn routes() -> Router<Arc<Api>> {
@@ -98,9 +100,22 @@ async fn post_input(
     ))
 }
 
-async fn get_execution(State(api): State<Arc<Api>>, Path(id): Path<String>, headers: HeaderMap) -> HttpResult {
+#[derive(Debug, serde::Deserialize)]
+struct ExecutionQuery {
+    /// Continue the task list after this task key (an earlier reply's `tasks_next`).
+    tasks_after: Option<String>,
+}
+
+async fn get_execution(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    query: Result<Query<ExecutionQuery>, QueryRejection>,
+) -> HttpResult {
+    let query = query_of(query)?;
     let caller = caller(&api, &headers).await?;
-    Ok(axum::Json(api.execution(&caller, uuid_param("id", &id)?).await?))
+    let id = uuid_param("id", &id)?;
+    Ok(axum::Json(api.execution_page(&caller, id, query.tasks_after.as_deref()).await?))
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -134,11 +149,27 @@ async fn get_events(
     let id = uuid_param("id", &id)?;
     let limit = page_limit(query.limit.as_deref())?;
     let after = query.after.unwrap_or_default();
-    let events: Vec<Result<Event, Refusal>> = api.events(&caller, id, &after, false).await?.take(limit).collect().await;
-    let items = events.into_iter().collect::<Result<Vec<Event>, Refusal>>()?;
+    let events = api.events(&caller, id, &after, false).await?.take(limit);
+    let mut events = std::pin::pin!(events);
+    // A page ends at `limit` items or at the byte bound, whichever comes first (at least one
+    // item): one event may be megabytes (`docs/executions.md`, "Reply bounds").
+    let mut items = Vec::new();
+    let mut bytes = 0;
+    let mut last = None;
+    while let Some(event) = events.next().await {
+        let event = event?;
+        let item = event_json(&event);
+        let size = item.to_string().len();
+        if !items.is_empty() && bytes + size > EVENTS_PAGE_BOUND {
+            break;
+        }
+        bytes += size;
+        last = Some(event.cursor);
+        items.push(item);
+    }
     // The next read starts after the last item, or where this one started when nothing is new.
-    let next_cursor = items.last().map_or(after, |e| e.cursor.clone());
-    Ok(axum::Json(json!({"items": items.iter().map(event_json).collect::<Vec<_>>(), "next_cursor": next_cursor})))
+    let next_cursor = last.unwrap_or(after);
+    Ok(axum::Json(json!({"items": items, "next_cursor": next_cursor})))
 }
 
 async fn get_event_stream(

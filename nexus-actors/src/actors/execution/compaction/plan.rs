@@ -256,7 +256,7 @@ mod tests {
     use crate::model::ToolCall;
 
     fn call(id: &str) -> ToolCall {
-        ToolCall { id: id.into(), name: "bash".into(), arguments: "{}".into() }
+        ToolCall { id: id.into(), name: "bash".into(), arguments: "{}".into(), model_id: None }
     }
 
     fn assistant(calls: &[&str]) -> ChatMessage {
