@@ -36,10 +36,13 @@ use crate::error::AgentError;
 use crate::journal::{EntryState, Journal, StateDirLock, TaskKey, Ticket, lock_state_dir};
 use crate::retry::ReconnectBackoff;
 use crate::sleep_until_opt;
+use crate::tools::reap::{OWNER_VAR, Owner, kill_marked};
 use crate::tools::{StopReason, ToolOutcome, Toolbox};
 
 /// Requests from claim handles waiting for the loop.
 const CONTROL_CAPACITY: usize = 256;
+/// Bound on the last sweep for processes the tools left running, when the agent stops.
+const LEFTOVER_SWEEP_TIMEOUT: Duration = Duration::from_secs(2);
 /// Two suspected fences (see [`FenceWatch`]) this close together mean a second runner-agent.
 const FENCE_WINDOW: Duration = Duration::from_secs(120);
 
@@ -139,6 +142,9 @@ pub(crate) struct Agent {
     /// to stop each.
     running: HashMap<TaskKey, watch::Sender<Option<StopReason>>>,
     tasks: JoinSet<Finished>,
+    /// The task each tool task runs, so that one that ends without a result (a panic the tool's
+    /// own guard missed, an abort) still gives its slot back.
+    task_keys: HashMap<tokio::task::Id, TaskKey>,
     /// Hinted tasks not yet claimed, oldest first; `hinted` mirrors it for lookups.
     hints: VecDeque<TaskKey>,
     hinted: HashSet<TaskKey>,
@@ -169,6 +175,12 @@ impl Agent {
         config.workdir = workdir.clone();
         let state_lock = lock_state_dir(&config.state_dir)?;
         let journal = Journal::open_writable(&state_lock, config.runner_id)?;
+        // Held the state dir, so every process with its mark is a previous run's leftover.
+        let owner = Owner::of_state_dir(state_lock.dir());
+        let leftovers = kill_marked(OWNER_VAR, owner.as_str());
+        if leftovers > 0 {
+            warn!(killed = leftovers, "killed processes that the tools of an earlier run left behind");
+        }
         for entry in journal.entries() {
             let (run_public_id, task_key) = (&entry.key.run_public_id, &entry.key.task_key);
             match entry.state {
@@ -183,7 +195,7 @@ impl Agent {
         }
         let (control_tx, control_rx) = mpsc::channel(CONTROL_CAPACITY);
         Ok(Agent {
-            toolbox: Arc::new(Toolbox::new(workdir, config.tool_timeout_ms)),
+            toolbox: Arc::new(Toolbox::new(workdir, config.tool_timeout_ms, owner)),
             backoff: ReconnectBackoff::new(&config),
             config,
             endpoint,
@@ -192,6 +204,7 @@ impl Agent {
             after_durable: VecDeque::new(),
             running: HashMap::new(),
             tasks: JoinSet::new(),
+            task_keys: HashMap::new(),
             hints: VecDeque::new(),
             hinted: HashSet::new(),
             claiming: HashSet::new(),
@@ -215,6 +228,7 @@ impl Agent {
         if let Err(err) = self.journal.sync().await {
             error!(error = %err, "could not write the journal");
         }
+        kill_leftovers(self.toolbox.owner().as_str().to_owned()).await;
         outcome
     }
 
@@ -242,11 +256,11 @@ impl Agent {
                     return Ok(());
                 }
                 flushed = self.journal.flushed() => self.on_journal_flushed(flushed),
-                Some(joined) = self.tasks.join_next() => {
+                Some(joined) = self.tasks.join_next_with_id() => {
                     self.on_joined(joined);
                     // Tools done meanwhile end in this turn too: their results share a flush
                     // and a batch.
-                    while let Some(joined) = self.tasks.try_join_next() {
+                    while let Some(joined) = self.tasks.try_join_next_with_id() {
                         self.on_joined(joined);
                     }
                 }
@@ -300,10 +314,21 @@ impl Agent {
         self.journal.start_flush();
     }
 
-    fn on_joined(&mut self, joined: Result<Finished, JoinError>) {
+    fn on_joined(&mut self, joined: Result<(tokio::task::Id, Finished), JoinError>) {
         match joined {
-            Ok(finished) => self.on_tool_finished(finished),
-            Err(err) => debug!(error = %err, "a tool task ended without a result"),
+            Ok((id, finished)) => {
+                self.task_keys.remove(&id);
+                self.on_tool_finished(finished);
+            }
+            Err(err) => {
+                let Some(key) = self.task_keys.remove(&err.id()) else {
+                    debug!(error = %err, "a tool task ended without a result");
+                    return;
+                };
+                warn!(task_key = %key.task_key, error = %err, "a tool task ended without a result");
+                let outcome = ToolOutcome::error("the tool crashed; its effect is unknown");
+                self.on_tool_finished(Finished { key, outcome });
+            }
         }
     }
 
@@ -324,6 +349,18 @@ impl Agent {
             && self.after_durable.is_empty()
             && self.journal.is_idle()
             && (self.link.is_none() || (self.committing.is_empty() && self.claiming.is_empty()))
+    }
+}
+
+/// Kills every process this state dir's tools started that still runs (a tool past the grace, or
+/// one that escaped its call's own sweep), bounded by [`LEFTOVER_SWEEP_TIMEOUT`].
+async fn kill_leftovers(owner: String) {
+    let sweep = tokio::task::spawn_blocking(move || kill_marked(OWNER_VAR, &owner));
+    match tokio::time::timeout(LEFTOVER_SWEEP_TIMEOUT, sweep).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(killed)) => info!(killed, "killed what the tools left running"),
+        Ok(Err(err)) => warn!(error = %err, "the sweep for what the tools left running failed"),
+        Err(_) => warn!("the sweep for what the tools left running did not finish in time"),
     }
 }
 

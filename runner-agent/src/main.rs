@@ -1,4 +1,7 @@
 //! `runner-agent`: parses flags, sets up logging to stderr and calls [`nexus_runner_agent::run`].
+//!
+//! It exits once `run` returns, whatever is still blocked: the runtime waits at most
+//! [`EXIT_GRACE`] for its blocking threads (a tool stuck in the kernel never holds the process).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -63,8 +66,18 @@ struct Cli {
     log: String,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// After `run` returns, how long the runtime may wait for its blocking threads before the process
+/// exits anyway.
+const EXIT_GRACE: Duration = Duration::from_secs(1);
+
+fn main() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start tokio")?;
+    let outcome = runtime.block_on(serve());
+    runtime.shutdown_timeout(EXIT_GRACE);
+    outcome
+}
+
+async fn serve() -> anyhow::Result<()> {
     nexus_runner_agent::install_crypto_provider();
     let cli = Cli::parse();
     let filter = EnvFilter::try_new(&cli.log).with_context(|| format!("invalid --log {:?}", cli.log))?;

@@ -5,18 +5,27 @@
 //! non-zero exit, a refused path) is [`ToolOutcome::Completed`] with `is_error: true`, which the
 //! model reads; a call that could not run at all (unknown tool, `tool_input` not an object, bash
 //! not startable) is [`ToolOutcome::Failed`].
+//!
+//! Bounds (README, "runner-agent's tools"): every call ends by its timeout or its stop and gives
+//! its slot back, whatever its system calls do ([`blocking`]); every read keeps at most a fixed
+//! number of bytes in memory while it reads; nothing a bash call starts outlives it ([`reap`]).
 
 mod bash;
+pub(crate) mod blocking;
 mod files;
 mod paths;
+pub(crate) mod reap;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use self::blocking::{Ended, Strays};
+use self::reap::Owner;
 use crate::claim::ClaimHandle;
 
 /// The spec's commit bound (`result_too_large`, "1 MB"), read as 10^6 bytes of body JSON.
@@ -48,6 +57,8 @@ pub(crate) struct ToolContext {
     pub(crate) stop: watch::Receiver<Option<StopReason>>,
     /// The claim, for progress frames and claim requests.
     pub(crate) claim: Option<ClaimHandle>,
+    /// The state dir's mark, which bash puts on every process it starts ([`reap`]).
+    pub(crate) owner: Owner,
 }
 
 impl ToolContext {
@@ -216,23 +227,31 @@ impl Builtin {
         match self {
             Builtin::Bash => {
                 "Run a command with `bash -c` in the runner's working directory, with no stdin. \
-                 Returns the exit code, stdout and stderr (each cut after 256 KiB). The whole \
-                 process group is killed when the timeout passes."
+                 Returns the exit code, stdout and stderr (each cut after its first 256 KiB). \
+                 Nothing the command starts outlives the call: when the shell exits, or the \
+                 timeout passes, or the call is canceled, its whole process group is killed, and \
+                 so is every process it started in a new session (`setsid`, `nohup ... &` too). \
+                 Run long-lived services some other way."
             }
             Builtin::ReadFile => {
-                "Read a text file inside the working directory. `offset` is the first line \
-                 (1-based) and `limit` the number of lines. Returns the text and the file's \
-                 SHA-256, which write_file accepts as `expected_sha256`."
+                "Read a regular text file inside the working directory (FIFOs, sockets and \
+                 devices are refused). `offset` is the first line (1-based) and `limit` the \
+                 number of lines. Returns at most 512 KiB of text; a line longer than 64 KiB \
+                 shows its first 64 KiB and a mark. Returns the file's SHA-256, which write_file \
+                 accepts as `expected_sha256`, and its line count, both only for files up to \
+                 64 MiB: a larger file is read only as far as the requested lines, and gets \
+                 neither."
             }
             Builtin::WriteFile => {
                 "Write a whole text file inside the working directory, atomically, creating \
-                 parent directories. With `expected_sha256` the write happens only if the file's \
-                 current SHA-256 matches; `expected_sha256: null` requires that the file does not \
-                 exist yet."
+                 parent directories; the target must be a regular file or missing. With \
+                 `expected_sha256` the write happens only if the file's current SHA-256 \
+                 matches (files up to 64 MiB); `expected_sha256: null` requires that the file \
+                 does not exist yet."
             }
             Builtin::ListDir => {
                 "List a directory inside the working directory: each entry's name, type (file, \
-                 dir, symlink) and size, sorted by name."
+                 dir, symlink, other) and size, sorted by name; at most the first 2000 names."
             }
         }
     }
@@ -304,17 +323,25 @@ impl Builtin {
     }
 }
 
-/// The tools, bound to one workdir and one announced bash timeout.
+/// The tools, bound to one workdir, one announced bash timeout and one state dir's mark.
 #[derive(Debug)]
 pub(crate) struct Toolbox {
     workdir: PathBuf,
     bash_timeout_ms: u64,
+    owner: Owner,
+    /// File-tool threads abandoned by their calls and still running.
+    strays: Strays,
 }
 
 impl Toolbox {
     /// `workdir` must already be canonical.
-    pub(crate) fn new(workdir: PathBuf, bash_timeout_ms: u64) -> Self {
-        Toolbox { workdir, bash_timeout_ms }
+    pub(crate) fn new(workdir: PathBuf, bash_timeout_ms: u64, owner: Owner) -> Self {
+        Toolbox { workdir, bash_timeout_ms, owner, strays: Strays::default() }
+    }
+
+    /// The mark bash puts on every process it starts.
+    pub(crate) fn owner(&self) -> &Owner {
+        &self.owner
     }
 
     pub(crate) fn workdir(&self) -> &PathBuf {
@@ -365,16 +392,46 @@ impl Toolbox {
         let Value::Object(input) = input else {
             return ToolOutcome::Failed { content: "tool_input must be a JSON object".to_owned() };
         };
-        let work: fn(&std::path::Path, &Map<String, Value>) -> ToolOutcome = match tool {
+        let work: fn(&std::path::Path, &Map<String, Value>, &blocking::Cancel) -> ToolOutcome = match tool {
             Builtin::Bash => return bash::run(&input, &mut ctx).await,
             Builtin::ReadFile => files::read_file,
             Builtin::WriteFile => files::write_file,
             Builtin::ListDir => files::list_dir,
         };
+        // The sentence names this budget, never the elapsed time, as bash's does.
+        let timeout_ms = ctx.task_timeout_ms.map_or(FILE_TOOL_TIMEOUT_MS, |ms| ms.min(FILE_TOOL_TIMEOUT_MS));
+        let started = Instant::now();
+        let until = ctx.clamp_at.map_or(started + Duration::from_millis(timeout_ms), |clamp| {
+            clamp.min(started + Duration::from_millis(timeout_ms))
+        });
         let workdir = self.workdir.clone();
-        tokio::task::spawn_blocking(move || work(&workdir, &input))
-            .await
-            .unwrap_or_else(|err| ToolOutcome::error(format!("the tool crashed: {err}")))
+        let ended =
+            blocking::run(&self.strays, until, ctx.stopped(), move |cancel| work(&workdir, &input, cancel)).await;
+        let name = tool.name();
+        let effect = match tool.effect_profile().kind {
+            EffectKind::Write => "; whether it took effect is unknown",
+            EffectKind::ReadOnly => "",
+        };
+        match ended {
+            Ended::Done(outcome) => outcome,
+            Ended::TimedOut => {
+                ToolOutcome::error(format!("{name} did not finish within its timeout of {timeout_ms} ms{effect}"))
+            }
+            Ended::Stopped(StopReason::Canceled) => {
+                ToolOutcome::error(format!("{name} was abandoned because its task was canceled{effect}"))
+            }
+            Ended::Stopped(StopReason::Shutdown) => {
+                ToolOutcome::error(format!("{name} was abandoned because the runner shut down{effect}"))
+            }
+            Ended::Busy => ToolOutcome::Failed {
+                content: format!(
+                    "{name} was not started: {} earlier file operations of this runner are still stuck in the \
+                     kernel; try again later",
+                    blocking::MAX_STRAYS
+                ),
+            },
+            Ended::Crashed(why) => ToolOutcome::error(format!("{name} failed: {why}; its effect is unknown")),
+        }
     }
 }
 
@@ -425,7 +482,7 @@ mod tests {
 
     #[test]
     fn announcement_lists_every_tool_with_an_honest_five_key_profile() {
-        let toolbox = Toolbox::new(PathBuf::from("/w"), 30_000);
+        let toolbox = Toolbox::new(PathBuf::from("/w"), 30_000, Owner::of_state_dir(std::path::Path::new("/s")));
         let body = toolbox.announcement();
         let tools = body["tools"].as_array().unwrap();
         let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
@@ -520,7 +577,7 @@ mod tests {
     #[tokio::test]
     async fn unknown_tools_and_non_object_input_fail_without_running() {
         let dir = tempfile::tempdir().unwrap();
-        let toolbox = Toolbox::new(dir.path().canonicalize().unwrap(), 1_000);
+        let toolbox = Toolbox::new(dir.path().canonicalize().unwrap(), 1_000, Owner::of_state_dir(dir.path()));
         let (_stop_tx, stop) = watch::channel(None);
         let ctx = || ToolContext {
             workdir: toolbox.workdir().clone(),
@@ -529,6 +586,7 @@ mod tests {
             clamp_at: None,
             stop: stop.clone(),
             claim: None,
+            owner: toolbox.owner().clone(),
         };
         let unknown = toolbox.run("rm_rf", json!({}), ctx()).await;
         assert!(matches!(&unknown, ToolOutcome::Failed { content } if content.contains("rm_rf")));

@@ -159,6 +159,7 @@ impl Agent {
             clamp_at: Some(Instant::now() + until_deadline.saturating_sub(self.config.commit_margin)),
             stop,
             claim: Some(ClaimHandle::new(key.clone(), claim_token, self.control_tx.clone())),
+            owner: self.toolbox.owner().clone(),
         };
         let span = info_span!(
             "task",
@@ -168,7 +169,8 @@ impl Agent {
             tool = %tool_name,
         );
         let toolbox = Arc::clone(&self.toolbox);
-        self.tasks.spawn(
+        let task_key = key.clone();
+        let handle = self.tasks.spawn(
             async move {
                 let outcome = AssertUnwindSafe(toolbox.run(&tool_name, tool_input, ctx))
                     .catch_unwind()
@@ -178,6 +180,7 @@ impl Agent {
             }
             .instrument(span),
         );
+        self.task_keys.insert(handle.id(), task_key);
     }
 
     pub(super) fn on_tool_finished(&mut self, finished: Finished) {

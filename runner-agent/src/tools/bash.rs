@@ -1,6 +1,11 @@
 //! `bash {command, timeout_ms?}`: `bash -c` in the workdir, in its own process group, stdin
 //! null. It clamps itself: when its timeout (or the claim deadline) comes, or the task is
 //! canceled, the whole group gets SIGKILL. It never extends its claim.
+//!
+//! Nothing it starts outlives the call: when the shell exits (or is killed) its process group is
+//! killed, and then every process that carries the call's mark in its environment, which finds
+//! what left the group with `setsid` (see [`super::reap`]). Output is read as it comes, and only
+//! the first [`OUTPUT_CAP_BYTES`] of each stream are kept.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
@@ -14,6 +19,7 @@ use tokio::process::Command;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::args::{optional_positive, required_str};
+use super::reap::{CALL_VAR, OWNER_VAR, kill_marked};
 use super::{StopReason, ToolContext, ToolOutcome};
 use crate::sleep_until_opt;
 
@@ -26,6 +32,8 @@ const PIPE_DRAIN_GRACE: Duration = Duration::from_millis(200);
 const PROGRESS_PERIOD: Duration = Duration::from_millis(250);
 /// How much of the latest output a progress frame carries.
 const PROGRESS_TAIL_BYTES: usize = 2_048;
+/// Bound on the sweep for the call's marked processes once it ended.
+const SWEEP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why the group was killed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,10 +60,13 @@ pub(super) async fn run(input: &Map<String, Value>, ctx: &mut ToolContext) -> To
         clamp.min(started + Duration::from_millis(timeout_ms))
     });
 
+    let call = ctx.owner.new_call();
     let spawned = Command::new("bash")
         .arg("-c")
         .arg(command)
         .current_dir(&ctx.workdir)
+        .env(OWNER_VAR, ctx.owner.as_str())
+        .env(CALL_VAR, &call)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -73,8 +84,12 @@ pub(super) async fn run(input: &Map<String, Value>, ctx: &mut ToolContext) -> To
             return ToolOutcome::Failed { content: format!("could not start bash: {err}") };
         }
     };
-    let mut group = GroupGuard(child.id().and_then(|pid| i32::try_from(pid).ok()).map(Pid::from_raw));
+    let mut processes = CallProcesses {
+        group: child.id().and_then(|pid| i32::try_from(pid).ok()).map(Pid::from_raw),
+        call: Some(call),
+    };
     let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        processes.end().await;
         return ToolOutcome::Failed { content: "could not capture the output of bash".to_owned() };
     };
 
@@ -102,15 +117,20 @@ pub(super) async fn run(input: &Map<String, Value>, ctx: &mut ToolContext) -> To
             },
             exited = child.wait(), if status.is_none() => {
                 status = Some(exited);
+                // What the shell left running in its group dies with it; what it wrote is still
+                // in the pipes. The shell is reaped, so its id may be reused: the group is not
+                // signalled again.
+                processes.kill_group();
+                processes.group = None;
                 drain_until = Some(Instant::now() + PIPE_DRAIN_GRACE);
             }
             () = tokio::time::sleep_until(kill_at), if killed.is_none() => {
                 killed = Some(Killed::Timeout);
-                group.kill();
+                processes.kill_group();
             }
             reason = ctx.stopped(), if killed.is_none() => {
                 killed = Some(Killed::Stopped(reason));
-                group.kill();
+                processes.kill_group();
             }
             () = sleep_until_opt(drain_until) => break,
             _ = progress.tick(), if ctx.claim.is_some() => {
@@ -123,11 +143,7 @@ pub(super) async fn run(input: &Map<String, Value>, ctx: &mut ToolContext) -> To
             }
         }
     }
-    if status.is_some() {
-        // The shell is gone and was reaped; whatever it left running in the background is not
-        // ours to kill unless the run itself was killed (already done above).
-        group.disarm();
-    }
+    processes.end().await;
     render(status, killed, timeout_ms, &out, &err)
 }
 
@@ -222,26 +238,44 @@ impl Capture {
     }
 }
 
-/// Kills the command's process group when dropped while the shell may still be running, so a
-/// dropped tool future leaves no processes behind.
-struct GroupGuard(Option<Pid>);
+/// What one call started: the shell's process group and the call's mark. Ended (group and
+/// marked processes killed) when the call ends, or when dropped while the call may still run,
+/// so a dropped tool future leaves no processes behind either.
+struct CallProcesses {
+    group: Option<Pid>,
+    /// The call's mark ([`CALL_VAR`]); `None` once swept.
+    call: Option<String>,
+}
 
-impl GroupGuard {
-    fn kill(&self) {
-        if let Some(group) = self.0 {
+impl CallProcesses {
+    fn kill_group(&self) {
+        if let Some(group) = self.group {
             // ESRCH: the group is already gone.
             let _ = killpg(group, Signal::SIGKILL);
         }
     }
 
-    fn disarm(&mut self) {
-        self.0 = None;
+    /// Kills the group and every process carrying the call's mark, off the runtime's threads.
+    async fn end(&mut self) {
+        self.kill_group();
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        let sweep = tokio::task::spawn_blocking(move || kill_marked(CALL_VAR, &call));
+        match tokio::time::timeout(SWEEP_TIMEOUT, sweep).await {
+            Ok(Ok(killed)) if killed > 0 => tracing::debug!(killed, "killed what the command left outside its group"),
+            Ok(_) => {}
+            Err(_) => tracing::warn!("the sweep for what the command left behind did not finish in time"),
+        }
     }
 }
 
-impl Drop for GroupGuard {
+impl Drop for CallProcesses {
     fn drop(&mut self) {
-        self.kill();
+        self.kill_group();
+        if let Some(call) = self.call.take() {
+            kill_marked(CALL_VAR, &call);
+        }
     }
 }
 
@@ -252,6 +286,7 @@ mod tests {
     use tokio::sync::watch;
 
     use super::*;
+    use crate::tools::reap::Owner;
 
     fn context(workdir: &Path, bash_timeout_ms: u64) -> (watch::Sender<Option<StopReason>>, ToolContext) {
         let (stop_tx, stop) = watch::channel(None);
@@ -262,6 +297,7 @@ mod tests {
             clamp_at: None,
             stop,
             claim: None,
+            owner: Owner::of_state_dir(workdir),
         };
         (stop_tx, ctx)
     }
@@ -366,16 +402,59 @@ mod tests {
         assert!(content.contains(&format!("[stdout cut: showing the first {OUTPUT_CAP_BYTES} of 300008 bytes]")));
     }
 
+    /// The pids a script wrote to `file`, one a line.
+    fn pids(workdir: &Path, file: &str) -> Vec<i32> {
+        let text = std::fs::read_to_string(workdir.join(file)).unwrap();
+        text.lines().map(|line| line.trim().parse().unwrap()).collect()
+    }
+
+    async fn wait_dead(pids: &[i32], what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        for pid in pids {
+            while !process_is_dead(*pid) {
+                assert!(tokio::time::Instant::now() < deadline, "{what}: process {pid} survived");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+
+    /// Starts one background process in the shell's group and one in a session of its own, and
+    /// records both pids in `bg.pid`.
+    const BACKGROUND: &str = "sleep 1000 & echo $! > bg.pid; setsid sleep 1000 & echo $! >> bg.pid;";
+
     #[tokio::test]
-    async fn bash_does_not_wait_for_background_processes_after_the_shell_exits() {
+    async fn background_processes_die_with_the_call_without_holding_its_result() {
         let (_dir, workdir) = workdir();
         let started = tokio::time::Instant::now();
-        let (_, structured, is_error) =
-            bash(&workdir, json!({"command": "sleep 30 & echo $! > bg.pid; echo fg"}), 60_000).await;
+        let command = format!("{BACKGROUND} echo fg");
+        let (_, structured, is_error) = bash(&workdir, json!({ "command": command }), 60_000).await;
         assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
         assert!(!is_error);
         assert_eq!(structured["stdout"], "fg\n");
-        let pid: i32 = std::fs::read_to_string(workdir.join("bg.pid")).unwrap().trim().parse().unwrap();
-        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        let background = pids(&workdir, "bg.pid");
+        assert_eq!(background.len(), 2);
+        wait_dead(&background, "after the call ended").await;
+
+        // The same after a timeout.
+        let command = format!("{BACKGROUND} sleep 1000");
+        let (content, _, _) = bash(&workdir, json!({ "command": command, "timeout_ms": 300 }), 60_000).await;
+        assert_eq!(content, "the command was killed after its timeout of 300 ms");
+        wait_dead(&pids(&workdir, "bg.pid"), "after the timeout").await;
+    }
+
+    #[tokio::test]
+    async fn a_dropped_call_leaves_no_processes_behind() {
+        let (_dir, workdir) = workdir();
+        let (_stop, mut ctx) = context(&workdir, 600_000);
+        let input = json!({ "command": format!("{BACKGROUND} echo ready > ready; sleep 1000") });
+        let call = tokio::spawn(async move { run(input.as_object().unwrap(), &mut ctx).await });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !workdir.join("ready").exists() {
+            assert!(tokio::time::Instant::now() < deadline, "the command never started");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        call.abort();
+        assert!(call.await.unwrap_err().is_cancelled());
+        wait_dead(&pids(&workdir, "bg.pid"), "after the call was dropped").await;
     }
 }

@@ -18,6 +18,7 @@ mod models;
 mod pressure;
 mod quickstart;
 mod round_driver;
+mod runner_tools;
 mod store;
 mod tls;
 mod transcript;
