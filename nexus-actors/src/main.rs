@@ -198,26 +198,10 @@ fn main() -> std::process::ExitCode {
     match runtime.block_on(run()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {}", one_message(&error));
+            eprintln!("error: {}", nexus_proto::error::one_line(error.as_ref()));
             std::process::ExitCode::FAILURE
         }
     }
-}
-
-/// The error and its causes, joined by `: `, leaving out a cause whose text the message already
-/// holds (many errors quote their source in their own message).
-fn one_message(error: &anyhow::Error) -> String {
-    let mut message = String::new();
-    for cause in error.chain() {
-        let text = cause.to_string();
-        if !message.contains(&text) {
-            if !message.is_empty() {
-                message.push_str(": ");
-            }
-            message.push_str(&text);
-        }
-    }
-    message
 }
 
 async fn run() -> anyhow::Result<()> {

@@ -269,8 +269,47 @@ impl ErrorCode {
     }
 }
 
+/// An error and its causes on one line, joined by `: `, leaving out a cause whose text the line
+/// already holds (many errors quote their source in their own message): what both binaries print
+/// after `error: ` when they stop on a refusal, never a backtrace.
+pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = String::new();
+    let mut cause = Some(error);
+    while let Some(current) = cause {
+        let text = current.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+        cause = current.source();
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn one_line_names_each_cause_once() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error, bool);
+        impl fmt::Display for Outer {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                if self.1 { write!(f, "cannot read a.toml: {}", self.0) } else { write!(f, "cannot read a.toml") }
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let quoting = Outer(std::io::Error::other("denied"), true);
+        assert_eq!(super::one_line(&quoting), "cannot read a.toml: denied");
+        let plain = Outer(std::io::Error::other("denied"), false);
+        assert_eq!(super::one_line(&plain), "cannot read a.toml: denied");
+    }
+
     use super::*;
 
     #[test]

@@ -70,11 +70,24 @@ struct Cli {
 /// exits anyway.
 const EXIT_GRACE: Duration = Duration::from_secs(1);
 
-fn main() -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start tokio")?;
-    let outcome = runtime.block_on(serve());
-    runtime.shutdown_timeout(EXIT_GRACE);
-    outcome
+/// Runs the agent; a failure prints `error: ` and its causes on one line (never a backtrace,
+/// whatever `RUST_BACKTRACE` says) and exits 1.
+fn main() -> std::process::ExitCode {
+    let outcome = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => {
+            let outcome = runtime.block_on(serve());
+            runtime.shutdown_timeout(EXIT_GRACE);
+            outcome
+        }
+        Err(error) => Err(anyhow::Error::new(error).context("cannot start tokio")),
+    };
+    match outcome {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {}", nexus_proto::error::one_line(error.as_ref()));
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
 
 async fn serve() -> anyhow::Result<()> {

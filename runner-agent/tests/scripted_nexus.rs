@@ -456,13 +456,17 @@ async fn a_second_agent_on_a_held_state_dir_stops_at_once() {
         .arg(&nexus.config.workdir)
         .arg("--state-dir")
         .arg(&nexus.config.state_dir)
-        .env("RUST_BACKTRACE", "0")
+        // An operator who exported it for another program still gets the message alone.
+        .env("RUST_BACKTRACE", "1")
         .output()
         .unwrap();
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(1));
     assert!(started.elapsed() < PATIENCE);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(&format!("pid {}", std::process::id())), "{stderr}");
+    let last = stderr.trim_end().lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: ") && last.contains("pid"), "the refusal is the last line: {stderr}");
+    assert!(!stderr.to_lowercase().contains("backtrace"), "no backtrace after a refusal: {stderr}");
     assert!(nexus.connections.try_recv().is_err(), "the second agent never connected");
 
     stop.send(()).unwrap();
