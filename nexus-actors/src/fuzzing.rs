@@ -358,4 +358,16 @@ mod tests {
         let frames = [frame(1, Frame::Claim(claim)), frame(2, Frame::Commit(commit)), frame(3, Frame::Batch(batch))];
         assert_eq!(runner_frames(&stream(&frames)), 3);
     }
+
+    /// The inputs kept in `fuzz/regressions/`, each a finding fixed at its root: the properties
+    /// hold on them, and each reaches past its parse.
+    #[test]
+    fn regressions_hold() {
+        // `*` + 30,000 `a` + `b` against 60 KB of `a`: 1.8e9 backtracking steps before the glob
+        // matcher was bounded (`approval::tests::glob_work_is_bounded_on_hostile_rules`).
+        assert!(profile_put(include_bytes!("../../fuzz/regressions/configuration/glob_backtracking")));
+        // 2,000 `{{input}}` against the script's own 18 KB text: a 36 MB answer before the render
+        // was bounded (`scripted::tests::a_render_over_its_bound_is_provider_error`).
+        assert!(scripted_script(include_bytes!("../../fuzz/regressions/scripted_script/render_amplification")));
+    }
 }
