@@ -159,7 +159,9 @@ fn task_keys(frame: &Frame) -> Vec<&str> {
         Frame::Extend(e) => vec![e.task_key.as_str()],
         Frame::Commit(c) => vec![c.task_key.as_str()],
         Frame::Progress(p) => vec![p.task_key.as_str()],
-        Frame::Batch(batch) => batch.frames.iter().filter_map(|inner| inner.frame.as_ref()).flat_map(task_keys).collect(),
+        Frame::Batch(batch) => {
+            batch.frames.iter().filter_map(|inner| inner.frame.as_ref()).flat_map(task_keys).collect()
+        }
         _ => Vec::new(),
     }
 }
