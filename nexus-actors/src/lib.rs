@@ -16,6 +16,8 @@ pub mod clock;
 pub mod config;
 pub mod declaration;
 pub mod doors;
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(test)]
 mod layers;
 pub mod model;

@@ -478,7 +478,7 @@ async fn read(
 /// The requests `frames` carry, in order, each with the request id its answer repeats (a frame
 /// refused here keeps its place as its refusal); and whether any came in a `RunnerBatch`, whose
 /// answers then go back in one `NexusBatch`.
-fn decode(frames: Vec<RunnerFrame>) -> (Requests, bool) {
+pub(crate) fn decode(frames: Vec<RunnerFrame>) -> (Requests, bool) {
     let mut requests = Vec::with_capacity(frames.len());
     let mut batched = false;
     for frame in frames {

@@ -817,9 +817,7 @@ async fn attach(state: &mut ExecutorState, stream: Attach) -> Result<(), Refusal
 }
 
 async fn announce(state: &mut ExecutorState, body_json: &str) -> Result<Frame, Refusal> {
-    let body: Value = serde_json::from_str(body_json)
-        .map_err(|e| Refusal::new(ErrorCode::ParameterMissing, format!("the announcement is not JSON: {e}")))?;
-    let canonical = crate::declaration::announcement::validate(&body)?;
+    let canonical = crate::declaration::announcement::validate_json(body_json)?;
     state.fabric.store.set_announcement(state.row.public_id, &canonical).await.map_err(internal)?;
     state.row.announcement = canonical;
     state.row.announced_at = Some(state.fabric.clock.now_ms());
@@ -894,11 +892,13 @@ fn token_matches(task: &TaskRow, token: &str) -> bool {
 /// Whether a claim token was granted under the runner's current credential epoch (tokens are
 /// `e<epoch>.<random>`); a re-paired runner's older claims are fenced.
 fn token_current(state: &ExecutorState, token: &str) -> bool {
-    token
-        .strip_prefix('e')
-        .and_then(|rest| rest.split_once('.'))
-        .and_then(|(epoch, _)| epoch.parse::<i64>().ok())
-        .is_some_and(|epoch| epoch == state.row.credential_epoch)
+    token_epoch(token) == Some(state.row.credential_epoch)
+}
+
+/// The credential epoch a claim token names (`e<epoch>.<random>`), or `None` for a token of
+/// another shape.
+pub(crate) fn token_epoch(token: &str) -> Option<i64> {
+    token.strip_prefix('e').and_then(|rest| rest.split_once('.')).and_then(|(epoch, _)| epoch.parse::<i64>().ok())
 }
 
 /// What one request decided: its answer now, or a row change whose answer waits until the
@@ -1130,12 +1130,7 @@ fn progress(state: &mut ExecutorState, id: TaskId, token: &str, frame_json: &str
     if !token_matches(task, token) || !token_current(state, token) {
         return Err(Refusal::new(ErrorCode::NotClaimant, "this token does not hold the claim"));
     }
-    if frame_json.len() > PROGRESS_FRAME_BOUND {
-        return Err(Refusal::new(ErrorCode::FrameTooLarge, "progress frames are at most 65536 bytes"));
-    }
-    if !serde_json::from_str::<Value>(frame_json).is_ok_and(|v| v.is_object()) {
-        return Err(Refusal::new(ErrorCode::InvalidFrame, "a progress frame is a JSON object"));
-    }
+    check_progress_frame(frame_json)?;
     // Accepted always; frames closer than 250 ms per key are dropped silently and nothing is
     // stored.
     let now = state.fabric.clock.now_ms();
@@ -1145,6 +1140,21 @@ fn progress(state: &mut ExecutorState, id: TaskId, token: &str, frame_json: &str
         tracing::debug!(run_id = %id.0, task_key = %id.1, "progress");
     }
     Ok(Frame::ProgressAccepted(ProgressAccepted {}))
+}
+
+/// A progress frame's own rules, once its claim is checked: at most [`PROGRESS_FRAME_BOUND`]
+/// bytes, and a JSON object (`docs/protocol.md`, "Progress").
+///
+/// # Errors
+/// `frame_too_large` over the bound; `invalid_frame` for anything but a JSON object.
+pub(crate) fn check_progress_frame(frame_json: &str) -> Result<(), Refusal> {
+    if frame_json.len() > PROGRESS_FRAME_BOUND {
+        return Err(Refusal::new(ErrorCode::FrameTooLarge, "progress frames are at most 65536 bytes"));
+    }
+    if !serde_json::from_str::<Value>(frame_json).is_ok_and(|v| v.is_object()) {
+        return Err(Refusal::new(ErrorCode::InvalidFrame, "a progress frame is a JSON object"));
+    }
+    Ok(())
 }
 
 /// Settles an open task on its own (an expiry, a cancel, a revoked runner): durable first, then

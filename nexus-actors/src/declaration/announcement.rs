@@ -77,6 +77,17 @@ pub fn validate(body: &Value) -> Result<Value, Refusal> {
     Ok(json!({"tools": tools_value, "environment": environment, "documents": documents}))
 }
 
+/// Parses a runner's `Announce.body_json` and validates it ([`validate`]): what the executor
+/// runs on every announce frame.
+///
+/// # Errors
+/// 400 `parameter_missing` when the text is not JSON; otherwise as [`validate`].
+pub fn validate_json(body_json: &str) -> Result<Value, Refusal> {
+    let body: Value = serde_json::from_str(body_json)
+        .map_err(|e| Refusal::new(ErrorCode::ParameterMissing, format!("the announcement is not JSON: {e}")))?;
+    validate(&body)
+}
+
 fn validate_tool(i: usize, tool: &Value, seen: &mut HashSet<String>) -> Result<Value, Refusal> {
     let path = format!("tools[{i}]");
     let Some(tool) = tool.as_object() else {

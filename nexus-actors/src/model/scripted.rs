@@ -44,7 +44,8 @@
 //!
 //! A `{{…}}` that is none of these is refused when the script is parsed; `{{` without a closing
 //! `}}` is literal text. A missing tool result is `provider_error` at answer time; a result without
-//! the field (a failed, denied or timed-out call's text) is read whole.
+//! the field (a failed, denied or timed-out call's text) is read whole. A rendered text longer than
+//! [`RENDER_BOUND`] (1 MiB) is `provider_error` too, found before it is built.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -271,12 +272,30 @@ fn last_input(messages: &[ChatMessage]) -> &str {
         .unwrap_or("")
 }
 
+/// The longest text a `final` round renders, in bytes (1 MiB): placeholders repeat transcript
+/// text, so a short script could otherwise multiply a long input into gigabytes.
+pub const RENDER_BOUND: usize = 1 << 20;
+
+/// Appends `piece` to the rendered text, or refuses once the text would pass [`RENDER_BOUND`].
+fn push_bounded(out: &mut String, piece: &str, round_index: usize) -> Result<(), ModelError> {
+    if out.len() + piece.len() > RENDER_BOUND {
+        return Err(ModelError::Provider {
+            message: format!(
+                "script round {round_index} renders more than {RENDER_BOUND} bytes; use fewer placeholders in its final text"
+            ),
+        });
+    }
+    out.push_str(piece);
+    Ok(())
+}
+
 fn render(segments: &[Segment], messages: &[ChatMessage], round_index: usize) -> Result<String, ModelError> {
     let mut out = String::new();
+    let out = &mut out;
     for segment in segments {
         match segment {
-            Segment::Text(text) => out.push_str(text),
-            Segment::Input => out.push_str(last_input(messages)),
+            Segment::Text(text) => push_bounded(out, text, round_index)?,
+            Segment::Input => push_bounded(out, last_input(messages), round_index)?,
             Segment::Tool { id, field } => {
                 let content = messages
                     .iter()
@@ -291,18 +310,18 @@ fn render(segments: &[Segment], messages: &[ChatMessage], round_index: usize) ->
                         ),
                     })?;
                 match field {
-                    None => out.push_str(content.trim()),
+                    None => push_bounded(out, content.trim(), round_index)?,
                     // A result without the field (a failure, a denial, a timeout) is read whole, as
                     // a model would read it.
                     Some(field) => match tool_field(content, field) {
-                        Some(value) => out.push_str(value.trim()),
-                        None => out.push_str(content.trim()),
+                        Some(value) => push_bounded(out, value.trim(), round_index)?,
+                        None => push_bounded(out, content.trim(), round_index)?,
                     },
                 }
             }
         }
     }
-    Ok(out)
+    Ok(std::mem::take(out))
 }
 
 /// One field of a tool result: from a JSON object, else from `name: value` / `name:\n<block>`
@@ -621,6 +640,20 @@ line two] err=[oops] all=[{"n": 7, "s": " x "}] {{ literal"#
             };
             assert_eq!(actual, kind, "{name}");
         }
+    }
+
+    /// A 20 KB script of `{{input}}` against a 1 KB input would render 2 MB (and a 1 MiB input
+    /// 2 GiB): the render stops at its bound with `provider_error` before building it.
+    #[test]
+    fn a_render_over_its_bound_is_provider_error() {
+        let placeholders = "{{input}}".repeat(2_000);
+        let script = Script::from_json(&json!({"rounds": [{"final": placeholders}]}).to_string()).expect("parses");
+        let error = script.respond(&[user(&"x".repeat(1_000))]).expect_err("over the bound");
+        assert_eq!(error.key(), "provider_error");
+        let ModelError::Provider { message } = error else { panic!("provider_error") };
+        assert!(message.starts_with("script round 0 renders more than 1048576 bytes"), "{message}");
+        let at_bound = script.respond(&[user(&"x".repeat(RENDER_BOUND / 2_000))]).expect("within the bound");
+        assert_eq!(at_bound.text.map(|text| text.len()), Some(RENDER_BOUND / 2_000 * 2_000));
     }
 
     #[test]
