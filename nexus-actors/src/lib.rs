@@ -93,6 +93,8 @@ pub struct RunningServer {
     pub api: Arc<Api>,
     /// Whether the port speaks TLS.
     pub tls: bool,
+    /// The port's open connections under their rules (`[connections]`).
+    pub sockets: Arc<doors::sockets::Sockets>,
     shutdown: Option<oneshot::Sender<()>>,
     transport: JoinHandle<Result<(), tonic::transport::Error>>,
     /// Held for the server's life: one nexus per data dir.
@@ -215,6 +217,7 @@ pub async fn start_with_models(
     } else {
         routes.add_service(runner_service)
     };
+    let sockets = doors::sockets::Sockets::from_config(&fabric.config.connections);
     let routes = routes
         .add_service(
             // An execution's JSON carries its task results (each at most 1 MB), so answers may be
@@ -226,6 +229,11 @@ pub async fn start_with_models(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
+    // Outermost, so that every door (gRPC, HTTP, health, reflection, the fallback) counts its
+    // requests on their connection.
+    let routes = Routes::from(
+        routes.into_axum_router().layer(axum::middleware::from_fn_with_state(sockets.clone(), doors::sockets::track)),
+    );
 
     let addr = listener.local_addr()?;
     let runner = &fabric.config.runner;
@@ -242,19 +250,22 @@ pub async fn start_with_models(
     // accepted socket, the TLS one before its handshake.
     let tls = acceptor.is_some();
     let transport = match acceptor {
-        Some(acceptor) => {
-            tokio::spawn(router.serve_with_incoming_shutdown(acceptor.incoming(listener), stop_accepting))
-        }
-        None => tokio::spawn(router.serve_with_incoming_shutdown(doors::accept::plaintext(listener), stop_accepting)),
+        Some(acceptor) => tokio::spawn(
+            router.serve_with_incoming_shutdown(acceptor.incoming(listener, sockets.clone()), stop_accepting),
+        ),
+        None => tokio::spawn(
+            router.serve_with_incoming_shutdown(doors::accept::plaintext(listener, sockets.clone()), stop_accepting),
+        ),
     };
     tracing::info!(
         %addr,
         tls,
+        max_connections = sockets.cap(),
         data_dir = %fabric.config.data_dir.display(),
         store = fabric.store.backend().as_str(),
         "nexus serving gRPC and HTTP"
     );
-    Ok(RunningServer { addr, api, tls, shutdown: Some(shutdown_tx), transport, _data_dir_lock: data_dir_lock })
+    Ok(RunningServer { addr, api, tls, sockets, shutdown: Some(shutdown_tx), transport, _data_dir_lock: data_dir_lock })
 }
 
 /// Takes the data dir's exclusive lock (`DIR/nexus.lock`): two servers on one store would both

@@ -91,6 +91,9 @@ pub struct ConnectionArgs {
     pub inbound: tonic::Streaming<RunnerFrame>,
     /// Frames to the runner.
     pub outbound: Outbound,
+    /// The stream's connection, marked authenticated once a Hello is accepted (so that it is
+    /// never shed for the connection cap); `None` when the stream came from no socket.
+    pub socket: Option<crate::doors::sockets::Socket>,
 }
 
 /// Where an attached stream's frames go, handed to the reader once its Hello is through.
@@ -126,6 +129,7 @@ pub struct ConnectionState {
     nonce: u64,
     reader: JoinHandle<()>,
     ticker: JoinHandle<()>,
+    socket: Option<crate::doors::sockets::Socket>,
 }
 
 /// The ConnectionActor.
@@ -202,6 +206,7 @@ impl Actor for ConnectionActor {
             nonce: 0,
             reader,
             ticker,
+            socket: args.socket,
         })
     }
 
@@ -366,6 +371,9 @@ fn hello_done(
             return;
         }
     };
+    if let Some(socket) = &state.socket {
+        socket.authenticated();
+    }
     let executor = state.root.executor(runner);
     state.standing = Standing::Attached { executor: executor.clone(), credential_epoch };
     let route = Route { executor, conn_id: state.id };

@@ -57,6 +57,7 @@ impl RunnerService for RunnerGrpc {
             root: self.api.root.clone(),
             inbound: request.into_inner(),
             outbound,
+            socket: crate::doors::sockets::current(),
         };
         ractor::Actor::spawn_linked(None, ConnectionActor, args, self.api.root.cell())
             .await
