@@ -71,17 +71,15 @@ pub enum ServeError {
     /// The listener has no local address.
     #[error("listener: {0}")]
     Io(#[from] std::io::Error),
-    /// Another nexus serves the same data dir.
-    #[error("the data dir {0} is in use by another nexus; stop it or choose another --data-dir")]
-    DataDirInUse(std::path::PathBuf),
-    /// The data dir cannot be created or locked.
-    #[error("cannot use the data dir {path}: {source}")]
-    DataDir {
-        /// The data dir.
-        path: std::path::PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    /// Another node serves the same store, or its lock cannot be taken (`store::lock`).
+    #[error(transparent)]
+    StoreInUse(#[from] store::LockError),
+    /// The database lock's connection was lost while serving: the node stopped rather than
+    /// serve unlocked (`store::lock`). Start it again once the database is reachable.
+    #[error(
+        "lost the database lock ({0}); stopped serving so that no node runs unlocked: start nexus again once the database is reachable"
+    )]
+    StoreLockLost(String),
 }
 
 /// A server running in this process.
@@ -97,8 +95,8 @@ pub struct RunningServer {
     pub sockets: Arc<doors::sockets::Sockets>,
     shutdown: Option<oneshot::Sender<()>>,
     transport: JoinHandle<Result<(), tonic::transport::Error>>,
-    /// Held for the server's life: one nexus per data dir.
-    _data_dir_lock: std::fs::File,
+    /// Held for the server's life: one node per store.
+    lock: store::ServeLock,
 }
 
 impl RunningServer {
@@ -108,7 +106,14 @@ impl RunningServer {
         format!("{scheme}://{}", self.addr)
     }
 
-    /// Stops accepting, drains the transport, then stops every actor.
+    /// Resolves when the server lost its database lock (PostgreSQL only), with why: by then it
+    /// has stopped its actors and stopped accepting; [`RunningServer::shutdown`] finishes.
+    pub fn lock_lost(&self) -> impl Future<Output = String> + Send + 'static {
+        self.lock.lost()
+    }
+
+    /// Stops accepting, drains the transport, stops every actor, then releases the store's
+    /// locks (a node started next takes them at once).
     ///
     /// # Errors
     /// [`ServeError::Transport`] when the transport ended with an error.
@@ -121,7 +126,7 @@ impl RunningServer {
         self.api.fabric.closing.send_replace(true);
         let transport = tokio::time::timeout(Duration::from_secs(10), &mut self.transport).await;
         self.api.root.stop();
-        match transport {
+        let ended = match transport {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(e))) => Err(ServeError::Transport(e.to_string())),
             Ok(Err(e)) => Err(ServeError::Transport(e.to_string())),
@@ -129,7 +134,9 @@ impl RunningServer {
                 self.transport.abort();
                 Ok(())
             }
-        }
+        };
+        self.lock.release().await;
+        ended
     }
 }
 
@@ -157,7 +164,9 @@ pub async fn start_with_models(
     install_crypto_provider();
     // Bad TLS files fail before the store is touched.
     let acceptor = Acceptor::from_config(&config.tls)?;
-    let data_dir_lock = lock_data_dir(&config.data_dir)?;
+    let addr = listener.local_addr()?;
+    // Before the store is opened: a refused node changes nothing, not even the schema.
+    let lock = store::ServeLock::acquire(&config.data_dir, &config.store, addr).await?;
     let store = Store::connect(&config.data_dir, &config.store).await?.with_clock(clock.clone());
     let models = match models {
         Some(models) => models,
@@ -235,11 +244,22 @@ pub async fn start_with_models(
         routes.into_axum_router().layer(axum::middleware::from_fn_with_state(sockets.clone(), doors::sockets::track)),
     );
 
-    let addr = listener.local_addr()?;
     let runner = &fabric.config.runner;
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    let stop_accepting = async {
-        let _ = shutdown_rx.await;
+    let lock_lost = lock.lost();
+    let stop_accepting = {
+        let (root, fabric) = (api.root.clone(), fabric.clone());
+        async move {
+            tokio::select! {
+                _ = shutdown_rx => {}
+                reason = lock_lost => {
+                    // Unlocked, another node may take the store: stop writing first, then accepting.
+                    tracing::error!(reason, "lost the database lock; stopping");
+                    root.stop();
+                    fabric.closing.send_replace(true);
+                }
+            }
+        }
     };
     let router = tonic::transport::Server::builder()
         .accept_http1(true)
@@ -265,42 +285,36 @@ pub async fn start_with_models(
         store = fabric.store.backend().as_str(),
         "nexus serving gRPC and HTTP"
     );
-    Ok(RunningServer { addr, api, tls, sockets, shutdown: Some(shutdown_tx), transport, _data_dir_lock: data_dir_lock })
+    Ok(RunningServer { addr, api, tls, sockets, shutdown: Some(shutdown_tx), transport, lock })
 }
 
-/// Takes the data dir's exclusive lock (`DIR/nexus.lock`): two servers on one store would both
-/// expire tasks and run rounds. `nexus admin` writes without it, beside a running server.
-/// With a PostgreSQL store the lock still guards only the data dir: nodes that share the
-/// database each run with their own data dir.
-fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, ServeError> {
-    let fail = |source| ServeError::DataDir { path: dir.to_owned(), source };
-    std::fs::create_dir_all(dir).map_err(fail)?;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join("nexus.lock"))
-        .map_err(fail)?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(ServeError::DataDirInUse(dir.to_owned())),
-        Err(std::fs::TryLockError::Error(e)) => Err(fail(e)),
-    }
-}
-
-/// Serves until `shutdown` resolves, then stops in order: stop accepting, drain, stop actors.
+/// Serves until `shutdown` resolves, then stops in order: stop accepting, drain, stop actors,
+/// release the store's locks. Also stops, with [`ServeError::StoreLockLost`], when the database
+/// lock's connection is lost.
 ///
 /// # Errors
-/// As [`start`] and [`RunningServer::shutdown`].
+/// As [`start`] and [`RunningServer::shutdown`]; [`ServeError::StoreInUse`] when another node
+/// serves the store.
 pub async fn serve(
     listener: TcpListener,
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let server = start(listener, config).await?;
-    shutdown.await;
-    tracing::info!("shutting down");
-    server.shutdown().await
+    let lost = tokio::select! {
+        () = shutdown => None,
+        reason = server.lock_lost() => Some(reason),
+    };
+    match lost {
+        None => {
+            tracing::info!("shutting down");
+            server.shutdown().await
+        }
+        Some(reason) => {
+            let _ = server.shutdown().await;
+            Err(ServeError::StoreLockLost(reason))
+        }
+    }
 }
 
 /// Brings back live work after a restart: each runner inbox with open tasks (their park clocks
