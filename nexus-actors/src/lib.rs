@@ -49,6 +49,24 @@ use crate::store::Store;
 /// The largest answer of the client API, in bytes (64 MiB).
 pub const AGENT_REPLY_BOUND: usize = 64 * 1024 * 1024;
 
+/// The listen backlog of [`listen`]: connections the kernel completes before nexus accepts them.
+/// Linux caps it at `net.core.somaxconn` (4096 by default). A flood of connections fills a short
+/// backlog while nexus is descheduled for a few milliseconds, and every connection attempt the
+/// kernel then drops waits a second for its SYN to be sent again, runners' and members' alike.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds the doors' listener on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, so that a
+/// restarted nexus binds beside its predecessor's closing connections).
+///
+/// # Errors
+/// When the address cannot be bound (in use, not local, not permitted).
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Why the server could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

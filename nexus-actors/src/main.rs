@@ -219,8 +219,7 @@ async fn main() -> anyhow::Result<()> {
             config.tls.key = tls_key.or(config.tls.key);
             config.tls.client_ca = tls_client_ca.or(config.tls.client_ca);
             config.validate()?;
-            let listener =
-                tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+            let listener = nexus_actors::listen(listen).with_context(|| format!("cannot listen on {listen}"))?;
             // SIGINT from a terminal, SIGTERM from systemd or a container runtime.
             let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             let shutdown = async move {

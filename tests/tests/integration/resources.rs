@@ -437,7 +437,8 @@ async fn a_node_that_loses_its_database_lock_stops_serving() {
     let (classid, objid) = nexus_actors::store::lock::ADVISORY_KEY;
     let terminated: Vec<bool> = sqlx::query_scalar(
         "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
-         AND classid::bigint = $1 AND objid::bigint = $2",
+         AND classid::bigint = $1 AND objid::bigint = $2 \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
     )
     .bind(i64::from(classid))
     .bind(i64::from(objid))
