@@ -224,10 +224,13 @@ async fn lock_database(url: &str, connect_timeout: Duration, addr: SocketAddr) -
     Ok(DatabaseLock { release: Some(release_tx), lost: lost_rx, task })
 }
 
+/// A lock holder's row: backend pid, `application_name`, client address, session start.
+type HolderRow = (i32, Option<String>, Option<String>, Option<String>);
+
 /// The session holding the lock, as `pg_stat_activity` shows it (a role without
 /// `pg_read_all_stats` sees less of another role's session).
 async fn holder(connection: &mut PgConnection) -> String {
-    let row: Result<Option<(i32, Option<String>, Option<String>, Option<String>)>, _> = sqlx::query_as(
+    let row: Result<Option<HolderRow>, _> = sqlx::query_as(
         "SELECT a.pid, a.application_name, host(a.client_addr), to_char(a.backend_start, 'YYYY-MM-DD HH24:MI:SS TZ') \
          FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
          WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
