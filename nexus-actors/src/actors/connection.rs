@@ -91,10 +91,14 @@ pub struct ConnectionArgs {
     pub inbound: tonic::Streaming<RunnerFrame>,
     /// Frames to the runner.
     pub outbound: Outbound,
-    /// The stream's connection, marked authenticated once a Hello is accepted (so that it is
-    /// never shed for the connection cap); `None` when the stream came from no socket.
-    pub socket: Option<crate::doors::sockets::Socket>,
+    /// Called once when a Hello is accepted: the door marks the stream's connection
+    /// authenticated, so that it is never shed for the connection cap (`docs/architecture.md`,
+    /// "Doors under pressure"). `None` when the stream came from no socket.
+    pub on_authenticated: Option<OnAuthenticated>,
 }
+
+/// What [`ConnectionArgs::on_authenticated`] runs.
+pub type OnAuthenticated = Box<dyn FnOnce() + Send>;
 
 /// Where an attached stream's frames go, handed to the reader once its Hello is through.
 struct Route {
@@ -129,7 +133,7 @@ pub struct ConnectionState {
     nonce: u64,
     reader: JoinHandle<()>,
     ticker: JoinHandle<()>,
-    socket: Option<crate::doors::sockets::Socket>,
+    on_authenticated: Option<OnAuthenticated>,
 }
 
 /// The ConnectionActor.
@@ -206,7 +210,7 @@ impl Actor for ConnectionActor {
             nonce: 0,
             reader,
             ticker,
-            socket: args.socket,
+            on_authenticated: args.on_authenticated,
         })
     }
 
@@ -371,8 +375,8 @@ fn hello_done(
             return;
         }
     };
-    if let Some(socket) = &state.socket {
-        socket.authenticated();
+    if let Some(authenticated) = state.on_authenticated.take() {
+        authenticated();
     }
     let executor = state.root.executor(runner);
     state.standing = Standing::Attached { executor: executor.clone(), credential_epoch };
