@@ -28,6 +28,8 @@ pub struct ServerConfig {
     pub execution: ExecutionConfig,
     /// Request budgets of the member doors (HTTP and gRPC).
     pub doors: DoorsConfig,
+    /// Bounds on the port's connections: how many, and how long each may stay silent.
+    pub connections: ConnectionsConfig,
     /// How long one actor waits for another's answer.
     pub actors: ActorsConfig,
     /// The model provider table (see README, "Model providers").
@@ -44,6 +46,7 @@ impl Default for ServerConfig {
             runner: RunnerStreamConfig::default(),
             execution: ExecutionConfig::default(),
             doors: DoorsConfig::default(),
+            connections: ConnectionsConfig::default(),
             actors: ActorsConfig::default(),
             providers: ProviderTable::default(),
             tls: TlsConfig::default(),
@@ -205,6 +208,83 @@ pub struct DoorsConfig {
 impl Default for DoorsConfig {
     fn default() -> Self {
         DoorsConfig { requests_per_minute: 1200, burst: 120 }
+    }
+}
+
+/// The default of `[connections] first_byte_timeout_ms`: 10 s from accept to the first byte.
+pub const FIRST_BYTE_TIMEOUT_MS: u64 = 10_000;
+/// The default of `[connections] request_head_timeout_ms`: 30 s from accept to a whole request.
+pub const REQUEST_HEAD_TIMEOUT_MS: u64 = 30_000;
+/// The default of `[connections] idle_timeout_ms`: 120 s without a request in flight.
+pub const IDLE_TIMEOUT_MS: u64 = 120_000;
+/// The largest `[connections] max_connections` that defaults to (and may be set): a million.
+pub const MAX_CONNECTIONS_BOUND: u32 = 1_000_000;
+
+/// Bounds on the connections of the one port, plaintext and TLS, HTTP/1 and HTTP/2 alike
+/// (`docs/architecture.md`, "Doors under pressure"). A connection is *authenticated* once one of
+/// its requests presented a valid credential (a member's bearer token, or a runner's Hello); the
+/// others are shed first when the cap is reached. The flag `--max-connections` (or
+/// `NEXUS_MAX_CONNECTIONS`) overrides `max_connections`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConnectionsConfig {
+    /// Most connections open at once, a count from 1 to 1000000. At the cap, a new connection
+    /// closes the oldest one that has not authenticated yet; when every open one has, the new
+    /// one is closed at once. Default: unset, which is three quarters of the process's
+    /// open-file limit (`ulimit -n`) read at start, the rest left to the store, the log and
+    /// files: 768 under the common limit of 1024, 15000 under 20000.
+    pub max_connections: Option<u32>,
+    /// A connection that sends no byte this long after it was accepted is closed, in
+    /// milliseconds. Default 10000.
+    pub first_byte_timeout_ms: u64,
+    /// A connection whose first request has not fully arrived this long after it was accepted
+    /// is closed, in milliseconds: the TLS handshake, the HTTP/2 preface and the request's head
+    /// all count (the HTTP/1 head of each later request is bounded to 30 s by the HTTP library
+    /// besides). At least `first_byte_timeout_ms`. Default 30000.
+    pub request_head_timeout_ms: u64,
+    /// A connection that has been served, with no request in flight for this long, is closed, in
+    /// milliseconds (a runner's stream and a followed event stream are requests in flight; a
+    /// keep-alive connection between requests is not). Default 120000.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for ConnectionsConfig {
+    fn default() -> Self {
+        ConnectionsConfig {
+            max_connections: None,
+            first_byte_timeout_ms: FIRST_BYTE_TIMEOUT_MS,
+            request_head_timeout_ms: REQUEST_HEAD_TIMEOUT_MS,
+            idle_timeout_ms: IDLE_TIMEOUT_MS,
+        }
+    }
+}
+
+impl ConnectionsConfig {
+    /// The cap in force: `max_connections`, else three quarters of `open_file_limit` (the soft
+    /// `RLIMIT_NOFILE`; `None` when it cannot be read, taken as 1024), at least 1 and at most
+    /// [`MAX_CONNECTIONS_BOUND`].
+    pub fn cap(&self, open_file_limit: Option<u64>) -> usize {
+        let derived = || {
+            let limit = open_file_limit.unwrap_or(1024);
+            let cap = limit.saturating_mul(3) / 4;
+            u32::try_from(cap).unwrap_or(u32::MAX).clamp(1, MAX_CONNECTIONS_BOUND)
+        };
+        usize::try_from(self.max_connections.unwrap_or_else(derived)).unwrap_or(usize::MAX)
+    }
+
+    /// The first-byte bound as a duration.
+    pub fn first_byte_timeout(&self) -> Duration {
+        Duration::from_millis(self.first_byte_timeout_ms.max(1))
+    }
+
+    /// The request-head bound as a duration.
+    pub fn request_head_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_head_timeout_ms.max(1))
+    }
+
+    /// The idle bound as a duration.
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms.max(1))
     }
 }
 
@@ -406,6 +486,25 @@ impl ServerConfig {
         if self.doors.requests_per_minute == 0 || self.doors.burst == 0 {
             return invalid("doors", "requests_per_minute and burst must be positive");
         }
+        let connections = &self.connections;
+        if connections.max_connections.is_some_and(|max| !(1..=MAX_CONNECTIONS_BOUND).contains(&max)) {
+            return invalid("connections.max_connections", "must be from 1 to 1000000 (unset: 3/4 of `ulimit -n`)");
+        }
+        for (field, ms) in [
+            ("connections.first_byte_timeout_ms", connections.first_byte_timeout_ms),
+            ("connections.request_head_timeout_ms", connections.request_head_timeout_ms),
+            ("connections.idle_timeout_ms", connections.idle_timeout_ms),
+        ] {
+            if !(1..=TIMEOUT_BOUND_MS).contains(&ms) {
+                return invalid(field, "must be from 1 to 604800000 milliseconds (7 days)");
+            }
+        }
+        if connections.request_head_timeout_ms < connections.first_byte_timeout_ms {
+            return invalid(
+                "connections.request_head_timeout_ms",
+                "must be at least connections.first_byte_timeout_ms",
+            );
+        }
         let store = &self.store;
         if store.database_url.as_deref().is_some_and(|url| !crate::store::is_postgres_url(url)) {
             return invalid(
@@ -460,6 +559,7 @@ mod tests {
         assert_eq!(config.runner, RunnerStreamConfig::default());
         assert_eq!(config.execution, ExecutionConfig::default());
         assert_eq!(config.doors, DoorsConfig::default());
+        assert_eq!(config.connections, ConnectionsConfig::default());
         assert_eq!(config.tls, TlsConfig::default());
         assert_eq!(config.store, StoreConfig::default());
         assert!(!config.tls.enabled());
@@ -592,5 +692,36 @@ mod tests {
             }
         }
         assert!(scripted.models["slow"].script.is_some() && scripted.models["quickstart"].script.is_some());
+    }
+
+    #[test]
+    fn the_connection_cap_defaults_to_three_quarters_of_the_fd_limit_and_bounds_validate() {
+        let default = ConnectionsConfig::default();
+        assert_eq!(default.cap(Some(1024)), 768);
+        assert_eq!(default.cap(Some(20_000)), 15_000);
+        assert_eq!(default.cap(None), 768, "an unreadable limit reads as 1024");
+        assert_eq!(default.cap(Some(u64::MAX)), 1_000_000, "an unlimited process is bounded anyway");
+        assert_eq!(default.cap(Some(1)), 1);
+        let set = ConnectionsConfig { max_connections: Some(50), ..ConnectionsConfig::default() };
+        assert_eq!(set.cap(Some(20_000)), 50, "a configured cap wins");
+        let table = [
+            ("[connections]\nmax_connections = 100\nidle_timeout_ms = 5000\n", None),
+            ("[connections]\nfirst_byte_timeout_ms = 500\nrequest_head_timeout_ms = 500\n", None),
+            ("[connections]\nmax_connections = 0\n", Some("connections.max_connections")),
+            ("[connections]\nmax_connections = 1000001\n", Some("connections.max_connections")),
+            ("[connections]\nfirst_byte_timeout_ms = 0\n", Some("connections.first_byte_timeout_ms")),
+            ("[connections]\nidle_timeout_ms = 0\n", Some("connections.idle_timeout_ms")),
+            ("[connections]\nidle_timeout_ms = 604800001\n", Some("connections.idle_timeout_ms")),
+            ("[connections]\nrequest_head_timeout_ms = 5000\n", Some("connections.request_head_timeout_ms")),
+        ];
+        for (text, refused) in table {
+            let config = ServerConfig::from_toml(text).expect(text);
+            match (config.validate(), refused) {
+                (Ok(()), None) => {}
+                (Err(ConfigError::Invalid { field, .. }), Some(expected)) => assert_eq!(field, expected, "{text}"),
+                (other, _) => panic!("{text}: {other:?}"),
+            }
+        }
+        assert!(ServerConfig::from_toml("[connections]\nmax = 5\n").is_err(), "unknown keys are refused");
     }
 }

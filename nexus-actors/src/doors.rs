@@ -1,9 +1,10 @@
 //! The doors: [`api`] is the one client API that [`grpc`] and [`http`] serve on one port, in
 //! plaintext or over [`tls`]; the runner stream enters through [`grpc`] too. Both take their
-//! connections from [`accept`].
+//! connections from [`accept`], each under the connection rules of [`sockets`].
 
 pub(crate) mod accept;
 pub mod api;
 pub mod grpc;
 pub mod http;
+pub mod sockets;
 pub mod tls;

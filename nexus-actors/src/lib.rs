@@ -54,6 +54,24 @@ use crate::store::Store;
 /// tasks (2 MiB), or one event (a `round_result`'s text and at most 32 calls' inputs).
 pub const AGENT_REPLY_BOUND: usize = 4 * 1024 * 1024;
 
+/// The listen backlog of [`listen`]: connections the kernel completes before nexus accepts them.
+/// Linux caps it at `net.core.somaxconn` (4096 by default). A flood of connections fills a short
+/// backlog while nexus is descheduled for a few milliseconds, and every connection attempt the
+/// kernel then drops waits a second for its SYN to be sent again, runners' and members' alike.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds the doors' listener on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, so that a
+/// restarted nexus binds beside its predecessor's closing connections).
+///
+/// # Errors
+/// When the address cannot be bound (in use, not local, not permitted).
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Why the server could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -76,17 +94,15 @@ pub enum ServeError {
     /// The listener has no local address.
     #[error("listener: {0}")]
     Io(#[from] std::io::Error),
-    /// Another nexus serves the same data dir.
-    #[error("the data dir {0} is in use by another nexus; stop it or choose another --data-dir")]
-    DataDirInUse(std::path::PathBuf),
-    /// The data dir cannot be created or locked.
-    #[error("cannot use the data dir {path}: {source}")]
-    DataDir {
-        /// The data dir.
-        path: std::path::PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    /// Another node serves the same store, or its lock cannot be taken (`store::lock`).
+    #[error(transparent)]
+    StoreInUse(#[from] store::LockError),
+    /// The database lock's connection was lost while serving: the node stopped rather than
+    /// serve unlocked (`store::lock`). Start it again once the database is reachable.
+    #[error(
+        "lost the database lock ({0}); stopped serving so that no node runs unlocked: start nexus again once the database is reachable"
+    )]
+    StoreLockLost(String),
 }
 
 /// A server running in this process.
@@ -98,10 +114,12 @@ pub struct RunningServer {
     pub api: Arc<Api>,
     /// Whether the port speaks TLS.
     pub tls: bool,
+    /// The port's open connections under their rules (`[connections]`).
+    pub sockets: Arc<doors::sockets::Sockets>,
     shutdown: Option<oneshot::Sender<()>>,
     transport: JoinHandle<Result<(), tonic::transport::Error>>,
-    /// Held for the server's life: one nexus per data dir.
-    _data_dir_lock: std::fs::File,
+    /// Held for the server's life: one node per store.
+    lock: store::ServeLock,
 }
 
 impl RunningServer {
@@ -111,7 +129,14 @@ impl RunningServer {
         format!("{scheme}://{}", self.addr)
     }
 
-    /// Stops accepting, drains the transport, then stops every actor.
+    /// Resolves when the server lost its database lock (PostgreSQL only), with why: by then it
+    /// has stopped its actors and stopped accepting; [`RunningServer::shutdown`] finishes.
+    pub fn lock_lost(&self) -> impl Future<Output = String> + Send + 'static {
+        self.lock.lost()
+    }
+
+    /// Stops accepting, drains the transport, stops every actor, then releases the store's
+    /// locks (a node started next takes them at once).
     ///
     /// # Errors
     /// [`ServeError::Transport`] when the transport ended with an error.
@@ -124,7 +149,7 @@ impl RunningServer {
         self.api.fabric.closing.send_replace(true);
         let transport = tokio::time::timeout(Duration::from_secs(10), &mut self.transport).await;
         self.api.root.stop();
-        match transport {
+        let ended = match transport {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(e))) => Err(ServeError::Transport(e.to_string())),
             Ok(Err(e)) => Err(ServeError::Transport(e.to_string())),
@@ -132,7 +157,9 @@ impl RunningServer {
                 self.transport.abort();
                 Ok(())
             }
-        }
+        };
+        self.lock.release().await;
+        ended
     }
 }
 
@@ -160,7 +187,9 @@ pub async fn start_with_models(
     install_crypto_provider();
     // Bad TLS files fail before the store is touched.
     let acceptor = Acceptor::from_config(&config.tls)?;
-    let data_dir_lock = lock_data_dir(&config.data_dir)?;
+    let addr = listener.local_addr()?;
+    // Before the store is opened: a refused node changes nothing, not even the schema.
+    let lock = store::ServeLock::acquire(&config.data_dir, &config.store, addr).await?;
     let store = Store::connect(&config.data_dir, &config.store).await?.with_clock(clock.clone());
     let models = match models {
         Some(models) => models,
@@ -220,6 +249,7 @@ pub async fn start_with_models(
     } else {
         routes.add_service(runner_service)
     };
+    let sockets = doors::sockets::Sockets::from_config(&fabric.config.connections);
     let routes = routes
         .add_service(
             // Every reply fits a stock client's decoding limit; requests keep the frame bound.
@@ -230,12 +260,28 @@ pub async fn start_with_models(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
+    // Outermost, so that every door (gRPC, HTTP, health, reflection, the fallback) counts its
+    // requests on their connection.
+    let routes = Routes::from(
+        routes.into_axum_router().layer(axum::middleware::from_fn_with_state(sockets.clone(), doors::sockets::track)),
+    );
 
-    let addr = listener.local_addr()?;
     let runner = &fabric.config.runner;
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    let stop_accepting = async {
-        let _ = shutdown_rx.await;
+    let lock_lost = lock.lost();
+    let stop_accepting = {
+        let (root, fabric) = (api.root.clone(), fabric.clone());
+        async move {
+            tokio::select! {
+                _ = shutdown_rx => {}
+                reason = lock_lost => {
+                    // Unlocked, another node may take the store: stop writing first, then accepting.
+                    tracing::error!(reason, "lost the database lock; stopping");
+                    root.stop();
+                    fabric.closing.send_replace(true);
+                }
+            }
+        }
     };
     let router = tonic::transport::Server::builder()
         .accept_http1(true)
@@ -246,54 +292,51 @@ pub async fn start_with_models(
     // accepted socket, the TLS one before its handshake.
     let tls = acceptor.is_some();
     let transport = match acceptor {
-        Some(acceptor) => {
-            tokio::spawn(router.serve_with_incoming_shutdown(acceptor.incoming(listener), stop_accepting))
-        }
-        None => tokio::spawn(router.serve_with_incoming_shutdown(doors::accept::plaintext(listener), stop_accepting)),
+        Some(acceptor) => tokio::spawn(
+            router.serve_with_incoming_shutdown(acceptor.incoming(listener, sockets.clone()), stop_accepting),
+        ),
+        None => tokio::spawn(
+            router.serve_with_incoming_shutdown(doors::accept::plaintext(listener, sockets.clone()), stop_accepting),
+        ),
     };
     tracing::info!(
         %addr,
         tls,
+        max_connections = sockets.cap(),
         data_dir = %fabric.config.data_dir.display(),
         store = fabric.store.backend().as_str(),
         "nexus serving gRPC and HTTP"
     );
-    Ok(RunningServer { addr, api, tls, shutdown: Some(shutdown_tx), transport, _data_dir_lock: data_dir_lock })
+    Ok(RunningServer { addr, api, tls, sockets, shutdown: Some(shutdown_tx), transport, lock })
 }
 
-/// Takes the data dir's exclusive lock (`DIR/nexus.lock`): two servers on one store would both
-/// expire tasks and run rounds. `nexus admin` writes without it, beside a running server.
-/// With a PostgreSQL store the lock still guards only the data dir: nodes that share the
-/// database each run with their own data dir.
-fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, ServeError> {
-    let fail = |source| ServeError::DataDir { path: dir.to_owned(), source };
-    std::fs::create_dir_all(dir).map_err(fail)?;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join("nexus.lock"))
-        .map_err(fail)?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(ServeError::DataDirInUse(dir.to_owned())),
-        Err(std::fs::TryLockError::Error(e)) => Err(fail(e)),
-    }
-}
-
-/// Serves until `shutdown` resolves, then stops in order: stop accepting, drain, stop actors.
+/// Serves until `shutdown` resolves, then stops in order: stop accepting, drain, stop actors,
+/// release the store's locks. Also stops, with [`ServeError::StoreLockLost`], when the database
+/// lock's connection is lost.
 ///
 /// # Errors
-/// As [`start`] and [`RunningServer::shutdown`].
+/// As [`start`] and [`RunningServer::shutdown`]; [`ServeError::StoreInUse`] when another node
+/// serves the store.
 pub async fn serve(
     listener: TcpListener,
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let server = start(listener, config).await?;
-    shutdown.await;
-    tracing::info!("shutting down");
-    server.shutdown().await
+    let lost = tokio::select! {
+        () = shutdown => None,
+        reason = server.lock_lost() => Some(reason),
+    };
+    match lost {
+        None => {
+            tracing::info!("shutting down");
+            server.shutdown().await
+        }
+        Some(reason) => {
+            let _ = server.shutdown().await;
+            Err(ServeError::StoreLockLost(reason))
+        }
+    }
 }
 
 /// Brings back live work after a restart: each runner inbox with open tasks (their park clocks

@@ -40,6 +40,10 @@ enum Command {
         /// The address to listen on.
         #[arg(long, env = "NEXUS_LISTEN", default_value = "127.0.0.1:7740")]
         listen: SocketAddr,
+        /// Most connections open at once (overrides connections.max_connections; default: 3/4 of
+        /// `ulimit -n`).
+        #[arg(long, env = "NEXUS_MAX_CONNECTIONS")]
+        max_connections: Option<u32>,
         /// The server's TLS certificate chain, PEM (overrides tls.cert; needs --tls-key).
         #[arg(long, env = "NEXUS_TLS_CERT")]
         tls_cert: Option<PathBuf>,
@@ -208,7 +212,16 @@ async fn run() -> anyhow::Result<()> {
     nexus_actors::install_crypto_provider();
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve { config, data_dir, database_url, listen, tls_cert, tls_key, tls_client_ca } => {
+        Command::Serve {
+            config,
+            data_dir,
+            database_url,
+            listen,
+            max_connections,
+            tls_cert,
+            tls_key,
+            tls_client_ca,
+        } => {
             init_tracing(cli.log.as_deref().unwrap_or("info"));
             let mut config = ServerConfig::load(config.as_deref())?;
             if let Some(dir) = data_dir {
@@ -217,12 +230,14 @@ async fn run() -> anyhow::Result<()> {
             if let Some(url) = database_url {
                 config.store.database_url = Some(url);
             }
+            if let Some(max) = max_connections {
+                config.connections.max_connections = Some(max);
+            }
             config.tls.cert = tls_cert.or(config.tls.cert);
             config.tls.key = tls_key.or(config.tls.key);
             config.tls.client_ca = tls_client_ca.or(config.tls.client_ca);
             config.validate()?;
-            let listener =
-                tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+            let listener = nexus_actors::listen(listen).with_context(|| format!("cannot listen on {listen}"))?;
             // SIGINT from a terminal, SIGTERM from systemd or a container runtime.
             let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             let shutdown = async move {

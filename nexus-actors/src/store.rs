@@ -1,5 +1,5 @@
 //! The durable store: one [`Store`] interface over two backends, the embedded SQLite file in the
-//! data dir (the default) and PostgreSQL (several nexus nodes sharing one deployment).
+//! data dir (the default) and PostgreSQL, each served by one node at a time ([`ServeLock`]).
 //!
 //! Everything that must survive a restart is written here before it is acknowledged
 //! (`docs/architecture.md`, "Durability"). Both backends run the same migrations from `migrations/`, which are portable
@@ -12,6 +12,7 @@ mod config;
 pub mod event;
 mod executions;
 mod executors;
+pub mod lock;
 mod members;
 mod profiles;
 mod rows;
@@ -35,6 +36,7 @@ pub use backend::{StoreBackend, is_postgres_url, redact as redact_url};
 pub use config::StoreConfig;
 pub use event::{Event, EventType};
 pub use executions::TranscriptWrite;
+pub use lock::{LockError, ServeLock};
 pub use rows::{
     EventRow, ExecutionRow, ExecutorRow, InputRow, MemberRow, NamedDefinitionRow, PresenceEvent, ProfileRow, TaskRow,
 };

@@ -91,7 +91,14 @@ pub struct ConnectionArgs {
     pub inbound: tonic::Streaming<RunnerFrame>,
     /// Frames to the runner.
     pub outbound: Outbound,
+    /// Called once when a Hello is accepted: the door marks the stream's connection
+    /// authenticated, so that it is never shed for the connection cap (`docs/architecture.md`,
+    /// "Doors under pressure"). `None` when the stream came from no socket.
+    pub on_authenticated: Option<OnAuthenticated>,
 }
+
+/// What [`ConnectionArgs::on_authenticated`] runs.
+pub type OnAuthenticated = Box<dyn FnOnce() + Send>;
 
 /// Where an attached stream's frames go, handed to the reader once its Hello is through.
 struct Route {
@@ -126,6 +133,7 @@ pub struct ConnectionState {
     nonce: u64,
     reader: JoinHandle<()>,
     ticker: JoinHandle<()>,
+    on_authenticated: Option<OnAuthenticated>,
 }
 
 /// The ConnectionActor.
@@ -202,6 +210,7 @@ impl Actor for ConnectionActor {
             nonce: 0,
             reader,
             ticker,
+            on_authenticated: args.on_authenticated,
         })
     }
 
@@ -366,6 +375,9 @@ fn hello_done(
             return;
         }
     };
+    if let Some(authenticated) = state.on_authenticated.take() {
+        authenticated();
+    }
     let executor = state.root.executor(runner);
     state.standing = Standing::Attached { executor: executor.clone(), credential_epoch };
     let route = Route { executor, conn_id: state.id };

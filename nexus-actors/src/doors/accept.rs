@@ -9,13 +9,19 @@
 //! most one per [`WARN_EVERY`] however often descriptors come and go ([`Pressure`]). tonic's own loop for an `incoming`
 //! stream skips errors with no pause and logs them at trace level, so both doors hand it a stream
 //! that never yields one.
+//!
+//! Each accepted socket is admitted under the port's connection rules ([`Sockets`]) before
+//! anything reads it.
 
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
+
+use crate::doors::sockets::{Guarded, Sockets};
 
 /// How long the accept loop waits after an error that is not about one connection.
 pub(crate) const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -108,11 +114,30 @@ pub(crate) async fn next(listener: &TcpListener, pressure: &mut Pressure) -> Tcp
     }
 }
 
-/// The plaintext door's connections: [`next`] forever, as a stream tonic can serve.
-pub(crate) fn plaintext(listener: TcpListener) -> impl Stream<Item = io::Result<TcpStream>> {
-    futures::stream::unfold((listener, Pressure::default()), |(listener, mut pressure)| async move {
-        let socket = next(&listener, &mut pressure).await;
-        Some((Ok(socket), (listener, pressure)))
+/// The next connection on `listener` admitted by `sockets` ([`Sockets::admit`]): a connection
+/// refused at the cap is closed at once and the loop goes on.
+pub(crate) async fn next_admitted(
+    listener: &TcpListener,
+    pressure: &mut Pressure,
+    sockets: &Arc<Sockets>,
+) -> Guarded<TcpStream> {
+    loop {
+        let socket = next(listener, pressure).await;
+        let peer = socket.peer_addr().ok();
+        if let Some(admitted) = sockets.admit(socket, peer) {
+            return admitted;
+        }
+    }
+}
+
+/// The plaintext door's connections: [`next_admitted`] forever, as a stream tonic can serve.
+pub(crate) fn plaintext(
+    listener: TcpListener,
+    sockets: Arc<Sockets>,
+) -> impl Stream<Item = io::Result<Guarded<TcpStream>>> {
+    futures::stream::unfold((listener, Pressure::default(), sockets), |(listener, mut pressure, sockets)| async move {
+        let socket = next_admitted(&listener, &mut pressure, &sockets).await;
+        Some((Ok(socket), (listener, pressure, sockets)))
     })
 }
 

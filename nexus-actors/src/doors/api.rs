@@ -188,6 +188,8 @@ impl Api {
     /// with `retry_after` when the member's budget is spent.
     pub async fn member(&self, token: &str) -> Result<Caller, Refusal> {
         let (subject, _) = self.fabric.store.authenticate(token, Plane::Member).await?;
+        // A real member: its connection is no longer shed for the cap.
+        crate::doors::sockets::authenticated();
         let subject = MemberId::from_uuid(subject);
         if let Err(not_until) = self.limiter.check_key(&subject) {
             let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));

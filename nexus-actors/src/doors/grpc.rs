@@ -57,6 +57,8 @@ impl RunnerService for RunnerGrpc {
             root: self.api.root.clone(),
             inbound: request.into_inner(),
             outbound,
+            on_authenticated: crate::doors::sockets::current()
+                .map(|socket| Box::new(move || socket.authenticated()) as Box<dyn FnOnce() + Send>),
         };
         ractor::Actor::spawn_linked(None, ConnectionActor, args, self.api.root.cell())
             .await

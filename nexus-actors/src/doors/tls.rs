@@ -31,6 +31,7 @@ use nexus_proto::{ErrorCode, Refusal};
 
 use crate::config::{ClientAuth, TlsConfig};
 use crate::doors::accept;
+use crate::doors::sockets::{Guarded, Sockets};
 
 /// ALPN protocols offered, in order of preference.
 const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
@@ -145,24 +146,29 @@ impl Acceptor {
         }))
     }
 
-    /// The connections accepted on `listener` ([`accept::next`]: TCP_NODELAY set before the
-    /// handshake, accept errors logged and retried with a pause), past their handshake. Failed
+    /// The connections accepted on `listener` ([`accept::next_admitted`]: TCP_NODELAY set before
+    /// the handshake, accept errors logged and retried with a pause, and each socket under the
+    /// connection rules from its first byte, handshake included), past their handshake. Failed
     /// handshakes are logged and skipped.
-    pub(crate) fn incoming(self, listener: TcpListener) -> impl Stream<Item = io::Result<TlsStream<TcpStream>>> {
-        let handshakes: JoinSet<Option<TlsStream<TcpStream>>> = JoinSet::new();
+    pub(crate) fn incoming(
+        self,
+        listener: TcpListener,
+        sockets: Arc<Sockets>,
+    ) -> impl Stream<Item = io::Result<TlsStream<Guarded<TcpStream>>>> {
+        let handshakes: JoinSet<Option<TlsStream<Guarded<TcpStream>>>> = JoinSet::new();
         futures::stream::unfold(
-            (self, listener, handshakes, accept::Pressure::default()),
-            |(acceptor, listener, mut handshakes, mut pressure)| async move {
+            (self, listener, handshakes, accept::Pressure::default(), sockets),
+            |(acceptor, listener, mut handshakes, mut pressure, sockets)| async move {
                 loop {
                     tokio::select! {
-                        socket = accept::next(&listener, &mut pressure) => {
-                            let peer = socket.peer_addr().map_or_else(|_| "unknown".to_owned(), |peer| peer.to_string());
+                        socket = accept::next_admitted(&listener, &mut pressure, &sockets) => {
+                            let peer = socket.tcp().peer_addr().map_or_else(|_| "unknown".to_owned(), |peer| peer.to_string());
                             let span = tracing::info_span!("tls_handshake", %peer);
                             handshakes.spawn(acceptor.clone().handshake(socket).instrument(span));
                         },
                         Some(joined) = handshakes.join_next() => {
                             if let Ok(Some(stream)) = joined {
-                                return Some((Ok(stream), (acceptor, listener, handshakes, pressure)));
+                                return Some((Ok(stream), (acceptor, listener, handshakes, pressure, sockets)));
                             }
                         }
                     }
@@ -171,7 +177,7 @@ impl Acceptor {
         )
     }
 
-    async fn handshake(self, socket: TcpStream) -> Option<TlsStream<TcpStream>> {
+    async fn handshake(self, socket: Guarded<TcpStream>) -> Option<TlsStream<Guarded<TcpStream>>> {
         match tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(socket)).await {
             Ok(Ok(stream)) => Some(stream),
             Ok(Err(error)) => {
@@ -288,7 +294,8 @@ mod tests {
         assert!(!acceptor.gate_runner_stream);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let mut incoming = Box::pin(acceptor.incoming(listener));
+        let sockets = Sockets::from_config(&crate::config::ConnectionsConfig::default());
+        let mut incoming = Box::pin(acceptor.incoming(listener, sockets));
 
         let mut roots = RootCertStore::empty();
         roots.add(certified.cert.der().clone()).expect("root");
@@ -303,7 +310,7 @@ mod tests {
             });
             let accepted = incoming.next().await.expect("a connection").expect("accepted");
             let (socket, session) = accepted.get_ref();
-            assert!(socket.nodelay().expect("nodelay"), "TCP_NODELAY on the accepted socket");
+            assert!(socket.tcp().nodelay().expect("nodelay"), "TCP_NODELAY on the accepted socket");
             assert_eq!(session.alpn_protocol(), Some(protocol));
             drop(dialing.await.expect("client"));
         }

@@ -1,5 +1,5 @@
 //! The two store backends behind one [`AnyPool`]: the embedded SQLite file (the default) and
-//! PostgreSQL (several nexus nodes sharing one deployment).
+//! PostgreSQL (a database you already run; one node serves it at a time, see `store::lock`).
 //!
 //! Every statement of the store is written once, with `$1, $2, ...` placeholders: PostgreSQL
 //! requires them, and sqlx's SQLite driver binds `$N` by its number as well, so no query text is

@@ -285,7 +285,13 @@ async fn one_server_per_data_dir() {
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let second = nexus_actors::start(listener, config.clone()).await;
-    assert!(matches!(second, Err(nexus_actors::ServeError::DataDirInUse(_))), "{second:?}");
+    assert!(
+        matches!(
+            second,
+            Err(nexus_actors::ServeError::StoreInUse(nexus_actors::store::LockError::DataDirInUse { .. }))
+        ),
+        "{second:?}"
+    );
     // Once the first stops, the data dir is free again.
     first.server.shutdown().await.expect("shutdown");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");

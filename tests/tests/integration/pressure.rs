@@ -40,7 +40,16 @@ async fn a_runner_keeps_trying_and_logging_while_nexus_cannot_accept_and_connect
     let dir = tempfile::tempdir().expect("dir");
     let (at, _database) = store_location(dir.path()).await;
     let config = dir.path().join("nexus.toml");
-    std::fs::write(&config, "").expect("config");
+    // A cap above the descriptor limit and deadlines far off: an operator's misconfiguration,
+    // the one way nexus still runs out of descriptors (the default cap, 3/4 of `ulimit -n`, and
+    // the first-byte bound would shed or close these idle sockets first; `resources.rs` pins
+    // that).
+    std::fs::write(
+        &config,
+        "[connections]\nmax_connections = 100000\nfirst_byte_timeout_ms = 600000\n\
+         request_head_timeout_ms = 600000\nidle_timeout_ms = 600000\n",
+    )
+    .expect("config");
     let nexus = NexusProcess::serve_with_fd_limit(&at, free_loopback_addr(), &config, FD_LIMIT).await;
     let runner = admin_runner(&at, "worker").await;
 

@@ -1,5 +1,6 @@
 //! The store on the backend the suite runs on (`NEXUS_TEST_STORE`): the claim is single-winner
-//! at the database, so two nexus nodes sharing one PostgreSQL database can never both grant it.
+//! at the database, so two stores opened on one PostgreSQL database can never both grant it
+//! (one node serves a database at a time, `store::lock`; the rule holds below that lock too).
 
 use nexus_proto::{ErrorCode, ExecutionId, TaskStatus};
 use nexus_tests::key;

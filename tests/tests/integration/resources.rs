@@ -1,0 +1,463 @@
+//! The server's resources under hostile peers (issue 11, items 4 and 12): connections that send
+//! nothing, send slowly or pile up to the cap cannot starve members and runners; and a second
+//! node on a store that a node serves refuses to start, leaving the first one's work untouched.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+use nexus_actors::store::{StoreBackend, StoreConfig};
+use nexus_proto::agent::v1::agent_service_client::AgentServiceClient;
+use nexus_proto::agent::v1::{CreateInputRequest, DeclareProfileRequest, GetExecutionRequest, GetProfileRequest};
+use nexus_tests::processes::{
+    NexusProcess, RunnerAgentProcess, StoreLocation, admin_agent, admin_runner, free_loopback_addr,
+};
+use nexus_tests::{
+    Http, Minted, RawRunner, TestDatabase, TestServer, authed, nexus_binary, test_store_backend, wait_until,
+};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Reads `socket` until the server closes it; answers how long that took. Bytes the server
+/// sends first (an HTTP/2 SETTINGS frame, a response) are read and dropped.
+async fn closed_by_server(socket: &mut TcpStream, limit: Duration) -> Duration {
+    let started = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(started + limit, socket.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => return started.elapsed(),
+            Ok(Ok(_)) => {}
+            Err(_) => panic!("the server did not close the connection within {limit:?}"),
+        }
+    }
+}
+
+/// Reads one HTTP/1.1 response with a `content-length` body from `socket`; answers its head.
+async fn read_response(socket: &mut TcpStream) -> String {
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let read = tokio::time::timeout(WAIT, socket.read(&mut buf)).await.expect("a response").expect("reads");
+        assert!(read > 0, "the connection closed before its response; got {:?}", String::from_utf8_lossy(&bytes));
+        bytes.extend_from_slice(&buf[..read]);
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let Some(end) = text.find("\r\n\r\n") else { continue };
+        let head = &text[..end];
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_owned()))
+            .and_then(|v| v.parse().ok())
+            .expect("a content-length");
+        if bytes.len() >= end + 4 + length {
+            return head.to_owned();
+        }
+    }
+}
+
+#[tokio::test]
+async fn silent_sockets_slow_heads_and_idle_keep_alives_are_closed_at_their_bounds() {
+    const FIRST_BYTE: Duration = Duration::from_millis(300);
+    const HEAD: Duration = Duration::from_millis(1_500);
+    const IDLE: Duration = Duration::from_millis(1_000);
+    let server = TestServer::start_with(&[], |config| {
+        config.connections.first_byte_timeout_ms = 300;
+        config.connections.request_head_timeout_ms = 1_500;
+        config.connections.idle_timeout_ms = 1_000;
+    })
+    .await;
+    let agent = server.agent("agent").await;
+    let runner = server.runner("runner").await;
+    let addr = server.server.addr;
+    // A runner's stream is a request in flight: no bound below cuts it.
+    let raw = RawRunner::connect_announced(&server.url(), &runner, &json!({"tools": []})).await;
+
+    // Each bound counts from the server's accept (or the end of a response), which comes after
+    // `began`: the time since `began` is at least the bound.
+    // Nothing at all: closed at the first-byte bound.
+    let began = Instant::now();
+    let mut silent = TcpStream::connect(addr).await.expect("connect");
+    closed_by_server(&mut silent, WAIT).await;
+    assert!(began.elapsed() >= FIRST_BYTE, "closed after {:?}, before the first-byte bound", began.elapsed());
+
+    // An HTTP/1 head that never ends, a header every 100 ms: closed at the head bound.
+    let began = Instant::now();
+    let mut slow = TcpStream::connect(addr).await.expect("connect");
+    slow.write_all(b"GET /agent_api/v1/profile HTTP/1.1\r\nhost: x\r\n").await.expect("write");
+    let (mut reader, mut writer) = slow.into_split();
+    let dribble = tokio::spawn(async move {
+        while writer.write_all(b"x-slow: 1\r\n").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut buf = [0u8; 1024];
+    while !matches!(tokio::time::timeout(WAIT, reader.read(&mut buf)).await.expect("closed in time"), Ok(0) | Err(_)) {}
+    assert!(began.elapsed() >= HEAD, "a slow head was cut after {:?}", began.elapsed());
+    dribble.abort();
+
+    // The HTTP/2 preface and nothing more: closed at the head bound too.
+    let began = Instant::now();
+    let mut preface = TcpStream::connect(addr).await.expect("connect");
+    preface.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00").await.expect("write");
+    closed_by_server(&mut preface, WAIT).await;
+    assert!(began.elapsed() >= HEAD, "an HTTP/2 client with no request was cut after {:?}", began.elapsed());
+
+    // Served once, then idle: kept for the idle bound after its response, then closed.
+    let mut keep_alive = TcpStream::connect(addr).await.expect("connect");
+    let request =
+        format!("GET /agent_api/v1/profile HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {}\r\n\r\n", agent.token);
+    let began = Instant::now();
+    keep_alive.write_all(request.as_bytes()).await.expect("write");
+    let head = read_response(&mut keep_alive).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    closed_by_server(&mut keep_alive, WAIT).await;
+    assert!(began.elapsed() >= IDLE, "an idle keep-alive connection was closed after {:?}", began.elapsed());
+
+    let counts = server.server.sockets.counts();
+    assert!(counts.timed_out >= 4, "{counts:?}");
+    // Longer than every bound above, the runner's stream still answers.
+    assert!(raw.is_open(), "the runner's stream was cut");
+    let announced = raw.announce(&json!({"tools": []})).await;
+    assert_eq!(announced.code(), None, "{announced:?}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn at_the_cap_the_oldest_unauthenticated_connections_are_shed_and_members_and_runners_stay() {
+    const CAP: usize = 8;
+    let server = TestServer::start_with(&[], |config| config.connections.max_connections = Some(8)).await;
+    let agent = server.agent("agent").await;
+    let runner = server.runner("runner").await;
+    let member = Http::new(&server.url(), Some(&agent.token));
+    assert_eq!(member.profile().await.status, 200);
+    let raw = RawRunner::connect_announced(&server.url(), &runner, &json!({"tools": []})).await;
+    wait_until("the member and the runner to be authenticated", WAIT, || async {
+        (server.server.sockets.counts().authenticated == 2).then_some(())
+    })
+    .await;
+
+    // Three times the cap of idle sockets, one after the other.
+    let mut idle = Vec::new();
+    for _ in 0..3 * CAP {
+        idle.push(TcpStream::connect(server.server.addr).await.expect("connect"));
+    }
+    let counts = wait_until("the cap to shed", WAIT, || async {
+        let counts = server.server.sockets.counts();
+        (counts.shed >= 3 * CAP as u64 - (CAP as u64 - 2) && counts.open <= CAP).then_some(counts)
+    })
+    .await;
+    assert_eq!(counts.refused, 0, "{counts:?}");
+    assert_eq!(counts.authenticated, 2, "{counts:?}");
+    // The oldest went first: the first idle socket is closed, the last one is still open.
+    closed_by_server(&mut idle[0], WAIT).await;
+    let mut probe = [0u8; 1];
+    let last = idle.last_mut().expect("sockets");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), last.read(&mut probe)).await.is_err(),
+        "the newest idle socket was shed before older ones"
+    );
+
+    // The member and the runner are still served, and a new client gets in (shedding one more).
+    assert_eq!(member.profile().await.status, 200);
+    assert_eq!(raw.announce(&json!({"tools": []})).await.code(), None);
+    let mut client = grpc(&server.url()).await;
+    client.get_profile(authed(GetProfileRequest {}, &agent)).await.expect("a new gRPC client is served");
+    assert!(server.server.sockets.counts().open <= CAP);
+    server.shutdown().await;
+}
+
+async fn grpc(url: &str) -> AgentServiceClient<Channel> {
+    let channel = Endpoint::from_shared(url.to_owned()).expect("url").connect().await.expect("connect");
+    AgentServiceClient::new(channel)
+}
+
+/// A store for `nexus` children: a data dir under `dir`, and a fresh database on PostgreSQL.
+async fn store_location(dir: &Path, name: &str) -> (StoreLocation, Option<TestDatabase>) {
+    let data_dir = dir.join(name);
+    std::fs::create_dir(&data_dir).expect("data dir");
+    let database = match test_store_backend() {
+        StoreBackend::Postgres => Some(TestDatabase::create().await),
+        _ => None,
+    };
+    (StoreLocation { data_dir, database_url: database.as_ref().map(|d| d.url().to_owned()) }, database)
+}
+
+/// A config file with `extra` and a scripted model `scripted/work` that runs one `bash` call
+/// (`echo ran >> side.log`) and then answers "done".
+fn config_file(dir: &Path, extra: &str) -> std::path::PathBuf {
+    let script = dir.join("work.json");
+    let rounds = json!({"rounds": [
+        {"tool_calls": [{"id": "c1", "name": "bash", "arguments": {"command": "echo ran >> side.log; echo ran"}}]},
+        {"final": "done"},
+    ]});
+    std::fs::write(&script, rounds.to_string()).expect("script");
+    let path = dir.join("nexus.toml");
+    let text = format!(
+        "{extra}\n[providers.scripted]\nkind = \"scripted\"\n\n[providers.scripted.models.work]\nscript = {:?}\n",
+        script.display().to_string()
+    );
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+/// Runs one execution through the nexus at `url` on `runner` (whose runner-agent works in
+/// `workdir`): its bash call runs there and it completes.
+async fn run_one_execution(url: &str, agent: &Minted, runner: &Minted, workdir: &Path) {
+    let mut client = grpc(url).await;
+    let body = json!({"configuration": {
+        "runner_executor_public_ids": [runner.id], "approval_mode": "bypass", "default_model": "scripted/work",
+    }});
+    client
+        .declare_profile(authed(DeclareProfileRequest { body_json: body.to_string() }, agent))
+        .await
+        .expect("declare");
+    let request = CreateInputRequest {
+        text: "work".into(),
+        runner_executor_public_id: runner.id.to_string(),
+        ..CreateInputRequest::default()
+    };
+    let execution = client.create_input(authed(request, agent)).await.expect("create input").into_inner();
+    let id = execution.execution_public_id;
+    let done = wait_until("the execution to complete", Duration::from_secs(60), || {
+        let (mut client, id) = (client.clone(), id.clone());
+        async move {
+            let row = client.get_execution(authed(GetExecutionRequest { execution_public_id: id }, agent)).await;
+            row.ok()
+                .map(tonic::Response::into_inner)
+                .filter(|row| matches!(row.status.as_str(), "completed" | "needs_attention" | "canceled"))
+        }
+    })
+    .await;
+    assert_eq!(done.status, "completed", "{done:?}");
+    assert_eq!(done.final_text, "done");
+    let side = std::fs::read_to_string(workdir.join("side.log")).expect("the bash call ran on the runner");
+    assert_eq!(side, "ran\n");
+}
+
+/// Waits until a runner's announcement is stored (it connected and said Hello).
+async fn announced(at: &StoreLocation, runner: &Minted) {
+    let config =
+        StoreConfig { database_url: at.database_url.clone(), max_connections: Some(1), ..StoreConfig::default() };
+    let store = nexus_actors::store::Store::connect_existing(&at.data_dir, &config).await.expect("store beside nexus");
+    wait_until("the runner's announcement", Duration::from_secs(60), || async {
+        store.executor(runner.runner()).await.ok().flatten().and_then(|row| row.announced_at)
+    })
+    .await;
+}
+
+fn runner_spec(dir: &Path, url: String, runner: &Minted, workdir: &Path) -> RunnerAgentProcess {
+    let state = dir.join("runner-state");
+    std::fs::create_dir_all(&state).expect("state dir");
+    RunnerAgentProcess {
+        nexus_url: url,
+        token_file: dir.join("runner.token"),
+        runner: runner.clone(),
+        workdir: workdir.to_owned(),
+        state_dir: state,
+        tool_timeout_ms: 30_000,
+    }
+}
+
+/// Holds `count` idle connections to `addr` from a child process (each child has its own
+/// descriptor limit): it prints `held N failed M` once they are open and holds them until its
+/// stdin closes.
+fn idle_socket_holder(addr: std::net::SocketAddr, count: usize) -> Child {
+    const HOLDER: &str = r#"
+import socket, sys
+host, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+held, failed = [], 0
+for _ in range(count):
+    s = socket.socket()
+    s.settimeout(20)
+    try:
+        s.connect((host, port))
+        held.append(s)
+    except OSError:
+        failed += 1
+        s.close()
+print("held %d failed %d" % (len(held), failed), flush=True)
+sys.stdin.read()
+"#;
+    Command::new("python3")
+        .arg("-c")
+        .arg(HOLDER)
+        .arg(addr.ip().to_string())
+        .arg(addr.port().to_string())
+        .arg(count.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 starts")
+}
+
+#[tokio::test]
+async fn twenty_thousand_idle_sockets_beside_a_member_and_a_runner_who_are_still_served() {
+    const HOLDERS: usize = 4;
+    const PER_HOLDER: usize = 5_000;
+    let dir = tempfile::tempdir().expect("dir");
+    let (at, _database) = store_location(dir.path(), "data").await;
+    // The deadlines are set far off, so that only the cap stands between the flood and the
+    // members; the default cap (3/4 of `ulimit -n`) is in force.
+    let config = config_file(
+        dir.path(),
+        "[connections]\nfirst_byte_timeout_ms = 600000\nrequest_head_timeout_ms = 600000\nidle_timeout_ms = 600000\n",
+    );
+    let nexus = NexusProcess::serve(&at, free_loopback_addr(), &config).await;
+    let agent = admin_agent(&at, "agent").await;
+    let runner = admin_runner(&at, "worker").await;
+    // The member has been served before the flood: its keep-alive connection is protected.
+    let member = Http::new(&nexus.url(), Some(&agent.token));
+    assert_eq!(member.profile().await.status, 200);
+
+    let started = Instant::now();
+    let mut holders: Vec<Child> = (0..HOLDERS).map(|_| idle_socket_holder(nexus.addr, PER_HOLDER)).collect();
+    let mut held = 0;
+    for holder in &mut holders {
+        let stdout = holder.stdout.take().expect("stdout");
+        let mut line = String::new();
+        tokio::time::timeout(Duration::from_secs(60), BufReader::new(stdout).read_line(&mut line))
+            .await
+            .expect("the holder opened its sockets within a minute")
+            .expect("reads");
+        let mut words = line.split_whitespace();
+        assert_eq!(words.next(), Some("held"), "{line}");
+        held += words.next().and_then(|n| n.parse::<usize>().ok()).expect("a count");
+    }
+    eprintln!("{held} idle sockets opened in {:?}", started.elapsed());
+    assert!(held >= HOLDERS * PER_HOLDER * 9 / 10, "only {held} idle sockets were opened");
+    wait_until("nexus to say it reached the cap", WAIT, || async {
+        nexus.log().iter().any(|line| line.contains("connection cap reached")).then_some(())
+    })
+    .await;
+
+    // With 20,000 idle sockets against it: the member's HTTP request, a new gRPC client, and a
+    // runner that connects now and runs a call.
+    assert_eq!(member.profile().await.status, 200, "the member's HTTP request");
+    let mut client = grpc(&nexus.url()).await;
+    client.get_profile(authed(GetProfileRequest {}, &agent)).await.expect("a new gRPC client's call");
+    let workdir = tempfile::tempdir().expect("workdir");
+    let _runner_agent = runner_spec(dir.path(), nexus.url(), &runner, workdir.path()).spawn();
+    announced(&at, &runner).await;
+    run_one_execution(&nexus.url(), &agent, &runner, workdir.path()).await;
+
+    let log = nexus.log();
+    assert!(
+        !log.iter().any(|line| line.contains("cannot accept connections")),
+        "nexus ran out of descriptors:\n{}",
+        log.join("\n")
+    );
+    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+    drop(holders);
+    let exit = nexus.sigterm(Duration::from_secs(20)).await;
+    assert!(exit.success(), "nexus exited {exit}");
+}
+
+/// `nexus serve` on `at`, expected to refuse: answers its exit status and stderr.
+async fn serve_refused(at: &StoreLocation, config: &Path) -> (std::process::ExitStatus, String) {
+    let mut command = Command::new(nexus_binary());
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .arg("--listen")
+        .arg(free_loopback_addr().to_string())
+        .arg("--data-dir")
+        .arg(&at.data_dir)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    if let Some(url) = &at.database_url {
+        command.arg("--database-url").arg(url);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(20), command.output())
+        .await
+        .expect("a refused nexus exits at once")
+        .expect("nexus runs");
+    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test]
+async fn a_second_node_on_a_served_store_exits_at_once_and_the_first_keeps_serving() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (at, _database) = store_location(dir.path(), "data").await;
+    let config = config_file(dir.path(), "");
+    let first = NexusProcess::serve(&at, free_loopback_addr(), &config).await;
+    let pid = first.pid().expect("running");
+
+    // Another node on the same store: the same data dir on SQLite, its own data dir on the same
+    // database on PostgreSQL (as on another host).
+    let second = match &at.database_url {
+        None => at.clone(),
+        Some(url) => {
+            let data_dir = dir.path().join("second");
+            std::fs::create_dir(&data_dir).expect("data dir");
+            StoreLocation { data_dir, database_url: Some(url.clone()) }
+        }
+    };
+    let started = Instant::now();
+    let (status, stderr) = serve_refused(&second, &config).await;
+    assert!(!status.success(), "the second node served: {stderr}");
+    assert!(stderr.contains(&format!("pid {pid}")), "the refusal does not name the node that serves:\n{stderr}");
+    assert!(!stderr.contains("nexus serving"), "the second node started serving:\n{stderr}");
+    eprintln!("refused in {:?}: {stderr}", started.elapsed());
+
+    // `nexus admin` works beside the serving node, and the first node's work goes on.
+    let agent = admin_agent(&at, "agent").await;
+    let runner = admin_runner(&at, "worker").await;
+    let workdir = tempfile::tempdir().expect("workdir");
+    let _runner_agent = runner_spec(dir.path(), first.url(), &runner, workdir.path()).spawn();
+    announced(&at, &runner).await;
+    run_one_execution(&first.url(), &agent, &runner, workdir.path()).await;
+    let exit = first.sigterm(Duration::from_secs(20)).await;
+    assert!(exit.success(), "the first node exited {exit}");
+
+    // Once it has stopped, the store is free again.
+    let again = NexusProcess::serve(&second, free_loopback_addr(), &config).await;
+    let exit = again.sigterm(Duration::from_secs(20)).await;
+    assert!(exit.success(), "the next node exited {exit}");
+}
+
+#[tokio::test]
+async fn a_node_that_loses_its_database_lock_stops_serving() {
+    if test_store_backend() != StoreBackend::Postgres {
+        // SQLite's lock is a file lock, held until the process ends: it cannot be lost.
+        return;
+    }
+    let server = TestServer::start(&[]).await;
+    let agent = server.agent("agent").await;
+    let member = Http::new(&server.url(), Some(&agent.token));
+    assert_eq!(member.profile().await.status, 200);
+    let url = server.config().store.database_url.expect("postgres");
+    let lost = server.server.lock_lost();
+
+    // End the lock's session from outside, as a DBA's pg_terminate_backend or a restart would.
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.expect("connect");
+    let (classid, objid) = nexus_actors::store::lock::ADVISORY_KEY;
+    let terminated: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
+         AND classid::bigint = $1 AND objid::bigint = $2 \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .bind(i64::from(classid))
+    .bind(i64::from(objid))
+    .fetch_all(&mut admin)
+    .await
+    .expect("terminate");
+    assert_eq!(terminated, [true], "one session held the lock");
+    let reason = tokio::time::timeout(WAIT, lost).await.expect("the node noticed within its check interval");
+    assert!(!reason.is_empty());
+    // It stopped accepting: new connections are refused.
+    wait_until("the node to stop accepting", WAIT, || async {
+        TcpStream::connect(server.server.addr).await.is_err().then_some(())
+    })
+    .await;
+    let _ = sqlx::Connection::close(admin).await;
+    server.shutdown().await;
+}
