@@ -531,8 +531,8 @@ impl Api {
     /// the task as the execution shows it, with its `approval` fact.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or task; 403 `not_authorized` when the caller does
-    /// not own the execution (write standing); 409 `not_awaiting_approval` when the task is not
+    /// 404 `not_found` for an unknown execution or task, and for an execution the caller does not
+    /// own; 409 `not_awaiting_approval` when the task is not
     /// parked, `not_adjudicable` when the execution is not running; 403 `not_authorized` for a
     /// suspended member.
     pub async fn approve_task(&self, caller: &Caller, id: ExecutionId, task_key: &str) -> Result<Value, Refusal> {
@@ -571,7 +571,7 @@ impl Api {
         task_key: &str,
         adjudication: Adjudication,
     ) -> Result<Value, Refusal> {
-        let (row, task) = self.owned_task(caller, id, task_key, "approve or deny its tasks").await?;
+        let (row, task) = self.owned_task(caller, id, task_key).await?;
         if task.status != TaskStatus::NeedsApproval {
             return Err(Refusal::new(
                 ErrorCode::NotAwaitingApproval,
@@ -694,27 +694,12 @@ impl Api {
             .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))
     }
 
-    /// The stored execution and its task `task_key`, when the caller owns the execution; `doing`
-    /// names what only the owner may do, for the 403.
-    async fn owned_task(
-        &self,
-        caller: &Caller,
-        id: ExecutionId,
-        task_key: &str,
-        doing: &str,
-    ) -> Result<(ExecutionRow, TaskRow), Refusal> {
+    /// The stored execution and its task `task_key`, when the caller owns the execution. Another
+    /// member's execution answers exactly as one that does not exist (404 `not_found`, the same
+    /// message), as on every other door: a stranger learns nothing of which ids exist.
+    async fn owned_task(&self, caller: &Caller, id: ExecutionId, task_key: &str) -> Result<(ExecutionRow, TaskRow), Refusal> {
         let store = &self.fabric.store;
-        let row = store
-            .execution(id)
-            .await
-            .map_err(internal)?
-            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))?;
-        if row.member_public_id != caller.member.public_id {
-            return Err(Refusal::new(
-                ErrorCode::NotAuthorized,
-                format!("only the member that owns execution {id} may {doing}"),
-            ));
-        }
+        let row = self.owned_execution(caller, id).await?;
         let missing = || Refusal::new(ErrorCode::NotFound, format!("no task {task_key} in execution {id}"));
         // A key in none of the task-key grammars names no task.
         let key: TaskKey = task_key.parse().map_err(|_| missing())?;

@@ -84,32 +84,23 @@ impl AgentGrpc {
     }
 }
 
-/// A request's `body_json`: empty means no body; a literal `null` is refused like any other body
-/// that is not an object, so it can never pass for "no body".
+/// A request's `body_json`: empty means no body; anything else must be a JSON object (a literal
+/// `null` is refused like any other body that is not an object, so it can never pass for "no
+/// body"). The rules and words are the HTTP bodies' ([`crate::doors::body`]).
 fn body_arg(text: &str) -> Result<Option<serde_json::Value>, Status> {
-    match json_arg(text, "body_json")? {
-        Some(serde_json::Value::Null) => {
-            Err(Refusal::new(ErrorCode::ParameterInvalid, "body_json must be a JSON object").to_status())
-        }
-        other => Ok(other),
+    if text.trim().is_empty() {
+        return Ok(None);
     }
+    crate::doors::body::object(text.as_bytes(), "body_json").map(Some).map_err(|r| r.to_status())
 }
 
+/// A JSON field of a request (`field` names it): empty means absent; otherwise any JSON value
+/// (the door judges its shape), read by the HTTP bodies' rules.
 fn json_arg(text: &str, field: &str) -> Result<Option<serde_json::Value>, Status> {
     if text.trim().is_empty() {
         return Ok(None);
     }
-    // The same bound as the HTTP doors' bodies.
-    if text.len() > crate::doors::http::BODY_LIMIT {
-        return Err(Refusal::new(
-            ErrorCode::ContentTooLarge,
-            format!("{field} is over {} bytes", crate::doors::http::BODY_LIMIT),
-        )
-        .to_status());
-    }
-    serde_json::from_str(text)
-        .map(Some)
-        .map_err(|e| Refusal::new(ErrorCode::ParameterMissing, format!("{field} is not JSON: {e}")).to_status())
+    crate::doors::body::json(text.as_bytes(), field).map(Some).map_err(|r| r.to_status())
 }
 
 fn uuid_arg<T: std::str::FromStr>(text: &str, field: &str) -> Result<Option<T>, Status> {
@@ -240,7 +231,9 @@ impl AgentService for AgentGrpc {
         request: Request<PromptDocumentRequest>,
     ) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
-        let body = body_of(&request.get_ref().body_json)?;
+        // `null` clears the slot, as on the HTTP door.
+        let body = json_arg(&request.get_ref().body_json, "body_json")?
+            .ok_or_else(|| Refusal::new(ErrorCode::ParameterMissing, "body_json is required").to_status())?;
         let document =
             self.api.put_prompt_document(&caller, &request.get_ref().slot, body).await.map_err(|r| r.to_status())?;
         Ok(reply(&document))

@@ -132,16 +132,15 @@ fn execution_id(text: &str) -> Result<ExecutionId, Refusal> {
     text.parse().map_err(|_| Refusal::new(ErrorCode::ParameterInvalid, "id must be a UUID"))
 }
 
-/// The body, where an empty one means no fields; a literal `null` is refused like any other body
-/// that is not an object, so it can never pass for "no body".
+/// The body of a door whose body is optional: empty means no fields (`null`); anything else must
+/// be a JSON object (a literal `null` is refused like any other body that is not an object, so it
+/// can never pass for "no body").
 fn optional_body(body: Result<Bytes, BytesRejection>) -> Result<Value, HttpRefusal> {
-    match body {
-        Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Ok(Value::Null),
-        other => match json_body(other)? {
-            Value::Null => Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be a JSON object").into()),
-            body => Ok(body),
-        },
+    let bytes = body_bytes(body)?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
     }
+    Ok(crate::doors::body::object(&bytes, "the body")?)
 }
 
 /// The body of a door that takes no fields: empty or `{}`.
@@ -149,16 +148,20 @@ fn empty_body(body: Result<Bytes, BytesRejection>) -> Result<(), HttpRefusal> {
     Ok(known_fields(&optional_body(body)?, &[])?)
 }
 
+/// The body of a door that needs one, as JSON (any value: the door judges its shape).
 fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, HttpRefusal> {
-    let bytes = body.map_err(|rejection| {
+    Ok(crate::doors::body::json(&body_bytes(body)?, "the body")?)
+}
+
+/// The body's bytes: 413 `content_too_large` over [`BODY_LIMIT`].
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Refusal> {
+    body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Refusal::new(ErrorCode::ContentTooLarge, format!("the body is over {BODY_LIMIT} bytes"))
+            crate::doors::body::too_large("the body")
         } else {
-            Refusal::new(ErrorCode::ParameterMissing, format!("the body could not be read: {rejection}"))
+            Refusal::new(ErrorCode::ParameterMissing, format!("the body could not be read ({rejection}); send it again"))
         }
-    })?;
-    Ok(serde_json::from_slice(&bytes)
-        .map_err(|e| Refusal::new(ErrorCode::ParameterMissing, format!("the body is not JSON: {e}")))?)
+    })
 }
 
 async fn get_profile(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {

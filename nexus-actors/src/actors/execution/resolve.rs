@@ -116,7 +116,8 @@ pub async fn resolve(
 /// otherwise reuse the frozen declaration without a word.
 ///
 /// # Errors
-/// 400 `parameter_invalid` for a body that is not an object or names another field.
+/// 400 `parameter_missing` for a body that is not an object; `parameter_invalid` when it names another
+/// field.
 pub fn supplied_declaration(body: &Value) -> Result<Option<Value>, Refusal> {
     crate::declaration::known_fields(body, &["execution_declaration"])?;
     Ok(body.get("execution_declaration").filter(|v| !v.is_null()).cloned())
