@@ -22,7 +22,8 @@ use crate::actors::execution::{control, resolve};
 use crate::actors::fabric::Fabric;
 use crate::actors::profile::profile_json;
 use crate::actors::root::RootHandle;
-use crate::auth::Plane;
+use crate::auth::throttle::{CredentialThrottle, Gate, Source};
+use crate::auth::{Plane, not_accepted};
 use crate::declaration::tools::RunnerSelection;
 use crate::declaration::{known_fields, prompt_slot, validate_configuration};
 use crate::model::DeltaType;
@@ -49,6 +50,8 @@ pub struct Api {
     pub root: RootHandle,
     /// Request budgets per member.
     pub limiter: DoorLimiter,
+    /// Failed-credential budgets per source address, shared with the runner stream.
+    pub credentials: Arc<CredentialThrottle>,
 }
 
 impl Api {
@@ -58,7 +61,9 @@ impl Api {
         let per_minute = std::num::NonZeroU32::new(doors.requests_per_minute).unwrap_or(std::num::NonZeroU32::MIN);
         let burst = std::num::NonZeroU32::new(doors.burst).unwrap_or(std::num::NonZeroU32::MIN);
         let limiter = governor::RateLimiter::keyed(governor::Quota::per_minute(per_minute).allow_burst(burst));
-        Api { fabric, root, limiter }
+        let credentials =
+            Arc::new(CredentialThrottle::new(doors.credential_failure_burst, doors.credential_failures_per_minute));
+        Api { fabric, root, limiter, credentials }
     }
 }
 
@@ -163,6 +168,32 @@ fn internal(e: impl std::fmt::Display) -> Refusal {
     Refusal::new(ErrorCode::Internal, format!("the store failed: {e}"))
 }
 
+/// Looks `token` up on `plane` through the failure throttle of `source` (none for an in-process
+/// caller): a spent budget refuses it unread; a failure spends from the budget.
+///
+/// # Errors
+/// 401 `unauthorized` ([`not_accepted`]); 429 `rate_limited`; `internal` on a store failure.
+pub async fn authenticate(
+    fabric: &Fabric,
+    throttle: &CredentialThrottle,
+    token: &str,
+    plane: Plane,
+    source: Option<Source>,
+) -> Result<(uuid::Uuid, i64), Refusal> {
+    let Some(source) = source else { return fabric.store.authenticate(token, plane).await };
+    let digest = crate::auth::digest(token.trim());
+    if let Gate::Refuse(refusal) = throttle.gate(source, &digest, fabric.clock.now_ms()) {
+        return Err(refusal);
+    }
+    let found = fabric.store.authenticate(token, plane).await;
+    match &found {
+        Ok(_) => throttle.succeeded(source, &digest, fabric.clock.now_ms()),
+        Err(refusal) if refusal.code == ErrorCode::Unauthorized => throttle.failed(source, fabric.clock.now_ms()),
+        Err(_) => {}
+    }
+    found
+}
+
 /// Parses an event cursor; empty means the beginning.
 ///
 /// # Errors
@@ -181,21 +212,32 @@ pub fn parse_cursor(cursor: &str) -> Result<i64, Refusal> {
 }
 
 impl Api {
-    /// Authenticates a member-plane bearer and spends one request of the member's budget.
+    /// Authenticates a member-plane bearer from an in-process caller (no source address, so no
+    /// failure throttle) and spends one request of the member's budget.
     ///
     /// # Errors
-    /// 401 `unauthorized` for an unknown token or a transport-plane token; 429 `rate_limited`
-    /// with `retry_after` when the member's budget is spent.
+    /// As [`Api::member_from`].
     pub async fn member(&self, token: &str) -> Result<Caller, Refusal> {
-        let (subject, _) = self.fabric.store.authenticate(token, Plane::Member).await?;
+        self.member_from(token, None).await
+    }
+
+    /// Authenticates a member-plane bearer presented from `source` (the peer address) and spends
+    /// one request of the member's budget. A failed credential spends one from the source's
+    /// failure budget ([`crate::auth::throttle`]).
+    ///
+    /// # Errors
+    /// 401 `unauthorized` for a token that opens no member door (unknown, expired, of the
+    /// transport plane, its member gone: one message for all); 429 `rate_limited` with
+    /// `retry_after` when the source's failure budget or the member's request budget is spent.
+    pub async fn member_from(&self, token: &str, source: Option<Source>) -> Result<Caller, Refusal> {
+        let (subject, _) = authenticate(&self.fabric, &self.credentials, token, Plane::Member, source).await?;
         let subject = MemberId::from_uuid(subject);
         if let Err(not_until) = self.limiter.check_key(&subject) {
             let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
             return Err(Refusal::rate_limited(wait.as_secs() + u64::from(wait.subsec_nanos() > 0)));
         }
-        let member = self.fabric.store.member(subject).await.map_err(internal)?.ok_or_else(|| {
-            Refusal::new(ErrorCode::Unauthorized, "the member behind this credential no longer exists")
-        })?;
+        let member =
+            self.fabric.store.member(subject).await.map_err(internal)?.ok_or_else(|| not_accepted(Plane::Member))?;
         Ok(Caller { member })
     }
 

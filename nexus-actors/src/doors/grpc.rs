@@ -27,7 +27,8 @@ use nexus_proto::{ErrorCode, Refusal};
 
 use crate::actors::connection::OUTBOUND_BUFFER;
 use crate::actors::connection::{ConnectionActor, ConnectionArgs};
-use crate::auth::bearer;
+use crate::auth::bearer_of;
+use crate::auth::throttle::Source;
 use crate::declaration::known_fields;
 use crate::doors::api::{Api, Caller, CreateInput};
 
@@ -52,11 +53,14 @@ impl RunnerService for RunnerGrpc {
 
     async fn connect(&self, request: Request<Streaming<RunnerFrame>>) -> Result<Response<Self::ConnectStream>, Status> {
         let (outbound, receiver) = mpsc::channel(OUTBOUND_BUFFER);
+        let source = request.remote_addr().map(|address| Source::of(address.ip()));
         let args = ConnectionArgs {
             fabric: self.api.fabric.clone(),
             root: self.api.root.clone(),
             inbound: request.into_inner(),
             outbound,
+            credentials: self.api.credentials.clone(),
+            source,
         };
         ractor::Actor::spawn_linked(None, ConnectionActor, args, self.api.root.cell())
             .await
@@ -77,10 +81,13 @@ impl AgentGrpc {
         AgentGrpc { api }
     }
 
+    /// The member behind the request's one `authorization` metadata entry, presented from the
+    /// peer's address.
     async fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
-        let header = request.metadata().get("authorization").and_then(|v| v.to_str().ok());
-        let token = bearer(header).map_err(|r| r.to_status())?;
-        self.api.member(token).await.map_err(|r| r.to_status())
+        let values = request.metadata().get_all("authorization").iter().map(|v| v.to_str().ok());
+        let token = bearer_of(values).map_err(|r| r.to_status())?;
+        let source = request.remote_addr().map(|address| Source::of(address.ip()));
+        self.api.member_from(token, source).await.map_err(|r| r.to_status())
     }
 }
 
@@ -383,5 +390,82 @@ impl AgentService for AgentGrpc {
         let id = execution_arg(&request.get_ref().execution_public_id)?;
         let accepted = self.api.compact(&caller, id).await.map_err(|r| r.to_status())?;
         Ok(Response::new(JsonReply { body_json: accepted.to_string(), created: true }))
+    }
+}
+
+/// A gRPC service whose refusals all carry their word: tonic refuses a request message over the
+/// service's decoding bound itself, with a bare `OUT_OF_RANGE` and before any of our code runs;
+/// this wrapper answers it as every other oversize body is answered, `content_too_large` in the
+/// `nexus-error-code` metadata with a message that says what to do (`docs/protocol.md`,
+/// "Refusals"). Every other answer passes through untouched.
+#[derive(Clone, Debug)]
+pub struct Worded<S> {
+    inner: S,
+}
+
+impl<S> Worded<S> {
+    /// Wraps `inner`.
+    pub fn new(inner: S) -> Self {
+        Worded { inner }
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Worded<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> tonic::codegen::Service<tonic::codegen::http::Request<B>> for Worded<S>
+where
+    S: tonic::codegen::Service<
+            tonic::codegen::http::Request<B>,
+            Response = tonic::codegen::http::Response<tonic::body::Body>,
+        >,
+    S::Future: Send + 'static,
+{
+    type Response = tonic::codegen::http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: tonic::codegen::http::Request<B>) -> Self::Future {
+        let answer = self.inner.call(request);
+        Box::pin(async move { answer.await.map(worded) })
+    }
+}
+
+/// `response`, or, when it is tonic's own bare refusal of an oversize message (in the headers of
+/// a trailers-only answer), the same refusal with its word.
+fn worded(response: tonic::codegen::http::Response<tonic::body::Body>) -> tonic::codegen::http::Response<tonic::body::Body> {
+    let headers = response.headers();
+    if headers.contains_key("nexus-error-code") {
+        return response;
+    }
+    let Some(status) = Status::from_header_map(headers) else { return response };
+    if status.code() != tonic::Code::OutOfRange {
+        return response;
+    }
+    let refusal = crate::doors::body::too_large("the request message");
+    Refusal { message: format!("{} ({})", refusal.message, status.message()), ..refusal }.to_status().into_http()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_oversize_refusal_gets_its_word_and_nothing_else_changes() {
+        let bare = Status::out_of_range("Error, decoded message length too large: found 9 bytes, the limit is: 8 bytes");
+        let answer = worded(bare.into_http());
+        let refusal = Refusal::from_status(&Status::from_header_map(answer.headers()).expect("a status"));
+        assert_eq!(refusal.code, ErrorCode::ContentTooLarge);
+        assert!(refusal.message.contains("found 9 bytes"), "{}", refusal.message);
+        let ours = Refusal::new(ErrorCode::NotFound, "no execution x").to_status().into_http();
+        let passed = worded(ours);
+        assert_eq!(Refusal::from_status(&Status::from_header_map(passed.headers()).expect("a status")).code, ErrorCode::NotFound);
+        let other: tonic::codegen::http::Response<tonic::body::Body> = Status::internal("boom").into_http();
+        assert_eq!(Status::from_header_map(worded(other).headers()).map(|s| s.code()), Some(tonic::Code::Internal));
     }
 }

@@ -24,7 +24,8 @@ use serde_json::{Value, json};
 
 use nexus_proto::{ErrorCode, ExecutionId, Refusal};
 
-use crate::auth::bearer;
+use crate::auth::bearer_of;
+use crate::auth::throttle::Source;
 use crate::declaration::known_fields;
 use crate::doors::api::{Api, Caller};
 
@@ -84,9 +85,30 @@ pub fn router(api: Arc<Api>) -> Router {
         .with_state(api)
 }
 
-async fn caller(api: &Api, headers: &HeaderMap) -> Result<Caller, HttpRefusal> {
-    let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    Ok(api.member(bearer(header)?).await?)
+/// The member behind the request's one `Authorization` header, presented from `peer`.
+async fn caller(api: &Api, headers: &HeaderMap, peer: Option<Source>) -> Result<Caller, HttpRefusal> {
+    let token = bearer_of(headers.get_all(header::AUTHORIZATION).iter().map(|v| v.to_str().ok()))?;
+    Ok(api.member_from(token, peer).await?)
+}
+
+/// The source address of a request, as the failed-credential throttle keys it: from the
+/// connection info the transport puts on every request (plaintext or TLS).
+pub(crate) fn peer_source(extensions: &axum::http::Extensions) -> Option<Source> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let plain = extensions.get::<TcpConnectInfo>().and_then(TcpConnectInfo::remote_addr);
+    let tls = || extensions.get::<TlsConnectInfo<TcpConnectInfo>>().and_then(|info| info.get_ref().remote_addr());
+    plain.or_else(tls).map(|address| Source::of(address.ip()))
+}
+
+/// The request's source address ([`peer_source`]); never refuses.
+pub(crate) struct Peer(pub Option<Source>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Peer(peer_source(&parts.extensions)))
+    }
 }
 
 /// What a door on one execution (or one of its tasks) is called with: the path (`id`, or
@@ -108,7 +130,8 @@ where
     async fn from_request(request: Request, api: &Arc<Api>) -> Result<Self, Response> {
         let (mut parts, body) = request.into_parts();
         let Path(path) = Path::<P>::from_request_parts(&mut parts, api).await.map_err(IntoResponse::into_response)?;
-        let caller = caller(api, &parts.headers).await.map_err(IntoResponse::into_response)?;
+        let peer = peer_source(&parts.extensions);
+        let caller = caller(api, &parts.headers, peer).await.map_err(IntoResponse::into_response)?;
         let body = Bytes::from_request(Request::from_parts(parts, body), api).await;
         Ok(ExecutionDoor { api: Arc::clone(api), caller, path, body })
     }
@@ -164,43 +187,49 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Refusal> {
     })
 }
 
-async fn get_profile(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+async fn get_profile(State(api): State<Arc<Api>>, Peer(peer): Peer,
+    headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.profile(&caller).await?))
 }
 
 async fn put_configuration(
     State(api): State<Arc<Api>>,
+    Peer(peer): Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     let body = json_body(body)?;
     Ok(axum::Json(api.declare(&caller, body).await?))
 }
 
-async fn get_models(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+async fn get_models(State(api): State<Arc<Api>>, Peer(peer): Peer,
+    headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.models(&caller)))
 }
 
-async fn get_tools(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+async fn get_tools(State(api): State<Arc<Api>>, Peer(peer): Peer,
+    headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.tools(&caller)))
 }
 
-async fn get_prompt_document(State(api): State<Arc<Api>>, Path(slot): Path<String>, headers: HeaderMap) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+async fn get_prompt_document(State(api): State<Arc<Api>>, Path(slot): Path<String>, Peer(peer): Peer,
+    headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.prompt_document(&caller, &slot).await?))
 }
 
 async fn put_prompt_document(
     State(api): State<Arc<Api>>,
     Path(slot): Path<String>,
+    Peer(peer): Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     let body = json_body(body)?;
     Ok(axum::Json(api.put_prompt_document(&caller, &slot, body).await?))
 }
@@ -212,31 +241,35 @@ struct KindQuery {
 
 async fn get_executors(
     State(api): State<Arc<Api>>,
+    Peer(peer): Peer,
     headers: HeaderMap,
     query: Result<Query<KindQuery>, QueryRejection>,
 ) -> HttpResult {
     let query = query_of(query)?;
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.executors(&caller, query.kind.as_deref()).await?))
 }
 
-async fn get_executor(State(api): State<Arc<Api>>, Path(id): Path<String>, headers: HeaderMap) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+async fn get_executor(State(api): State<Arc<Api>>, Path(id): Path<String>, Peer(peer): Peer,
+    headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.executor(&caller, &id).await?))
 }
 
-async fn get_agents(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+async fn get_agents(State(api): State<Arc<Api>>, Peer(peer): Peer,
+    headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.named_definitions(&caller).await?))
 }
 
 async fn put_agent(
     State(api): State<Arc<Api>>,
     Path(name): Path<String>,
+    Peer(peer): Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, axum::Json<Value>), HttpRefusal> {
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     let body = json_body(body)?;
     let (minted, definition) = api.put_named_definition(&caller, &name, body).await?;
     Ok((if minted { StatusCode::CREATED } else { StatusCode::OK }, axum::Json(definition)))
@@ -245,19 +278,21 @@ async fn put_agent(
 async fn delete_agent(
     State(api): State<Arc<Api>>,
     Path(name): Path<String>,
+    Peer(peer): Peer,
     headers: HeaderMap,
 ) -> Result<StatusCode, HttpRefusal> {
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     api.delete_named_definition(&caller, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn post_assembly(
     State(api): State<Arc<Api>>,
+    Peer(peer): Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     let body = json_body(body)?;
     Ok(axum::Json(api.assembly_preview(&caller, &body).await?))
 }
