@@ -491,7 +491,7 @@ impl Api {
         if let Some(runner) = input.runner_executor_public_id {
             let candidates = configuration["runner_executor_public_ids"].as_array();
             if !candidates.is_some_and(|ids| {
-                ids.iter().any(|id| id.as_str().and_then(|s| s.parse::<RunnerId>().ok()) == Some(runner))
+                ids.iter().any(|id| id.as_str().and_then(|s| RunnerId::parse_any_case(s).ok()) == Some(runner))
             }) {
                 return Err(Refusal::new(
                     ErrorCode::RunnerNotDeclared,

@@ -78,6 +78,8 @@ pub fn router(api: Arc<Api>) -> Router {
         .merge(control::routes())
         .merge(repair::routes())
         .merge(compaction::routes())
+        // Inside the routes, where the matched path is known.
+        .route_layer(axum::middleware::from_fn(request_rule))
         .fallback(not_found)
         // After every route: it reaches only the routes registered before it.
         .method_not_allowed_fallback(method_not_allowed)
@@ -135,6 +137,91 @@ where
         let body = Bytes::from_request(Request::from_parts(parts, body), api).await;
         Ok(ExecutionDoor { api: Arc::clone(api), caller, path, body })
     }
+}
+
+/// The query parameters each door takes; every other door takes none.
+const QUERY_PARAMETERS: &[(&str, &[&str])] = &[
+    ("/agent_api/v1/executors", &["kind"]),
+    ("/agent_api/v1/executions/{id}/events", &["after", "limit"]),
+    ("/agent_api/v1/executions/{id}/events/stream", &["after", "transcript"]),
+];
+
+/// Refuses, with 400 `parameter_invalid`, a query string that names a parameter the door does not
+/// take or one parameter twice (a misspelt parameter is never silently ignored, and a repeated one
+/// never guessed at), and a body declared as something other than JSON.
+async fn request_rule(request: Request, next: axum::middleware::Next) -> Response {
+    let refusal = query_refusal(request.uri()).or_else(|| content_type_refusal(request.headers()));
+    match refusal {
+        Some(refusal) => HttpRefusal(refusal).into_response(),
+        None => next.run(request).await,
+    }
+}
+
+/// A body is JSON: a `Content-Type` other than `application/json` (or another `+json` type) on
+/// a request that has a body is refused. No `Content-Type` at all is read as JSON.
+fn content_type_refusal(headers: &HeaderMap) -> Option<Refusal> {
+    let declared = headers.get(header::CONTENT_TYPE)?;
+    let empty = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|length| length.to_str().ok())
+        .is_some_and(|length| length.trim() == "0");
+    let essence = declared.to_str().ok().and_then(|value| value.split(';').next()).map(|e| e.trim().to_ascii_lowercase());
+    let json = essence.as_deref().is_some_and(|e| e == "application/json" || (e.starts_with("application/") && e.ends_with("+json")));
+    if json || empty {
+        return None;
+    }
+    let shown = declared.to_str().map_or_else(|_| "not text".to_owned(), crate::json::echo);
+    Some(Refusal::new(
+        ErrorCode::ParameterInvalid,
+        format!("the body is declared as {shown}; bodies are JSON: send content-type: application/json"),
+    ))
+}
+
+/// Whether a request path is an instance of a route pattern (`{…}` matches one segment).
+fn route_matches(pattern: &str, path: &str) -> bool {
+    let (mut pattern, mut path) = (pattern.split('/'), path.split('/'));
+    loop {
+        match (pattern.next(), path.next()) {
+            (None, None) => return true,
+            (Some(want), Some(got)) if want.starts_with('{') || want == got => {}
+            _ => return false,
+        }
+    }
+}
+
+fn query_refusal(uri: &Uri) -> Option<Refusal> {
+    uri.query().filter(|query| !query.is_empty())?;
+    let takes = QUERY_PARAMETERS
+        .iter()
+        .find(|(door, _)| route_matches(door, uri.path()))
+        .map_or(&[][..], |(_, takes)| *takes);
+    let pairs = match Query::<Vec<(String, String)>>::try_from_uri(uri) {
+        Ok(Query(pairs)) => pairs,
+        Err(rejection) => {
+            return Some(Refusal::new(
+                ErrorCode::ParameterInvalid,
+                format!("the query string is invalid: {}", rejection.body_text()),
+            ));
+        }
+    };
+    let mut seen: Vec<&str> = Vec::with_capacity(pairs.len());
+    for (name, _) in &pairs {
+        if !takes.contains(&name.as_str()) {
+            let door_takes = if takes.is_empty() { "no query parameters".to_owned() } else { takes.join(", ") };
+            return Some(Refusal::new(
+                ErrorCode::ParameterInvalid,
+                format!("unknown query parameter {:?}; this door takes {door_takes}", crate::json::echo(name)),
+            ));
+        }
+        if seen.contains(&name.as_str()) {
+            return Some(Refusal::new(
+                ErrorCode::ParameterInvalid,
+                format!("the query parameter {name} is given twice; give it once"),
+            ));
+        }
+        seen.push(name);
+    }
+    None
 }
 
 /// A malformed execution id names no execution: 404, as an unknown one.

@@ -28,10 +28,10 @@ pub async fn runner_facts(store: &Store, configuration: &Value) -> Result<Vec<Ru
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|v| v.as_str().and_then(|s| s.parse().ok()))
+        .filter_map(|v| v.as_str().and_then(|s| RunnerId::parse_any_case(s).ok()))
         .collect();
     for entry in configuration["tool_definitions"].as_array().into_iter().flatten() {
-        if let Some(id) = entry["route"]["runner_executor_public_id"].as_str().and_then(|s| s.parse().ok())
+        if let Some(id) = entry["route"]["runner_executor_public_id"].as_str().and_then(|s| RunnerId::parse_any_case(s).ok())
             && !ids.contains(&id)
         {
             ids.push(id);
