@@ -339,14 +339,8 @@ async fn check_hello(
         .executor_public_id
         .parse()
         .map_err(|_| Refusal::new(ErrorCode::Unauthorized, "executor_public_id must be the runner's UUID"))?;
-    let (subject, credential_epoch) = crate::doors::api::authenticate(
-        fabric,
-        credentials,
-        &hello.credential,
-        Plane::ExecutorTransport,
-        source,
-    )
-    .await?;
+    let (subject, credential_epoch) =
+        fabric.store.authenticate_from(&hello.credential, Plane::ExecutorTransport, credentials, source).await?;
     if subject != claimed.uuid() {
         // Answered as an unknown token: a runner's token never confirms another runner's id.
         return Err(crate::auth::not_accepted(Plane::ExecutorTransport));

@@ -97,7 +97,8 @@ impl CredentialThrottle {
         let sources = self.sources();
         let Some(entry) = sources.get(&source) else { return Gate::Check };
         let debt = entry.whole_at.saturating_sub(now);
-        if debt < self.burst * self.refill_ms || entry.good.iter().any(|good| good == digest) {
+        // Room for one more failure is a debt of at most `burst - 1` refills.
+        if debt <= (self.burst - 1) * self.refill_ms || entry.good.iter().any(|good| good == digest) {
             return Gate::Check;
         }
         // One failure's worth refills first.

@@ -22,7 +22,7 @@ use crate::actors::execution::{control, resolve};
 use crate::actors::fabric::Fabric;
 use crate::actors::profile::profile_json;
 use crate::actors::root::RootHandle;
-use crate::auth::throttle::{CredentialThrottle, Gate, Source};
+use crate::auth::throttle::{CredentialThrottle, Source};
 use crate::auth::{Plane, not_accepted};
 use crate::declaration::tools::RunnerSelection;
 use crate::declaration::{known_fields, prompt_slot, validate_configuration};
@@ -168,32 +168,6 @@ fn internal(e: impl std::fmt::Display) -> Refusal {
     Refusal::new(ErrorCode::Internal, format!("the store failed: {e}"))
 }
 
-/// Looks `token` up on `plane` through the failure throttle of `source` (none for an in-process
-/// caller): a spent budget refuses it unread; a failure spends from the budget.
-///
-/// # Errors
-/// 401 `unauthorized` ([`not_accepted`]); 429 `rate_limited`; `internal` on a store failure.
-pub async fn authenticate(
-    fabric: &Fabric,
-    throttle: &CredentialThrottle,
-    token: &str,
-    plane: Plane,
-    source: Option<Source>,
-) -> Result<(uuid::Uuid, i64), Refusal> {
-    let Some(source) = source else { return fabric.store.authenticate(token, plane).await };
-    let digest = crate::auth::digest(token.trim());
-    if let Gate::Refuse(refusal) = throttle.gate(source, &digest, fabric.clock.now_ms()) {
-        return Err(refusal);
-    }
-    let found = fabric.store.authenticate(token, plane).await;
-    match &found {
-        Ok(_) => throttle.succeeded(source, &digest, fabric.clock.now_ms()),
-        Err(refusal) if refusal.code == ErrorCode::Unauthorized => throttle.failed(source, fabric.clock.now_ms()),
-        Err(_) => {}
-    }
-    found
-}
-
 /// Parses an event cursor; empty means the beginning.
 ///
 /// # Errors
@@ -230,7 +204,7 @@ impl Api {
     /// transport plane, its member gone: one message for all); 429 `rate_limited` with
     /// `retry_after` when the source's failure budget or the member's request budget is spent.
     pub async fn member_from(&self, token: &str, source: Option<Source>) -> Result<Caller, Refusal> {
-        let (subject, _) = authenticate(&self.fabric, &self.credentials, token, Plane::Member, source).await?;
+        let (subject, _) = self.fabric.store.authenticate_from(token, Plane::Member, &self.credentials, source).await?;
         let subject = MemberId::from_uuid(subject);
         if let Err(not_until) = self.limiter.check_key(&subject) {
             let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));

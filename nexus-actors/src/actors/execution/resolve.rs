@@ -359,8 +359,10 @@ mod tests {
             supplied_declaration(&json!({"execution_declaration": declaration.clone()})).ok(),
             Some(Some(declaration.clone()))
         );
-        for bad in [json!([1]), json!({"execution_declaraton": declaration.clone()}), json!({"other": 1})] {
+        for bad in [json!({"execution_declaraton": declaration.clone()}), json!({"other": 1})] {
             assert_eq!(supplied_declaration(&bad).unwrap_err().code, ErrorCode::ParameterInvalid, "{bad}");
         }
+        // A body that is not an object has every door's word for it.
+        assert_eq!(supplied_declaration(&json!([1])).unwrap_err().code, ErrorCode::ParameterMissing);
     }
 }

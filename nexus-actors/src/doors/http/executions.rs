@@ -200,8 +200,8 @@ mod tests {
         assert_eq!(create_input(&json!({})).unwrap_err().code, ErrorCode::ParameterMissing);
         assert_eq!(create_input(&json!({"text": 3})).unwrap_err().code, ErrorCode::ParameterInvalid);
         assert_eq!(create_input(&json!({"text": "x", "txt": "y"})).unwrap_err().code, ErrorCode::ParameterInvalid);
-        assert_eq!(create_input(&json!([1])).unwrap_err().code, ErrorCode::ParameterInvalid, "not an object");
-        assert_eq!(create_input(&json!("hi")).unwrap_err().code, ErrorCode::ParameterInvalid, "not an object");
+        assert_eq!(create_input(&json!([1])).unwrap_err().code, ErrorCode::ParameterMissing, "not an object");
+        assert_eq!(create_input(&json!("hi")).unwrap_err().code, ErrorCode::ParameterMissing, "not an object");
         assert_eq!(
             create_input(&json!({"text": "x", "conversation_public_id": "nope"})).unwrap_err().code,
             ErrorCode::ParameterInvalid
