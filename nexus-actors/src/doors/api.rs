@@ -301,10 +301,13 @@ impl Api {
     /// `GET /agent_api/v1/executors/{id}`: one eligible executor.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown, malformed or ineligible id.
+    /// 400 `parameter_invalid` for an id that is not a UUID in its one spelling (as on every door
+    /// that takes an id); 404 `not_found` for an unknown or ineligible one.
     pub async fn executor(&self, _caller: &Caller, id: &str) -> Result<Value, Refusal> {
         let missing = || Refusal::new(ErrorCode::NotFound, format!("no eligible executor {id}"));
-        let id: RunnerId = id.parse().map_err(|_| missing())?;
+        let id: RunnerId = id.parse().map_err(|e: nexus_proto::MalformedId| {
+            Refusal::new(ErrorCode::ParameterInvalid, format!("the executor id is malformed: {e}"))
+        })?;
         let row =
             self.fabric.store.executor(id).await.map_err(internal)?.filter(|row| row.status == ExecutorStatus::Active);
         row.map(|row| crate::actors::executor::executor_json(&row, self.fabric.clock.now_ms())).ok_or_else(missing)

@@ -131,8 +131,9 @@ fn execution_arg(text: &str) -> Result<nexus_proto::ExecutionId, Status> {
     required_uuid(text, "execution_public_id")
 }
 
-/// The `body_json` of a door that takes no fields (approve, retry, abandon): empty or `{}`, as on
-/// the HTTP doors.
+/// The `body_json` of a door that takes no fields (approve, retry, abandon, and the reads whose
+/// request has a `body_json`): empty or `{}`, as on the HTTP doors; anything else is refused, never
+/// ignored.
 fn empty_body(body_json: &str) -> Result<(), Status> {
     let body = body_arg(body_json)?.unwrap_or_default();
     known_fields(&body, &[]).map_err(|r| r.to_status())
@@ -229,6 +230,7 @@ impl AgentService for AgentGrpc {
         request: Request<PromptDocumentRequest>,
     ) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
+        empty_body(&request.get_ref().body_json)?;
         let document = self.api.prompt_document(&caller, &request.get_ref().slot).await.map_err(|r| r.to_status())?;
         Ok(reply(&document))
     }
@@ -248,6 +250,7 @@ impl AgentService for AgentGrpc {
 
     async fn list_named_definitions(&self, request: Request<JsonRequest>) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
+        empty_body(&request.get_ref().body_json)?;
         Ok(reply(&self.api.named_definitions(&caller).await.map_err(|r| r.to_status())?))
     }
 
@@ -267,12 +270,14 @@ impl AgentService for AgentGrpc {
         request: Request<NamedDefinitionRequest>,
     ) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
+        empty_body(&request.get_ref().body_json)?;
         self.api.delete_named_definition(&caller, &request.get_ref().name).await.map_err(|r| r.to_status())?;
         Ok(reply(&serde_json::json!({})))
     }
 
     async fn list_tools(&self, request: Request<JsonRequest>) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
+        empty_body(&request.get_ref().body_json)?;
         Ok(reply(&self.api.tools(&caller)))
     }
 
@@ -285,7 +290,15 @@ impl AgentService for AgentGrpc {
     async fn list_executors(&self, request: Request<JsonRequest>) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
         let body = body_arg(&request.get_ref().body_json)?.unwrap_or_default();
-        let kind = body.get("kind").and_then(serde_json::Value::as_str);
+        known_fields(&body, &["kind"]).map_err(|r| r.to_status())?;
+        let kind = match body.get("kind") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(kind)) => Some(kind.as_str()),
+            Some(_) => {
+                return Err(Refusal::new(ErrorCode::ParameterInvalid, "kind must be runner or tools_provider")
+                    .to_status());
+            }
+        };
         Ok(reply(&self.api.executors(&caller, kind).await.map_err(|r| r.to_status())?))
     }
 
@@ -296,6 +309,7 @@ impl AgentService for AgentGrpc {
 
     async fn list_models(&self, request: Request<JsonRequest>) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
+        empty_body(&request.get_ref().body_json)?;
         Ok(reply(&self.api.models(&caller)))
     }
 

@@ -16,6 +16,7 @@ mod http_executions;
 mod models;
 mod pressure;
 mod quickstart;
+mod refusals;
 mod round_driver;
 mod store;
 mod tls;
