@@ -145,8 +145,13 @@ mod tests {
         assert_eq!(bearer(Some("Basic abc")).map_err(|r| r.code).err(), Some(ErrorCode::Unauthorized));
         assert!(bearer(None).is_err());
         assert_eq!(bearer_of([Some("Bearer abc")]).ok(), Some("abc"));
-        for refused in [vec![], vec![None], vec![Some("Bearer abc"), Some("Bearer abc")], vec![Some("Bearer a"), None]] {
-            assert_eq!(bearer_of(refused.clone()).map_err(|r| r.code).err(), Some(ErrorCode::Unauthorized), "{refused:?}");
+        for refused in [vec![], vec![None], vec![Some("Bearer abc"), Some("Bearer abc")], vec![Some("Bearer a"), None]]
+        {
+            assert_eq!(
+                bearer_of(refused.clone()).map_err(|r| r.code).err(),
+                Some(ErrorCode::Unauthorized),
+                "{refused:?}"
+            );
         }
     }
 }

@@ -58,7 +58,7 @@ impl fmt::Display for JsonFault {
 pub fn parse(bytes: &[u8]) -> Result<Value, JsonFault> {
     let duplicate = std::cell::RefCell::new(None);
     let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    let parsed = Strict { path: "$".to_owned(), duplicate: &duplicate }
+    let parsed = Strict { at: At::Root, duplicate: &duplicate }
         .deserialize(&mut deserializer)
         .and_then(|value| deserializer.end().map(|()| value));
     match (parsed, duplicate.into_inner()) {
@@ -76,14 +76,33 @@ pub fn parse_str(text: &str) -> Result<Value, JsonFault> {
     parse(text.as_bytes())
 }
 
-/// A value at `path`; the first duplicate found is kept in `duplicate` (the error serde carries
+/// Where a value sits, as a chain of borrowed steps: spelt out only for a refusal, so a large
+/// body costs no path strings.
+#[derive(Clone, Copy)]
+enum At<'p> {
+    Root,
+    Key(&'p At<'p>, &'p str),
+    Index(&'p At<'p>, usize),
+}
+
+impl At<'_> {
+    fn path(&self) -> String {
+        match self {
+            At::Root => "$".to_owned(),
+            At::Key(parent, key) => format!("{}.{}", parent.path(), echo(key)),
+            At::Index(parent, index) => format!("{}[{index}]", parent.path()),
+        }
+    }
+}
+
+/// A value at `at`; the first duplicate found is kept in `duplicate` (the error serde carries
 /// up has lost its structure by then).
-struct Strict<'a> {
-    path: String,
+struct Strict<'a, 'p> {
+    at: At<'p>,
     duplicate: &'a std::cell::RefCell<Option<JsonFault>>,
 }
 
-impl<'de> DeserializeSeed<'de> for Strict<'_> {
+impl<'de> DeserializeSeed<'de> for Strict<'_, '_> {
     type Value = Value;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
@@ -91,7 +110,7 @@ impl<'de> DeserializeSeed<'de> for Strict<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for Strict<'_> {
+impl<'de> Visitor<'de> for Strict<'_, '_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -133,7 +152,7 @@ impl<'de> Visitor<'de> for Strict<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut items = Vec::new();
         loop {
-            let seed = Strict { path: format!("{}[{}]", self.path, items.len()), duplicate: self.duplicate };
+            let seed = Strict { at: At::Index(&self.at, items.len()), duplicate: self.duplicate };
             match seq.next_element_seed(seed)? {
                 Some(item) => items.push(item),
                 None => return Ok(Value::Array(items)),
@@ -145,12 +164,12 @@ impl<'de> Visitor<'de> for Strict<'_> {
         let mut fields = Map::new();
         while let Some(key) = map.next_key::<String>()? {
             if fields.contains_key(&key) {
-                let fault = JsonFault::DuplicateKey { path: self.path.clone(), key: echo(&key) };
+                let fault = JsonFault::DuplicateKey { path: self.at.path(), key: echo(&key) };
                 let message = fault.to_string();
                 self.duplicate.borrow_mut().get_or_insert(fault);
                 return Err(A::Error::custom(message));
             }
-            let seed = Strict { path: format!("{}.{}", self.path, echo(&key)), duplicate: self.duplicate };
+            let seed = Strict { at: At::Key(&self.at, &key), duplicate: self.duplicate };
             let value = map.next_value_seed(seed)?;
             fields.insert(key, value);
         }

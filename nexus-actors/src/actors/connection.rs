@@ -315,9 +315,8 @@ fn start_hello(myself: &ActorRef<ConnectionMsg>, state: &mut ConnectionState, re
     let actor = myself.clone();
     let task = tokio::spawn(tracing::Instrument::instrument(
         async move {
-            let credential = (credentials.as_ref(), source);
-            let result =
-                check_hello(&fabric, &root, conn_id, request_id, hello, credential, connection, outbound).await;
+            let presented = Presented { hello, throttle: credentials.as_ref(), source };
+            let result = check_hello(&fabric, &root, conn_id, request_id, presented, connection, outbound).await;
             let _ = actor.cast(ConnectionMsg::HelloDone { request_id, result });
         },
         tracing::info_span!("hello", conn = conn_id),
@@ -325,13 +324,19 @@ fn start_hello(myself: &ActorRef<ConnectionMsg>, state: &mut ConnectionState, re
     state.standing = Standing::Hello { task };
 }
 
+/// A Hello as it was presented: the frame, and the failed-credential budget of its source.
+struct Presented<'a> {
+    hello: Hello,
+    throttle: &'a CredentialThrottle,
+    source: Option<Source>,
+}
+
 async fn check_hello(
     fabric: &Fabric,
     root: &RootHandle,
     conn_id: u64,
     request_id: u64,
-    hello: Hello,
-    (credentials, source): (&CredentialThrottle, Option<Source>),
+    Presented { hello, throttle, source }: Presented<'_>,
     connection: ConnectionHandle,
     outbound: Outbound,
 ) -> Result<(RunnerId, i64), Refusal> {
@@ -340,7 +345,7 @@ async fn check_hello(
         .parse()
         .map_err(|_| Refusal::new(ErrorCode::Unauthorized, "executor_public_id must be the runner's UUID"))?;
     let (subject, credential_epoch) =
-        fabric.store.authenticate_from(&hello.credential, Plane::ExecutorTransport, credentials, source).await?;
+        fabric.store.authenticate_from(&hello.credential, Plane::ExecutorTransport, throttle, source).await?;
     if subject != claimed.uuid() {
         // Answered as an unknown token: a runner's token never confirms another runner's id.
         return Err(crate::auth::not_accepted(Plane::ExecutorTransport));

@@ -802,8 +802,15 @@ async fn attach(state: &mut ExecutorState, stream: Attach) -> Result<(), Refusal
 }
 
 async fn announce(state: &mut ExecutorState, body_json: &str) -> Result<Frame, Refusal> {
-    let body: Value = serde_json::from_str(body_json)
-        .map_err(|e| Refusal::new(ErrorCode::ParameterMissing, format!("the announcement is not JSON: {e}")))?;
+    let body: Value = crate::json::parse_str(body_json).map_err(|fault| match fault {
+        crate::json::JsonFault::Syntax(e) => {
+            Refusal::new(ErrorCode::ParameterMissing, format!("the announcement is not JSON: {e}"))
+        }
+        // A key named twice is a defect of the announcement, refused rather than guessed at.
+        duplicate => {
+            Refusal::new(ErrorCode::InvalidAnnouncement, format!("the announcement is ambiguous: {duplicate}"))
+        }
+    })?;
     let canonical = crate::declaration::announcement::validate(&body)?;
     state.fabric.store.set_announcement(state.row.public_id, &canonical).await.map_err(internal)?;
     state.row.announcement = canonical;
@@ -1118,7 +1125,7 @@ fn progress(state: &mut ExecutorState, id: TaskId, token: &str, frame_json: &str
     if frame_json.len() > PROGRESS_FRAME_BOUND {
         return Err(Refusal::new(ErrorCode::FrameTooLarge, "progress frames are at most 65536 bytes"));
     }
-    if !serde_json::from_str::<Value>(frame_json).is_ok_and(|v| v.is_object()) {
+    if !crate::json::parse_str(frame_json).is_ok_and(|v| v.is_object()) {
         return Err(Refusal::new(ErrorCode::InvalidFrame, "a progress frame is a JSON object"));
     }
     // Accepted always; frames closer than 250 ms per key are dropped silently and nothing is

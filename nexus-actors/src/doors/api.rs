@@ -716,7 +716,12 @@ impl Api {
     /// The stored execution and its task `task_key`, when the caller owns the execution. Another
     /// member's execution answers exactly as one that does not exist (404 `not_found`, the same
     /// message), as on every other door: a stranger learns nothing of which ids exist.
-    async fn owned_task(&self, caller: &Caller, id: ExecutionId, task_key: &str) -> Result<(ExecutionRow, TaskRow), Refusal> {
+    async fn owned_task(
+        &self,
+        caller: &Caller,
+        id: ExecutionId,
+        task_key: &str,
+    ) -> Result<(ExecutionRow, TaskRow), Refusal> {
         let store = &self.fabric.store;
         let row = self.owned_execution(caller, id).await?;
         let missing = || Refusal::new(ErrorCode::NotFound, format!("no task {task_key} in execution {id}"));

@@ -295,8 +295,9 @@ impl AgentService for AgentGrpc {
             None | Some(serde_json::Value::Null) => None,
             Some(serde_json::Value::String(kind)) => Some(kind.as_str()),
             Some(_) => {
-                return Err(Refusal::new(ErrorCode::ParameterInvalid, "kind must be runner or tools_provider")
-                    .to_status());
+                return Err(
+                    Refusal::new(ErrorCode::ParameterInvalid, "kind must be runner or tools_provider").to_status()
+                );
             }
         };
         Ok(reply(&self.api.executors(&caller, kind).await.map_err(|r| r.to_status())?))
@@ -452,7 +453,9 @@ where
 
 /// `response`, or, when it is tonic's own bare refusal of an oversize message (in the headers of
 /// a trailers-only answer), the same refusal with its word.
-fn worded(response: tonic::codegen::http::Response<tonic::body::Body>) -> tonic::codegen::http::Response<tonic::body::Body> {
+fn worded(
+    response: tonic::codegen::http::Response<tonic::body::Body>,
+) -> tonic::codegen::http::Response<tonic::body::Body> {
     let headers = response.headers();
     if headers.contains_key("nexus-error-code") {
         return response;
@@ -471,14 +474,18 @@ mod tests {
 
     #[test]
     fn a_bare_oversize_refusal_gets_its_word_and_nothing_else_changes() {
-        let bare = Status::out_of_range("Error, decoded message length too large: found 9 bytes, the limit is: 8 bytes");
+        let bare =
+            Status::out_of_range("Error, decoded message length too large: found 9 bytes, the limit is: 8 bytes");
         let answer = worded(bare.into_http());
         let refusal = Refusal::from_status(&Status::from_header_map(answer.headers()).expect("a status"));
         assert_eq!(refusal.code, ErrorCode::ContentTooLarge);
         assert!(refusal.message.contains("found 9 bytes"), "{}", refusal.message);
         let ours = Refusal::new(ErrorCode::NotFound, "no execution x").to_status().into_http();
         let passed = worded(ours);
-        assert_eq!(Refusal::from_status(&Status::from_header_map(passed.headers()).expect("a status")).code, ErrorCode::NotFound);
+        assert_eq!(
+            Refusal::from_status(&Status::from_header_map(passed.headers()).expect("a status")).code,
+            ErrorCode::NotFound
+        );
         let other: tonic::codegen::http::Response<tonic::body::Body> = Status::internal("boom").into_http();
         assert_eq!(Status::from_header_map(worded(other).headers()).map(|s| s.code()), Some(tonic::Code::Internal));
     }

@@ -165,8 +165,11 @@ fn content_type_refusal(headers: &HeaderMap) -> Option<Refusal> {
         .get(header::CONTENT_LENGTH)
         .and_then(|length| length.to_str().ok())
         .is_some_and(|length| length.trim() == "0");
-    let essence = declared.to_str().ok().and_then(|value| value.split(';').next()).map(|e| e.trim().to_ascii_lowercase());
-    let json = essence.as_deref().is_some_and(|e| e == "application/json" || (e.starts_with("application/") && e.ends_with("+json")));
+    let essence =
+        declared.to_str().ok().and_then(|value| value.split(';').next()).map(|e| e.trim().to_ascii_lowercase());
+    let json = essence
+        .as_deref()
+        .is_some_and(|e| e == "application/json" || (e.starts_with("application/") && e.ends_with("+json")));
     if json || empty {
         return None;
     }
@@ -191,10 +194,8 @@ fn route_matches(pattern: &str, path: &str) -> bool {
 
 fn query_refusal(uri: &Uri) -> Option<Refusal> {
     uri.query().filter(|query| !query.is_empty())?;
-    let takes = QUERY_PARAMETERS
-        .iter()
-        .find(|(door, _)| route_matches(door, uri.path()))
-        .map_or(&[][..], |(_, takes)| *takes);
+    let takes =
+        QUERY_PARAMETERS.iter().find(|(door, _)| route_matches(door, uri.path())).map_or(&[][..], |(_, takes)| *takes);
     let pairs = match Query::<Vec<(String, String)>>::try_from_uri(uri) {
         Ok(Query(pairs)) => pairs,
         Err(rejection) => {
@@ -269,13 +270,15 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Refusal> {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             crate::doors::body::too_large("the body")
         } else {
-            Refusal::new(ErrorCode::ParameterMissing, format!("the body could not be read ({rejection}); send it again"))
+            Refusal::new(
+                ErrorCode::ParameterMissing,
+                format!("the body could not be read ({rejection}); send it again"),
+            )
         }
     })
 }
 
-async fn get_profile(State(api): State<Arc<Api>>, Peer(peer): Peer,
-    headers: HeaderMap) -> HttpResult {
+async fn get_profile(State(api): State<Arc<Api>>, Peer(peer): Peer, headers: HeaderMap) -> HttpResult {
     let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.profile(&caller).await?))
 }
@@ -291,20 +294,22 @@ async fn put_configuration(
     Ok(axum::Json(api.declare(&caller, body).await?))
 }
 
-async fn get_models(State(api): State<Arc<Api>>, Peer(peer): Peer,
-    headers: HeaderMap) -> HttpResult {
+async fn get_models(State(api): State<Arc<Api>>, Peer(peer): Peer, headers: HeaderMap) -> HttpResult {
     let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.models(&caller)))
 }
 
-async fn get_tools(State(api): State<Arc<Api>>, Peer(peer): Peer,
-    headers: HeaderMap) -> HttpResult {
+async fn get_tools(State(api): State<Arc<Api>>, Peer(peer): Peer, headers: HeaderMap) -> HttpResult {
     let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.tools(&caller)))
 }
 
-async fn get_prompt_document(State(api): State<Arc<Api>>, Path(slot): Path<String>, Peer(peer): Peer,
-    headers: HeaderMap) -> HttpResult {
+async fn get_prompt_document(
+    State(api): State<Arc<Api>>,
+    Path(slot): Path<String>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+) -> HttpResult {
     let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.prompt_document(&caller, &slot).await?))
 }
@@ -337,14 +342,17 @@ async fn get_executors(
     Ok(axum::Json(api.executors(&caller, query.kind.as_deref()).await?))
 }
 
-async fn get_executor(State(api): State<Arc<Api>>, Path(id): Path<String>, Peer(peer): Peer,
-    headers: HeaderMap) -> HttpResult {
+async fn get_executor(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+) -> HttpResult {
     let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.executor(&caller, &id).await?))
 }
 
-async fn get_agents(State(api): State<Arc<Api>>, Peer(peer): Peer,
-    headers: HeaderMap) -> HttpResult {
+async fn get_agents(State(api): State<Arc<Api>>, Peer(peer): Peer, headers: HeaderMap) -> HttpResult {
     let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.named_definitions(&caller).await?))
 }

@@ -882,7 +882,7 @@ async fn the_control_doors_refuse_with_their_words() {
         assert_eq!((answer.status, answer.code()), (400, Some("parameter_invalid")), "{verb}");
         // A literal `null` body is not "no body": it is refused and changes nothing.
         let answer = http.send(reqwest::Method::POST, &door(run, verb), Some("null".into())).await;
-        assert_eq!((answer.status, answer.code()), (400, Some("parameter_invalid")), "{verb} null");
+        assert_eq!((answer.status, answer.code()), (400, Some("parameter_missing")), "{verb} null");
     }
 
     let mut client = agent_client(&f.server).await;

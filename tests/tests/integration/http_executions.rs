@@ -327,7 +327,9 @@ async fn every_execution_door_refuses_unknown_fields_and_bodies_that_are_not_obj
             _ => client.abandon_task(request).await.map(|_| ()),
         }
         .expect_err("refused");
-        assert_eq!(Refusal::from_status(&refused).code, ErrorCode::ParameterInvalid, "{verb} {body_json}");
+        // A body that is not an object has every door's word for it.
+        let word = if body_json == "[1]" { ErrorCode::ParameterMissing } else { ErrorCode::ParameterInvalid };
+        assert_eq!(Refusal::from_status(&refused).code, word, "{verb} {body_json}");
     }
     assert_eq!(server.store().fingerprint().await.expect("fingerprint"), before, "refused bodies changed nothing");
 

@@ -139,16 +139,14 @@ impl Fixture {
 
     /// The route with its segments filled: `id` for `{id}`.
     fn path(route: &str, id: &str) -> String {
-        route.replace("{id}", id).replace("{task_key}", "r1t0").replace("{slot}", "system_prompt").replace("{name}", "probe-def")
+        route
+            .replace("{id}", id)
+            .replace("{task_key}", "r1t0")
+            .replace("{slot}", "system_prompt")
+            .replace("{name}", "probe-def")
     }
 
-    async fn http(
-        &self,
-        method: &Method,
-        path: &str,
-        credential: Credential,
-        body: Option<(&str, Vec<u8>)>,
-    ) -> Answer {
+    async fn http(&self, method: &Method, path: &str, credential: Credential, body: Option<(&str, Vec<u8>)>) -> Answer {
         let mut request = self.client.request(method.clone(), format!("{}{path}", self.server.url()));
         for value in self.token(credential) {
             request = request.header("authorization", value);
@@ -190,7 +188,11 @@ impl Fixture {
         }
         let refusal = Refusal::from_status(&status);
         let worded = status.metadata().get("nexus-error-code").is_some();
-        Answer { status: format!("{:?}", status.code()), code: worded.then_some(refusal.code), message: refusal.message }
+        Answer {
+            status: format!("{:?}", status.code()),
+            code: worded.then_some(refusal.code),
+            message: refusal.message,
+        }
     }
 }
 
@@ -258,7 +260,8 @@ fn request(method: &str, field: Field<'_>, run: &str) -> Option<(Vec<u8>, Option
     };
     let body = Some(JsonKind::Body);
     let declaration = Some(JsonKind::Declaration);
-    let decision = || TaskDecisionRequest { execution_public_id: id.into(), task_key: "r1t0".into(), body_json: json.into() };
+    let decision =
+        || TaskDecisionRequest { execution_public_id: id.into(), task_key: "r1t0".into(), body_json: json.into() };
     let (encoded, kind, has_id) = match method {
         "DeclareProfile" => (DeclareProfileRequest { body_json: json.into() }.encode_to_vec(), body, false),
         "GetProfile" => (GetProfileRequest {}.encode_to_vec(), None, false),
@@ -274,9 +277,11 @@ fn request(method: &str, field: Field<'_>, run: &str) -> Option<(Vec<u8>, Option
             true,
         ),
         "GetExecution" => (GetExecutionRequest { execution_public_id: id.into() }.encode_to_vec(), None, true),
-        "StreamEvents" => {
-            (StreamEventsRequest { execution_public_id: id.into(), ..StreamEventsRequest::default() }.encode_to_vec(), None, true)
-        }
+        "StreamEvents" => (
+            StreamEventsRequest { execution_public_id: id.into(), ..StreamEventsRequest::default() }.encode_to_vec(),
+            None,
+            true,
+        ),
         "StopExecution" => {
             (StopExecutionRequest { execution_public_id: id.into(), force: None }.encode_to_vec(), None, true)
         }
@@ -298,9 +303,11 @@ fn request(method: &str, field: Field<'_>, run: &str) -> Option<(Vec<u8>, Option
         ),
         "ApproveTask" | "DenyTask" | "RetryTask" | "AbandonTask" => (decision().encode_to_vec(), body, true),
         "CompactExecution" => (CompactExecutionRequest { execution_public_id: id.into() }.encode_to_vec(), None, true),
-        "GetPromptDocument" | "PutPromptDocument" => {
-            (PromptDocumentRequest { slot: "system_prompt".into(), body_json: json.into() }.encode_to_vec(), body, false)
-        }
+        "GetPromptDocument" | "PutPromptDocument" => (
+            PromptDocumentRequest { slot: "system_prompt".into(), body_json: json.into() }.encode_to_vec(),
+            body,
+            false,
+        ),
         "PutNamedDefinition" | "DeleteNamedDefinition" => {
             (NamedDefinitionRequest { name: "probe-def".into(), body_json: json.into() }.encode_to_vec(), body, false)
         }
@@ -484,11 +491,15 @@ async fn an_execution_answers_to_one_spelling_of_its_id() {
     assert_eq!(found.status, 200, "{found:?}");
     let uuid = f.run.uuid();
     for other in [id.to_uppercase(), format!("{{{id}}}"), format!("urn:uuid:{id}"), uuid.simple().to_string()] {
-        let answer = http.get(&format!("/agent_api/v1/executions/{}", other.replace('{', "%7B").replace('}', "%7D"))).await;
+        let answer =
+            http.get(&format!("/agent_api/v1/executions/{}", other.replace('{', "%7B").replace('}', "%7D"))).await;
         assert_eq!((answer.status, answer.code()), (400, Some("parameter_invalid")), "{other}: {answer:?}");
         let mut client = nexus_tests::client::agent_client(&f.server).await;
         let status = client
-            .get_execution(nexus_tests::client::authed(GetExecutionRequest { execution_public_id: other.clone() }, &f.agent))
+            .get_execution(nexus_tests::client::authed(
+                GetExecutionRequest { execution_public_id: other.clone() },
+                &f.agent,
+            ))
             .await
             .expect_err("refused");
         assert_eq!(Refusal::from_status(&status).code, ErrorCode::ParameterInvalid, "{other}");
@@ -568,4 +579,19 @@ async fn a_runner_frame_over_the_bound_ends_the_stream_with_its_word() {
     assert_eq!(refusal.code, ErrorCode::ContentTooLarge, "{status:?}");
     assert!(status.metadata().get("nexus-error-code").is_some(), "the word travels as metadata");
     assert!(refusal.message.contains("max_frame_bytes"), "{}", refusal.message);
+}
+
+#[tokio::test]
+async fn a_refusal_never_repeats_a_huge_input_whole() {
+    let f = Fixture::start().await;
+    let http = Http::new(&f.server.url(), Some(&f.agent.token));
+    let name = "n".repeat(100_000);
+    let body = json!({"configuration": {"kernel_tools": [name], "approval_mode": "bypass"}});
+    let answer = http.put("/agent_api/v1/profile/configuration", &body).await;
+    assert_eq!((answer.status, answer.code()), (422, Some("validation_failed")), "{}", answer.message().len());
+    let bound = nexus_proto::error::MESSAGE_BOUND;
+    assert!(answer.message().chars().count() <= bound + 1, "{} characters", answer.message().chars().count());
+    let answer = http.get(&format!("/agent_api/v1/profile?{}=1", "q".repeat(10_000))).await;
+    assert_eq!(answer.code(), Some("parameter_invalid"));
+    assert!(answer.message().len() < 1_000, "{} bytes", answer.message().len());
 }

@@ -31,7 +31,8 @@ pub async fn runner_facts(store: &Store, configuration: &Value) -> Result<Vec<Ru
         .filter_map(|v| v.as_str().and_then(|s| RunnerId::parse_any_case(s).ok()))
         .collect();
     for entry in configuration["tool_definitions"].as_array().into_iter().flatten() {
-        if let Some(id) = entry["route"]["runner_executor_public_id"].as_str().and_then(|s| RunnerId::parse_any_case(s).ok())
+        if let Some(id) =
+            entry["route"]["runner_executor_public_id"].as_str().and_then(|s| RunnerId::parse_any_case(s).ok())
             && !ids.contains(&id)
         {
             ids.push(id);

@@ -99,8 +99,12 @@ async fn post_input(
     ))
 }
 
-async fn get_execution(State(api): State<Arc<Api>>, Path(id): Path<String>, Peer(peer): Peer,
-    headers: HeaderMap) -> HttpResult {
+async fn get_execution(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+) -> HttpResult {
     let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.execution(&caller, uuid_param("id", &id)?).await?))
 }
