@@ -247,7 +247,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let server_dir = tempfile::tempdir()?;
     let config = ServerConfig {
         data_dir: server_dir.path().to_owned(),
-        doors: DoorsConfig { requests_per_minute: 1_000_000, burst: 1_000_000 },
+        doors: DoorsConfig { requests_per_minute: 1_000_000, burst: 1_000_000, ..DoorsConfig::default() },
         ..ServerConfig::default()
     };
     let (server, token) = runtime.block_on(async {

@@ -2,7 +2,11 @@
 //!
 //! A member-plane credential opens the profile and execution doors; an executor-transport
 //! credential opens only the runner stream. Each plane's doors refuse the other's credential with
-//! 401 `unauthorized`. Tokens are shown once at minting and stored only as SHA-256 digests.
+//! 401 `unauthorized`, with the message an unknown token gets: no answer tells a token that opens
+//! some other door from a guess. Tokens are shown once at minting and stored only as SHA-256
+//! digests. Failed attempts are throttled per source ([`throttle`]).
+
+pub mod throttle;
 
 use rand::RngCore;
 use sha2::{Digest, Sha256};
@@ -76,6 +80,36 @@ pub fn mint(plane: Plane, subject: Uuid) -> (String, Credential) {
     (token, credential)
 }
 
+/// The one refusal of a credential that does not open a door of `plane`, whatever the reason
+/// (unknown, expired, revoked, of the other plane, its member gone): 401 `unauthorized`, with a
+/// message that names only the door's plane.
+pub fn not_accepted(plane: Plane) -> Refusal {
+    let what = match plane {
+        Plane::Member => "a member credential (`nexus admin member create` mints one)",
+        Plane::ExecutorTransport => "a runner credential (`nexus admin runner create` mints one)",
+    };
+    Refusal::new(ErrorCode::Unauthorized, format!("this credential is not accepted here; these doors take {what}"))
+}
+
+/// Extracts the token from a request's `Authorization` values (HTTP headers or gRPC metadata
+/// entries, `None` for a value that is not visible ASCII): exactly one must be sent.
+///
+/// # Errors
+/// `unauthorized` when there is none, more than one (which one would count is ambiguous), or it
+/// is not a bearer.
+pub fn bearer_of<'a>(values: impl IntoIterator<Item = Option<&'a str>>) -> Result<&'a str, Refusal> {
+    let mut values = values.into_iter();
+    let first = values.next();
+    let more = values.count();
+    if more > 0 {
+        return Err(Refusal::new(
+            ErrorCode::Unauthorized,
+            format!("the request carries {} Authorization headers; send exactly one", more + 1),
+        ));
+    }
+    bearer(first.flatten())
+}
+
 /// Extracts the token from an `Authorization: Bearer <token>` header value.
 ///
 /// # Errors
@@ -110,5 +144,14 @@ mod tests {
         assert_eq!(bearer(Some("Bearer abc")).ok(), Some("abc"));
         assert_eq!(bearer(Some("Basic abc")).map_err(|r| r.code).err(), Some(ErrorCode::Unauthorized));
         assert!(bearer(None).is_err());
+        assert_eq!(bearer_of([Some("Bearer abc")]).ok(), Some("abc"));
+        for refused in [vec![], vec![None], vec![Some("Bearer abc"), Some("Bearer abc")], vec![Some("Bearer a"), None]]
+        {
+            assert_eq!(
+                bearer_of(refused.clone()).map_err(|r| r.code).err(),
+                Some(ErrorCode::Unauthorized),
+                "{refused:?}"
+            );
+        }
     }
 }

@@ -203,11 +203,23 @@ pub struct DoorsConfig {
     pub requests_per_minute: u32,
     /// Requests a member may make at once above the sustained rate. Default 120.
     pub burst: u32,
+    /// Failed credentials (unknown, expired, revoked, of the other plane) one source address (an
+    /// IPv4 address, an IPv6 /64) may present at once, on every door and the runner stream; past
+    /// it, its credentials are refused 429 `rate_limited` unread, except one that already
+    /// succeeded from there ([`crate::auth::throttle`]). Default 20.
+    pub credential_failure_burst: u32,
+    /// How many failures a source's budget gets back per minute. Default 10 (one every 6 s).
+    pub credential_failures_per_minute: u32,
 }
 
 impl Default for DoorsConfig {
     fn default() -> Self {
-        DoorsConfig { requests_per_minute: 1200, burst: 120 }
+        DoorsConfig {
+            requests_per_minute: 1200,
+            burst: 120,
+            credential_failure_burst: 20,
+            credential_failures_per_minute: 10,
+        }
     }
 }
 
@@ -485,6 +497,9 @@ impl ServerConfig {
         }
         if self.doors.requests_per_minute == 0 || self.doors.burst == 0 {
             return invalid("doors", "requests_per_minute and burst must be positive");
+        }
+        if self.doors.credential_failure_burst == 0 || self.doors.credential_failures_per_minute == 0 {
+            return invalid("doors", "credential_failure_burst and credential_failures_per_minute must be positive");
         }
         let connections = &self.connections;
         if connections.max_connections.is_some_and(|max| !(1..=MAX_CONNECTIONS_BOUND).contains(&max)) {

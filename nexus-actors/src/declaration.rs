@@ -81,18 +81,23 @@ pub type ModelCheck<'a> = &'a dyn Fn(&str) -> Result<(), (String, String)>;
 /// `{"forse": false}` would be a forced one).
 ///
 /// # Errors
-/// 400 `parameter_invalid` for a body that is not an object or a field outside `known`.
+/// 400 `parameter_missing` for a body that is not an object (one word with every other door's
+/// "not an object": `docs/protocol.md`, "Refusals"); 400 `parameter_invalid` for a field outside
+/// `known`.
 pub fn known_fields(body: &Value, known: &[&str]) -> Result<(), Refusal> {
     let fields = match body {
         Value::Null => return Ok(()),
         Value::Object(fields) => fields,
-        _ => return Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be a JSON object")),
+        _ => return Err(Refusal::new(ErrorCode::ParameterMissing, "the body must be a JSON object")),
     };
     let Some(unknown) = fields.keys().find(|key| !known.contains(&key.as_str())) else {
         return Ok(());
     };
     let takes = if known.is_empty() { "no fields".to_owned() } else { known.join(", ") };
-    Err(Refusal::new(ErrorCode::ParameterInvalid, format!("unknown field {unknown}; this door takes {takes}")))
+    Err(Refusal::new(
+        ErrorCode::ParameterInvalid,
+        format!("unknown field {:?}; this door takes {takes}", crate::json::echo(unknown)),
+    ))
 }
 
 /// A validated declaration: the canonical configuration and both prompt-document slots.

@@ -4,6 +4,7 @@
 
 pub(crate) mod accept;
 pub mod api;
+pub mod body;
 pub mod grpc;
 pub mod http;
 pub mod sockets;

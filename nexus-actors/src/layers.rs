@@ -5,7 +5,8 @@
 
 /// The groups, lowest first. A group may use any group before it, never one after it; the crate
 /// root (`lib.rs`, `main.rs`) wires them all together.
-const LAYERS: [&str; 9] = ["clock", "auth", "declaration", "model", "store", "config", "actors", "doors", "cli"];
+const LAYERS: [&str; 10] =
+    ["json", "clock", "auth", "declaration", "model", "store", "config", "actors", "doors", "cli"];
 
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};

@@ -18,6 +18,7 @@ pub mod declaration;
 pub mod doors;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod json;
 #[cfg(test)]
 mod layers;
 pub mod model;
@@ -240,6 +241,8 @@ pub async fn start_with_models(
         .build_v1alpha()
         .map_err(|e| ServeError::Transport(e.to_string()))?;
     let max_frame = fabric.config.runner.max_frame_bytes;
+    // An oversize frame ends the stream with `content_too_large` (`actors::connection`); the
+    // Hello's answer is a frame, so `Worded` is not needed here.
     let runner_service = RunnerServiceServer::new(doors::grpc::RunnerGrpc::new(api.clone()))
         .max_decoding_message_size(max_frame)
         .max_encoding_message_size(max_frame);
@@ -252,10 +255,13 @@ pub async fn start_with_models(
     let sockets = doors::sockets::Sockets::from_config(&fabric.config.connections);
     let routes = routes
         .add_service(
-            // Every reply fits a stock client's decoding limit; requests keep the frame bound.
-            AgentServiceServer::new(doors::grpc::AgentGrpc::new(api.clone()))
-                .max_decoding_message_size(max_frame)
-                .max_encoding_message_size(AGENT_REPLY_BOUND),
+            // A request message has the HTTP body's bound (one bound per door kind), refused with
+            // its word (`Worded`); every reply fits a stock client's decoding limit.
+            doors::grpc::Worded::new(
+                AgentServiceServer::new(doors::grpc::AgentGrpc::new(api.clone()))
+                    .max_decoding_message_size(doors::http::BODY_LIMIT)
+                    .max_encoding_message_size(AGENT_REPLY_BOUND),
+            ),
         )
         .add_service(health_service)
         .add_service(reflection_v1)

@@ -176,10 +176,19 @@ pub struct Refusal {
     pub retry_after: Option<u64>,
 }
 
+/// The longest refusal message, in characters: a message that repeats client input (a 100 KB
+/// tool name) is cut there and ends with `…`.
+pub const MESSAGE_BOUND: usize = 1_024;
+
 impl Refusal {
-    /// A refusal with `code` and `message`.
+    /// A refusal with `code` and `message`, cut to [`MESSAGE_BOUND`] characters.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Refusal { code, message: message.into(), retry_after: None }
+        let mut message = message.into();
+        if let Some((end, _)) = message.char_indices().nth(MESSAGE_BOUND) {
+            message.truncate(end);
+            message.push('…');
+        }
+        Refusal { code, message, retry_after: None }
     }
 
     /// A `rate_limited` refusal that asks the caller to wait `seconds` (at least 1).
@@ -338,6 +347,9 @@ mod tests {
         let newer = Refusal::from_wire("quota_spent", "wait", 429);
         assert_eq!((newer.code, newer.message.as_str()), (ErrorCode::RateLimited, "quota_spent: wait"));
         assert_eq!(Refusal::from_wire("stale_claim", "again", 409), Refusal::new(ErrorCode::StaleClaim, "again"));
+        let long = Refusal::new(ErrorCode::ToolNotServed, format!("tool {} is not served", "x".repeat(100_000)));
+        assert_eq!(long.message.chars().count(), MESSAGE_BOUND + 1, "echoed input is cut");
+        assert!(long.message.ends_with('…'));
         let body = serde_json::to_value(&refusal).expect("json");
         assert_eq!(body, serde_json::json!({"code": "stale_claim", "message": "claim again"}));
         assert_eq!(serde_json::from_value::<Refusal>(body).expect("parses"), refusal);

@@ -1,6 +1,13 @@
 //! Id newtypes: one type per kind of public id, each a UUID underneath, so an execution's id can
-//! never be passed where a runner's is expected. They print and parse as the UUID's hyphenated
+//! never be passed where a runner's is expected. They print as the UUID's lowercase hyphenated
 //! text and serialize as that string.
+//!
+//! An id has one spelling on the doors: [`FromStr`](std::str::FromStr) takes only the canonical
+//! lowercase hyphenated form (`0e5e…-…`, 36 characters) and refuses upper case, braces,
+//! `urn:uuid:` and the undashed form, so that one execution is never reachable under several
+//! names. Two readings stay wider: `parse_any_case` for ids inside a declaration, whose grammar
+//! takes either case (the spec compares them case-insensitively), and serde, which reads back
+//! what nexus stored.
 
 macro_rules! uuid_ids {
     ($($(#[$meta:meta])* $name:ident;)*) => {
@@ -46,15 +53,38 @@ macro_rules! uuid_ids {
             }
 
             impl std::str::FromStr for $name {
-                type Err = uuid::Error;
+                type Err = MalformedId;
 
                 fn from_str(text: &str) -> Result<Self, Self::Err> {
-                    uuid::Uuid::parse_str(text).map($name)
+                    // 36 characters of lowercase hex and dashes is the hyphenated form only.
+                    if text.len() != 36 || !text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f' | b'-')) {
+                        return Err(MalformedId);
+                    }
+                    uuid::Uuid::try_parse(text).map($name).map_err(|_| MalformedId)
+                }
+            }
+
+            impl $name {
+                /// Parses an id held in a declaration: hyphenated, in either case.
+                ///
+                /// # Errors
+                /// [`MalformedId`] for any other text.
+                pub fn parse_any_case(text: &str) -> Result<Self, MalformedId> {
+                    if text.len() != 36 {
+                        return Err(MalformedId);
+                    }
+                    uuid::Uuid::try_parse(text).map($name).map_err(|_| MalformedId)
                 }
             }
         )*
     };
 }
+
+/// Text that is not an id in its one spelling, lowercase hyphenated (`docs/protocol.md`,
+/// "Refusals").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("an id is a UUID in lowercase hyphenated form, e.g. 0e5e8c4a-6f1b-4c1e-9a57-3d2b1f0c9e11")]
+pub struct MalformedId;
 
 uuid_ids! {
     /// An execution (a run): `execution_public_id`, `run_public_id`.
@@ -81,6 +111,20 @@ mod tests {
         assert_eq!(uuid.to_string().parse::<ExecutionId>().expect("parses"), id);
         assert_eq!(serde_json::to_value(id).expect("json"), serde_json::json!(uuid.to_string()));
         assert!("not-a-uuid".parse::<RunnerId>().is_err());
+        // One spelling: every other one of the same UUID is refused.
+        let text = uuid.to_string();
+        for other in [
+            text.to_uppercase(),
+            format!("{{{text}}}"),
+            format!("urn:uuid:{text}"),
+            uuid.simple().to_string(),
+            format!(" {text}"),
+            format!("{text}\n"),
+        ] {
+            assert_eq!(other.parse::<ExecutionId>(), Err(MalformedId), "{other}");
+        }
+        assert_eq!(ExecutionId::parse_any_case(&text.to_uppercase()), Ok(id), "a declaration's ids take either case");
+        assert_eq!(ExecutionId::parse_any_case(&uuid.simple().to_string()), Err(MalformedId));
         assert_eq!(uuid::Uuid::from(id), uuid);
     }
 }

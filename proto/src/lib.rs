@@ -16,7 +16,7 @@ pub mod task_key;
 pub mod words;
 
 pub use error::{ErrorCode, Refusal};
-pub use ids::{ConversationId, ExecutionId, InputId, MemberId, RunnerId};
+pub use ids::{ConversationId, ExecutionId, InputId, MalformedId, MemberId, RunnerId};
 pub use status::{
     AssignmentScope, AttentionReason, ExecutorKind, ExecutorStatus, InboxKind, LifecycleEvent, MemberKind,
     MemberStatus, Presence, RunStatus, TaskKind, TaskStatus,

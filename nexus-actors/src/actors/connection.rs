@@ -31,6 +31,7 @@ use crate::actors::executor::{
 use crate::actors::fabric::Fabric;
 use crate::actors::root::RootHandle;
 use crate::auth::Plane;
+use crate::auth::throttle::{CredentialThrottle, Source};
 use crate::store::PresenceEvent;
 
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
@@ -95,6 +96,10 @@ pub struct ConnectionArgs {
     /// authenticated, so that it is never shed for the connection cap (`docs/architecture.md`,
     /// "Doors under pressure"). `None` when the stream came from no socket.
     pub on_authenticated: Option<OnAuthenticated>,
+    /// The failed-credential budgets the Hello's credential is checked through.
+    pub credentials: Arc<CredentialThrottle>,
+    /// The peer's source address, when the transport knows it.
+    pub source: Option<Source>,
 }
 
 /// What [`ConnectionArgs::on_authenticated`] runs.
@@ -134,6 +139,8 @@ pub struct ConnectionState {
     reader: JoinHandle<()>,
     ticker: JoinHandle<()>,
     on_authenticated: Option<OnAuthenticated>,
+    credentials: Arc<CredentialThrottle>,
+    source: Option<Source>,
 }
 
 /// The ConnectionActor.
@@ -211,6 +218,8 @@ impl Actor for ConnectionActor {
             reader,
             ticker,
             on_authenticated: args.on_authenticated,
+            credentials: args.credentials,
+            source: args.source,
         })
     }
 
@@ -310,11 +319,13 @@ fn first(myself: &ActorRef<ConnectionMsg>, state: &mut ConnectionState, frame: R
 fn start_hello(myself: &ActorRef<ConnectionMsg>, state: &mut ConnectionState, request_id: u64, hello: Hello) {
     let (fabric, root, outbound, conn_id) =
         (state.fabric.clone(), state.root.clone(), state.outbound.clone(), state.id);
+    let (credentials, source) = (state.credentials.clone(), state.source);
     let connection = ConnectionHandle { actor: myself.clone() };
     let actor = myself.clone();
     let task = tokio::spawn(tracing::Instrument::instrument(
         async move {
-            let result = check_hello(&fabric, &root, conn_id, request_id, hello, connection, outbound).await;
+            let presented = Presented { hello, throttle: credentials.as_ref(), source };
+            let result = check_hello(&fabric, &root, conn_id, request_id, presented, connection, outbound).await;
             let _ = actor.cast(ConnectionMsg::HelloDone { request_id, result });
         },
         tracing::info_span!("hello", conn = conn_id),
@@ -322,12 +333,19 @@ fn start_hello(myself: &ActorRef<ConnectionMsg>, state: &mut ConnectionState, re
     state.standing = Standing::Hello { task };
 }
 
+/// A Hello as it was presented: the frame, and the failed-credential budget of its source.
+struct Presented<'a> {
+    hello: Hello,
+    throttle: &'a CredentialThrottle,
+    source: Option<Source>,
+}
+
 async fn check_hello(
     fabric: &Fabric,
     root: &RootHandle,
     conn_id: u64,
     request_id: u64,
-    hello: Hello,
+    Presented { hello, throttle, source }: Presented<'_>,
     connection: ConnectionHandle,
     outbound: Outbound,
 ) -> Result<(RunnerId, i64), Refusal> {
@@ -335,9 +353,11 @@ async fn check_hello(
         .executor_public_id
         .parse()
         .map_err(|_| Refusal::new(ErrorCode::Unauthorized, "executor_public_id must be the runner's UUID"))?;
-    let (subject, credential_epoch) = fabric.store.authenticate(&hello.credential, Plane::ExecutorTransport).await?;
+    let (subject, credential_epoch) =
+        fabric.store.authenticate_from(&hello.credential, Plane::ExecutorTransport, throttle, source).await?;
     if subject != claimed.uuid() {
-        return Err(Refusal::new(ErrorCode::Unauthorized, "this credential belongs to another runner"));
+        // Answered as an unknown token: a runner's token never confirms another runner's id.
+        return Err(crate::auth::not_accepted(Plane::ExecutorTransport));
     }
     if hello.protocol_version != nexus_proto::RUNNER_PROTOCOL_VERSION {
         return Err(Refusal::new(
@@ -402,9 +422,24 @@ impl Seen {
 
 type Read = Result<Option<RunnerFrame>, tonic::Status>;
 
-fn closed(actor: &ActorRef<ConnectionMsg>, end: Read) {
+/// The inbound stream ended with `end`. A frame over the stream's bound (tonic refuses it before
+/// we see it) ends the stream with a status that carries `content_too_large`, as every oversize
+/// message on a gRPC door does (`docs/protocol.md`, "Refusals"), never with a bare OK.
+fn closed(actor: &ActorRef<ConnectionMsg>, outbound: &Outbound, end: Read) {
     let error = match end {
-        Err(status) => Some(status.message().to_owned()),
+        Err(status) => {
+            if status.code() == tonic::Code::OutOfRange {
+                let refusal = Refusal::new(
+                    ErrorCode::ContentTooLarge,
+                    format!(
+                        "a frame is over this stream's bound ({}); send smaller frames ([runner] max_frame_bytes)",
+                        status.message()
+                    ),
+                );
+                let _ = outbound.try_send(Err(refusal.to_status()));
+            }
+            Some(status.message().to_owned())
+        }
         Ok(_) => None,
     };
     let _ = actor.cast(ConnectionMsg::Closed(error));
@@ -422,7 +457,7 @@ async fn read(
 ) {
     let first = match inbound.message().await {
         Ok(Some(frame)) => frame,
-        end => return closed(&actor, end),
+        end => return closed(&actor, &outbound, end),
     };
     seen.now();
     let hello = matches!(first.frame, Some(Frame::Hello(_)));
@@ -452,7 +487,7 @@ async fn read(
                     }
                     pending.push(frame);
                 }
-                end => return closed(&actor, end),
+                end => return closed(&actor, &outbound, end),
             },
         }
     };
@@ -461,7 +496,7 @@ async fn read(
         if pending.is_empty() {
             match inbound.message().await {
                 Ok(Some(frame)) => pending.push(frame),
-                other => return closed(&actor, other),
+                other => return closed(&actor, &outbound, other),
             }
         }
         // Frames already read off the socket join this message; reading them never waits.
@@ -482,7 +517,7 @@ async fn read(
             return;
         }
         if let Some(end) = end.take() {
-            return closed(&actor, end);
+            return closed(&actor, &outbound, end);
         }
     }
 }

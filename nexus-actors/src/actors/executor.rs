@@ -1151,7 +1151,7 @@ pub(crate) fn check_progress_frame(frame_json: &str) -> Result<(), Refusal> {
     if frame_json.len() > PROGRESS_FRAME_BOUND {
         return Err(Refusal::new(ErrorCode::FrameTooLarge, "progress frames are at most 65536 bytes"));
     }
-    if !serde_json::from_str::<Value>(frame_json).is_ok_and(|v| v.is_object()) {
+    if !crate::json::parse_str(frame_json).is_ok_and(|v| v.is_object()) {
         return Err(Refusal::new(ErrorCode::InvalidFrame, "a progress frame is a JSON object"));
     }
     Ok(())

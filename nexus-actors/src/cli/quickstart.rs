@@ -284,7 +284,7 @@ async fn wait_for_announcement(
     timeout: Duration,
 ) -> Result<(), QuickstartError> {
     let id: nexus_proto::RunnerId =
-        runner_id.parse().map_err(|e: uuid::Error| step("read the runner id")(e.to_string()))?;
+        runner_id.parse().map_err(|e: nexus_proto::MalformedId| step("read the runner id")(e.to_string()))?;
     let started = Instant::now();
     let mut last_note = Instant::now();
     loop {

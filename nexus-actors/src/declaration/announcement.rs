@@ -83,8 +83,13 @@ pub fn validate(body: &Value) -> Result<Value, Refusal> {
 /// # Errors
 /// 400 `parameter_missing` when the text is not JSON; otherwise as [`validate`].
 pub fn validate_json(body_json: &str) -> Result<Value, Refusal> {
-    let body: Value = serde_json::from_str(body_json)
-        .map_err(|e| Refusal::new(ErrorCode::ParameterMissing, format!("the announcement is not JSON: {e}")))?;
+    let body: Value = crate::json::parse_str(body_json).map_err(|fault| match fault {
+        crate::json::JsonFault::Syntax(e) => {
+            Refusal::new(ErrorCode::ParameterMissing, format!("the announcement is not JSON: {e}"))
+        }
+        // A key named twice is a defect of the announcement, refused rather than guessed at.
+        duplicate => Refusal::new(ErrorCode::InvalidAnnouncement, format!("the announcement is ambiguous: {duplicate}")),
+    })?;
     validate(&body)
 }
 

@@ -22,7 +22,8 @@ use crate::actors::execution::{control, resolve};
 use crate::actors::fabric::Fabric;
 use crate::actors::profile::profile_json;
 use crate::actors::root::RootHandle;
-use crate::auth::Plane;
+use crate::auth::throttle::{CredentialThrottle, Source};
+use crate::auth::{Plane, not_accepted};
 use crate::declaration::tools::RunnerSelection;
 use crate::declaration::{known_fields, prompt_slot, validate_configuration};
 use crate::model::DeltaType;
@@ -49,6 +50,8 @@ pub struct Api {
     pub root: RootHandle,
     /// Request budgets per member.
     pub limiter: DoorLimiter,
+    /// Failed-credential budgets per source address, shared with the runner stream.
+    pub credentials: Arc<CredentialThrottle>,
 }
 
 impl Api {
@@ -58,7 +61,9 @@ impl Api {
         let per_minute = std::num::NonZeroU32::new(doors.requests_per_minute).unwrap_or(std::num::NonZeroU32::MIN);
         let burst = std::num::NonZeroU32::new(doors.burst).unwrap_or(std::num::NonZeroU32::MIN);
         let limiter = governor::RateLimiter::keyed(governor::Quota::per_minute(per_minute).allow_burst(burst));
-        Api { fabric, root, limiter }
+        let credentials =
+            Arc::new(CredentialThrottle::new(doors.credential_failure_burst, doors.credential_failures_per_minute));
+        Api { fabric, root, limiter, credentials }
     }
 }
 
@@ -181,13 +186,25 @@ pub fn parse_cursor(cursor: &str) -> Result<i64, Refusal> {
 }
 
 impl Api {
-    /// Authenticates a member-plane bearer and spends one request of the member's budget.
+    /// Authenticates a member-plane bearer from an in-process caller (no source address, so no
+    /// failure throttle) and spends one request of the member's budget.
     ///
     /// # Errors
-    /// 401 `unauthorized` for an unknown token or a transport-plane token; 429 `rate_limited`
-    /// with `retry_after` when the member's budget is spent.
+    /// As [`Api::member_from`].
     pub async fn member(&self, token: &str) -> Result<Caller, Refusal> {
-        let (subject, _) = self.fabric.store.authenticate(token, Plane::Member).await?;
+        self.member_from(token, None).await
+    }
+
+    /// Authenticates a member-plane bearer presented from `source` (the peer address) and spends
+    /// one request of the member's budget. A failed credential spends one from the source's
+    /// failure budget ([`crate::auth::throttle`]).
+    ///
+    /// # Errors
+    /// 401 `unauthorized` for a token that opens no member door (unknown, expired, of the
+    /// transport plane, its member gone: one message for all); 429 `rate_limited` with
+    /// `retry_after` when the source's failure budget or the member's request budget is spent.
+    pub async fn member_from(&self, token: &str, source: Option<Source>) -> Result<Caller, Refusal> {
+        let (subject, _) = self.fabric.store.authenticate_from(token, Plane::Member, &self.credentials, source).await?;
         // A real member: its connection is no longer shed for the cap.
         crate::doors::sockets::authenticated();
         let subject = MemberId::from_uuid(subject);
@@ -195,9 +212,8 @@ impl Api {
             let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
             return Err(Refusal::rate_limited(wait.as_secs() + u64::from(wait.subsec_nanos() > 0)));
         }
-        let member = self.fabric.store.member(subject).await.map_err(internal)?.ok_or_else(|| {
-            Refusal::new(ErrorCode::Unauthorized, "the member behind this credential no longer exists")
-        })?;
+        let member =
+            self.fabric.store.member(subject).await.map_err(internal)?.ok_or_else(|| not_accepted(Plane::Member))?;
         Ok(Caller { member })
     }
 
@@ -287,10 +303,13 @@ impl Api {
     /// `GET /agent_api/v1/executors/{id}`: one eligible executor.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown, malformed or ineligible id.
+    /// 400 `parameter_invalid` for an id that is not a UUID in its one spelling (as on every door
+    /// that takes an id); 404 `not_found` for an unknown or ineligible one.
     pub async fn executor(&self, _caller: &Caller, id: &str) -> Result<Value, Refusal> {
         let missing = || Refusal::new(ErrorCode::NotFound, format!("no eligible executor {id}"));
-        let id: RunnerId = id.parse().map_err(|_| missing())?;
+        let id: RunnerId = id.parse().map_err(|e: nexus_proto::MalformedId| {
+            Refusal::new(ErrorCode::ParameterInvalid, format!("the executor id is malformed: {e}"))
+        })?;
         let row =
             self.fabric.store.executor(id).await.map_err(internal)?.filter(|row| row.status == ExecutorStatus::Active);
         row.map(|row| crate::actors::executor::executor_json(&row, self.fabric.clock.now_ms())).ok_or_else(missing)
@@ -458,7 +477,7 @@ impl Api {
         if let Some(runner) = input.runner_executor_public_id {
             let candidates = configuration["runner_executor_public_ids"].as_array();
             if !candidates.is_some_and(|ids| {
-                ids.iter().any(|id| id.as_str().and_then(|s| s.parse::<RunnerId>().ok()) == Some(runner))
+                ids.iter().any(|id| id.as_str().and_then(|s| RunnerId::parse_any_case(s).ok()) == Some(runner))
             }) {
                 return Err(Refusal::new(
                     ErrorCode::RunnerNotDeclared,
@@ -571,8 +590,8 @@ impl Api {
     /// the task as the execution shows it, with its `approval` fact.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or task; 403 `not_authorized` when the caller does
-    /// not own the execution (write standing); 409 `not_awaiting_approval` when the task is not
+    /// 404 `not_found` for an unknown execution or task, and for an execution the caller does not
+    /// own; 409 `not_awaiting_approval` when the task is not
     /// parked, `not_adjudicable` when the execution is not running; 403 `not_authorized` for a
     /// suspended member.
     pub async fn approve_task(&self, caller: &Caller, id: ExecutionId, task_key: &str) -> Result<Value, Refusal> {
@@ -617,7 +636,7 @@ impl Api {
         task_key: &str,
         adjudication: Adjudication,
     ) -> Result<Value, Refusal> {
-        let (row, task) = self.owned_task(caller, id, task_key, "approve or deny its tasks").await?;
+        let (row, task) = self.owned_task(caller, id, task_key).await?;
         if task.status != TaskStatus::NeedsApproval {
             return Err(Refusal::new(
                 ErrorCode::NotAwaitingApproval,
@@ -740,27 +759,17 @@ impl Api {
             .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))
     }
 
-    /// The stored execution and its task `task_key`, when the caller owns the execution; `doing`
-    /// names what only the owner may do, for the 403.
+    /// The stored execution and its task `task_key`, when the caller owns the execution. Another
+    /// member's execution answers exactly as one that does not exist (404 `not_found`, the same
+    /// message), as on every other door: a stranger learns nothing of which ids exist.
     async fn owned_task(
         &self,
         caller: &Caller,
         id: ExecutionId,
         task_key: &str,
-        doing: &str,
     ) -> Result<(ExecutionRow, TaskRow), Refusal> {
         let store = &self.fabric.store;
-        let row = store
-            .execution(id)
-            .await
-            .map_err(internal)?
-            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))?;
-        if row.member_public_id != caller.member.public_id {
-            return Err(Refusal::new(
-                ErrorCode::NotAuthorized,
-                format!("only the member that owns execution {id} may {doing}"),
-            ));
-        }
+        let row = self.owned_execution(caller, id).await?;
         let missing = || Refusal::new(ErrorCode::NotFound, format!("no task {task_key} in execution {id}"));
         // A key in none of the task-key grammars names no task.
         let key: TaskKey = task_key.parse().map_err(|_| missing())?;

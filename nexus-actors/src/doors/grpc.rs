@@ -27,7 +27,8 @@ use nexus_proto::{ErrorCode, Refusal};
 
 use crate::actors::connection::OUTBOUND_BUFFER;
 use crate::actors::connection::{ConnectionActor, ConnectionArgs};
-use crate::auth::bearer;
+use crate::auth::bearer_of;
+use crate::auth::throttle::Source;
 use crate::declaration::known_fields;
 use crate::doors::api::{Api, Caller, CreateInput};
 
@@ -52,6 +53,7 @@ impl RunnerService for RunnerGrpc {
 
     async fn connect(&self, request: Request<Streaming<RunnerFrame>>) -> Result<Response<Self::ConnectStream>, Status> {
         let (outbound, receiver) = mpsc::channel(OUTBOUND_BUFFER);
+        let source = request.remote_addr().map(|address| Source::of(address.ip()));
         let args = ConnectionArgs {
             fabric: self.api.fabric.clone(),
             root: self.api.root.clone(),
@@ -59,6 +61,8 @@ impl RunnerService for RunnerGrpc {
             outbound,
             on_authenticated: crate::doors::sockets::current()
                 .map(|socket| Box::new(move || socket.authenticated()) as Box<dyn FnOnce() + Send>),
+            credentials: self.api.credentials.clone(),
+            source,
         };
         ractor::Actor::spawn_linked(None, ConnectionActor, args, self.api.root.cell())
             .await
@@ -79,39 +83,33 @@ impl AgentGrpc {
         AgentGrpc { api }
     }
 
+    /// The member behind the request's one `authorization` metadata entry, presented from the
+    /// peer's address.
     async fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
-        let header = request.metadata().get("authorization").and_then(|v| v.to_str().ok());
-        let token = bearer(header).map_err(|r| r.to_status())?;
-        self.api.member(token).await.map_err(|r| r.to_status())
+        let values = request.metadata().get_all("authorization").iter().map(|v| v.to_str().ok());
+        let token = bearer_of(values).map_err(|r| r.to_status())?;
+        let source = request.remote_addr().map(|address| Source::of(address.ip()));
+        self.api.member_from(token, source).await.map_err(|r| r.to_status())
     }
 }
 
-/// A request's `body_json`: empty means no body; a literal `null` is refused like any other body
-/// that is not an object, so it can never pass for "no body".
+/// A request's `body_json`: empty means no body; anything else must be a JSON object (a literal
+/// `null` is refused like any other body that is not an object, so it can never pass for "no
+/// body"). The rules and words are the HTTP bodies' ([`crate::doors::body`]).
 fn body_arg(text: &str) -> Result<Option<serde_json::Value>, Status> {
-    match json_arg(text, "body_json")? {
-        Some(serde_json::Value::Null) => {
-            Err(Refusal::new(ErrorCode::ParameterInvalid, "body_json must be a JSON object").to_status())
-        }
-        other => Ok(other),
+    if text.trim().is_empty() {
+        return Ok(None);
     }
+    crate::doors::body::object(text.as_bytes(), "body_json").map(Some).map_err(|r| r.to_status())
 }
 
+/// A JSON field of a request (`field` names it): empty means absent; otherwise any JSON value
+/// (the door judges its shape), read by the HTTP bodies' rules.
 fn json_arg(text: &str, field: &str) -> Result<Option<serde_json::Value>, Status> {
     if text.trim().is_empty() {
         return Ok(None);
     }
-    // The same bound as the HTTP doors' bodies.
-    if text.len() > crate::doors::http::BODY_LIMIT {
-        return Err(Refusal::new(
-            ErrorCode::ContentTooLarge,
-            format!("{field} is over {} bytes", crate::doors::http::BODY_LIMIT),
-        )
-        .to_status());
-    }
-    serde_json::from_str(text)
-        .map(Some)
-        .map_err(|e| Refusal::new(ErrorCode::ParameterMissing, format!("{field} is not JSON: {e}")).to_status())
+    crate::doors::body::json(text.as_bytes(), field).map(Some).map_err(|r| r.to_status())
 }
 
 fn uuid_arg<T: std::str::FromStr>(text: &str, field: &str) -> Result<Option<T>, Status> {
@@ -135,8 +133,9 @@ fn execution_arg(text: &str) -> Result<nexus_proto::ExecutionId, Status> {
     required_uuid(text, "execution_public_id")
 }
 
-/// The `body_json` of a door that takes no fields (approve, retry, abandon): empty or `{}`, as on
-/// the HTTP doors.
+/// The `body_json` of a door that takes no fields (approve, retry, abandon, and the reads whose
+/// request has a `body_json`): empty or `{}`, as on the HTTP doors; anything else is refused, never
+/// ignored.
 fn empty_body(body_json: &str) -> Result<(), Status> {
     let body = body_arg(body_json)?.unwrap_or_default();
     known_fields(&body, &[]).map_err(|r| r.to_status())
@@ -241,6 +240,7 @@ impl AgentService for AgentGrpc {
         request: Request<PromptDocumentRequest>,
     ) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
+        empty_body(&request.get_ref().body_json)?;
         let document = self.api.prompt_document(&caller, &request.get_ref().slot).await.map_err(|r| r.to_status())?;
         Ok(reply(&document))
     }
@@ -250,7 +250,9 @@ impl AgentService for AgentGrpc {
         request: Request<PromptDocumentRequest>,
     ) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
-        let body = body_of(&request.get_ref().body_json)?;
+        // `null` clears the slot, as on the HTTP door.
+        let body = json_arg(&request.get_ref().body_json, "body_json")?
+            .ok_or_else(|| Refusal::new(ErrorCode::ParameterMissing, "body_json is required").to_status())?;
         let document =
             self.api.put_prompt_document(&caller, &request.get_ref().slot, body).await.map_err(|r| r.to_status())?;
         Ok(reply(&document))
@@ -258,6 +260,7 @@ impl AgentService for AgentGrpc {
 
     async fn list_named_definitions(&self, request: Request<JsonRequest>) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
+        empty_body(&request.get_ref().body_json)?;
         Ok(reply(&self.api.named_definitions(&caller).await.map_err(|r| r.to_status())?))
     }
 
@@ -277,12 +280,14 @@ impl AgentService for AgentGrpc {
         request: Request<NamedDefinitionRequest>,
     ) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
+        empty_body(&request.get_ref().body_json)?;
         self.api.delete_named_definition(&caller, &request.get_ref().name).await.map_err(|r| r.to_status())?;
         Ok(reply(&serde_json::json!({})))
     }
 
     async fn list_tools(&self, request: Request<JsonRequest>) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
+        empty_body(&request.get_ref().body_json)?;
         Ok(reply(&self.api.tools(&caller)))
     }
 
@@ -295,7 +300,16 @@ impl AgentService for AgentGrpc {
     async fn list_executors(&self, request: Request<JsonRequest>) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
         let body = body_arg(&request.get_ref().body_json)?.unwrap_or_default();
-        let kind = body.get("kind").and_then(serde_json::Value::as_str);
+        known_fields(&body, &["kind"]).map_err(|r| r.to_status())?;
+        let kind = match body.get("kind") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(kind)) => Some(kind.as_str()),
+            Some(_) => {
+                return Err(
+                    Refusal::new(ErrorCode::ParameterInvalid, "kind must be runner or tools_provider").to_status()
+                );
+            }
+        };
         Ok(reply(&self.api.executors(&caller, kind).await.map_err(|r| r.to_status())?))
     }
 
@@ -306,6 +320,7 @@ impl AgentService for AgentGrpc {
 
     async fn list_models(&self, request: Request<JsonRequest>) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
+        empty_body(&request.get_ref().body_json)?;
         Ok(reply(&self.api.models(&caller)))
     }
 
@@ -400,5 +415,88 @@ impl AgentService for AgentGrpc {
         let id = execution_arg(&request.get_ref().execution_public_id)?;
         let accepted = self.api.compact(&caller, id).await.map_err(|r| r.to_status())?;
         Ok(Response::new(JsonReply { body_json: accepted.to_string(), created: true }))
+    }
+}
+
+/// A gRPC service whose refusals all carry their word: tonic refuses a request message over the
+/// service's decoding bound itself, with a bare `OUT_OF_RANGE` and before any of our code runs;
+/// this wrapper answers it as every other oversize body is answered, `content_too_large` in the
+/// `nexus-error-code` metadata with a message that says what to do (`docs/protocol.md`,
+/// "Refusals"). Every other answer passes through untouched.
+#[derive(Clone, Debug)]
+pub struct Worded<S> {
+    inner: S,
+}
+
+impl<S> Worded<S> {
+    /// Wraps `inner`.
+    pub fn new(inner: S) -> Self {
+        Worded { inner }
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Worded<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> tonic::codegen::Service<tonic::codegen::http::Request<B>> for Worded<S>
+where
+    S: tonic::codegen::Service<
+            tonic::codegen::http::Request<B>,
+            Response = tonic::codegen::http::Response<tonic::body::Body>,
+        >,
+    S::Future: Send + 'static,
+{
+    type Response = tonic::codegen::http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: tonic::codegen::http::Request<B>) -> Self::Future {
+        let answer = self.inner.call(request);
+        Box::pin(async move { answer.await.map(worded) })
+    }
+}
+
+/// `response`, or, when it is tonic's own bare refusal of an oversize message (in the headers of
+/// a trailers-only answer), the same refusal with its word.
+fn worded(
+    response: tonic::codegen::http::Response<tonic::body::Body>,
+) -> tonic::codegen::http::Response<tonic::body::Body> {
+    let headers = response.headers();
+    if headers.contains_key("nexus-error-code") {
+        return response;
+    }
+    let Some(status) = Status::from_header_map(headers) else { return response };
+    if status.code() != tonic::Code::OutOfRange {
+        return response;
+    }
+    let refusal = crate::doors::body::too_large("the request message");
+    Refusal { message: format!("{} ({})", refusal.message, status.message()), ..refusal }.to_status().into_http()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_oversize_refusal_gets_its_word_and_nothing_else_changes() {
+        let bare =
+            Status::out_of_range("Error, decoded message length too large: found 9 bytes, the limit is: 8 bytes");
+        let answer = worded(bare.into_http());
+        let refusal = Refusal::from_status(&Status::from_header_map(answer.headers()).expect("a status"));
+        assert_eq!(refusal.code, ErrorCode::ContentTooLarge);
+        assert!(refusal.message.contains("found 9 bytes"), "{}", refusal.message);
+        let ours = Refusal::new(ErrorCode::NotFound, "no execution x").to_status().into_http();
+        let passed = worded(ours);
+        assert_eq!(
+            Refusal::from_status(&Status::from_header_map(passed.headers()).expect("a status")).code,
+            ErrorCode::NotFound
+        );
+        let other: tonic::codegen::http::Response<tonic::body::Body> = Status::internal("boom").into_http();
+        assert_eq!(Status::from_header_map(worded(other).headers()).map(|s| s.code()), Some(tonic::Code::Internal));
     }
 }

@@ -24,7 +24,8 @@ use serde_json::{Value, json};
 
 use nexus_proto::{ErrorCode, ExecutionId, Refusal};
 
-use crate::auth::bearer;
+use crate::auth::bearer_of;
+use crate::auth::throttle::Source;
 use crate::declaration::known_fields;
 use crate::doors::api::{Api, Caller};
 
@@ -77,6 +78,8 @@ pub fn router(api: Arc<Api>) -> Router {
         .merge(control::routes())
         .merge(repair::routes())
         .merge(compaction::routes())
+        // Inside the routes, where the matched path is known.
+        .route_layer(axum::middleware::from_fn(request_rule))
         .fallback(not_found)
         // After every route: it reaches only the routes registered before it.
         .method_not_allowed_fallback(method_not_allowed)
@@ -84,9 +87,30 @@ pub fn router(api: Arc<Api>) -> Router {
         .with_state(api)
 }
 
-async fn caller(api: &Api, headers: &HeaderMap) -> Result<Caller, HttpRefusal> {
-    let header = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    Ok(api.member(bearer(header)?).await?)
+/// The member behind the request's one `Authorization` header, presented from `peer`.
+async fn caller(api: &Api, headers: &HeaderMap, peer: Option<Source>) -> Result<Caller, HttpRefusal> {
+    let token = bearer_of(headers.get_all(header::AUTHORIZATION).iter().map(|v| v.to_str().ok()))?;
+    Ok(api.member_from(token, peer).await?)
+}
+
+/// The source address of a request, as the failed-credential throttle keys it: from the
+/// connection info the transport puts on every request (plaintext or TLS).
+pub(crate) fn peer_source(extensions: &axum::http::Extensions) -> Option<Source> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let plain = extensions.get::<TcpConnectInfo>().and_then(TcpConnectInfo::remote_addr);
+    let tls = || extensions.get::<TlsConnectInfo<TcpConnectInfo>>().and_then(|info| info.get_ref().remote_addr());
+    plain.or_else(tls).map(|address| Source::of(address.ip()))
+}
+
+/// The request's source address ([`peer_source`]); never refuses.
+pub(crate) struct Peer(pub Option<Source>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Peer(peer_source(&parts.extensions)))
+    }
 }
 
 /// What a door on one execution (or one of its tasks) is called with: the path (`id`, or
@@ -108,10 +132,98 @@ where
     async fn from_request(request: Request, api: &Arc<Api>) -> Result<Self, Response> {
         let (mut parts, body) = request.into_parts();
         let Path(path) = Path::<P>::from_request_parts(&mut parts, api).await.map_err(IntoResponse::into_response)?;
-        let caller = caller(api, &parts.headers).await.map_err(IntoResponse::into_response)?;
+        let peer = peer_source(&parts.extensions);
+        let caller = caller(api, &parts.headers, peer).await.map_err(IntoResponse::into_response)?;
         let body = Bytes::from_request(Request::from_parts(parts, body), api).await;
         Ok(ExecutionDoor { api: Arc::clone(api), caller, path, body })
     }
+}
+
+/// The query parameters each door takes; every other door takes none.
+const QUERY_PARAMETERS: &[(&str, &[&str])] = &[
+    ("/agent_api/v1/executors", &["kind"]),
+    ("/agent_api/v1/executions/{id}", &["tasks_after"]),
+    ("/agent_api/v1/executions/{id}/events", &["after", "limit"]),
+    ("/agent_api/v1/executions/{id}/events/stream", &["after", "transcript"]),
+];
+
+/// Refuses, with 400 `parameter_invalid`, a query string that names a parameter the door does not
+/// take or one parameter twice (a misspelt parameter is never silently ignored, and a repeated one
+/// never guessed at), and a body declared as something other than JSON.
+async fn request_rule(request: Request, next: axum::middleware::Next) -> Response {
+    let refusal = query_refusal(request.uri()).or_else(|| content_type_refusal(request.headers()));
+    match refusal {
+        Some(refusal) => HttpRefusal(refusal).into_response(),
+        None => next.run(request).await,
+    }
+}
+
+/// A body is JSON: a `Content-Type` other than `application/json` (or another `+json` type) on
+/// a request that has a body is refused. No `Content-Type` at all is read as JSON.
+fn content_type_refusal(headers: &HeaderMap) -> Option<Refusal> {
+    let declared = headers.get(header::CONTENT_TYPE)?;
+    let empty = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|length| length.to_str().ok())
+        .is_some_and(|length| length.trim() == "0");
+    let essence =
+        declared.to_str().ok().and_then(|value| value.split(';').next()).map(|e| e.trim().to_ascii_lowercase());
+    let json = essence
+        .as_deref()
+        .is_some_and(|e| e == "application/json" || (e.starts_with("application/") && e.ends_with("+json")));
+    if json || empty {
+        return None;
+    }
+    let shown = declared.to_str().map_or_else(|_| "not text".to_owned(), crate::json::echo);
+    Some(Refusal::new(
+        ErrorCode::ParameterInvalid,
+        format!("the body is declared as {shown}; bodies are JSON: send content-type: application/json"),
+    ))
+}
+
+/// Whether a request path is an instance of a route pattern (`{…}` matches one segment).
+fn route_matches(pattern: &str, path: &str) -> bool {
+    let (mut pattern, mut path) = (pattern.split('/'), path.split('/'));
+    loop {
+        match (pattern.next(), path.next()) {
+            (None, None) => return true,
+            (Some(want), Some(got)) if want.starts_with('{') || want == got => {}
+            _ => return false,
+        }
+    }
+}
+
+fn query_refusal(uri: &Uri) -> Option<Refusal> {
+    uri.query().filter(|query| !query.is_empty())?;
+    let takes =
+        QUERY_PARAMETERS.iter().find(|(door, _)| route_matches(door, uri.path())).map_or(&[][..], |(_, takes)| *takes);
+    let pairs = match Query::<Vec<(String, String)>>::try_from_uri(uri) {
+        Ok(Query(pairs)) => pairs,
+        Err(rejection) => {
+            return Some(Refusal::new(
+                ErrorCode::ParameterInvalid,
+                format!("the query string is invalid: {}", rejection.body_text()),
+            ));
+        }
+    };
+    let mut seen: Vec<&str> = Vec::with_capacity(pairs.len());
+    for (name, _) in &pairs {
+        if !takes.contains(&name.as_str()) {
+            let door_takes = if takes.is_empty() { "no query parameters".to_owned() } else { takes.join(", ") };
+            return Some(Refusal::new(
+                ErrorCode::ParameterInvalid,
+                format!("unknown query parameter {:?}; this door takes {door_takes}", crate::json::echo(name)),
+            ));
+        }
+        if seen.contains(&name.as_str()) {
+            return Some(Refusal::new(
+                ErrorCode::ParameterInvalid,
+                format!("the query parameter {name} is given twice; give it once"),
+            ));
+        }
+        seen.push(name);
+    }
+    None
 }
 
 /// A malformed execution id names no execution: 404, as an unknown one.
@@ -132,16 +244,15 @@ fn execution_id(text: &str) -> Result<ExecutionId, Refusal> {
     text.parse().map_err(|_| Refusal::new(ErrorCode::ParameterInvalid, "id must be a UUID"))
 }
 
-/// The body, where an empty one means no fields; a literal `null` is refused like any other body
-/// that is not an object, so it can never pass for "no body".
+/// The body of a door whose body is optional: empty means no fields (`null`); anything else must
+/// be a JSON object (a literal `null` is refused like any other body that is not an object, so it
+/// can never pass for "no body").
 fn optional_body(body: Result<Bytes, BytesRejection>) -> Result<Value, HttpRefusal> {
-    match body {
-        Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Ok(Value::Null),
-        other => match json_body(other)? {
-            Value::Null => Err(Refusal::new(ErrorCode::ParameterInvalid, "the body must be a JSON object").into()),
-            body => Ok(body),
-        },
+    let bytes = body_bytes(body)?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
     }
+    Ok(crate::doors::body::object(&bytes, "the body")?)
 }
 
 /// The body of a door that takes no fields: empty or `{}`.
@@ -149,55 +260,69 @@ fn empty_body(body: Result<Bytes, BytesRejection>) -> Result<(), HttpRefusal> {
     Ok(known_fields(&optional_body(body)?, &[])?)
 }
 
+/// The body of a door that needs one, as JSON (any value: the door judges its shape).
 fn json_body(body: Result<Bytes, BytesRejection>) -> Result<Value, HttpRefusal> {
-    let bytes = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Refusal::new(ErrorCode::ContentTooLarge, format!("the body is over {BODY_LIMIT} bytes"))
-        } else {
-            Refusal::new(ErrorCode::ParameterMissing, format!("the body could not be read: {rejection}"))
-        }
-    })?;
-    Ok(serde_json::from_slice(&bytes)
-        .map_err(|e| Refusal::new(ErrorCode::ParameterMissing, format!("the body is not JSON: {e}")))?)
+    Ok(crate::doors::body::json(&body_bytes(body)?, "the body")?)
 }
 
-async fn get_profile(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+/// The body's bytes: 413 `content_too_large` over [`BODY_LIMIT`].
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, Refusal> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            crate::doors::body::too_large("the body")
+        } else {
+            Refusal::new(
+                ErrorCode::ParameterMissing,
+                format!("the body could not be read ({rejection}); send it again"),
+            )
+        }
+    })
+}
+
+async fn get_profile(State(api): State<Arc<Api>>, Peer(peer): Peer, headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.profile(&caller).await?))
 }
 
 async fn put_configuration(
     State(api): State<Arc<Api>>,
+    Peer(peer): Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     let body = json_body(body)?;
     Ok(axum::Json(api.declare(&caller, body).await?))
 }
 
-async fn get_models(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+async fn get_models(State(api): State<Arc<Api>>, Peer(peer): Peer, headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.models(&caller)))
 }
 
-async fn get_tools(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+async fn get_tools(State(api): State<Arc<Api>>, Peer(peer): Peer, headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.tools(&caller)))
 }
 
-async fn get_prompt_document(State(api): State<Arc<Api>>, Path(slot): Path<String>, headers: HeaderMap) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+async fn get_prompt_document(
+    State(api): State<Arc<Api>>,
+    Path(slot): Path<String>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+) -> HttpResult {
+    let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.prompt_document(&caller, &slot).await?))
 }
 
 async fn put_prompt_document(
     State(api): State<Arc<Api>>,
     Path(slot): Path<String>,
+    Peer(peer): Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     let body = json_body(body)?;
     Ok(axum::Json(api.put_prompt_document(&caller, &slot, body).await?))
 }
@@ -209,31 +334,38 @@ struct KindQuery {
 
 async fn get_executors(
     State(api): State<Arc<Api>>,
+    Peer(peer): Peer,
     headers: HeaderMap,
     query: Result<Query<KindQuery>, QueryRejection>,
 ) -> HttpResult {
     let query = query_of(query)?;
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.executors(&caller, query.kind.as_deref()).await?))
 }
 
-async fn get_executor(State(api): State<Arc<Api>>, Path(id): Path<String>, headers: HeaderMap) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+async fn get_executor(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+) -> HttpResult {
+    let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.executor(&caller, &id).await?))
 }
 
-async fn get_agents(State(api): State<Arc<Api>>, headers: HeaderMap) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+async fn get_agents(State(api): State<Arc<Api>>, Peer(peer): Peer, headers: HeaderMap) -> HttpResult {
+    let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.named_definitions(&caller).await?))
 }
 
 async fn put_agent(
     State(api): State<Arc<Api>>,
     Path(name): Path<String>,
+    Peer(peer): Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, axum::Json<Value>), HttpRefusal> {
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     let body = json_body(body)?;
     let (minted, definition) = api.put_named_definition(&caller, &name, body).await?;
     Ok((if minted { StatusCode::CREATED } else { StatusCode::OK }, axum::Json(definition)))
@@ -242,19 +374,21 @@ async fn put_agent(
 async fn delete_agent(
     State(api): State<Arc<Api>>,
     Path(name): Path<String>,
+    Peer(peer): Peer,
     headers: HeaderMap,
 ) -> Result<StatusCode, HttpRefusal> {
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     api.delete_named_definition(&caller, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn post_assembly(
     State(api): State<Arc<Api>>,
+    Peer(peer): Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> HttpResult {
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     let body = json_body(body)?;
     Ok(axum::Json(api.assembly_preview(&caller, &body).await?))
 }

@@ -7,6 +7,7 @@ use nexus_proto::{ErrorCode, MemberId, MemberKind, MemberStatus, Refusal};
 
 use super::{Credential, MemberRow, Plane, Store, StoreError, StoreResult, parse};
 use crate::auth::digest;
+use crate::auth::throttle::{CredentialThrottle, Gate, Source};
 
 impl Store {
     /// Creates a member and its first member-plane credential (stored as a digest).
@@ -79,17 +80,39 @@ impl Store {
             .map_err(|e| Refusal::new(ErrorCode::Internal, format!("credential lookup failed: {e}")))?;
         match found {
             Some((found_plane, subject, epoch)) if found_plane == plane => Ok((subject, epoch)),
-            Some(_) => Err(Refusal::new(
-                ErrorCode::Unauthorized,
-                format!(
-                    "this door needs a credential of the {} plane; the token presented belongs to the other plane",
-                    plane.as_str()
-                ),
-            )),
-            None => {
-                Err(Refusal::new(ErrorCode::Unauthorized, "unknown or expired credential; mint one with `nexus admin`"))
-            }
+            // A token of the other plane is answered as an unknown one: the answer never confirms
+            // that a token opens some other door.
+            _ => Err(crate::auth::not_accepted(plane)),
         }
+    }
+
+    /// [`Store::authenticate`] for a credential presented from `source` (none for an in-process
+    /// caller), through `throttle`'s failure budget ([`crate::auth::throttle`]): a spent budget
+    /// refuses it unread; a refused credential spends one failure; a good one is remembered for
+    /// its source.
+    ///
+    /// # Errors
+    /// As [`Store::authenticate`], and 429 `rate_limited` with `retry_after` while the source's
+    /// budget is spent.
+    pub async fn authenticate_from(
+        &self,
+        token: &str,
+        plane: Plane,
+        throttle: &CredentialThrottle,
+        source: Option<Source>,
+    ) -> Result<(Uuid, i64), Refusal> {
+        let Some(source) = source else { return self.authenticate(token, plane).await };
+        let digest = digest(token.trim());
+        if let Gate::Refuse(refusal) = throttle.gate(source, &digest, self.clock().now_ms()) {
+            return Err(refusal);
+        }
+        let found = self.authenticate(token, plane).await;
+        match &found {
+            Ok(_) => throttle.succeeded(source, &digest, self.clock().now_ms()),
+            Err(refusal) if refusal.code == ErrorCode::Unauthorized => throttle.failed(source, self.clock().now_ms()),
+            Err(_) => {}
+        }
+        found
     }
 
     /// Reads a member.

@@ -152,10 +152,12 @@ async fn ask_parks_both_calls_and_approval_over_http_runs_them() {
     // The runner cannot take parked work.
     assert_eq!(f.raw.claim(&run.to_string(), "r1t0").await.code(), Some("task_not_claimable"));
 
-    // Nobody but the owner decides; unknown executions and tasks are 404.
+    // Nobody but the owner decides; unknown executions and tasks are 404, and so is another
+    // member's execution, with the message an unknown id gets: no stranger learns an id exists.
     let stranger = f.server.agent("stranger").await;
     let refused = f.http(&stranger).post(&door(run, "r1t0", "approve"), &json!({})).await;
-    assert_eq!((refused.status, refused.code()), (403, Some("not_authorized")));
+    assert_eq!((refused.status, refused.code()), (404, Some("not_found")));
+    assert_eq!(refused.message(), format!("no execution {run}"));
     let owner = f.http(&f.agent);
     let unknown = owner.post(&door(ExecutionId::new_v4(), "r1t0", "approve"), &json!({})).await;
     assert_eq!((unknown.status, unknown.code()), (404, Some("not_found")));
@@ -206,7 +208,7 @@ async fn a_denial_over_grpc_reaches_the_model_as_the_tool_use_error() {
     let mut client = agent_client(&f.server).await;
     let stranger = f.server.agent("stranger").await;
     let status = client.deny_task(authed(decision(run, "r1t0", json!({})), &stranger)).await.expect_err("refused");
-    assert_eq!(Refusal::from_status(&status).code, ErrorCode::NotAuthorized);
+    assert_eq!(Refusal::from_status(&status).code, ErrorCode::NotFound, "another member's execution is not found");
     let status =
         client.deny_task(authed(decision(run, "r1t0", json!({"reason": 3})), &f.agent)).await.expect_err("refused");
     assert_eq!(Refusal::from_status(&status).code, ErrorCode::ParameterInvalid);

@@ -357,7 +357,7 @@ async fn the_manual_door_compacts_the_queued_round_and_refuses_with_its_words() 
     let foreign = Http::new(&bed.server.url(), Some(&stranger.token)).post(&door, &json!({})).await;
     assert_eq!((foreign.status, foreign.code()), (404, Some("not_found")));
     let bad_body = http.post(&door, &json!([1])).await;
-    assert_eq!((bad_body.status, bad_body.code()), (400, Some("parameter_invalid")));
+    assert_eq!((bad_body.status, bad_body.code()), (400, Some("parameter_missing")), "not an object");
     bed.assert_invariants(run, "manual").await;
 }
 

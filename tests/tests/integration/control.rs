@@ -670,7 +670,7 @@ async fn regeneration_reuses_the_frozen_declaration_after_a_profile_edit_or_take
     assert_eq!((bad.status, bad.code()), (422, Some("validation_failed")));
     assert!(bad.message().contains("execution_declaration.approval_mode"), "{}", bad.message());
     let bad = http.post(&door(original, "regenerate"), &json!(["x"])).await;
-    assert_eq!((bad.status, bad.code()), (400, Some("parameter_invalid")));
+    assert_eq!((bad.status, bad.code()), (400, Some("parameter_missing")), "not an object");
     assert_eq!(f.server.store().fingerprint().await.expect("fingerprint"), before, "refusals write nothing");
 
     // An execution that never froze a declaration regenerates only with one supplied.
@@ -859,7 +859,6 @@ async fn the_control_doors_refuse_with_their_words() {
     let rows = [
         ("pause", json!({"force": "yes"})),
         ("stop", json!({"force": 1})),
-        ("resume", json!([1])),
         // A misspelled field is refused, never ignored (it would stop by force, or reuse the
         // frozen declaration).
         ("stop", json!({"forse": false})),
@@ -871,6 +870,9 @@ async fn the_control_doors_refuse_with_their_words() {
         let bad = http.post(&door(run, verb), &body).await;
         assert_eq!((bad.status, bad.code()), (400, Some("parameter_invalid")), "{verb} {body}");
     }
+    // A body that is not an object has every door's word for it.
+    let bad = http.post(&door(run, "resume"), &json!([1])).await;
+    assert_eq!((bad.status, bad.code()), (400, Some("parameter_missing")));
     let stranger = Http::new(&f.server.url(), Some(&f.server.agent("stranger").await.token));
     for verb in ["pause", "resume", "stop", "regenerate", "estimate"] {
         for (who, id) in [(&http, Uuid::new_v4().to_string()), (&stranger, run.to_string())] {
@@ -882,7 +884,7 @@ async fn the_control_doors_refuse_with_their_words() {
         assert_eq!((answer.status, answer.code()), (400, Some("parameter_invalid")), "{verb}");
         // A literal `null` body is not "no body": it is refused and changes nothing.
         let answer = http.send(reqwest::Method::POST, &door(run, verb), Some("null".into())).await;
-        assert_eq!((answer.status, answer.code()), (400, Some("parameter_invalid")), "{verb} null");
+        assert_eq!((answer.status, answer.code()), (400, Some("parameter_missing")), "{verb} null");
     }
 
     let mut client = agent_client(&f.server).await;

@@ -576,7 +576,10 @@ async fn discovery_shows_presence_and_refuses_other_kinds() {
     assert_eq!(all.body["executors"].as_array().map(Vec::len), Some(3));
     let wrong = http.get("/agent_api/v1/executors?kind=agent_application").await;
     assert_eq!((wrong.status, wrong.code()), (400, Some("parameter_invalid")));
-    assert_eq!(http.get("/agent_api/v1/executors/not-a-uuid").await.status, 404);
+    // A malformed id is bad input, as on every door that takes an id; an unknown one is 404.
+    let malformed = http.get("/agent_api/v1/executors/not-a-uuid").await;
+    assert_eq!((malformed.status, malformed.code()), (400, Some("parameter_invalid")));
+    assert_eq!(http.get(&format!("/agent_api/v1/executors/{}", uuid::Uuid::new_v4())).await.status, 404);
     let transport = nexus_tests::Http::new(&server.url(), Some(&here.token)).get("/agent_api/v1/executors").await;
     assert_eq!((transport.status, transport.code()), (401, Some("unauthorized")));
 }

@@ -17,6 +17,7 @@ mod http_executions;
 mod models;
 mod pressure;
 mod quickstart;
+mod refusals;
 mod resources;
 mod round_driver;
 mod runner_tools;

@@ -653,7 +653,7 @@ async fn address(
 ) -> Result<Option<(RunnerId, Option<i64>, Option<Value>)>, ActorProcessingErr> {
     let mut runners: Vec<RunnerId> = declaration.default_runner_executor_public_id.into_iter().collect();
     for candidate in &declaration.runner_candidates {
-        let id = candidate["runner_executor_public_id"].as_str().and_then(|s| s.parse::<RunnerId>().ok());
+        let id = candidate["runner_executor_public_id"].as_str().and_then(|s| RunnerId::parse_any_case(s).ok());
         if let Some(id) = id.filter(|id| !runners.contains(id)) {
             runners.push(id);
         }

@@ -28,10 +28,11 @@ pub async fn runner_facts(store: &Store, configuration: &Value) -> Result<Vec<Ru
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|v| v.as_str().and_then(|s| s.parse().ok()))
+        .filter_map(|v| v.as_str().and_then(|s| RunnerId::parse_any_case(s).ok()))
         .collect();
     for entry in configuration["tool_definitions"].as_array().into_iter().flatten() {
-        if let Some(id) = entry["route"]["runner_executor_public_id"].as_str().and_then(|s| s.parse().ok())
+        if let Some(id) =
+            entry["route"]["runner_executor_public_id"].as_str().and_then(|s| RunnerId::parse_any_case(s).ok())
             && !ids.contains(&id)
         {
             ids.push(id);
@@ -116,7 +117,8 @@ pub async fn resolve(
 /// otherwise reuse the frozen declaration without a word.
 ///
 /// # Errors
-/// 400 `parameter_invalid` for a body that is not an object or names another field.
+/// 400 `parameter_missing` for a body that is not an object; `parameter_invalid` when it names another
+/// field.
 pub fn supplied_declaration(body: &Value) -> Result<Option<Value>, Refusal> {
     crate::declaration::known_fields(body, &["execution_declaration"])?;
     Ok(body.get("execution_declaration").filter(|v| !v.is_null()).cloned())
@@ -358,8 +360,10 @@ mod tests {
             supplied_declaration(&json!({"execution_declaration": declaration.clone()})).ok(),
             Some(Some(declaration.clone()))
         );
-        for bad in [json!([1]), json!({"execution_declaraton": declaration.clone()}), json!({"other": 1})] {
+        for bad in [json!({"execution_declaraton": declaration.clone()}), json!({"other": 1})] {
             assert_eq!(supplied_declaration(&bad).unwrap_err().code, ErrorCode::ParameterInvalid, "{bad}");
         }
+        // A body that is not an object has every door's word for it.
+        assert_eq!(supplied_declaration(&json!([1])).unwrap_err().code, ErrorCode::ParameterMissing);
     }
 }

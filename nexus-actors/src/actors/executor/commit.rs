@@ -63,7 +63,8 @@ fn has_nul(value: &Value) -> bool {
 /// `too_many_content_blocks` or `result_too_large`; [`CommitRefusal::Closes`] with
 /// `result_unstorable` for text that cannot be stored (NUL or invalid UTF-8).
 pub fn validate(body_json: &str) -> Result<CommitBody, CommitRefusal> {
-    let body: Value = match serde_json::from_str(body_json) {
+    // Strict: a key named twice in the body is refused, never settled by the last one.
+    let body: Value = match crate::json::parse_str(body_json) {
         Ok(body) => body,
         Err(_) if std::str::from_utf8(body_json.as_bytes()).is_err() => {
             return Err(CommitRefusal::Closes(Refusal::new(
@@ -71,7 +72,9 @@ pub fn validate(body_json: &str) -> Result<CommitBody, CommitRefusal> {
                 "the result is not valid UTF-8",
             )));
         }
-        Err(e) => return Err(standing(ErrorCode::InvalidContent, &format!("the commit body is not JSON: {e}"))),
+        Err(e) => {
+            return Err(standing(ErrorCode::InvalidContent, &format!("the commit body is not one JSON value: {e}")));
+        }
     };
     let Some(body) = body.as_object() else {
         return Err(standing(ErrorCode::InvalidContent, "the commit body must be a JSON object"));

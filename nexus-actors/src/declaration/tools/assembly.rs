@@ -58,7 +58,7 @@ pub fn assemble(
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|v| v.as_str().and_then(|s| s.parse::<RunnerId>().ok()))
+        .filter_map(|v| v.as_str().and_then(|s| RunnerId::parse_any_case(s).ok()))
         .collect();
     let facts_of = |id: RunnerId| runners.iter().find(|r| r.public_id == id);
     let selected = match selection {
@@ -92,7 +92,7 @@ pub fn assemble(
         let (route, mut effect_profile, timeout_ms) = match entry.get("route") {
             None => (None, None, None),
             Some(route) => {
-                let target = route["runner_executor_public_id"].as_str().and_then(|s| s.parse::<RunnerId>().ok());
+                let target = route["runner_executor_public_id"].as_str().and_then(|s| RunnerId::parse_any_case(s).ok());
                 let served = route.get("tool_name").and_then(Value::as_str).unwrap_or(&name).to_owned();
                 let announced = target.and_then(facts_of).and_then(|facts| {
                     facts.announcement["tools"].as_array()?.iter().find(|t| t["name"] == served.as_str()).cloned()

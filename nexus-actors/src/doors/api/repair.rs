@@ -18,8 +18,8 @@ impl Api {
     /// with `retry_of` naming the one it replaces.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or task; 403 `not_authorized` when the caller does
-    /// not own the execution; 409 `not_retryable` unless the task is failed, timed_out or
+    /// 404 `not_found` for an unknown execution or task, and for an execution the caller does not
+    /// own; 409 `not_retryable` unless the task is failed, timed_out or
     /// uncertain and still holds the execution.
     pub async fn retry_task(&self, caller: &Caller, id: ExecutionId, task_key: &str) -> Result<Value, Refusal> {
         // A retry runs the task again: a suspended member may abandon, never retry.
@@ -51,7 +51,7 @@ impl Api {
         task_key: &str,
         repair: Repair,
     ) -> Result<TaskRow, Refusal> {
-        let (_, task) = self.owned_task(caller, id, task_key, "retry or abandon its tasks").await?;
+        let (_, task) = self.owned_task(caller, id, task_key).await?;
         if !task.status.is_repairable() {
             return Err(Refusal::new(
                 repair.refusal(),

@@ -7,8 +7,8 @@
 //! - `POST /agent_api/v1/executions/{id}/tasks/{task_key}/deny` `{reason?}` → the task, `failed`
 //!   with `approval_denied`.
 //!
-//! Both need write standing on the execution (403 `not_authorized`), answer 404 `not_found` for
-//! an unknown execution or task, 400 `parameter_invalid` for a body that is not an object or
+//! Both answer 404 `not_found` for an unknown execution or task and for an execution the caller
+//! does not own (the same answer, so that no id is confirmed to a stranger), 400 `parameter_invalid` for a body that is not an object or
 //! names a field the door does not take, and 409 `not_awaiting_approval` or `not_adjudicable`.
 
 use std::sync::Arc;

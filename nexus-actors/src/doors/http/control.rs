@@ -15,9 +15,10 @@
 //! - `GET /agent_api/v1/executions/{id}/estimate`, or `POST` with `{execution_declaration?}` → the
 //!   next round's request size `{bytes, estimated_tokens, estimator, ...}`. Writes nothing.
 //!
-//! Every door answers 404 `not_found` for an unknown or malformed execution id and for an
-//! execution the caller does not own, and 400 `parameter_invalid` for a body that is not an
-//! object, names a field the door does not take, or has a `force` that is not a boolean.
+//! Every door answers 404 `not_found` for an unknown execution id and for an execution the
+//! caller does not own, 400 `parameter_invalid` for a malformed id, 400 `parameter_missing` for a
+//! body that is not a JSON object, and 400 `parameter_invalid` for a body that names a field the
+//! door does not take or has a `force` that is not a boolean.
 
 use std::sync::Arc;
 
@@ -45,8 +46,8 @@ pub fn routes() -> Router<Arc<Api>> {
 /// `force` of a pause or stop body (`null`, `{}` or `{force: bool}`), or `default` when absent.
 ///
 /// # Errors
-/// 400 `parameter_invalid` for a body that is not an object, names another field, or has a
-/// `force` that is not a boolean.
+/// 400 `parameter_missing` for a body that is not an object; 400 `parameter_invalid` when it names
+/// another field or has a `force` that is not a boolean.
 pub fn force_of(body: &Value, default: bool) -> Result<bool, Refusal> {
     known_fields(body, &["force"])?;
     match body.get("force") {
@@ -99,10 +100,14 @@ mod tests {
         assert_eq!(force_of(&json!({"force": null}), true).ok(), Some(true));
         assert_eq!(force_of(&json!({"force": false}), true).ok(), Some(false));
         assert_eq!(force_of(&json!({"force": true}), false).ok(), Some(true));
-        let shapes = [json!({"force": "yes"}), json!({"force": 1}), json!([true]), json!("force")];
+        let shapes = [json!({"force": "yes"}), json!({"force": 1})];
         let misspelled = [json!({"forse": false}), json!({"force": false, "why": "x"})];
         for bad in shapes.into_iter().chain(misspelled) {
             assert_eq!(force_of(&bad, true).unwrap_err().code, ErrorCode::ParameterInvalid, "{bad}");
+        }
+        // A body that is not an object has every door's word for it.
+        for bad in [json!([true]), json!("force")] {
+            assert_eq!(force_of(&bad, true).unwrap_err().code, ErrorCode::ParameterMissing, "{bad}");
         }
     }
 }

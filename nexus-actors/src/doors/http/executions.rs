@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 
 use nexus_proto::{ErrorCode, Refusal};
 
-use super::{HttpRefusal, HttpResult, caller, json_body, query_of};
+use super::{HttpRefusal, HttpResult, Peer, caller, json_body, query_of};
 use crate::declaration::known_fields;
 use crate::doors::api::{Api, CreateInput, Event};
 
@@ -84,10 +84,11 @@ fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
 
 async fn post_input(
     State(api): State<Arc<Api>>,
+    Peer(peer): Peer,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, axum::Json<Value>), HttpRefusal> {
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     let input = create_input(&json_body(body)?)?;
     let admitted = api.create_input(&caller, input).await?;
     Ok((
@@ -109,11 +110,12 @@ struct ExecutionQuery {
 async fn get_execution(
     State(api): State<Arc<Api>>,
     Path(id): Path<String>,
+    Peer(peer): Peer,
     headers: HeaderMap,
     query: Result<Query<ExecutionQuery>, QueryRejection>,
 ) -> HttpResult {
     let query = query_of(query)?;
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     let id = uuid_param("id", &id)?;
     Ok(axum::Json(api.execution_page(&caller, id, query.tasks_after.as_deref()).await?))
 }
@@ -141,11 +143,12 @@ fn event_json(event: &Event) -> Value {
 async fn get_events(
     State(api): State<Arc<Api>>,
     Path(id): Path<String>,
+    Peer(peer): Peer,
     headers: HeaderMap,
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> HttpResult {
     let query = query_of(query)?;
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     let id = uuid_param("id", &id)?;
     let limit = page_limit(query.limit.as_deref())?;
     let after = query.after.unwrap_or_default();
@@ -175,11 +178,12 @@ async fn get_events(
 async fn get_event_stream(
     State(api): State<Arc<Api>>,
     Path(id): Path<String>,
+    Peer(peer): Peer,
     headers: HeaderMap,
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, HttpRefusal> {
     let query = query_of(query)?;
-    let caller = caller(&api, &headers).await?;
+    let caller = caller(&api, &headers, peer).await?;
     let id = uuid_param("id", &id)?;
     // A reconnecting EventSource sends the last `id:` it saw; it wins over the query.
     let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -227,8 +231,8 @@ mod tests {
         assert_eq!(create_input(&json!({})).unwrap_err().code, ErrorCode::ParameterMissing);
         assert_eq!(create_input(&json!({"text": 3})).unwrap_err().code, ErrorCode::ParameterInvalid);
         assert_eq!(create_input(&json!({"text": "x", "txt": "y"})).unwrap_err().code, ErrorCode::ParameterInvalid);
-        assert_eq!(create_input(&json!([1])).unwrap_err().code, ErrorCode::ParameterInvalid, "not an object");
-        assert_eq!(create_input(&json!("hi")).unwrap_err().code, ErrorCode::ParameterInvalid, "not an object");
+        assert_eq!(create_input(&json!([1])).unwrap_err().code, ErrorCode::ParameterMissing, "not an object");
+        assert_eq!(create_input(&json!("hi")).unwrap_err().code, ErrorCode::ParameterMissing, "not an object");
         assert_eq!(
             create_input(&json!({"text": "x", "conversation_public_id": "nope"})).unwrap_err().code,
             ErrorCode::ParameterInvalid

@@ -6,8 +6,8 @@
 //! - `POST /agent_api/v1/executions/{id}/tasks/{task_key}/abandon` (body empty or `{}`) → the
 //!   task with `failure_resolution: "abandoned"`; the execution goes on.
 //!
-//! Both need write standing on the execution (403 `not_authorized`), answer 404 `not_found` for
-//! an unknown execution or task, 400 `parameter_invalid` for a body other than empty or `{}`, and
+//! Both answer 404 `not_found` for an unknown execution or task and for an execution the caller
+//! does not own (the same answer, so that no id is confirmed to a stranger), 400 `parameter_invalid` for a body other than empty or `{}`, and
 //! 409 `not_retryable` / `not_abandonable` unless the task is failed, timed_out or uncertain and
 //! still holds its execution.
 
