@@ -37,7 +37,7 @@ pub const GLOB_INPUT_BOUND: usize = 512;
 /// When one of those properties breaks.
 pub fn profile_put(body: &[u8]) -> bool {
     // The door's parse (`doors::http`): a body that is not JSON is `parameter_missing`.
-    let Ok(body) = serde_json::from_slice::<Value>(body) else { return false };
+    let Ok(body) = crate::json::parse(body) else { return false };
     let accept = |_: &str| Ok(());
     let validated = match validate_profile_put(&body, &accept) {
         Ok(validated) => validated,

@@ -88,7 +88,9 @@ pub fn validate_json(body_json: &str) -> Result<Value, Refusal> {
             Refusal::new(ErrorCode::ParameterMissing, format!("the announcement is not JSON: {e}"))
         }
         // A key named twice is a defect of the announcement, refused rather than guessed at.
-        duplicate => Refusal::new(ErrorCode::InvalidAnnouncement, format!("the announcement is ambiguous: {duplicate}")),
+        duplicate => {
+            Refusal::new(ErrorCode::InvalidAnnouncement, format!("the announcement is ambiguous: {duplicate}"))
+        }
     })?;
     validate(&body)
 }

@@ -276,7 +276,11 @@ fn request(method: &str, field: Field<'_>, run: &str) -> Option<(Vec<u8>, Option
             declaration,
             true,
         ),
-        "GetExecution" => (GetExecutionRequest { execution_public_id: id.into() }.encode_to_vec(), None, true),
+        "GetExecution" => (
+            GetExecutionRequest { execution_public_id: id.into(), tasks_after: String::new() }.encode_to_vec(),
+            None,
+            true,
+        ),
         "StreamEvents" => (
             StreamEventsRequest { execution_public_id: id.into(), ..StreamEventsRequest::default() }.encode_to_vec(),
             None,
@@ -497,7 +501,7 @@ async fn an_execution_answers_to_one_spelling_of_its_id() {
         let mut client = nexus_tests::client::agent_client(&f.server).await;
         let status = client
             .get_execution(nexus_tests::client::authed(
-                GetExecutionRequest { execution_public_id: other.clone() },
+                GetExecutionRequest { execution_public_id: other.clone(), tasks_after: String::new() },
                 &f.agent,
             ))
             .await

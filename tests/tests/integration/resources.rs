@@ -227,7 +227,12 @@ async fn run_one_execution(url: &str, agent: &Minted, runner: &Minted, workdir: 
     let done = wait_until("the execution to complete", Duration::from_secs(60), || {
         let (mut client, id) = (client.clone(), id.clone());
         async move {
-            let row = client.get_execution(authed(GetExecutionRequest { execution_public_id: id }, agent)).await;
+            let row = client
+                .get_execution(authed(
+                    GetExecutionRequest { execution_public_id: id, tasks_after: String::new() },
+                    agent,
+                ))
+                .await;
             row.ok()
                 .map(tonic::Response::into_inner)
                 .filter(|row| matches!(row.status.as_str(), "completed" | "needs_attention" | "canceled"))
