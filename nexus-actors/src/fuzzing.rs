@@ -289,8 +289,9 @@ pub fn glob(bytes: &[u8]) -> bool {
     matched
 }
 
-/// The plain reading of a glob, in time `pattern × text`.
-fn plain_glob(pattern: &[u8], text: &[u8]) -> bool {
+/// The plain dynamic-programming reading of a glob (`*` any bytes, `?` one byte), in time
+/// `pattern × text`: what the linear matcher is checked against, here and in its unit tests.
+pub(crate) fn plain_glob(pattern: &[u8], text: &[u8]) -> bool {
     let mut row = vec![false; text.len() + 1];
     row[0] = true;
     for &p in pattern {
