@@ -508,6 +508,8 @@ impl Api {
             execution_declaration: input.execution_declaration,
             runner_executor_public_id: input.runner_executor_public_id,
             tool_names: input.tool_names,
+            posted_by_public_id: None,
+            turn: 0,
         };
         let execution = ExecutionId::new_v4();
         store.admit_input(&row, new_conversation, execution).await.map_err(internal)?;

@@ -118,6 +118,20 @@ pub struct InputRow {
     pub runner_executor_public_id: Option<RunnerId>,
     /// The `tool_names` subset, if given.
     pub tool_names: Option<Value>,
+    /// The Human who posted it for the Agent ([`InputRow::member_public_id`]), or `None` when the
+    /// Agent posted it itself.
+    pub posted_by_public_id: Option<MemberId>,
+    /// Its place in the conversation, 1-based, in the order of admission; assigned by
+    /// [`crate::store::Store::admit_input`] (0 until then).
+    pub turn: i64,
+}
+
+impl InputRow {
+    /// Who posted the input: the Human steward, or the answering Agent itself.
+    #[must_use]
+    pub fn poster(&self) -> MemberId {
+        self.posted_by_public_id.unwrap_or(self.member_public_id)
+    }
 }
 
 /// An execution row.

@@ -67,6 +67,8 @@ async fn a_claim_is_granted_once_across_nodes_sharing_the_store() {
         execution_declaration: None,
         runner_executor_public_id: None,
         tool_names: None,
+        posted_by_public_id: None,
+        turn: 0,
     };
     let run = ExecutionId::new_v4();
     store.admit_input(&input, true, run).await.expect("admit");
@@ -227,6 +229,8 @@ async fn a_transcript_written_whole_reads_back_and_saves_move_it_to_rows() {
         execution_declaration: None,
         runner_executor_public_id: None,
         tool_names: None,
+        posted_by_public_id: None,
+        turn: 0,
     };
     let run = ExecutionId::new_v4();
     store.admit_input(&input, true, run).await.expect("admit");
