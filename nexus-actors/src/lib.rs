@@ -16,6 +16,7 @@ pub mod clock;
 pub mod config;
 pub mod declaration;
 pub mod doors;
+pub mod eligibility;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod json;

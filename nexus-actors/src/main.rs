@@ -128,13 +128,44 @@ enum MemberCommand {
 
 #[derive(Debug, Subcommand)]
 enum RunnerCommand {
-    /// Create a runner; prints {runner_executor_public_id, name, token}.
+    /// Create a runner; prints {runner_executor_public_id, name, token, assignment_scope,
+    /// assigned_agent_public_ids}. Say whom it serves: --assign AGENT_ID or --account-wide.
     Create {
         #[command(flatten)]
         store: StoreArgs,
         /// Display name, 1 to 100 characters.
         #[arg(long)]
         name: String,
+        /// An Agent this runner serves (repeatable); it serves no one else (scope user_private).
+        #[arg(long = "assign", value_name = "AGENT_ID")]
+        assign: Vec<nexus_proto::MemberId>,
+        /// Every Agent of this nexus may use the runner (scope account_wide).
+        #[arg(long)]
+        account_wide: bool,
+    },
+    /// Let one more Agent use an assigned runner. Prints {runner_executor_public_id,
+    /// assignment_scope, assigned_agent_public_ids}.
+    Assign {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The runner's UUID.
+        #[arg(long, visible_alias = "runner-id")]
+        runner: nexus_proto::RunnerId,
+        /// The Agent's UUID.
+        #[arg(long, visible_alias = "agent-id")]
+        agent: nexus_proto::MemberId,
+    },
+    /// Take an Agent off an assigned runner: it no longer sees, selects or sends work to it.
+    /// Prints {runner_executor_public_id, assignment_scope, assigned_agent_public_ids}.
+    Unassign {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The runner's UUID.
+        #[arg(long, visible_alias = "runner-id")]
+        runner: nexus_proto::RunnerId,
+        /// The Agent's UUID.
+        #[arg(long, visible_alias = "agent-id")]
+        agent: nexus_proto::MemberId,
     },
     /// Pair an active runner again: a new token under a new credential epoch; the old token, its
     /// stream and its claims are fenced. Prints {runner_executor_public_id, credential_epoch, token}.
@@ -259,9 +290,22 @@ async fn run() -> anyhow::Result<()> {
                     };
                     create_member(&store, kind, &handle).await
                 }
-                AdminCommand::Runner { command: RunnerCommand::Create { store, name } } => {
+                AdminCommand::Runner { command: RunnerCommand::Create { store, name, assign, account_wide } } => {
+                    match nexus_actors::cli::admin::assignment_from_flags(assign, account_wide) {
+                        Ok(assignment) => {
+                            let store = open_existing(store).await?;
+                            create_runner(&store, &name, &assignment).await
+                        }
+                        Err(refusal) => Err(refusal),
+                    }
+                }
+                AdminCommand::Runner { command: RunnerCommand::Assign { store, runner, agent } } => {
                     let store = open_existing(store).await?;
-                    create_runner(&store, &name).await
+                    nexus_actors::cli::admin::assign_runner(&store, runner, agent).await
+                }
+                AdminCommand::Runner { command: RunnerCommand::Unassign { store, runner, agent } } => {
+                    let store = open_existing(store).await?;
+                    nexus_actors::cli::admin::unassign_runner(&store, runner, agent).await
                 }
                 AdminCommand::Member { command: MemberCommand::Suspend { store, member_id } } => {
                     let store = open_existing(store).await?;

@@ -7,6 +7,7 @@
 //! opening and the catalog queries differ (the `backend` submodule). Times are Unix milliseconds;
 //! booleans are 0/1.
 
+mod assignments;
 mod backend;
 mod config;
 pub mod event;
@@ -32,6 +33,7 @@ use nexus_proto::ExecutionId;
 use crate::auth::{Credential, Plane};
 use crate::clock::Clock;
 
+pub use assignments::RunnerAssignment;
 pub use backend::{StoreBackend, is_postgres_url, redact as redact_url};
 pub use config::StoreConfig;
 pub use event::{Event, EventType};

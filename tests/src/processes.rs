@@ -180,9 +180,28 @@ pub async fn nexus_admin(store: &StoreLocation, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).expect("nexus admin prints JSON")
 }
 
-/// Mints a runner with `nexus admin runner create`.
+/// Runs `nexus admin <args>` against `store` and answers its exit status, its stdout parsed as
+/// JSON (`Value::Null` when it printed none) and its stderr: for tests of the command's refusals.
+///
+/// # Panics
+/// When the binary cannot run.
+pub async fn nexus_admin_output(store: &StoreLocation, args: &[&str]) -> (ExitStatus, Value, String) {
+    let out = Command::new(nexus_binary())
+        .arg("admin")
+        .args(args)
+        .args(store.args())
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("nexus admin runs");
+    let stdout = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status, stdout, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Mints an account-wide runner with `nexus admin runner create --account-wide`.
 pub async fn admin_runner(store: &StoreLocation, name: &str) -> Minted {
-    let value = nexus_admin(store, &["runner", "create", "--name", name]).await;
+    let value = nexus_admin(store, &["runner", "create", "--name", name, "--account-wide"]).await;
     Minted {
         id: Uuid::parse_str(value["runner_executor_public_id"].as_str().expect("id")).expect("uuid"),
         token: value["token"].as_str().expect("token").to_owned(),

@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
-use nexus_actors::cli::admin::{MemberKind, create_member, create_runner};
+use nexus_actors::cli::admin::{MemberKind, RunnerAssignment, create_member, create_runner};
 use nexus_actors::clock::Clock;
 use nexus_actors::config::ServerConfig;
 use nexus_actors::doors::api::{Caller, CreateInput};
@@ -257,9 +257,17 @@ impl TestServer {
         minted(&value, "public_id")
     }
 
-    /// Mints a runner.
+    /// Mints an account-wide runner: every Agent of the server may use it (what every suite that
+    /// is not about assignment wants).
     pub async fn runner(&self, name: &str) -> Minted {
-        let value = create_runner(self.store(), name).await.expect("runner");
+        let value = create_runner(self.store(), name, &RunnerAssignment::AccountWide).await.expect("runner");
+        minted(&value, "runner_executor_public_id")
+    }
+
+    /// Mints a runner assigned to `agents` only (`docs/protocol.md`, "Assignment").
+    pub async fn runner_for(&self, name: &str, agents: &[&Minted]) -> Minted {
+        let agents = RunnerAssignment::Agents(agents.iter().map(|agent| agent.member()).collect());
+        let value = create_runner(self.store(), name, &agents).await.expect("runner");
         minted(&value, "runner_executor_public_id")
     }
 

@@ -21,6 +21,7 @@
 
 pub mod commit;
 mod deadlines;
+mod eligibility;
 mod offers;
 mod requests;
 
@@ -520,6 +521,8 @@ async fn handle_msg(msg: ExecutorMsg, state: &mut ExecutorState) -> Result<(), A
             // reads nothing per offer (issue 10, item 1). A claim's conditional write is the
             // last word either way.
             refresh_row(state).await?;
+            // An assigned runner serves only its Agents' runs (`eligibility`).
+            let served = eligibility::served(state, tasks.iter().map(|t| t.run_public_id)).await?;
             for task in tasks {
                 let id = (task.run_public_id, task.task_key);
                 if !state.open.contains_key(&id) {
@@ -530,6 +533,10 @@ async fn handle_msg(msg: ExecutorMsg, state: &mut ExecutorState) -> Result<(), A
                 }
                 if state.row.status != ExecutorStatus::Active {
                     settle(state, &id, TaskStatus::Failed, None, Some("executor_revoked")).await?;
+                    continue;
+                }
+                if !served.covers(id.0) {
+                    settle(state, &id, TaskStatus::Failed, None, Some(eligibility::NOT_ELIGIBLE)).await?;
                     continue;
                 }
                 // Offered when the window has room; a repeated offer of a task already offered

@@ -166,6 +166,7 @@ async fn declare(state: &ProfileState, body: &Value) -> Result<Value, Refusal> {
     let models = &state.fabric.models;
     let check = |reference: &str| models.check(reference);
     let validated = validate_profile_put(body, &check)?;
+    crate::eligibility::refuse_foreign_runners(store, &validated.configuration, state.member).await?;
     let profile = store
         .declare_profile(
             state.member,
@@ -257,6 +258,7 @@ async fn put_agent(state: &ProfileState, name: &str, body: &Value) -> Result<(bo
     let models = &state.fabric.models;
     let check = |reference: &str| models.check(reference);
     let configuration = crate::declaration::validate_configuration(configuration, &check)?;
+    crate::eligibility::refuse_foreign_runners(store, &configuration, state.member).await?;
     let put = crate::declaration::validate_profile_put(
         &json!({"configuration": {}, "prompt_documents": {"system_prompt": object.get("system_prompt").cloned().unwrap_or(Value::Null)}}),
         &check,

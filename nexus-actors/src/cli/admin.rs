@@ -9,10 +9,11 @@ use regex::Regex;
 use serde_json::{Value, json};
 
 pub use nexus_proto::MemberKind;
-use nexus_proto::{ErrorCode, MemberId, MemberStatus, Refusal, RunnerId};
+use nexus_proto::{AssignmentScope, ErrorCode, ExecutorStatus, MemberId, MemberStatus, Refusal, RunnerId};
 
 use crate::auth::{Plane, mint};
-use crate::store::{MemberRow, Store, StoreError};
+pub use crate::store::RunnerAssignment;
+use crate::store::{ExecutorRow, MemberRow, Store, StoreError};
 
 static HANDLE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[a-z0-9][a-z0-9_-]{1,31}$").expect("static regex"));
 
@@ -102,18 +103,153 @@ pub async fn revoke_runner(store: &Store, runner: RunnerId) -> Result<Value, Ref
     Ok(json!({"runner_executor_public_id": runner, "status": "revoked"}))
 }
 
-/// Creates a runner executor with an executor-transport token.
+/// Creates a runner executor with an executor-transport token, serving the Agents `assignment`
+/// names (`docs/protocol.md`, "Assignment": `user_private`, "assigned" in nexus) or every Agent
+/// (`account_wide`).
 ///
-/// Returns `{"runner_executor_public_id", "name", "token"}`.
+/// Returns `{"runner_executor_public_id", "name", "token", "assignment_scope",
+/// "assigned_agent_public_ids"}` (the list is empty for an account-wide runner).
 ///
 /// # Errors
-/// 422 `validation_failed` for an empty or over-long name (1 to 100 characters).
-pub async fn create_runner(store: &Store, name: &str) -> Result<Value, Refusal> {
+/// 422 `validation_failed` for an empty or over-long name (1 to 100 characters) or an assigned
+/// member that is a Human; 404 `not_found` for an assigned member that does not exist. Nothing is
+/// created on a refusal.
+pub async fn create_runner(store: &Store, name: &str, assignment: &RunnerAssignment) -> Result<Value, Refusal> {
     if name.trim().is_empty() || name.chars().count() > 100 || name.chars().any(char::is_control) {
         return Err(Refusal::new(ErrorCode::ValidationFailed, "name: must be 1 to 100 printable characters"));
     }
+    let assignment = match assignment {
+        RunnerAssignment::AccountWide => RunnerAssignment::AccountWide,
+        RunnerAssignment::Agents(agents) => {
+            let mut distinct: Vec<MemberId> = Vec::new();
+            for agent in agents {
+                require_agent(store, *agent).await?;
+                if !distinct.contains(agent) {
+                    distinct.push(*agent);
+                }
+            }
+            RunnerAssignment::Agents(distinct)
+        }
+    };
     let public_id = RunnerId::new_v4();
     let (token, credential) = mint(Plane::ExecutorTransport, public_id.uuid());
-    store.create_executor(public_id, name, &credential).await.map_err(store_refusal)?;
-    Ok(json!({"runner_executor_public_id": public_id, "name": name, "token": token}))
+    store.create_executor_for(public_id, name, &credential, &assignment).await.map_err(store_refusal)?;
+    let agents = match &assignment {
+        RunnerAssignment::AccountWide => Vec::new(),
+        RunnerAssignment::Agents(agents) => agents.clone(),
+    };
+    Ok(json!({
+        "runner_executor_public_id": public_id,
+        "name": name,
+        "token": token,
+        "assignment_scope": assignment.scope(),
+        "assigned_agent_public_ids": agents,
+    }))
+}
+
+/// Whom a runner made by `nexus admin runner create` serves, from its flags: `--assign AGENT_ID`
+/// (repeatable) or `--account-wide`. Neither is refused: a runner runs commands on its machine,
+/// so who may send it work is never left to a default.
+///
+/// # Errors
+/// 400 `parameter_missing` naming both flags when neither is given; `parameter_invalid` when both
+/// are.
+pub fn assignment_from_flags(assign: Vec<MemberId>, account_wide: bool) -> Result<RunnerAssignment, Refusal> {
+    match (assign.is_empty(), account_wide) {
+        (false, false) => Ok(RunnerAssignment::Agents(assign)),
+        (true, true) => Ok(RunnerAssignment::AccountWide),
+        (true, false) => Err(Refusal::new(
+            ErrorCode::ParameterMissing,
+            "say whom the runner serves: --assign AGENT_ID (repeatable) for the Agents it serves and no one else, \
+             or --account-wide for every Agent of this nexus",
+        )),
+        (false, true) => Err(Refusal::new(
+            ErrorCode::ParameterInvalid,
+            "--assign and --account-wide exclude each other: an account-wide runner serves every Agent",
+        )),
+    }
+}
+
+/// Assigns an assigned (`user_private`) runner to one more Agent: from now on it may select the
+/// runner, see it in discovery and send it work. Assigning it again changes nothing.
+///
+/// Returns `{"runner_executor_public_id", "assignment_scope", "assigned_agent_public_ids"}`.
+///
+/// # Errors
+/// 404 `not_found` for an unknown runner or member; 409 `not_eligible` for a revoked runner; 422
+/// `validation_failed` for an account-wide runner (every Agent may use it already) or a member
+/// that is a Human.
+pub async fn assign_runner(store: &Store, runner: RunnerId, agent: MemberId) -> Result<Value, Refusal> {
+    let row = assignable(store, runner, "assign").await?;
+    if row.status == ExecutorStatus::Revoked {
+        return Err(Refusal::new(
+            ErrorCode::NotEligible,
+            format!("runner {runner} is revoked and serves no one again; create a new runner with `nexus admin runner create`"),
+        ));
+    }
+    require_agent(store, agent).await?;
+    store.assign_runner(runner, agent).await.map_err(store_refusal)?;
+    assignments_json(store, runner).await
+}
+
+/// Takes an Agent off an assigned runner: the Agent no longer sees or selects it, new work for
+/// the Agent is refused at materialization, and work already addressed to the runner but not yet
+/// claimed fails with `not_eligible` when it is dispatched or claimed (`docs/protocol.md`,
+/// "Assignment"). A runner with no Agent left serves no one until it is assigned again.
+///
+/// Returns `{"runner_executor_public_id", "assignment_scope", "assigned_agent_public_ids"}`.
+///
+/// # Errors
+/// 404 `not_found` for an unknown runner, or an Agent the runner is not assigned to; 422
+/// `validation_failed` for an account-wide runner.
+pub async fn unassign_runner(store: &Store, runner: RunnerId, agent: MemberId) -> Result<Value, Refusal> {
+    assignable(store, runner, "unassign").await?;
+    if !store.unassign_runner(runner, agent).await.map_err(store_refusal)? {
+        return Err(Refusal::new(ErrorCode::NotFound, format!("runner {runner} is not assigned to {agent}")));
+    }
+    assignments_json(store, runner).await
+}
+
+/// The runner of an assign or unassign: it exists and is assigned, not account-wide.
+async fn assignable(store: &Store, runner: RunnerId, verb: &str) -> Result<ExecutorRow, Refusal> {
+    let row = store
+        .executor(runner)
+        .await
+        .map_err(store_refusal)?
+        .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no runner {runner}")))?;
+    if row.assignment_scope == AssignmentScope::AccountWide {
+        return Err(Refusal::new(
+            ErrorCode::ValidationFailed,
+            format!(
+                "runner {runner} is account-wide: every Agent may use it, so there is nothing to {verb}; \
+                 create a runner with `nexus admin runner create --assign AGENT_ID` to serve chosen Agents"
+            ),
+        ));
+    }
+    Ok(row)
+}
+
+/// Refuses a member that does not exist or is not an Agent: runners are assigned to Agents.
+async fn require_agent(store: &Store, member: MemberId) -> Result<(), Refusal> {
+    let row = store
+        .member(member)
+        .await
+        .map_err(store_refusal)?
+        .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no member {member}")))?;
+    if row.kind != MemberKind::Agent {
+        return Err(Refusal::new(
+            ErrorCode::ValidationFailed,
+            format!("member {member} ({}) is a Human; runners are assigned to Agents", row.handle),
+        ));
+    }
+    Ok(())
+}
+
+async fn assignments_json(store: &Store, runner: RunnerId) -> Result<Value, Refusal> {
+    let agents = store.runner_agents(runner).await.map_err(store_refusal)?;
+    Ok(json!({
+        "runner_executor_public_id": runner,
+        "assignment_scope": AssignmentScope::UserPrivate,
+        "assigned_agent_public_ids": agents,
+    }))
 }

@@ -13,14 +13,14 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use futures::StreamExt;
-use nexus_proto::RunStatus;
+use nexus_proto::{MemberId, RunStatus};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::cli::admin::{MemberKind, create_member, create_runner};
+use crate::cli::admin::{MemberKind, RunnerAssignment, create_member, create_runner};
 use crate::config::ServerConfig;
 use crate::doors::api::FeedType;
 use crate::doors::api::{Caller, CreateInput};
@@ -138,7 +138,14 @@ async fn drive(
     let store = &api.fabric.store;
     let agent =
         create_member(store, MemberKind::Agent, "quickstart").await.map_err(|r| step("mint the agent")(r.message))?;
-    let runner = create_runner(store, RUNNER_NAME).await.map_err(|r| step("mint the runner")(r.message))?;
+    // The quickstart's runner serves its Agent and no one else.
+    let agent_id: MemberId = agent["public_id"]
+        .as_str()
+        .and_then(|id| id.parse().ok())
+        .ok_or_else(|| step("mint the agent")("the minted agent has no public_id".to_owned()))?;
+    let runner = create_runner(store, RUNNER_NAME, &RunnerAssignment::Agents(vec![agent_id]))
+        .await
+        .map_err(|r| step("mint the runner")(r.message))?;
     let runner_id = runner["runner_executor_public_id"].as_str().unwrap_or_default().to_owned();
     let token_file = data_dir.join("runner.token");
     write_secret(&token_file, runner["token"].as_str().unwrap_or_default()).map_err(step("write the runner token"))?;

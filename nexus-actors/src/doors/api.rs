@@ -13,7 +13,7 @@ use futures::Stream;
 use serde_json::{Value, json};
 
 use nexus_proto::{
-    ConversationId, ErrorCode, ExecutionId, ExecutorKind, ExecutorStatus, InputId, MemberId, MemberKind, MemberStatus,
+    ConversationId, ErrorCode, ExecutionId, ExecutorKind, InputId, MemberId, MemberKind, MemberStatus,
     Refusal, RunStatus, RunnerId, TaskKey, TaskStatus,
 };
 
@@ -275,11 +275,13 @@ impl Api {
     /// "Discovery"): the
     /// eligible executors, `{executors:[{public_id, kind, display_name, status, assignment_scope,
     /// served_tools, environment, served_documents, presence, last_seen_at, connected_at}]}`.
-    /// Discovery filters by eligibility, never by presence.
+    /// Discovery filters by eligibility for the caller ([`crate::eligibility`]: an Agent sees the
+    /// account-wide runners and those assigned to it, a Human the account-wide ones), never by
+    /// presence.
     ///
     /// # Errors
     /// 400 `parameter_invalid` for another `kind`.
-    pub async fn executors(&self, _caller: &Caller, kind: Option<&str>) -> Result<Value, Refusal> {
+    pub async fn executors(&self, caller: &Caller, kind: Option<&str>) -> Result<Value, Refusal> {
         let kind = match kind {
             None | Some("runner") => ExecutorKind::Runner,
             Some("tools_provider" | "tool_provider") => ExecutorKind::ToolsProvider,
@@ -290,11 +292,12 @@ impl Api {
                 ));
             }
         };
-        let rows = self.fabric.store.executors().await.map_err(internal)?;
+        let principal = crate::eligibility::Principal::of(&caller.member);
+        let rows = crate::eligibility::eligible_runners(&self.fabric.store, principal).await.map_err(internal)?;
         let now = self.fabric.clock.now_ms();
         let listed: Vec<Value> = rows
             .iter()
-            .filter(|row| row.status == ExecutorStatus::Active && row.kind == kind)
+            .filter(|row| row.kind == kind)
             .map(|row| crate::actors::executor::executor_json(row, now))
             .collect();
         Ok(json!({"executors": listed}))
@@ -304,15 +307,19 @@ impl Api {
     ///
     /// # Errors
     /// 400 `parameter_invalid` for an id that is not a UUID in its one spelling (as on every door
-    /// that takes an id); 404 `not_found` for an unknown or ineligible one.
-    pub async fn executor(&self, _caller: &Caller, id: &str) -> Result<Value, Refusal> {
+    /// that takes an id); 404 `not_found` for an unknown one or one not eligible for the caller.
+    pub async fn executor(&self, caller: &Caller, id: &str) -> Result<Value, Refusal> {
         let missing = || Refusal::new(ErrorCode::NotFound, format!("no eligible executor {id}"));
         let id: RunnerId = id.parse().map_err(|e: nexus_proto::MalformedId| {
             Refusal::new(ErrorCode::ParameterInvalid, format!("the executor id is malformed: {e}"))
         })?;
-        let row =
-            self.fabric.store.executor(id).await.map_err(internal)?.filter(|row| row.status == ExecutorStatus::Active);
-        row.map(|row| crate::actors::executor::executor_json(&row, self.fabric.clock.now_ms())).ok_or_else(missing)
+        let Some(row) = self.fabric.store.executor(id).await.map_err(internal)? else { return Err(missing()) };
+        let principal = crate::eligibility::Principal::of(&caller.member);
+        let judged = crate::eligibility::eligibility(&self.fabric.store, &row, principal).await.map_err(internal)?;
+        if judged != crate::declaration::Eligibility::Eligible {
+            return Err(missing());
+        }
+        Ok(crate::actors::executor::executor_json(&row, self.fabric.clock.now_ms()))
     }
 
     /// `GET /agent_api/v1/profile/agents`: the Agent's live named definitions.
@@ -403,11 +410,13 @@ impl Api {
         }
         fields.insert("approval_mode".into(), json!("bypass"));
         let configuration = validate_configuration(&fields, &|_| Ok(()))?;
-        let runners = resolve::runner_facts(&self.fabric.store, &configuration).await?;
+        let runners = resolve::runner_facts(&self.fabric.store, &configuration, caller.member.public_id).await?;
         let selection = selected.map_or(RunnerSelection::NoRunner, RunnerSelection::Named);
         let frozen = crate::declaration::freeze(&configuration, None, selection, &runners, None)?;
+        // Only runners eligible for the caller are shown (`docs/protocol.md`, "Assignment").
         let executors: Vec<Value> = runners
             .iter()
+            .filter(|r| r.eligible())
             .map(|r| json!({"runner_executor_public_id": r.public_id, "display_name": r.display_name, "environment": r.announcement["environment"]}))
             .collect();
         Ok(json!({
@@ -425,7 +434,9 @@ impl Api {
     /// # Errors
     /// 403 `not_agent`; 403 `not_authorized` for a suspended Agent; 400 `parameter_missing` (empty text) or `parameter_invalid` (a scalar
     /// `tool_names`, or text holding NUL); 404 `not_found` (unknown conversation); 422 `validation_failed` (an invalid
-    /// inline declaration, no declaration at all, or no model to run).
+    /// inline declaration, no declaration at all, or no model to run); 422 `runner_not_declared` or
+    /// `runner_not_eligible` for a `runner_executor_public_id` that is not a candidate or not
+    /// eligible for the Agent (`docs/protocol.md`, "Assignment").
     pub async fn create_input(&self, caller: &Caller, input: CreateInput) -> Result<Admitted, Refusal> {
         if caller.member.kind != MemberKind::Agent {
             return Err(Refusal::new(
@@ -484,6 +495,8 @@ impl Api {
                     format!("runner {runner} is not among the declaration's runner_executor_public_ids"),
                 ));
             }
+            // The input's own selection is judged now as well as at materialization.
+            crate::eligibility::refuse_ineligible_selection(store, runner, caller.member.public_id).await?;
         }
         if configuration["default_model"].is_null() {
             return Err(Refusal::new(

@@ -6,10 +6,11 @@ use sqlx::Row;
 use nexus_proto::RunnerId;
 
 use super::members::insert_credential;
-use super::{Credential, ExecutorRow, PresenceEvent, Store, StoreResult, parse};
+use super::{Credential, ExecutorRow, PresenceEvent, RunnerAssignment, Store, StoreResult, parse};
 
 impl Store {
-    /// Creates a runner executor and its transport credential.
+    /// Creates an `account_wide` runner executor and its transport credential (what every runner
+    /// was before assignments; [`Store::create_executor_for`] chooses).
     ///
     /// # Errors
     /// [`StoreError`] on a database failure.
@@ -19,21 +20,7 @@ impl Store {
         display_name: &str,
         credential: &Credential,
     ) -> StoreResult<()> {
-        let mut tx = self.direct_writer().begin().await?;
-        let empty = serde_json::json!({"tools": [], "environment": {}, "documents": []});
-        sqlx::query(
-            "INSERT INTO executors (public_id, kind, display_name, status, assignment_scope, credential_epoch, announcement, created_at) \
-             VALUES ($1, 'runner', $2, 'active', 'account_wide', 0, $3, $4)",
-        )
-        .bind(public_id.to_string())
-        .bind(display_name)
-        .bind(empty.to_string())
-        .bind(self.clock.now_ms())
-        .execute(&mut *tx)
-        .await?;
-        insert_credential(&mut tx, credential, 0, self.clock.now_ms()).await?;
-        tx.commit().await?;
-        Ok(())
+        self.create_executor_for(public_id, display_name, credential, &RunnerAssignment::AccountWide).await
     }
 
     /// Reads an executor.

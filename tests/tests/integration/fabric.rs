@@ -522,12 +522,12 @@ async fn a_revoked_runner_gets_no_new_work_and_leaves_discovery() {
 
     nexus_actors::cli::admin::revoke_runner(s.server.store(), s.runner.runner()).await.expect("revoked");
     let run = admit(&s.server, &s.agent, "probe it").await;
-    // Eligibility is checked at acceptance: the only candidate is revoked, so the convenience
-    // default selects no Runner, nothing is imported, and the model's call is unknown.
-    let row = wait_status(&s.server, &s.agent, run, "completed").await;
-    assert_eq!(row["default_runner_executor_public_id"], Value::Null);
-    assert_eq!(row["tasks"][0]["error_key"], "unknown_tool");
-    assert_eq!(row["tasks"][0]["runner_executor_public_id"], Value::Null);
+    // Eligibility is checked at acceptance: the only candidate is revoked, so the execution is
+    // refused at materialization with the eligibility word rather than run without its runner
+    // (its calls failing `unknown_tool`).
+    let row = s.server.settled(run, WAIT).await;
+    assert_eq!(row.error_key.as_deref(), Some("runner_not_eligible"));
+    assert!(s.server.store().tasks_of(run).await.expect("tasks").is_empty());
     assert!(s.raw.next_work(Duration::from_millis(300)).await.is_none(), "no work is offered to a revoked runner");
     assert_eq!(http.get("/agent_api/v1/executors").await.body["executors"], json!([]));
     assert_eq!(http.get(&format!("/agent_api/v1/executors/{}", s.runner.id)).await.status, 404);

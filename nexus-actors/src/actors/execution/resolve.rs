@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use serde_json::{Map, Value, json};
 
-use nexus_proto::{ErrorCode, ExecutionId, ExecutorStatus, Refusal, RunStatus, RunnerId, TaskKey};
+use nexus_proto::{ErrorCode, ExecutionId, MemberId, Refusal, RunStatus, TaskKey};
 
 use crate::actors::fabric::Fabric;
 use crate::declaration::tools::RunnerSelection;
@@ -19,38 +19,12 @@ use super::control::ESTIMATE_BYTES_PER_TOKEN;
 use super::result_text;
 
 /// The facts of every runner a configuration names (candidates, then explicit route targets) that
-/// exists, read from the store.
+/// exists, read from the store and judged for the answering `agent` ([`crate::eligibility`]).
 ///
 /// # Errors
 /// `internal` on a store failure.
-pub async fn runner_facts(store: &Store, configuration: &Value) -> Result<Vec<RunnerFacts>, Refusal> {
-    let mut ids: Vec<RunnerId> = configuration["runner_executor_public_ids"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str().and_then(|s| RunnerId::parse_any_case(s).ok()))
-        .collect();
-    for entry in configuration["tool_definitions"].as_array().into_iter().flatten() {
-        if let Some(id) =
-            entry["route"]["runner_executor_public_id"].as_str().and_then(|s| RunnerId::parse_any_case(s).ok())
-            && !ids.contains(&id)
-        {
-            ids.push(id);
-        }
-    }
-    let mut runners = Vec::new();
-    for id in ids {
-        let row = store.executor(id).await.map_err(internal)?;
-        if let Some(row) = row {
-            runners.push(RunnerFacts {
-                public_id: id,
-                display_name: row.display_name.clone(),
-                eligible: row.status == ExecutorStatus::Active,
-                announcement: row.announcement.clone(),
-            });
-        }
-    }
-    Ok(runners)
+pub async fn runner_facts(store: &Store, configuration: &Value, agent: MemberId) -> Result<Vec<RunnerFacts>, Refusal> {
+    crate::eligibility::runner_facts(store, configuration, agent).await
 }
 
 fn internal(e: impl std::fmt::Display) -> Refusal {
@@ -95,7 +69,7 @@ pub async fn resolve(
             (configuration, profile.system_prompt, profile.summarizer)
         }
     };
-    let runners = runner_facts(&fabric.store, &configuration).await?;
+    let runners = runner_facts(&fabric.store, &configuration, input.member_public_id).await?;
     let tool_names: Option<Vec<String>> =
         input.tool_names.as_ref().and_then(|v| serde_json::from_value(v.clone()).ok());
     let frozen = freeze(

@@ -11,7 +11,7 @@
 
 use std::collections::HashSet;
 
-use nexus_proto::Refusal;
+use nexus_proto::{AssignmentScope, Refusal};
 use nexus_proto::runner::v1::NexusFrame;
 
 use super::{
@@ -78,7 +78,14 @@ fn task_of(request: &RunnerRequest) -> Option<TaskId> {
 async fn decide(state: &mut ExecutorState, request: RunnerRequest) -> Result<Decided, Refusal> {
     match request {
         RunnerRequest::Announce(body) => announce(state, &body).await.map(Decided::Answer),
-        RunnerRequest::Claim { task } => claim(state, find(state, task).await?),
+        RunnerRequest::Claim { task } => {
+            let task = find(state, task).await?;
+            if state.row.assignment_scope == AssignmentScope::AccountWide {
+                claim(state, task)
+            } else {
+                super::eligibility::claim_assigned(state, task).await
+            }
+        }
         RunnerRequest::ClaimStatus { task, claim_token } => {
             claim_status(state, &find(state, task).await?, &claim_token).map(Decided::Answer)
         }

@@ -13,6 +13,7 @@ use nexus_proto::{ErrorCode, Refusal};
 
 use crate::declaration::announcement::is_model_visible;
 use crate::declaration::invalid;
+use crate::eligibility::not_eligible;
 
 use super::*;
 
@@ -42,11 +43,15 @@ impl RunnerSelection {
 /// Assembles the tool set of a configuration (canonical form) for the selected Runner.
 ///
 /// `runners` holds the facts of every runner the configuration names (candidates and explicit
-/// route targets) that exists. Only the selected Runner contributes imports; an ineligible named
-/// Runner is refused, never silently replaced (`docs/declaration.md`, "Runner imports").
+/// route targets) that exists, judged for the answering Agent. Only the selected Runner contributes
+/// imports; an ineligible named Runner is refused, never silently replaced (`docs/declaration.md`,
+/// "Runner imports"). The convenience default skips an ineligible candidate, and refuses when
+/// every declared candidate is ineligible; an explicit route to a runner that exists and is not
+/// eligible is refused (`docs/protocol.md`, "Assignment").
 ///
 /// # Errors
-/// 422 `runner_not_declared` (selected runner not a candidate), `runner_not_eligible`,
+/// 422 `runner_not_declared` (selected runner not a candidate), `runner_not_eligible` (the
+/// selected runner, every candidate, or a route's target is not eligible for the Agent),
 /// `tool_not_served` (an explicit route to a tool its target does not serve) and
 /// `validation_failed` (`duplicate_tool_name` that remains after qualification).
 pub fn assemble(
@@ -71,16 +76,28 @@ pub fn assemble(
         RunnerSelection::Named(id) => Some(id),
         RunnerSelection::NoRunner => None,
         RunnerSelection::FirstEligible => {
-            candidates.iter().copied().find(|id| facts_of(*id).is_some_and(|f| f.eligible))
+            let first = candidates.iter().copied().find(|id| facts_of(*id).is_some_and(RunnerFacts::eligible));
+            // Candidates declared and none of them eligible: the execution would run without the
+            // runner it was declared for, its calls failing `unknown_tool`; refuse it instead,
+            // naming each candidate (`docs/protocol.md`, "Assignment").
+            if first.is_none() && !candidates.is_empty() {
+                let why: Vec<String> = candidates
+                    .iter()
+                    .filter_map(|id| not_eligible(*id, facts_of(*id).map(|f| f.eligibility)))
+                    .map(|refusal| refusal.message)
+                    .collect();
+                return Err(Refusal::new(
+                    ErrorCode::RunnerNotEligible,
+                    format!("none of the declaration's runner_executor_public_ids is eligible: {}", why.join("; ")),
+                ));
+            }
+            first
         }
     };
     if let Some(id) = selected
-        && !facts_of(id).is_some_and(|f| f.eligible)
+        && let Some(refusal) = not_eligible(id, facts_of(id).map(|f| f.eligibility))
     {
-        return Err(Refusal::new(
-            ErrorCode::RunnerNotEligible,
-            format!("runner {id} is not eligible (missing or revoked)"),
-        ));
+        return Err(refusal);
     }
 
     let explicit = configuration["tool_definitions"].as_array().map(Vec::as_slice).unwrap_or_default();
@@ -97,6 +114,13 @@ pub fn assemble(
                 let announced = target.and_then(facts_of).and_then(|facts| {
                     facts.announcement["tools"].as_array()?.iter().find(|t| t["name"] == served.as_str()).cloned()
                 });
+                // A target that exists and may not serve this Agent is refused as such; one that
+                // does not exist serves nothing.
+                if let Some(facts) = target.and_then(facts_of)
+                    && let Some(refusal) = not_eligible(facts.public_id, Some(facts.eligibility))
+                {
+                    return Err(Refusal::new(refusal.code, format!("{name}: {}", refusal.message)));
+                }
                 let (Some(target), Some(announced)) = (target, announced) else {
                     return Err(Refusal::new(
                         ErrorCode::ToolNotServed,
@@ -153,8 +177,9 @@ pub fn assemble(
     }
 
     let mut runner_candidates = Vec::new();
+    // The ordered eligible candidates: one that may not serve this Agent is not shown.
     for id in &candidates {
-        if let Some(facts) = facts_of(*id) {
+        if let Some(facts) = facts_of(*id).filter(|f| f.eligible()) {
             runner_candidates.push(json!({
                 "runner_executor_public_id": id,
                 "display_name": facts.display_name,

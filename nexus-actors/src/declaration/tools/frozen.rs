@@ -78,10 +78,30 @@ pub struct RunnerFacts {
     pub public_id: RunnerId,
     /// Display name.
     pub display_name: String,
-    /// Whether it is eligible (active, credential ready).
-    pub eligible: bool,
+    /// Whether it may serve the answering Agent ([`crate::eligibility`]).
+    pub eligibility: Eligibility,
     /// The canonical announcement `{tools, environment, documents}`.
     pub announcement: Value,
+}
+
+impl RunnerFacts {
+    /// Whether the runner may serve the answering Agent.
+    pub fn eligible(&self) -> bool {
+        self.eligibility == Eligibility::Eligible
+    }
+}
+
+/// Whether a runner may serve a principal (`docs/protocol.md`, "Assignment"): one rule, judged
+/// by [`crate::eligibility::judge`]. Presence never enters it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Eligibility {
+    /// Active, and account-wide or assigned to the principal.
+    Eligible,
+    /// Account-wide or assigned to the principal, but revoked: it serves no one again.
+    Revoked,
+    /// Assigned to other Agents only. The principal is told what it would be told of a runner
+    /// that does not exist: neither its display name nor its Agents leak.
+    NotAssigned,
 }
 
 /// The immutable declaration an execution runs under (`docs/declaration.md`, "Freezing").

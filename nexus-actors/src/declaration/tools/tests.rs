@@ -21,7 +21,7 @@ fn runner(id: RunnerId, tools: Value) -> RunnerFacts {
     RunnerFacts {
         public_id: id,
         display_name: "r".into(),
-        eligible: true,
+        eligibility: Eligibility::Eligible,
         announcement: json!({"tools": tools, "environment": {"os": "linux"}, "documents": []}),
     }
 }
@@ -612,7 +612,7 @@ fn r28_to_r30_assembly_refusals() {
         "runner_not_declared"
     );
     let mut revoked = runner(id, json!([]));
-    revoked.eligible = false;
+    revoked.eligibility = Eligibility::Revoked;
     assert_eq!(code(freeze(&cfg, None, RunnerSelection::Named(id), &[revoked], None)), "runner_not_eligible");
     assert_eq!(
         code(freeze(
@@ -639,7 +639,7 @@ fn selection_first_eligible_named_and_none() {
     let here = RunnerId::new_v4();
     let cfg = config(json!({"runner_executor_public_ids": [gone, here], "approval_mode": "bypass"}));
     let mut revoked = runner(gone, json!([visible("old")]));
-    revoked.eligible = false;
+    revoked.eligibility = Eligibility::Revoked;
     let runners = [revoked, runner(here, json!([visible("bash")]))];
     // The convenience default skips an ineligible first candidate.
     let frozen = freeze(&cfg, None, RunnerSelection::FirstEligible, &runners, None).expect("frozen");
@@ -649,8 +649,55 @@ fn selection_first_eligible_named_and_none() {
     let none = freeze(&cfg, None, RunnerSelection::NoRunner, &runners, None).expect("frozen");
     assert_eq!(none.default_runner_executor_public_id, None);
     assert!(none.tools.is_empty());
-    assert_eq!(none.runner_candidates.len(), 2, "the candidates are still reported");
+    assert_eq!(none.runner_candidates.len(), 1, "the eligible candidates are still reported");
+    assert_eq!(none.runner_candidates[0]["runner_executor_public_id"], json!(here));
     // A named ineligible runner is refused, never replaced.
     let refused = freeze(&cfg, None, RunnerSelection::Named(gone), &runners, None).expect_err("refused");
     assert_eq!(refused.code, ErrorCode::RunnerNotEligible);
+}
+
+/// Whose runner is whose (`docs/protocol.md`, "Assignment"): a runner assigned to other Agents
+/// is never selected, shown or routed to, and a declaration whose every candidate is ineligible
+/// is refused rather than run without its runner.
+#[test]
+fn r28_a_runner_of_other_agents_is_never_selected_listed_or_routed_to() {
+    let mine = RunnerId::new_v4();
+    let theirs = RunnerId::new_v4();
+    let mut foreign = runner(theirs, json!([visible("deploy")]));
+    foreign.eligibility = Eligibility::NotAssigned;
+    foreign.display_name = "their-secret-box".into();
+    let runners = [foreign.clone(), runner(mine, json!([visible("bash")]))];
+    let both = config(json!({"runner_executor_public_ids": [theirs, mine], "approval_mode": "bypass"}));
+    // Named: refused, with neither the display name nor the reason it is someone else's.
+    let named = freeze(&both, None, RunnerSelection::Named(theirs), &runners, None).expect_err("refused");
+    assert_eq!(named.code, ErrorCode::RunnerNotEligible);
+    assert!(!named.message.contains("their-secret-box"), "{}", named.message);
+    // The convenience default skips it; the frozen candidates and the imports leave it out.
+    let frozen = freeze(&both, None, RunnerSelection::FirstEligible, &runners, None).expect("frozen");
+    assert_eq!(frozen.default_runner_executor_public_id, Some(mine));
+    assert_eq!(frozen.runner_candidates.len(), 1);
+    assert_eq!(frozen.runner_candidates[0]["runner_executor_public_id"], json!(mine));
+    assert_eq!(frozen.tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["bash"]);
+    // Every candidate ineligible (assigned elsewhere, revoked, unknown): refused, each named.
+    let mut revoked = runner(mine, json!([visible("bash")]));
+    revoked.eligibility = Eligibility::Revoked;
+    let unknown = RunnerId::new_v4();
+    let none_left = config(json!({"runner_executor_public_ids": [theirs, mine, unknown], "approval_mode": "bypass"}));
+    let refused = freeze(&none_left, None, RunnerSelection::FirstEligible, &[foreign.clone(), revoked], None)
+        .expect_err("refused");
+    assert_eq!(refused.code, ErrorCode::RunnerNotEligible);
+    for id in [theirs, mine, unknown] {
+        assert!(refused.message.contains(&id.to_string()), "{id} is named: {}", refused.message);
+    }
+    assert!(refused.message.contains("revoked"), "{}", refused.message);
+    // No candidates at all is no refusal: nothing was declared to run on.
+    let bare = freeze(&config(json!({})), None, RunnerSelection::FirstEligible, &[], None).expect("frozen");
+    assert_eq!(bare.default_runner_executor_public_id, None);
+    // An explicit route to it is refused as not eligible, not as an unserved tool.
+    let routed = config(json!({"approval_mode": "bypass", "tool_definitions": [
+        {"type":"function","function":{"name":"ship"},"route":{"kind":"runner","runner_executor_public_id": theirs, "tool_name": "deploy"}}
+    ]}));
+    let refused = freeze(&routed, None, RunnerSelection::NoRunner, &[foreign], None).expect_err("refused");
+    assert_eq!(refused.code, ErrorCode::RunnerNotEligible);
+    assert!(refused.message.starts_with("ship: "), "{}", refused.message);
 }

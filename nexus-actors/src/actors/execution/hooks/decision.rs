@@ -359,7 +359,7 @@ mod tests {
         let facts = crate::declaration::RunnerFacts {
             public_id: runner,
             display_name: "worker".into(),
-            eligible: true,
+            eligibility: crate::declaration::Eligibility::Eligible,
             announcement: json!({"tools": [tool("probe"), tool("review")], "environment": {}, "documents": []}),
         };
         let configuration = json!({
