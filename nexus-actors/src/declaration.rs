@@ -31,8 +31,7 @@ use nexus_proto::{ErrorCode, Refusal};
 
 pub use self::tools::{
     Assembly, DEFAULT_TIMEOUT_MS, Eligibility, FrozenDeclaration, FrozenTool, RunnerFacts, RunnerRoute,
-    TOOL_DEFINITIONS_BOUND,
-    assemble, entry_name, freeze, narrow, qualified_name, wire_projection,
+    TOOL_DEFINITIONS_BOUND, assemble, entry_name, freeze, narrow, qualified_name, wire_projection,
 };
 use self::tools::{canonical_tool_definitions, validate_kernel_tools, validate_runner_ids, validate_runner_tool_names};
 

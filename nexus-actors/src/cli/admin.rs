@@ -184,7 +184,9 @@ pub async fn assign_runner(store: &Store, runner: RunnerId, agent: MemberId) -> 
     if row.status == ExecutorStatus::Revoked {
         return Err(Refusal::new(
             ErrorCode::NotEligible,
-            format!("runner {runner} is revoked and serves no one again; create a new runner with `nexus admin runner create`"),
+            format!(
+                "runner {runner} is revoked and serves no one again; create a new runner with `nexus admin runner create`"
+            ),
         ));
     }
     require_agent(store, agent).await?;

@@ -13,8 +13,8 @@ use futures::Stream;
 use serde_json::{Value, json};
 
 use nexus_proto::{
-    ConversationId, ErrorCode, ExecutionId, ExecutorKind, InputId, MemberId, MemberKind, MemberStatus,
-    Refusal, RunStatus, RunnerId, TaskKey, TaskStatus,
+    ConversationId, ErrorCode, ExecutionId, ExecutorKind, InputId, MemberId, MemberKind, MemberStatus, Refusal,
+    RunStatus, RunnerId, TaskKey, TaskStatus,
 };
 
 use crate::actors::execution::approval::{Adjudication, Adjudicator};

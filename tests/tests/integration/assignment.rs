@@ -370,7 +370,10 @@ async fn the_runner_commands_refuse_bad_arguments_and_print_the_assignment() {
     assert!(created["token"].as_str().is_some_and(|t| !t.is_empty()));
     let runner = created["runner_executor_public_id"].as_str().expect("id").to_owned();
     let (_, wide, _) = nexus_admin_output(&at, &["runner", "create", "--name", "shared", "--account-wide"]).await;
-    assert_eq!((wide["assignment_scope"].as_str(), &wide["assigned_agent_public_ids"]), (Some("account_wide"), &json!([])));
+    assert_eq!(
+        (wide["assignment_scope"].as_str(), &wide["assigned_agent_public_ids"]),
+        (Some("account_wide"), &json!([]))
+    );
     let wide_id = wide["runner_executor_public_id"].as_str().expect("id").to_owned();
 
     let (status, assigned, _) =
@@ -388,16 +391,25 @@ async fn the_runner_commands_refuse_bad_arguments_and_print_the_assignment() {
     let rows: Vec<(&str, Vec<&str>, &str)> = vec![
         ("an unknown runner", vec!["runner", "assign", "--runner", &unknown, "--agent", &agent_id], "not_found"),
         ("a Human", vec!["runner", "assign", "--runner", &runner, "--agent", &person_id], "validation_failed"),
-        ("an account-wide runner", vec!["runner", "assign", "--runner", &wide_id, "--agent", &agent_id], "validation_failed"),
+        (
+            "an account-wide runner",
+            vec!["runner", "assign", "--runner", &wide_id, "--agent", &agent_id],
+            "validation_failed",
+        ),
         ("not assigned", vec!["runner", "unassign", "--runner", &runner, "--agent", &agent_id], "not_found"),
-        ("an account-wide runner", vec!["runner", "unassign", "--runner", &wide_id, "--agent", &agent_id], "validation_failed"),
+        (
+            "an account-wide runner",
+            vec!["runner", "unassign", "--runner", &wide_id, "--agent", &agent_id],
+            "validation_failed",
+        ),
     ];
     for (row, args, word) in rows {
         let (status, _, stderr) = nexus_admin_output(&at, &args).await;
         assert!(!status.success(), "{row}");
         assert!(stderr.starts_with(&format!("error: {word}: ")), "{row}: {stderr}");
     }
-    let (status, _, stderr) = nexus_admin_output(&at, &["runner", "assign", "--runner", "nope", "--agent", &agent_id]).await;
+    let (status, _, stderr) =
+        nexus_admin_output(&at, &["runner", "assign", "--runner", "nope", "--agent", &agent_id]).await;
     assert!(!status.success() && stderr.contains("--runner"), "{stderr}");
     // The store agrees with what was printed.
     let runner_id: nexus_proto::RunnerId = runner.parse().expect("id");

@@ -11,8 +11,8 @@
 
 use std::collections::HashSet;
 
-use nexus_proto::{AssignmentScope, Refusal};
 use nexus_proto::runner::v1::NexusFrame;
+use nexus_proto::{AssignmentScope, Refusal};
 
 use super::{
     Decided, ExecutorState, Requests, RunnerRequest, Staged, TaskId, announce, claim, claim_status, commit, extend,
