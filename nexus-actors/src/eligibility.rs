@@ -11,6 +11,8 @@
 //!
 //! Owns no state: assignments live in the store (`runner_assignments`, migration 0011).
 
+use std::collections::HashSet;
+
 use serde_json::Value;
 
 use nexus_proto::{AssignmentScope, ErrorCode, ExecutorStatus, MemberId, MemberKind, Refusal, RunnerId};
@@ -24,7 +26,8 @@ pub enum Principal {
     /// An Agent: the runners account-wide or assigned to it.
     Agent(MemberId),
     /// A Human member. For now a Human is served by the account-wide runners only; a Human's
-    /// standing on an Agent (steward, viewer) extends [`Principal::assigned`], the one place.
+    /// standing on an Agent (steward, viewer) would extend [`Principal::assigned`] and
+    /// [`Principal::assigned_runners`], the one place that says which runners are a principal's.
     Human(MemberId),
 }
 
@@ -42,6 +45,14 @@ impl Principal {
         match self {
             Principal::Agent(agent) => store.runner_assigned(runner, agent).await,
             Principal::Human(_) => Ok(false),
+        }
+    }
+
+    /// Every runner assigned to this principal (one store read).
+    async fn assigned_runners(self, store: &Store) -> Result<HashSet<RunnerId>, StoreError> {
+        match self {
+            Principal::Agent(agent) => store.runners_assigned_to(agent).await,
+            Principal::Human(_) => Ok(HashSet::new()),
         }
     }
 }
@@ -73,10 +84,7 @@ pub async fn eligibility(store: &Store, row: &ExecutorRow, principal: Principal)
 /// # Errors
 /// [`StoreError`] on a database failure.
 pub async fn eligible_runners(store: &Store, principal: Principal) -> Result<Vec<ExecutorRow>, StoreError> {
-    let assigned = match principal {
-        Principal::Agent(agent) => store.runners_assigned_to(agent).await?,
-        Principal::Human(_) => Default::default(),
-    };
+    let assigned = principal.assigned_runners(store).await?;
     let rows = store.executors().await?;
     Ok(rows.into_iter().filter(|row| judge(row, assigned.contains(&row.public_id)) == Eligibility::Eligible).collect())
 }

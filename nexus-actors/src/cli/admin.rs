@@ -255,3 +255,19 @@ async fn assignments_json(store: &Store, runner: RunnerId) -> Result<Value, Refu
         "assigned_agent_public_ids": agents,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_runner_says_whom_it_serves() {
+        let agent = MemberId::new_v4();
+        assert_eq!(assignment_from_flags(vec![agent], false).ok(), Some(RunnerAssignment::Agents(vec![agent])));
+        assert_eq!(assignment_from_flags(Vec::new(), true).ok(), Some(RunnerAssignment::AccountWide));
+        let neither = assignment_from_flags(Vec::new(), false).expect_err("refused");
+        assert_eq!(neither.code, ErrorCode::ParameterMissing);
+        assert!(neither.message.contains("--assign") && neither.message.contains("--account-wide"));
+        assert_eq!(assignment_from_flags(vec![agent], true).expect_err("refused").code, ErrorCode::ParameterInvalid);
+    }
+}
