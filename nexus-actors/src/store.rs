@@ -9,6 +9,7 @@
 
 mod backend;
 mod config;
+mod conversations;
 pub mod event;
 mod executions;
 mod executors;
@@ -34,6 +35,7 @@ use crate::clock::Clock;
 
 pub use backend::{StoreBackend, is_postgres_url, redact as redact_url};
 pub use config::StoreConfig;
+pub use conversations::{ConversationSummary, ExecutionFilter, ExecutionSummary, Keyset, TurnRow};
 pub use event::{Event, EventType};
 pub use executions::TranscriptWrite;
 pub use lock::{LockError, ServeLock};
