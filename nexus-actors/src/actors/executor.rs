@@ -1166,7 +1166,8 @@ fn progress(state: &mut ExecutorState, id: TaskId, token: &str, frame_json: &str
     check_progress_frame(frame_json)?;
     // Accepted always; the throttle lets one frame per task and interval onto the execution's
     // feed, the newest winning, and nothing is stored (`crate::actors::progress`).
-    let frame = crate::json::parse_str(frame_json).map_err(|_| Refusal::new(ErrorCode::InvalidFrame, "a progress frame is a JSON object"))?;
+    let frame = crate::json::parse_str(frame_json)
+        .map_err(|_| Refusal::new(ErrorCode::InvalidFrame, "a progress frame is a JSON object"))?;
     let now = state.fabric.clock.now_ms();
     let item = TaskProgress {
         execution_public_id: id.0,

@@ -143,7 +143,9 @@ impl Store {
         }
         let n = members.len();
         let keyset = match after {
-            Some(_) => format!(" AND (c.created_at < ${0} OR (c.created_at = ${0} AND c.public_id < ${1}))", n + 1, n + 2),
+            Some(_) => {
+                format!(" AND (c.created_at < ${0} OR (c.created_at = ${0} AND c.public_id < ${1}))", n + 1, n + 2)
+            }
             None => String::new(),
         };
         let limit_at = if after.is_some() { n + 3 } else { n + 1 };
@@ -185,12 +187,7 @@ impl Store {
     ///
     /// # Errors
     /// [`super::StoreError`] on a database failure.
-    pub async fn turns_after(
-        &self,
-        conversation: ConversationId,
-        after: i64,
-        limit: i64,
-    ) -> StoreResult<Vec<TurnRow>> {
+    pub async fn turns_after(&self, conversation: ConversationId, after: i64, limit: i64) -> StoreResult<Vec<TurnRow>> {
         let sql = format!(
             "SELECT i.public_id, i.turn, i.text, i.posted_by_public_id, i.created_at, \
              (SELECT COUNT(*) FROM executions c WHERE c.input_public_id = i.public_id) AS candidates, \
@@ -271,7 +268,9 @@ impl Store {
         }
         if after.is_some() {
             let (created, id) = (place(), place());
-            sql.push_str(&format!(" AND (e.created_at < {created} OR (e.created_at = {created} AND e.public_id < {id}))"));
+            sql.push_str(&format!(
+                " AND (e.created_at < {created} OR (e.created_at = {created} AND e.public_id < {id}))"
+            ));
         }
         sql.push_str(&format!(" ORDER BY e.created_at DESC, e.public_id DESC LIMIT {}", place()));
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));

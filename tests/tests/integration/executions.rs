@@ -50,7 +50,8 @@ async fn events(
         execution_public_id: execution.to_owned(),
         after: after.to_owned(),
         follow,
-        transcript: false, progress: false,
+        transcript: false,
+        progress: false,
     };
     let stream = client.stream_events(authed(request, agent)).await.expect("stream").into_inner();
     tokio::time::timeout(WAIT, stream.map(|e| e.expect("event")).collect::<Vec<_>>()).await.expect("stream ends")
@@ -136,7 +137,8 @@ async fn end_to_end_execution_over_grpc_with_a_real_runner_agent() {
                 execution_public_id: execution,
                 after: "nonsense".into(),
                 follow: false,
-                transcript: false, progress: false,
+                transcript: false,
+                progress: false,
             },
             &agent,
         ))

@@ -14,6 +14,7 @@ mod executions;
 mod fabric;
 mod hooks;
 mod http_executions;
+mod listing;
 mod models;
 mod pressure;
 mod quickstart;

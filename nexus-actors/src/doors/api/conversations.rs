@@ -201,12 +201,7 @@ impl Api {
     ///
     /// # Errors
     /// 404 `not_found` for an unknown conversation or one the caller may not read.
-    pub async fn conversation(
-        &self,
-        caller: &Caller,
-        id: ConversationId,
-        turns_after: i64,
-    ) -> Result<Value, Refusal> {
+    pub async fn conversation(&self, caller: &Caller, id: ConversationId, turns_after: i64) -> Result<Value, Refusal> {
         let store = &self.fabric.store;
         let members = readable_agents(caller);
         let (owner, created_at) = store

@@ -69,7 +69,10 @@ async fn get_conversation(
     let turns_after = match query.turns_after.as_deref() {
         None => 0,
         Some(text) => text.parse::<u32>().map(i64::from).map_err(|_| {
-            Refusal::new(ErrorCode::ParameterInvalid, "turns_after must be a turn number (the turns_next of an earlier page)")
+            Refusal::new(
+                ErrorCode::ParameterInvalid,
+                "turns_after must be a turn number (the turns_next of an earlier page)",
+            )
         })?,
     };
     Ok(axum::Json(api.conversation(&caller, id, turns_after).await?))
@@ -85,13 +88,7 @@ async fn get_executions(
     let caller = caller(&api, &headers, peer).await?;
     let limit = listing_limit_text(query.limit.as_deref())?;
     let listed = api
-        .list_executions(
-            &caller,
-            query.conversation.as_deref(),
-            query.status.as_deref(),
-            query.after.as_deref(),
-            limit,
-        )
+        .list_executions(&caller, query.conversation.as_deref(), query.status.as_deref(), query.after.as_deref(), limit)
         .await?;
     Ok(axum::Json(listed))
 }
