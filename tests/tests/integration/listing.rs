@@ -495,3 +495,67 @@ async fn runner_progress_reaches_the_feed_throttled_per_task() {
         "probe said ok"
     );
 }
+
+#[tokio::test]
+async fn runner_agent_bash_reports_its_output_as_progress() {
+    let command = "while [ ! -e watching ]; do sleep 0.02; done; echo first line; \
+                   while [ ! -e go ]; do sleep 0.02; done; echo done";
+    let script = json!({"rounds": [
+        {"tool_calls": [{"id": "s", "name": "bash", "arguments": {"command": command}}]},
+        {"final": "bash said {{tool:s.stdout}}"}
+    ]});
+    let server = TestServer::start(&[("talkative", script)]).await;
+    let agent = server.agent("agent").await;
+    let runner = server.runner("runner").await;
+    let workdir = tempfile::tempdir().expect("workdir");
+    let state_dir = tempfile::tempdir().expect("state");
+    let config = nexus_tests::agent_config(server.url(), &runner, workdir.path(), state_dir.path());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let agent_task = tokio::spawn(nexus_runner_agent::run(config, async {
+        let _ = stop_rx.await;
+    }));
+    wait_until("announcement", WAIT, || async {
+        server.store().executor(runner.runner()).await.ok().flatten().and_then(|r| r.announced_at)
+    })
+    .await;
+    let http = Http::new(&server.url(), Some(&agent.token));
+    let declared = http
+        .declare(&json!({"configuration": {"default_model": "scripted/talkative", "approval_mode": "bypass",
+                                           "runner_executor_public_ids": [runner.id]}}))
+        .await;
+    assert_eq!(declared.status, 200, "{declared:?}");
+    let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "talk"})).await;
+    let execution = admitted.body["execution_public_id"].as_str().expect("id").to_owned();
+    let mut client = agent_client(&server).await;
+    let request = StreamEventsRequest {
+        execution_public_id: execution.clone(),
+        after: String::new(),
+        follow: true,
+        transcript: false,
+        progress: true,
+    };
+    let mut watching = client.stream_events(authed(request, &agent)).await.expect("follow").into_inner();
+    // The command writes only once the watcher is attached.
+    std::fs::write(workdir.path().join("watching"), "").expect("watching");
+    let frame = loop {
+        let event = tokio::time::timeout(WAIT, watching.next()).await.expect("an item").expect("open").expect("ok");
+        if event.r#type == "task_progress" {
+            let data: Value = serde_json::from_str(&event.data_json).expect("data");
+            assert_eq!((data["task_key"].as_str(), data["tool_name"].as_str()), (Some("r1t0"), Some("bash")), "{data}");
+            break data["frame"].clone();
+        }
+    };
+    assert_eq!(frame["text_tail"], "first line\n", "{frame}");
+    assert_eq!(frame["bytes"], 11, "{frame}");
+    std::fs::write(workdir.path().join("go"), "").expect("go");
+    while let Some(event) = tokio::time::timeout(WAIT, watching.next()).await.expect("the watch ends") {
+        event.expect("ok");
+    }
+    let row = http.get(&format!("/agent_api/v1/executions/{execution}")).await;
+    assert_eq!(
+        (row.body["status"].as_str(), row.body["final_text"].as_str()),
+        (Some("completed"), Some("bash said first line\ndone"))
+    );
+    let _ = stop_tx.send(());
+    agent_task.await.expect("agent joins").expect("agent stops cleanly");
+}
