@@ -1,4 +1,4 @@
-//! Task progress on the feed (`docs/executions.md`, "Events"; spec/REFERENCE.md 6.12): a
+//! Task progress on the feed (`docs/executions.md`, "Events"; `docs/protocol.md`, "Progress"): a
 //! runner's `Progress` frames for a task it holds a valid claim on become ephemeral
 //! `task_progress` items of the execution's feed, throttled per task.
 //!
