@@ -9,4 +9,5 @@ pub mod executor;
 pub mod fabric;
 pub mod handle;
 pub mod profile;
+pub mod progress;
 pub mod root;

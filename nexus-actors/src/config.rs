@@ -69,6 +69,10 @@ pub struct RunnerStreamConfig {
     pub http2_keepalive_timeout_ms: u64,
     /// Largest frame accepted or sent, in bytes. Default 8 MiB.
     pub max_frame_bytes: usize,
+    /// The interval between two `task_progress` items of one task on its execution's feed, in
+    /// milliseconds; progress frames in between are coalesced, the newest winning
+    /// (`docs/executions.md`, "Events"). Default 1000; at least 250 (smaller values act as 250).
+    pub progress_interval_ms: u64,
 }
 
 impl Default for RunnerStreamConfig {
@@ -79,6 +83,7 @@ impl Default for RunnerStreamConfig {
             http2_keepalive_interval_ms: 20_000,
             http2_keepalive_timeout_ms: 10_000,
             max_frame_bytes: 8 * 1024 * 1024,
+            progress_interval_ms: 1_000,
         }
     }
 }

@@ -10,6 +10,7 @@
 mod assignments;
 mod backend;
 mod config;
+mod conversations;
 pub mod event;
 mod executions;
 mod executors;
@@ -36,6 +37,7 @@ use crate::clock::Clock;
 pub use assignments::RunnerAssignment;
 pub use backend::{StoreBackend, is_postgres_url, redact as redact_url};
 pub use config::StoreConfig;
+pub use conversations::{ConversationSummary, ExecutionFilter, ExecutionSummary, Keyset, TurnRow};
 pub use event::{Event, EventType};
 pub use executions::TranscriptWrite;
 pub use lock::{LockError, ServeLock};

@@ -46,6 +46,7 @@ use crate::actors::connection::ConnectionHandle;
 use crate::actors::execution::control::DeadlineShift;
 use crate::actors::fabric::Fabric;
 use crate::actors::handle::ActorError;
+use crate::actors::progress::{ProgressThrottle, TaskProgress};
 use crate::actors::root::RootHandle;
 use crate::auth::digest;
 use crate::clock::{deadline_after, is_frozen};
@@ -57,8 +58,6 @@ use self::offers::{OfferWindow, Sent};
 
 /// The most an extension may grant, in milliseconds (one hour).
 pub const EXTENSION_CAP_MS: i64 = 3_600_000;
-/// Progress frames closer than this per task are dropped silently, in milliseconds.
-pub const PROGRESS_INTERVAL_MS: i64 = 250;
 /// The largest progress frame, in bytes.
 pub const PROGRESS_FRAME_BOUND: usize = 65_536;
 
@@ -171,6 +170,12 @@ pub enum ExecutorMsg {
     /// then expires.
     Alarm {
         /// The deadline the alarm was set for.
+        at: i64,
+    },
+    /// The progress alarm rang for `at` (Unix milliseconds): every held progress frame due by
+    /// then goes out ([`crate::actors::progress`]).
+    ProgressDue {
+        /// The time the alarm was set for.
         at: i64,
     },
     /// The execution paused or resumed: its open tasks here take their new deadlines from
@@ -341,7 +346,8 @@ pub struct ExecutorState {
     open: HashMap<TaskId, TaskRow>,
     /// Every open task's deadline, and the one alarm for the earliest.
     deadlines: Deadlines,
-    progress_at: HashMap<TaskId, i64>,
+    /// The per-task throttle of progress frames on their executions' feeds.
+    progress: ProgressThrottle,
     /// The current stream's offers: only open, claimable tasks; empty while no stream is attached.
     window: OfferWindow,
 }
@@ -369,7 +375,7 @@ impl ExecutorState {
             "an offer window outlived its stream"
         );
         assert_eq!(self.deadlines.len(), self.open.len(), "every open task has exactly one deadline");
-        assert!(self.progress_at.len() <= self.open.len(), "progress throttles outlive their tasks");
+        assert!(self.progress.len() <= self.open.len(), "progress throttles outlive their tasks");
     }
 }
 
@@ -435,6 +441,7 @@ impl Actor for ExecutorActor {
             .await?
             .ok_or_else(|| format!("no executor {}", args.public_id))?;
         let now = args.fabric.clock.now_ms();
+        let progress_interval_ms = args.fabric.config.runner.progress_interval_ms;
         let mut state = ExecutorState {
             fabric: args.fabric,
             root: args.root,
@@ -443,7 +450,7 @@ impl Actor for ExecutorActor {
             connection: None,
             open: HashMap::new(),
             deadlines: Deadlines::default(),
-            progress_at: HashMap::new(),
+            progress: ProgressThrottle::new(progress_interval_ms),
             window: OfferWindow::new(OFFER_WINDOW),
         };
         // The park clock resumes: every open task gets its timer back.
@@ -464,6 +471,7 @@ impl Actor for ExecutorActor {
         state: &mut ExecutorState,
     ) -> Result<(), ActorProcessingErr> {
         state.deadlines.disarm();
+        state.progress.disarm();
         Ok(())
     }
 
@@ -478,6 +486,7 @@ impl Actor for ExecutorActor {
         // next offers; they queue after this message's answer.
         fill_window(state);
         rearm(&myself, state);
+        rearm_progress(&myself, state);
         #[cfg(debug_assertions)]
         state.check_invariants();
         handled
@@ -576,6 +585,12 @@ async fn handle_msg(msg: ExecutorMsg, state: &mut ExecutorState) -> Result<(), A
                 let (status, error_key) = expiry_outcome(task);
                 tracing::info!(runner_id = %state.row.public_id, run_id = %id.0, task_key = %id.1, %status, "task expired");
                 settle(state, &id, status, None, Some(error_key)).await?;
+            }
+        }
+        ExecutorMsg::ProgressDue { at } => {
+            state.progress.rang(at);
+            for item in state.progress.due(at.max(state.fabric.clock.now_ms())) {
+                state.fabric.events.publish_progress(item);
             }
         }
         ExecutorMsg::ShiftDeadlines { run, shift, done } => {
@@ -771,6 +786,24 @@ fn rearm(myself: &ActorRef<ExecutorMsg>, state: &mut ExecutorState) {
         let _ = actor.cast(ExecutorMsg::Alarm { at });
     });
     state.deadlines.arm(at, alarm);
+}
+
+/// Sets the progress alarm for the earliest held frame, or clears it when none is held.
+fn rearm_progress(myself: &ActorRef<ExecutorMsg>, state: &mut ExecutorState) {
+    let Some(at) = state.progress.next_due() else {
+        state.progress.disarm();
+        return;
+    };
+    if state.progress.armed_for() == Some(at) {
+        return;
+    }
+    let actor = myself.clone();
+    let clock = state.fabric.clock.clone();
+    let alarm = tokio::spawn(async move {
+        clock.sleep_until(at).await;
+        let _ = actor.cast(ExecutorMsg::ProgressDue { at });
+    });
+    state.progress.arm(at, alarm);
 }
 
 async fn attach(state: &mut ExecutorState, stream: Attach) -> Result<(), Refusal> {
@@ -1138,13 +1171,22 @@ fn progress(state: &mut ExecutorState, id: TaskId, token: &str, frame_json: &str
         return Err(Refusal::new(ErrorCode::NotClaimant, "this token does not hold the claim"));
     }
     check_progress_frame(frame_json)?;
-    // Accepted always; frames closer than 250 ms per key are dropped silently and nothing is
-    // stored.
+    // Accepted always; the throttle lets one frame per task and interval onto the execution's
+    // feed, the newest winning, and nothing is stored (`crate::actors::progress`).
+    let frame = crate::json::parse_str(frame_json)
+        .map_err(|_| Refusal::new(ErrorCode::InvalidFrame, "a progress frame is a JSON object"))?;
     let now = state.fabric.clock.now_ms();
-    let due = state.progress_at.get(&id).is_none_or(|last| now - last >= PROGRESS_INTERVAL_MS);
-    if due {
-        state.progress_at.insert(id, now);
+    let item = TaskProgress {
+        execution_public_id: id.0,
+        task_key: id.1,
+        tool_name: task.callable_name.clone(),
+        runner_executor_public_id: state.row.public_id,
+        frame,
+        at: now,
+    };
+    if let Some(item) = state.progress.offer(item, now) {
         tracing::debug!(run_id = %id.0, task_key = %id.1, "progress");
+        state.fabric.events.publish_progress(item);
     }
     Ok(Frame::ProgressAccepted(ProgressAccepted {}))
 }
@@ -1184,7 +1226,10 @@ async fn settle(
 fn release(state: &mut ExecutorState, task: TaskRow) {
     let id = (task.run_public_id, task.task_key);
     state.open.remove(&id);
-    state.progress_at.remove(&id);
+    // The task's last progress goes out before its settlement is told.
+    if let Some(item) = state.progress.release(id.0, id.1) {
+        state.fabric.events.publish_progress(item);
+    }
     state.window.withdraw(&id, task.started_at);
     let held = state.deadlines.remove(&id);
     debug_assert!(held, "every open task has its deadline: {id:?}");

@@ -72,6 +72,9 @@ pub struct EventBus {
     feeds: Mutex<HashMap<ExecutionId, watch::Sender<i64>>>,
     /// Made by the first subscriber; until then deltas are dropped at no cost.
     transcript: std::sync::OnceLock<tokio::sync::broadcast::Sender<TranscriptEvent>>,
+    /// The runners' throttled task progress ([`crate::actors::progress`]); made by the first
+    /// subscriber, as `transcript`.
+    progress: std::sync::OnceLock<tokio::sync::broadcast::Sender<crate::actors::progress::TaskProgress>>,
 }
 
 /// How many transcript events a subscriber may fall behind before it is told it lagged.
@@ -126,6 +129,23 @@ impl EventBus {
     pub fn publish_transcript(&self, event: TranscriptEvent) {
         if let Some(feed) = self.transcript.get() {
             let _ = feed.send(event);
+        }
+    }
+
+    /// A receiver of every execution's `task_progress` items (filter by
+    /// [`crate::actors::progress::TaskProgress::execution_public_id`]). A receiver more than
+    /// [`crate::actors::progress::PROGRESS_FEED_CAPACITY`] items behind skips the oldest: progress
+    /// is superseded by the next frame, and nothing of it is durable.
+    pub fn subscribe_progress(&self) -> tokio::sync::broadcast::Receiver<crate::actors::progress::TaskProgress> {
+        self.progress
+            .get_or_init(|| tokio::sync::broadcast::channel(crate::actors::progress::PROGRESS_FEED_CAPACITY).0)
+            .subscribe()
+    }
+
+    /// Publishes one `task_progress` item to the current subscribers; without any it is dropped.
+    pub fn publish_progress(&self, item: crate::actors::progress::TaskProgress) {
+        if let Some(feed) = self.progress.get() {
+            let _ = feed.send(item);
         }
     }
 }

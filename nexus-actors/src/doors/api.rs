@@ -2,8 +2,11 @@
 //! call the same functions here, so a door's semantics cannot drift between transports.
 
 mod compaction;
+pub mod conversations;
 mod repair;
 mod watch;
+
+pub use watch::Feed;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -138,6 +141,8 @@ pub enum FeedType {
     Delta(DeltaType),
     /// `resync`: deltas were dropped because the watcher read too slowly.
     Resync,
+    /// `task_progress`: a runner's throttled progress on one task ([`crate::actors::progress`]).
+    TaskProgress,
 }
 
 impl FeedType {
@@ -147,6 +152,7 @@ impl FeedType {
             FeedType::Durable(event) => event.as_str(),
             FeedType::Delta(delta) => delta.as_str(),
             FeedType::Resync => "resync",
+            FeedType::TaskProgress => "task_progress",
         }
     }
 }

@@ -13,8 +13,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use nexus_proto::agent::v1::agent_service_server::AgentService;
 use nexus_proto::agent::v1::{
-    CompactExecutionRequest, EstimateContextRequest, PauseExecutionRequest, RegenerateExecutionRequest,
-    ResumeExecutionRequest,
+    CompactExecutionRequest, EstimateContextRequest, GetConversationRequest, ListConversationsRequest,
+    ListExecutionsRequest, PauseExecutionRequest, RegenerateExecutionRequest, ResumeExecutionRequest,
 };
 use nexus_proto::agent::v1::{
     CreateInputReply, CreateInputRequest, DeclareProfileRequest, Execution, ExecutionEvent, ExecutorRequest,
@@ -30,6 +30,7 @@ use crate::actors::connection::{ConnectionActor, ConnectionArgs};
 use crate::auth::bearer_of;
 use crate::auth::throttle::Source;
 use crate::declaration::known_fields;
+use crate::doors::api::conversations::listing_limit;
 use crate::doors::api::{Api, Caller, CreateInput};
 
 /// `RunnerService`: one [`ConnectionActor`] per stream.
@@ -221,8 +222,8 @@ impl AgentService for AgentGrpc {
         let caller = self.caller(&request).await?;
         let body = request.get_ref();
         let id = required_uuid(&body.execution_public_id, "execution_public_id")?;
-        let events =
-            self.api.watch(&caller, id, &body.after, body.follow, body.transcript).await.map_err(|r| r.to_status())?;
+        let feed = crate::doors::api::Feed { transcript: body.transcript, progress: body.progress };
+        let events = self.api.watch(&caller, id, &body.after, body.follow, feed).await.map_err(|r| r.to_status())?;
         let stream = futures::StreamExt::map(events, |item| {
             item.map(|event| ExecutionEvent {
                 cursor: event.cursor,
@@ -405,6 +406,40 @@ impl AgentService for AgentGrpc {
         let id = execution_arg(&body.execution_public_id)?;
         empty_body(&body.body_json)?;
         Ok(reply(&self.api.abandon_task(&caller, id, &body.task_key).await.map_err(|r| r.to_status())?))
+    }
+
+    async fn list_conversations(
+        &self,
+        request: Request<ListConversationsRequest>,
+    ) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        let limit = listing_limit(body.limit.map(u64::from)).map_err(|r| r.to_status())?;
+        let after = Some(body.after.as_str()).filter(|after| !after.is_empty());
+        Ok(reply(&self.api.list_conversations(&caller, after, limit).await.map_err(|r| r.to_status())?))
+    }
+
+    async fn get_conversation(&self, request: Request<GetConversationRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        let id = required_uuid(&body.conversation_public_id, "conversation_public_id")?;
+        let turns_after = i64::from(body.turns_after);
+        Ok(reply(&self.api.conversation(&caller, id, turns_after).await.map_err(|r| r.to_status())?))
+    }
+
+    async fn list_executions(&self, request: Request<ListExecutionsRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        let limit = listing_limit(body.limit.map(u64::from)).map_err(|r| r.to_status())?;
+        let given = |text: &str| Some(text.to_owned()).filter(|text| !text.is_empty());
+        let (conversation, status, after) =
+            (given(&body.conversation_public_id), given(&body.status), given(&body.after));
+        let listed = self
+            .api
+            .list_executions(&caller, conversation.as_deref(), status.as_deref(), after.as_deref(), limit)
+            .await
+            .map_err(|r| r.to_status())?;
+        Ok(reply(&listed))
     }
 
     async fn compact_execution(

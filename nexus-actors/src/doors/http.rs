@@ -7,6 +7,7 @@
 pub mod approval;
 pub mod compaction;
 pub mod control;
+pub mod conversations;
 pub mod executions;
 pub mod repair;
 
@@ -78,6 +79,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .merge(control::routes())
         .merge(repair::routes())
         .merge(compaction::routes())
+        .merge(conversations::routes())
         // Inside the routes, where the matched path is known.
         .route_layer(axum::middleware::from_fn(request_rule))
         .fallback(not_found)
@@ -144,7 +146,10 @@ const QUERY_PARAMETERS: &[(&str, &[&str])] = &[
     ("/agent_api/v1/executors", &["kind"]),
     ("/agent_api/v1/executions/{id}", &["tasks_after"]),
     ("/agent_api/v1/executions/{id}/events", &["after", "limit"]),
-    ("/agent_api/v1/executions/{id}/events/stream", &["after", "transcript"]),
+    ("/agent_api/v1/executions/{id}/events/stream", &["after", "transcript", "progress"]),
+    ("/agent_api/v1/conversations", &["after", "limit"]),
+    ("/agent_api/v1/conversations/{id}", &["turns_after"]),
+    ("/agent_api/v1/executions", &["conversation", "status", "after", "limit"]),
 ];
 
 /// Refuses, with 400 `parameter_invalid`, a query string that names a parameter the door does not

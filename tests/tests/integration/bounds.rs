@@ -78,8 +78,13 @@ async fn read_everywhere(server: &TestServer, agent: &Minted, execution: Executi
         .into_inner();
     let detail: Value = serde_json::from_str(&reply.execution_json).expect("execution json");
     assert!(detail.get("final_text").is_none(), "the final text travels once, in its own field");
-    let request =
-        StreamEventsRequest { execution_public_id: id.clone(), after: String::new(), follow: false, transcript: false };
+    let request = StreamEventsRequest {
+        execution_public_id: id.clone(),
+        after: String::new(),
+        follow: false,
+        transcript: false,
+        progress: false,
+    };
     let stream = client.stream_events(authed(request, agent)).await.expect("StreamEvents opens").into_inner();
     let events: Vec<_> =
         tokio::time::timeout(SETTLE, stream.collect::<Vec<_>>()).await.expect("the stream ends").into_iter().collect();

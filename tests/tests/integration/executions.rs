@@ -51,6 +51,7 @@ async fn events(
         after: after.to_owned(),
         follow,
         transcript: false,
+        progress: false,
     };
     let stream = client.stream_events(authed(request, agent)).await.expect("stream").into_inner();
     tokio::time::timeout(WAIT, stream.map(|e| e.expect("event")).collect::<Vec<_>>()).await.expect("stream ends")
@@ -137,6 +138,7 @@ async fn end_to_end_execution_over_grpc_with_a_real_runner_agent() {
                 after: "nonsense".into(),
                 follow: false,
                 transcript: false,
+                progress: false,
             },
             &agent,
         ))

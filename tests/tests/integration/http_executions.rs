@@ -367,6 +367,7 @@ async fn an_events_cursor_ahead_of_the_log_is_refused_on_every_event_door() {
             after: ahead.clone(),
             follow,
             transcript: false,
+            progress: false,
         };
         let refused = client.stream_events(authed(request, &agent)).await.expect_err("refused");
         assert_eq!(Refusal::from_status(&refused).code, ErrorCode::ParameterInvalid, "follow {follow}");
@@ -386,8 +387,13 @@ async fn shutdown_ends_open_event_watches_promptly_and_cleanly() {
     let watch = reqwest::Client::new().get(url).bearer_auth(&agent.token).send().await.expect("watch");
     assert_eq!(watch.status().as_u16(), 200);
     let mut client = agent_client(&server).await;
-    let request =
-        StreamEventsRequest { execution_public_id: execution, after: String::new(), follow: true, transcript: false };
+    let request = StreamEventsRequest {
+        execution_public_id: execution,
+        after: String::new(),
+        follow: true,
+        transcript: false,
+        progress: false,
+    };
     let mut follower = client.stream_events(authed(request, &agent)).await.expect("follow").into_inner();
 
     // The liveness bound is generous; an open watch used to hold the drain for its full 10 s.

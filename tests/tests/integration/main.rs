@@ -15,6 +15,7 @@ mod executions;
 mod fabric;
 mod hooks;
 mod http_executions;
+mod listing;
 mod models;
 mod pressure;
 mod quickstart;

@@ -15,9 +15,9 @@ use tonic::transport::{Channel, Endpoint};
 
 use nexus_proto::agent::v1::{
     CompactExecutionRequest, CreateInputRequest, DeclareProfileRequest, EstimateContextRequest, ExecutorRequest,
-    GetExecutionRequest, GetProfileRequest, JsonRequest, NamedDefinitionRequest, PauseExecutionRequest,
-    PromptDocumentRequest, RegenerateExecutionRequest, ResumeExecutionRequest, StopExecutionRequest,
-    StreamEventsRequest, TaskDecisionRequest,
+    GetConversationRequest, GetExecutionRequest, GetProfileRequest, JsonRequest, ListConversationsRequest,
+    ListExecutionsRequest, NamedDefinitionRequest, PauseExecutionRequest, PromptDocumentRequest,
+    RegenerateExecutionRequest, ResumeExecutionRequest, StopExecutionRequest, StreamEventsRequest, TaskDecisionRequest,
 };
 use nexus_proto::{ErrorCode, ExecutionId, Refusal};
 use nexus_tests::http::Http;
@@ -319,6 +319,21 @@ fn request(method: &str, field: Field<'_>, run: &str) -> Option<(Vec<u8>, Option
             (JsonRequest { body_json: json.into() }.encode_to_vec(), body, false)
         }
         "GetExecutor" => (ExecutorRequest { executor_public_id: id.into() }.encode_to_vec(), None, true),
+        "ListConversations" => {
+            (ListConversationsRequest { after: String::new(), limit: None }.encode_to_vec(), None, false)
+        }
+        "GetConversation" => {
+            (GetConversationRequest { conversation_public_id: id.into(), turns_after: 0 }.encode_to_vec(), None, true)
+        }
+        "ListExecutions" => (
+            ListExecutionsRequest {
+                conversation_public_id: if matches!(field, Field::Id(_)) { id.into() } else { String::new() },
+                ..ListExecutionsRequest::default()
+            }
+            .encode_to_vec(),
+            None,
+            true,
+        ),
         other => panic!("the table has no row for the gRPC method {other}: add it"),
     };
     match field {

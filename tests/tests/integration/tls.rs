@@ -211,6 +211,7 @@ async fn an_execution_runs_end_to_end_over_mutual_tls_and_the_doors_answer_over_
         after: String::new(),
         follow: true,
         transcript: false,
+        progress: false,
     };
     let stream = client.stream_events(authed(follow, &agent)).await.expect("events").into_inner();
     let events = tokio::time::timeout(WAIT, stream.map(|e| e.expect("event")).collect::<Vec<_>>())

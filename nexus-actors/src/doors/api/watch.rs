@@ -8,6 +8,10 @@
 //! `resync` item `{missed, cursor}` instead of a silent gap — the durable `round_result` events
 //! carry every settled answer in full, so a client that sees `resync` rebuilds the transcript from
 //! them.
+//!
+//! The runners' `task_progress` items ([`crate::actors::progress`]) are woven in the same way when
+//! asked for: never stored, throttled per task before they reach the feed, and a watcher that
+//! falls behind skips the oldest (the next frame supersedes them).
 
 use std::pin::Pin;
 
@@ -19,13 +23,24 @@ use nexus_proto::{ExecutionId, Refusal};
 
 use super::{Api, Caller, Event, FeedType};
 use crate::actors::fabric::TranscriptEvent;
+use crate::actors::progress::TaskProgress;
 use crate::clock::Clock;
+
+/// The ephemeral items a follower asks for besides the durable events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Feed {
+    /// The transcript deltas (and `resync`).
+    pub transcript: bool,
+    /// The runners' `task_progress` items.
+    pub progress: bool,
+}
 
 type Durable = Pin<Box<dyn Stream<Item = Result<Event, Refusal>> + Send>>;
 
 struct Watch {
     durable: Durable,
     transcript: Option<broadcast::Receiver<TranscriptEvent>>,
+    progress: Option<broadcast::Receiver<TaskProgress>>,
     id: ExecutionId,
     /// The cursor of the last durable event sent, for `resync`.
     cursor: String,
@@ -36,6 +51,20 @@ struct Watch {
 enum Next {
     Durable(Option<Result<Event, Refusal>>),
     Delta(Result<TranscriptEvent, RecvError>),
+    Progress(Result<TaskProgress, RecvError>),
+}
+
+/// The next item of an optional receiver; never, without one.
+async fn recv_opt<T: Clone>(receiver: &mut Option<broadcast::Receiver<T>>) -> Result<T, RecvError> {
+    match receiver {
+        Some(receiver) => receiver.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A progress item as a feed item: no cursor, `task_progress`, its data, the runner's time.
+fn progress_event(item: &TaskProgress) -> Event {
+    Event { cursor: String::new(), event_type: FeedType::TaskProgress, data: item.data(), at: item.at }
 }
 
 /// A transcript delta as a feed item: no cursor (it cannot be resumed), the delta's type, and
@@ -52,16 +81,20 @@ fn delta_event(event: TranscriptEvent, at: i64) -> Event {
 impl Watch {
     async fn next(mut self) -> Option<(Result<Event, Refusal>, Watch)> {
         loop {
-            let next = match &mut self.transcript {
-                None => Next::Durable(self.durable.next().await),
-                Some(deltas) => tokio::select! {
+            let next = if self.transcript.is_none() && self.progress.is_none() {
+                Next::Durable(self.durable.next().await)
+            } else {
+                tokio::select! {
                     // Deltas first: a model step streams before its answer is saved, so every
                     // delta of a round is already queued when its durable `round_result` can be
-                    // read, and taking the queued deltas first keeps them ahead of it.
+                    // read, and taking the queued deltas first keeps them ahead of it. Progress
+                    // goes before the durable items too: a task's last progress is published
+                    // before its settlement is.
                     biased;
-                    delta = deltas.recv() => Next::Delta(delta),
+                    delta = recv_opt(&mut self.transcript) => Next::Delta(delta),
+                    progress = recv_opt(&mut self.progress) => Next::Progress(progress),
                     item = self.durable.next() => Next::Durable(item),
-                },
+                }
             };
             match next {
                 // The durable feed decides the end: once the execution is quiet and every event
@@ -91,15 +124,24 @@ impl Watch {
                     ));
                 }
                 Next::Delta(Err(RecvError::Closed)) => self.transcript = None,
+                Next::Progress(Ok(item)) if item.execution_public_id == self.id => {
+                    return Some((Ok(progress_event(&item)), self));
+                }
+                // Another execution's, or items skipped by a slow watcher: the next frame of a
+                // task supersedes the ones before it.
+                Next::Progress(Ok(_) | Err(RecvError::Lagged(_))) => {}
+                Next::Progress(Err(RecvError::Closed)) => self.progress = None,
             }
         }
     }
 }
 
 impl Api {
-    /// [`Api::events`], with the execution's transcript deltas woven in when `transcript` is set
-    /// (they carry an empty cursor; a `resync` item `{missed, cursor, reason}` replaces any that a
-    /// slow watcher missed). Deltas are only sent while following: they are never stored.
+    /// [`Api::events`], with the execution's transcript deltas woven in when `feed.transcript` is
+    /// set (they carry an empty cursor; a `resync` item `{missed, cursor, reason}` replaces any
+    /// that a slow watcher missed), and its `task_progress` items when `feed.progress` is set
+    /// (empty cursor; data `{task_key, tool_name, runner_executor_public_id, frame}`). Both are
+    /// only sent while following: they are never stored.
     ///
     /// # Errors
     /// As [`Api::events`]: 404 `not_found`; 400 `parameter_invalid` for a bad cursor.
@@ -109,13 +151,20 @@ impl Api {
         id: ExecutionId,
         after: &str,
         follow: bool,
-        transcript: bool,
+        feed: Feed,
     ) -> Result<impl Stream<Item = Result<Event, Refusal>> + Send + 'static + use<>, Refusal> {
         // Subscribed before the first durable read, so nothing streamed after it is missed.
-        let deltas = (follow && transcript).then(|| self.fabric.events.subscribe_transcript());
+        let deltas = (follow && feed.transcript).then(|| self.fabric.events.subscribe_transcript());
+        let progress = (follow && feed.progress).then(|| self.fabric.events.subscribe_progress());
         let durable: Durable = Box::pin(self.events(caller, id, after, follow).await?);
-        let watch =
-            Watch { durable, transcript: deltas, id, cursor: after.to_owned(), clock: self.fabric.clock.clone() };
+        let watch = Watch {
+            durable,
+            transcript: deltas,
+            progress,
+            id,
+            cursor: after.to_owned(),
+            clock: self.fabric.clock.clone(),
+        };
         Ok(futures::stream::unfold(watch, Watch::next))
     }
 }
@@ -140,6 +189,7 @@ mod tests {
         Watch {
             durable,
             transcript: Some(bus.subscribe_transcript()),
+            progress: Some(bus.subscribe_progress()),
             id,
             cursor: "cvei_7".into(),
             clock: Clock::system(),

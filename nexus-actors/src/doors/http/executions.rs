@@ -13,7 +13,8 @@
 //!   (`id:` the cursor, `event:` the type, `data:` the JSON data). It resumes from `after`, or
 //!   from the standard `Last-Event-ID` header a reconnecting client sends, and ends once the
 //!   execution is quiescent and every event was sent. `?transcript=true` weaves in the ephemeral
-//!   transcript deltas (no `id:`) and a `resync` item when the watcher fell behind.
+//!   transcript deltas (no `id:`) and a `resync` item when the watcher fell behind;
+//!   `?progress=true` weaves in the runners' throttled `task_progress` items (no `id:`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -32,7 +33,7 @@ use nexus_proto::{ErrorCode, Refusal};
 
 use super::{HttpRefusal, HttpResult, Peer, caller, json_body, query_of};
 use crate::declaration::known_fields;
-use crate::doors::api::{Api, CreateInput, Event};
+use crate::doors::api::{Api, CreateInput, Event, Feed};
 
 /// The page size of `GET …/events` when `limit` is absent.
 pub const EVENTS_DEFAULT_LIMIT: usize = 100;
@@ -126,6 +127,8 @@ struct EventsQuery {
     limit: Option<String>,
     /// `true`: the stream also carries the transcript deltas.
     transcript: Option<bool>,
+    /// `true`: the stream also carries the runners' `task_progress` items.
+    progress: Option<bool>,
 }
 
 /// `limit`: 1 to [`EVENTS_MAX_LIMIT`], default [`EVENTS_DEFAULT_LIMIT`].
@@ -188,7 +191,8 @@ async fn get_event_stream(
     // A reconnecting EventSource sends the last `id:` it saw; it wins over the query.
     let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let after = resume.or(query.after).unwrap_or_default();
-    let events = api.watch(&caller, id, &after, true, query.transcript.unwrap_or(false)).await?;
+    let feed = Feed { transcript: query.transcript.unwrap_or(false), progress: query.progress.unwrap_or(false) };
+    let events = api.watch(&caller, id, &after, true, feed).await?;
     let frames = events.map(|event| {
         Ok(match event {
             // Deltas and `resync` have no cursor: no `id:`, so a reconnect resumes at the last
