@@ -3,6 +3,7 @@
 
 mod compaction;
 mod repair;
+pub mod standing;
 mod watch;
 
 use std::collections::VecDeque;
@@ -14,7 +15,7 @@ use serde_json::{Value, json};
 
 use nexus_proto::{
     ConversationId, ErrorCode, ExecutionId, ExecutorKind, ExecutorStatus, InputId, MemberId, MemberKind, MemberStatus,
-    Refusal, RunStatus, RunnerId, TaskKey, TaskStatus,
+    Refusal, RunStatus, RunnerId, TaskStatus,
 };
 
 use crate::actors::execution::approval::{Adjudication, Adjudicator};
@@ -27,7 +28,9 @@ use crate::auth::{Plane, not_accepted};
 use crate::declaration::tools::RunnerSelection;
 use crate::declaration::{known_fields, prompt_slot, validate_configuration};
 use crate::model::DeltaType;
-use crate::store::{EventRow, EventType, ExecutionRow, InputRow, MemberRow, TaskRow};
+use crate::store::{EventRow, EventType, InputRow, MemberRow, TaskRow};
+
+pub use standing::{Need, Standing, agents_readable_by};
 
 /// The prefix of event cursors (`docs/executions.md`, "Events").
 pub const CURSOR_PREFIX: &str = "cvei_";
@@ -116,6 +119,9 @@ pub struct CreateInput {
     pub runner_executor_public_id: Option<RunnerId>,
     /// `tool_names` subset (a JSON array of strings).
     pub tool_names: Option<Value>,
+    /// The Agent that answers ([`Api::answering_agent`]): required when a Human starts a
+    /// conversation; an Agent may name only itself.
+    pub agent_public_id: Option<MemberId>,
 }
 
 /// The ids an admission created.
@@ -420,19 +426,20 @@ impl Api {
         }))
     }
 
-    /// Admits one input and starts its execution.
+    /// Admits one input and starts its execution. The answering Agent ([`Api::answering_agent`])
+    /// is the caller itself, a continued conversation's owner, or the Agent a Human steward names
+    /// in `agent_public_id`; the execution is that Agent's, its profile answers, and the input
+    /// records a Human poster in `posted_by_public_id` (`docs/executions.md`, "People in the
+    /// loop").
     ///
     /// # Errors
-    /// 403 `not_agent`; 403 `not_authorized` for a suspended Agent; 400 `parameter_missing` (empty text) or `parameter_invalid` (a scalar
-    /// `tool_names`, or text holding NUL); 404 `not_found` (unknown conversation); 422 `validation_failed` (an invalid
-    /// inline declaration, no declaration at all, or no model to run).
+    /// 403 `not_authorized` for a suspended caller or Agent, and for a Human who does not steward
+    /// the Agent; 400 `parameter_missing` (empty text, or a Human starting a conversation without
+    /// `agent_public_id`) or `parameter_invalid` (a scalar `tool_names`, or text holding NUL); 404
+    /// `not_found` (an unknown conversation or Agent, or another Agent's); 422
+    /// `validation_failed` (an invalid inline declaration, no declaration at all, no model to run,
+    /// or an `agent_public_id` that is not the continued conversation's).
     pub async fn create_input(&self, caller: &Caller, input: CreateInput) -> Result<Admitted, Refusal> {
-        if caller.member.kind != MemberKind::Agent {
-            return Err(Refusal::new(
-                ErrorCode::NotAgent,
-                "inputs are answered by an Agent's profile; use an Agent credential",
-            ));
-        }
         caller.require_active("admit inputs")?;
         if input.text.trim().is_empty() {
             return Err(Refusal::new(ErrorCode::ParameterMissing, "text is required"));
@@ -453,6 +460,16 @@ impl Api {
             return Err(Refusal::new(ErrorCode::ParameterInvalid, "tool_names must be an array of names"));
         }
         let store = &self.fabric.store;
+        let agent = self.answering_agent(caller, input.conversation_public_id, input.agent_public_id).await?;
+        if agent != caller.member.public_id {
+            let answering = store.member(agent).await.map_err(internal)?;
+            if answering.is_none_or(|member| member.status != MemberStatus::Active) {
+                return Err(Refusal::new(
+                    ErrorCode::NotAuthorized,
+                    format!("the Agent {agent} is suspended and answers no new inputs; ask an operator to reinstate it"),
+                ));
+            }
+        }
         let models = &self.fabric.models;
         let check = |reference: &str| models.check(reference);
         let configuration = match &input.execution_declaration {
@@ -463,7 +480,7 @@ impl Api {
                 crate::declaration::validate_execution_declaration(object, &check)?.configuration
             }
             None => store
-                .profile(caller.member.public_id)
+                .profile(agent)
                 .await
                 .map_err(internal)?
                 .and_then(|p| p.configuration)
@@ -491,29 +508,26 @@ impl Api {
                 "default_model: the declaration names no model to run",
             ));
         }
+        // The conversation's Agent was judged above.
         let (conversation, new_conversation) = match input.conversation_public_id {
-            Some(id) => {
-                if !store.conversation_owned_by(id, caller.member.public_id).await.map_err(internal)? {
-                    return Err(Refusal::new(ErrorCode::NotFound, format!("no conversation {id}")));
-                }
-                (id, false)
-            }
+            Some(id) => (id, false),
             None => (ConversationId::new_v4(), true),
         };
+        let poster = caller.member.public_id;
         let row = InputRow {
             public_id: InputId::new_v4(),
             conversation_public_id: conversation,
-            member_public_id: caller.member.public_id,
+            member_public_id: agent,
             text: input.text,
             execution_declaration: input.execution_declaration,
             runner_executor_public_id: input.runner_executor_public_id,
             tool_names: input.tool_names,
-            posted_by_public_id: None,
+            posted_by_public_id: (poster != agent).then_some(poster),
             turn: 0,
         };
         let execution = ExecutionId::new_v4();
         store.admit_input(&row, new_conversation, execution).await.map_err(internal)?;
-        tracing::info!(execution_id = %execution, member = %caller.member.public_id, "input admitted");
+        tracing::info!(execution_id = %execution, member = %agent, posted_by = %poster, "input admitted");
         // The actor materializes and runs as soon as it starts.
         self.root.execution(execution).load().await?;
         Ok(Admitted {
@@ -546,12 +560,9 @@ impl Api {
         tasks_after: Option<&str>,
     ) -> Result<Value, Refusal> {
         let store = &self.fabric.store;
-        let row = store
-            .execution(id)
-            .await
-            .map_err(internal)?
-            .filter(|row| row.member_public_id == caller.member.public_id)
-            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))?;
+        let row = self.execution_for(caller, id, Need::Read).await?;
+        // Who posted the input: a Human steward, or the Agent itself.
+        let poster = store.input(row.input_public_id).await.map_err(internal)?.map(|input| input.poster());
         let tasks = store.tasks_of(id).await.map_err(internal)?;
         let start =
             match tasks_after {
@@ -570,6 +581,8 @@ impl Api {
             "execution_public_id": row.public_id,
             "conversation_public_id": row.conversation_public_id,
             "input_public_id": row.input_public_id,
+            "member_public_id": row.member_public_id,
+            "posted_by_public_id": poster,
             "status": row.status,
             "attention_reason": row.attention_reason,
             "round": row.round,
@@ -597,8 +610,6 @@ impl Api {
     /// parked, `not_adjudicable` when the execution is not running; 403 `not_authorized` for a
     /// suspended member.
     pub async fn approve_task(&self, caller: &Caller, id: ExecutionId, task_key: &str) -> Result<Value, Refusal> {
-        // Approving starts work: a suspended member may deny, never approve.
-        caller.require_active("approve calls")?;
         self.adjudicate(caller, id, task_key, Adjudication::Approve).await
     }
 
@@ -638,7 +649,11 @@ impl Api {
         task_key: &str,
         adjudication: Adjudication,
     ) -> Result<Value, Refusal> {
-        let (row, task) = self.owned_task(caller, id, task_key).await?;
+        let (row, task) = self.task_for(caller, id, task_key, Need::Act).await?;
+        if matches!(adjudication, Adjudication::Approve) {
+            // Approving starts work: a suspended member may deny, never approve.
+            caller.require_active("approve calls")?;
+        }
         if task.status != TaskStatus::NeedsApproval {
             return Err(Refusal::new(
                 ErrorCode::NotAwaitingApproval,
@@ -666,7 +681,7 @@ impl Api {
     /// 404 `not_found` for an unknown execution or one the caller does not own; `unavailable`
     /// during shutdown.
     pub async fn stop(&self, caller: &Caller, id: ExecutionId, force: bool) -> Result<Value, Refusal> {
-        let owned = self.owned_execution(caller, id).await?;
+        let owned = self.execution_for(caller, id, Need::Act).await?;
         if owned.status.is_terminal() {
             return self.execution(caller, id).await;
         }
@@ -694,7 +709,7 @@ impl Api {
     /// # Errors
     /// 404 `not_found`; 409 `not_pausable` when the execution is not running.
     pub async fn pause(&self, caller: &Caller, id: ExecutionId, force: bool) -> Result<Value, Refusal> {
-        self.execution(caller, id).await?;
+        self.execution_for(caller, id, Need::Act).await?;
         self.root.execution(id).pause(force).await?;
         self.execution(caller, id).await
     }
@@ -705,8 +720,8 @@ impl Api {
     /// # Errors
     /// 404 `not_found`; 409 `not_paused` when the execution is not paused.
     pub async fn resume(&self, caller: &Caller, id: ExecutionId) -> Result<Value, Refusal> {
+        self.execution_for(caller, id, Need::Act).await?;
         caller.require_active("resume executions")?;
-        self.execution(caller, id).await?;
         self.root.execution(id).resume().await?;
         self.execution(caller, id).await
     }
@@ -723,9 +738,9 @@ impl Api {
     /// original froze no declaration and none is supplied; 422 `validation_failed` and the
     /// assembly's words for a supplied declaration.
     pub async fn regenerate(&self, caller: &Caller, id: ExecutionId, body: &Value) -> Result<Value, Refusal> {
-        caller.require_active("start executions")?;
         let supplied = resolve::supplied_declaration(body)?;
-        let original = self.owned_execution(caller, id).await?;
+        let original = self.execution_for(caller, id, Need::Act).await?;
+        caller.require_active("start executions")?;
         let row = resolve::regenerate(&self.fabric, &original, supplied.as_ref()).await?;
         // The actor adopts the frozen declaration and runs as soon as it starts.
         self.root.execution(row.public_id).load().await?;
@@ -746,37 +761,8 @@ impl Api {
     /// field; 422 `validation_failed` and the assembly's words for a supplied declaration.
     pub async fn estimate(&self, caller: &Caller, id: ExecutionId, body: &Value) -> Result<Value, Refusal> {
         let supplied = resolve::supplied_declaration(body)?;
-        let row = self.owned_execution(caller, id).await?;
+        let row = self.execution_for(caller, id, Need::Act).await?;
         resolve::estimate(&self.fabric, &row, supplied.as_ref()).await
-    }
-
-    /// The stored execution, when the caller owns it.
-    async fn owned_execution(&self, caller: &Caller, id: ExecutionId) -> Result<ExecutionRow, Refusal> {
-        self.fabric
-            .store
-            .execution(id)
-            .await
-            .map_err(internal)?
-            .filter(|row| row.member_public_id == caller.member.public_id)
-            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))
-    }
-
-    /// The stored execution and its task `task_key`, when the caller owns the execution. Another
-    /// member's execution answers exactly as one that does not exist (404 `not_found`, the same
-    /// message), as on every other door: a stranger learns nothing of which ids exist.
-    async fn owned_task(
-        &self,
-        caller: &Caller,
-        id: ExecutionId,
-        task_key: &str,
-    ) -> Result<(ExecutionRow, TaskRow), Refusal> {
-        let store = &self.fabric.store;
-        let row = self.owned_execution(caller, id).await?;
-        let missing = || Refusal::new(ErrorCode::NotFound, format!("no task {task_key} in execution {id}"));
-        // A key in none of the task-key grammars names no task.
-        let key: TaskKey = task_key.parse().map_err(|_| missing())?;
-        let task = store.task(id, key).await.map_err(internal)?.ok_or_else(missing)?;
-        Ok((row, task))
     }
 
     /// The durable events after `after` (a cursor, or empty for the beginning). With `follow`, the
@@ -796,7 +782,7 @@ impl Api {
         follow: bool,
     ) -> Result<impl Stream<Item = Result<Event, Refusal>> + Send + 'static + use<>, Refusal> {
         let cursor = parse_cursor(after)?;
-        let row = self.owned_execution(caller, id).await?;
+        let row = self.execution_for(caller, id, Need::Read).await?;
         // Events are stored before their cursors are handed out, so a cursor past the last
         // stored one came from elsewhere (a typo, another execution).
         if cursor > row.event_seq {

@@ -15,6 +15,7 @@ mod fabric;
 mod hooks;
 mod http_executions;
 mod models;
+mod people;
 mod pressure;
 mod quickstart;
 mod refusals;

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use nexus_proto::{ExecutionId, Refusal};
 
-use super::{Api, Caller};
+use super::{Api, Caller, Need};
 
 impl Api {
     /// `POST /agent_api/v1/executions/{id}/compact` (gRPC `CompactExecution`): asks for a
@@ -24,8 +24,8 @@ impl Api {
     /// (the next round was compacted or is being compacted) and `nothing_to_compact` (the history
     /// holds only pinned user messages and the retained tail); `unavailable` during shutdown.
     pub async fn compact(&self, caller: &Caller, id: ExecutionId) -> Result<Value, Refusal> {
+        self.execution_for(caller, id, Need::Act).await?;
         caller.require_active("compact executions")?;
-        self.owned_execution(caller, id).await?;
         self.root.execution(id).compact().await
     }
 }

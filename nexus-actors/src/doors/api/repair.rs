@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use nexus_proto::{ExecutionId, Refusal};
 
-use super::{Api, Caller, task_view};
+use super::{Api, Caller, Need, task_view};
 use crate::actors::execution::hooks::Repair;
 use crate::store::TaskRow;
 
@@ -22,8 +22,6 @@ impl Api {
     /// own; 409 `not_retryable` unless the task is failed, timed_out or
     /// uncertain and still holds the execution.
     pub async fn retry_task(&self, caller: &Caller, id: ExecutionId, task_key: &str) -> Result<Value, Refusal> {
-        // A retry runs the task again: a suspended member may abandon, never retry.
-        caller.require_active("retry tasks")?;
         let task = self.repair(caller, id, task_key, Repair::Retry).await?;
         let mut view = task_view(&task);
         view["retry_of"] = json!(task_key);
@@ -51,7 +49,11 @@ impl Api {
         task_key: &str,
         repair: Repair,
     ) -> Result<TaskRow, Refusal> {
-        let (_, task) = self.owned_task(caller, id, task_key).await?;
+        let (_, task) = self.task_for(caller, id, task_key, Need::Act).await?;
+        if repair == Repair::Retry {
+            // A retry runs the task again: a suspended member may abandon, never retry.
+            caller.require_active("retry tasks")?;
+        }
         if !task.status.is_repairable() {
             return Err(Refusal::new(
                 repair.refusal(),
