@@ -466,7 +466,9 @@ impl Api {
             if answering.is_none_or(|member| member.status != MemberStatus::Active) {
                 return Err(Refusal::new(
                     ErrorCode::NotAuthorized,
-                    format!("the Agent {agent} is suspended and answers no new inputs; ask an operator to reinstate it"),
+                    format!(
+                        "the Agent {agent} is suspended and answers no new inputs; ask an operator to reinstate it"
+                    ),
                 ));
             }
         }
@@ -479,17 +481,12 @@ impl Api {
                 })?;
                 crate::declaration::validate_execution_declaration(object, &check)?.configuration
             }
-            None => store
-                .profile(agent)
-                .await
-                .map_err(internal)?
-                .and_then(|p| p.configuration)
-                .ok_or_else(|| {
-                    Refusal::new(
-                        ErrorCode::ValidationFailed,
-                        "configuration: the profile has not declared one; PUT /agent_api/v1/profile/configuration first",
-                    )
-                })?,
+            None => store.profile(agent).await.map_err(internal)?.and_then(|p| p.configuration).ok_or_else(|| {
+                Refusal::new(
+                    ErrorCode::ValidationFailed,
+                    "configuration: the profile has not declared one; PUT /agent_api/v1/profile/configuration first",
+                )
+            })?,
         };
         if let Some(runner) = input.runner_executor_public_id {
             let candidates = configuration["runner_executor_public_ids"].as_array();
@@ -540,7 +537,7 @@ impl Api {
     /// Reads one execution with the first page of its tasks ([`Api::execution_page`]).
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or one the caller does not own.
+    /// 404 `not_found` for an unknown execution or another Agent's; 403 `not_authorized` for a Human without the standing the door needs ([`standing`]).
     pub async fn execution(&self, caller: &Caller, id: ExecutionId) -> Result<Value, Refusal> {
         self.execution_page(caller, id, None).await
     }
@@ -551,7 +548,7 @@ impl Api {
     /// and `tasks_next`, the key to pass for the next page, or null after the last.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or one the caller does not own; 400
+    /// 404 `not_found` for an unknown execution or another Agent's; 403 `not_authorized` for a Human without the standing the door needs ([`standing`]); 400
     /// `parameter_invalid` when `tasks_after` names no task of the execution.
     pub async fn execution_page(
         &self,
@@ -605,8 +602,8 @@ impl Api {
     /// the task as the execution shows it, with its `approval` fact.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or task, and for an execution the caller does not
-    /// own; 409 `not_awaiting_approval` when the task is not
+    /// 404 `not_found` for an unknown execution or task, and for another Agent's execution;
+    /// 403 `not_authorized` for a Human without the standing the door needs ([`standing`]); 409 `not_awaiting_approval` when the task is not
     /// parked, `not_adjudicable` when the execution is not running; 403 `not_authorized` for a
     /// suspended member.
     pub async fn approve_task(&self, caller: &Caller, id: ExecutionId, task_key: &str) -> Result<Value, Refusal> {
@@ -678,7 +675,7 @@ impl Api {
     /// finishes. A finished execution is answered as it is.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or one the caller does not own; `unavailable`
+    /// 404 `not_found` for an unknown execution or another Agent's; 403 `not_authorized` for a Human without the standing the door needs ([`standing`]); `unavailable`
     /// during shutdown.
     pub async fn stop(&self, caller: &Caller, id: ExecutionId, force: bool) -> Result<Value, Refusal> {
         let owned = self.execution_for(caller, id, Need::Act).await?;
@@ -707,7 +704,7 @@ impl Api {
     /// an in-flight model call, asked again on resume. Answers the execution.
     ///
     /// # Errors
-    /// 404 `not_found`; 409 `not_pausable` when the execution is not running.
+    /// 404 `not_found`; 403 `not_authorized` ([`standing`]); 409 `not_pausable` when the execution is not running.
     pub async fn pause(&self, caller: &Caller, id: ExecutionId, force: bool) -> Result<Value, Refusal> {
         self.execution_for(caller, id, Need::Act).await?;
         self.root.execution(id).pause(force).await?;
@@ -718,7 +715,7 @@ impl Api {
     /// runs again; every open deadline moves forward by the paused time. Answers the execution.
     ///
     /// # Errors
-    /// 404 `not_found`; 409 `not_paused` when the execution is not paused.
+    /// 404 `not_found`; 403 `not_authorized` ([`standing`], or a suspended member); 409 `not_paused` when the execution is not paused.
     pub async fn resume(&self, caller: &Caller, id: ExecutionId) -> Result<Value, Refusal> {
         self.execution_for(caller, id, Need::Act).await?;
         caller.require_active("resume executions")?;
@@ -733,7 +730,7 @@ impl Api {
     /// declaration: reused|replaced, declaration_digest}`.
     ///
     /// # Errors
-    /// 404 `not_found`; 403 `not_authorized` for a suspended member; 400 `parameter_invalid` for
+    /// 404 `not_found`; 403 `not_authorized` ([`standing`], or a suspended member); 400 `parameter_invalid` for
     /// a body that is not an object or names another field; 409 `not_regenerable` when the
     /// original froze no declaration and none is supplied; 422 `validation_failed` and the
     /// assembly's words for a supplied declaration.
@@ -757,7 +754,7 @@ impl Api {
     /// estimated tokens ([`resolve::estimate`] says how). Writes nothing.
     ///
     /// # Errors
-    /// 404 `not_found`; 400 `parameter_invalid` for a body that is not an object or names another
+    /// 404 `not_found`; 403 `not_authorized` ([`standing`]); 400 `parameter_invalid` for a body that is not an object or names another
     /// field; 422 `validation_failed` and the assembly's words for a supplied declaration.
     pub async fn estimate(&self, caller: &Caller, id: ExecutionId, body: &Value) -> Result<Value, Refusal> {
         let supplied = resolve::supplied_declaration(body)?;
@@ -771,7 +768,7 @@ impl Api {
     /// watcher resumes from its last cursor on the next server).
     ///
     /// # Errors
-    /// 404 `not_found`; 400 `parameter_invalid` for a bad cursor, or one ahead of the
+    /// 404 `not_found`; 403 `not_authorized` for a Human without a grant ([`standing`]); 400 `parameter_invalid` for a bad cursor, or one ahead of the
     /// execution's last event (it was never handed out, and a follower would skip every event up
     /// to it).
     pub async fn events(

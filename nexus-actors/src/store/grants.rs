@@ -52,13 +52,12 @@ impl Store {
     /// # Errors
     /// [`super::StoreError`] on a database failure.
     pub async fn delete_grant(&self, agent: MemberId, human: MemberId) -> StoreResult<Option<GrantRole>> {
-        let row = sqlx::query(
-            "DELETE FROM member_grants WHERE agent_public_id = $1 AND human_public_id = $2 RETURNING role",
-        )
-        .bind(agent.to_string())
-        .bind(human.to_string())
-        .fetch_optional(self.direct_writer())
-        .await?;
+        let row =
+            sqlx::query("DELETE FROM member_grants WHERE agent_public_id = $1 AND human_public_id = $2 RETURNING role")
+                .bind(agent.to_string())
+                .bind(human.to_string())
+                .fetch_optional(self.direct_writer())
+                .await?;
         row.map(|row| parse(&row.try_get::<String, _>("role")?)).transpose()
     }
 

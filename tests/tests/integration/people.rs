@@ -90,7 +90,8 @@ impl Fixture {
         let work = self.raw.next_work(WAIT).await.expect("work offered");
         assert_eq!((work.run_public_id.as_str(), work.task_key.as_str()), (run.to_string().as_str(), "r1t0"));
         let (token, _) = self.raw.claim(&work.run_public_id, &work.task_key).await.granted().expect("claim granted");
-        let committed = self.raw.commit(&work.run_public_id, &work.task_key, &token, &json!({"content": content})).await;
+        let committed =
+            self.raw.commit(&work.run_public_id, &work.task_key, &token, &json!({"content": content})).await;
         assert_eq!(committed.code(), None, "commit refused: {committed:?}");
     }
 
@@ -140,7 +141,10 @@ async fn a_steward_approves_a_parked_call_and_posts_inputs_its_agent_answers() {
     assert_eq!(f.completed(run).await, "probe=listing");
     let read = person.get(&door(run, "")).await;
     assert_eq!(read.status, 200, "{read:?}");
-    assert_eq!((&read.body["member_public_id"], &read.body["posted_by_public_id"]), (&json!(f.agent.id), &json!(f.agent.id)));
+    assert_eq!(
+        (&read.body["member_public_id"], &read.body["posted_by_public_id"]),
+        (&json!(f.agent.id), &json!(f.agent.id))
+    );
     let first_conversation = read.body["conversation_public_id"].as_str().expect("conversation").to_owned();
 
     // A new conversation over gRPC: it names the Agent, whose profile answers; the steward
@@ -169,7 +173,10 @@ async fn a_steward_approves_a_parked_call_and_posts_inputs_its_agent_answers() {
             .expect("read")
             .into_inner();
         let shown: Value = serde_json::from_str(&shown.execution_json).expect("execution json");
-        assert_eq!((&shown["member_public_id"], &shown["posted_by_public_id"]), (&json!(f.agent.id), &json!(steward.id)));
+        assert_eq!(
+            (&shown["member_public_id"], &shown["posted_by_public_id"]),
+            (&json!(f.agent.id), &json!(steward.id))
+        );
     }
 
     // The steward continues the Agent's first conversation over HTTP (its Agent is its owner),
@@ -197,9 +204,13 @@ async fn a_steward_approves_a_parked_call_and_posts_inputs_its_agent_answers() {
     assert_eq!((stopped.status, &stopped.body["status"]), (200, &json!("canceled")), "{stopped:?}");
 
     // A suspended steward may still read, but starts nothing.
-    nexus_actors::cli::admin::set_member_status(f.server.store(), steward.member(), nexus_proto::MemberStatus::Suspended)
-        .await
-        .expect("suspended");
+    nexus_actors::cli::admin::set_member_status(
+        f.server.store(),
+        steward.member(),
+        nexus_proto::MemberStatus::Suspended,
+    )
+    .await
+    .expect("suspended");
     assert_eq!(person.get(&door(second, "")).await.status, 200);
     let refused = f.post(&steward, input("again", Some(&f.agent), None)).await.expect_err("refused");
     assert_eq!(refused.code, ErrorCode::NotAuthorized);
@@ -227,7 +238,8 @@ async fn a_viewer_reads_and_never_acts_a_stranger_does_neither_and_another_agent
     let get = || GetExecutionRequest { execution_public_id: run.to_string(), tasks_after: String::new() };
     assert_eq!(client.get_execution(authed(get(), &viewer)).await.expect("read").into_inner().status, "running");
     let stream = || StreamEventsRequest { execution_public_id: run.to_string(), ..StreamEventsRequest::default() };
-    let streamed: Vec<_> = client.stream_events(authed(stream(), &viewer)).await.expect("stream").into_inner().collect().await;
+    let streamed: Vec<_> =
+        client.stream_events(authed(stream(), &viewer)).await.expect("stream").into_inner().collect().await;
     assert!(!streamed.is_empty() && streamed.iter().all(Result::is_ok), "{streamed:?}");
 
     // ... and acts on nothing: 403 not_authorized on every acting door, both protocols.
@@ -287,7 +299,10 @@ async fn a_viewer_reads_and_never_acts_a_stranger_does_neither_and_another_agent
     let unknown_answer = elsewhere.get(&door(unknown, "")).await;
     let answer = elsewhere.get(&door(run, "")).await;
     assert_eq!((answer.status, answer.code()), (404, Some("not_found")), "{answer:?}");
-    assert_eq!(answer.message().replace(&run.to_string(), "ID"), unknown_answer.message().replace(&unknown.to_string(), "ID"));
+    assert_eq!(
+        answer.message().replace(&run.to_string(), "ID"),
+        unknown_answer.message().replace(&unknown.to_string(), "ID")
+    );
     for (path, body) in &acts {
         let answer = elsewhere.post(path, body).await;
         assert_eq!((answer.status, answer.code()), (404, Some("not_found")), "other agent {path}: {answer:?}");
@@ -349,13 +364,15 @@ async fn grants_from_the_cli_take_effect_on_the_next_request_and_refuse_clearly(
     assert_eq!(person.get(&door(&run, "")).await.code(), Some("not_authorized"));
 
     // viewer: reads, may not post.
-    let (ok, granted, err) = admin(&server, &["member", "grant", "--human", &h, "--agent", &a, "--role", "viewer"]).await;
+    let (ok, granted, err) =
+        admin(&server, &["member", "grant", "--human", &h, "--agent", &a, "--role", "viewer"]).await;
     assert!(ok, "{err}");
     assert_eq!(granted, json!({"agent_public_id": a, "human_public_id": h, "role": "viewer", "previous_role": null}));
     assert_eq!(person.get(&door(&run, "")).await.status, 200);
     assert_eq!(person.post("/agent_api/v1/inputs", &post).await.code(), Some("not_authorized"));
     // A repeat replaces the role: steward posts, and the Agent's profile answers.
-    let (ok, granted, err) = admin(&server, &["member", "grant", "--human", &h, "--agent", &a, "--role", "steward"]).await;
+    let (ok, granted, err) =
+        admin(&server, &["member", "grant", "--human", &h, "--agent", &a, "--role", "steward"]).await;
     assert!(ok, "{err}");
     assert_eq!((&granted["role"], &granted["previous_role"]), (&json!("steward"), &json!("viewer")));
     let answer = person.post("/agent_api/v1/inputs", &post).await;

@@ -18,7 +18,10 @@ async fn member_of_kind(store: &Store, id: MemberId, kind: MemberKind, flag: &st
     if member.kind != kind {
         return Err(Refusal::new(
             ErrorCode::ValidationFailed,
-            format!("{flag}: member {id} ({}) is {}, not {kind}; give {flag} the id of a {kind} member", member.handle, member.kind),
+            format!(
+                "{flag}: member {id} ({}) is {}, not {kind}; give {flag} the id of a {kind} member",
+                member.handle, member.kind
+            ),
         ));
     }
     Ok(())
@@ -53,7 +56,10 @@ pub async fn revoke(store: &Store, human: MemberId, agent: MemberId) -> Result<V
     member_of_kind(store, agent, MemberKind::Agent, "--agent").await?;
     member_of_kind(store, human, MemberKind::Human, "--human").await?;
     let revoked = store.delete_grant(agent, human).await.map_err(store_refusal)?.ok_or_else(|| {
-        Refusal::new(ErrorCode::NotFound, format!("the Human {human} holds no grant on the Agent {agent}; nothing to revoke"))
+        Refusal::new(
+            ErrorCode::NotFound,
+            format!("the Human {human} holds no grant on the Agent {agent}; nothing to revoke"),
+        )
     })?;
     Ok(json!({"agent_public_id": agent, "human_public_id": human, "revoked_role": revoked}))
 }

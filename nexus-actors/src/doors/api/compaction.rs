@@ -18,7 +18,8 @@ impl Api {
     /// runs, between `pre_compact` and `post_compact`, when the round is about to start.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or one the caller does not own; 409
+    /// 404 `not_found` for an unknown execution or another Agent's; 403 `not_authorized` for a
+    /// Human who is not a steward of the Agent, or a suspended member ([`super::standing`]); 409
     /// `compaction_disabled` (no `compaction_policy`, or mode `off`), `task_not_queued` (a model
     /// call is out, an answer is ready, or the execution is not running), `already_compacted`
     /// (the next round was compacted or is being compacted) and `nothing_to_compact` (the history

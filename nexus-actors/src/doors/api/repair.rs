@@ -18,8 +18,9 @@ impl Api {
     /// with `retry_of` naming the one it replaces.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or task, and for an execution the caller does not
-    /// own; 409 `not_retryable` unless the task is failed, timed_out or
+    /// 404 `not_found` for an unknown execution or task, and for another Agent's execution; 403
+    /// `not_authorized` for a Human who is not a steward of the Agent ([`super::standing`]), or a
+    /// suspended member retrying; 409 `not_retryable` unless the task is failed, timed_out or
     /// uncertain and still holds the execution.
     pub async fn retry_task(&self, caller: &Caller, id: ExecutionId, task_key: &str) -> Result<Value, Refusal> {
         let task = self.repair(caller, id, task_key, Repair::Retry).await?;

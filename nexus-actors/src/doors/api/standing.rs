@@ -214,7 +214,7 @@ impl Api {
             (MemberKind::Human, Some(agent)) => {
                 let missing = || Refusal::new(ErrorCode::NotFound, format!("no Agent {agent}"));
                 let member = store.member(agent).await.map_err(internal)?;
-                if !member.is_some_and(|member| member.kind == MemberKind::Agent) {
+                if member.is_none_or(|member| member.kind != MemberKind::Agent) {
                     return Err(missing());
                 }
                 let standing = standing(store, &caller.member, agent).await?;
@@ -245,18 +245,26 @@ mod tests {
         result.err().map(|refusal| refusal.code)
     }
 
+    /// `(caller, the grant it holds on the Agent, its standing, the read answer, the act answer)`.
+    type Row<'a> = (&'a MemberRow, Option<GrantRole>, Standing, Option<ErrorCode>, Option<ErrorCode>);
+
     #[test]
     fn one_table_of_who_may_read_and_act() {
         let agent = member(MemberKind::Agent);
         let other_agent = member(MemberKind::Agent);
         let human = member(MemberKind::Human);
         let missing = || Refusal::new(ErrorCode::NotFound, "no execution");
-        // (caller, grant it holds on `agent`, standing, read answer, act answer)
-        let rows: Vec<(&MemberRow, Option<GrantRole>, Standing, Option<ErrorCode>, Option<ErrorCode>)> = vec![
+        let rows: Vec<Row<'_>> = vec![
             (&agent, None, Standing::Owner, None, None),
             // A grant means nothing to an Agent caller: it is always 404.
             (&other_agent, None, Standing::None, Some(ErrorCode::NotFound), Some(ErrorCode::NotFound)),
-            (&other_agent, Some(GrantRole::Steward), Standing::None, Some(ErrorCode::NotFound), Some(ErrorCode::NotFound)),
+            (
+                &other_agent,
+                Some(GrantRole::Steward),
+                Standing::None,
+                Some(ErrorCode::NotFound),
+                Some(ErrorCode::NotFound),
+            ),
             (&human, Some(GrantRole::Steward), Standing::Steward, None, None),
             (&human, Some(GrantRole::Viewer), Standing::Viewer, None, Some(ErrorCode::NotAuthorized)),
             (&human, None, Standing::None, Some(ErrorCode::NotAuthorized), Some(ErrorCode::NotAuthorized)),
