@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use tokio_stream::StreamExt;
 
 use nexus_actors::cli::admin::grants;
+use nexus_actors::doors::api::Need;
 use nexus_proto::agent::v1::{
     CreateInputRequest, DeclareProfileRequest, GetExecutionRequest, StopExecutionRequest, StreamEventsRequest,
     TaskDecisionRequest,
@@ -309,6 +310,22 @@ async fn a_viewer_reads_and_never_acts_a_stranger_does_neither_and_another_agent
     }
     let status = client.stop_execution(authed(stop, &other_agent)).await.expect_err("refused");
     assert_eq!(Refusal::from_status(&status).code, ErrorCode::NotFound);
+
+    // The conversation doors' helper answers the same (helper E's listing doors plug it in).
+    let api = &f.server.server.api;
+    let readers = [
+        (&viewer, Ok(f.agent.member())),
+        (&f.agent, Ok(f.agent.member())),
+        (&stranger, Err(ErrorCode::NotAuthorized)),
+        (&other_agent, Err(ErrorCode::NotFound)),
+    ];
+    for (member, answer) in readers {
+        let caller = f.server.caller(member).await;
+        assert_eq!(api.conversation_for(&caller, conversation, Need::Read).await.map_err(|r| r.code), answer);
+    }
+    let caller = f.server.caller(&viewer).await;
+    let acting = api.conversation_for(&caller, conversation, Need::Act).await.map_err(|r| r.code);
+    assert_eq!(acting, Err(ErrorCode::NotAuthorized));
 
     // None of it moved the parked call; the Agent decides, and the viewer watches to the end.
     let task = f.server.task(run, "r1t0").await.expect("task");

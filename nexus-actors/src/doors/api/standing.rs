@@ -1,7 +1,8 @@
 //! The one authorization rule of the execution doors (`docs/executions.md`, "People in the
 //! loop"): what the caller may do with an Agent's executions, conversations, inputs, tasks and
 //! events. Every execution door on HTTP and gRPC asks it through [`Api::execution_for`] or
-//! [`Api::task_for`]; input admission asks it through [`Api::answering_agent`].
+//! [`Api::task_for`] (a conversation door through [`Api::conversation_for`]); input admission asks
+//! it through [`Api::answering_agent`]; the listing doors take [`agents_readable_by`].
 //!
 //! The rule, in the order a door applies it:
 //! 1. an unknown id answers 404 `not_found`;
@@ -163,6 +164,22 @@ impl Api {
         Ok((row, task))
     }
 
+    /// The Agent that owns conversation `id`, when `caller`'s standing toward it allows `need`:
+    /// for the conversation doors, and for an input continuing it ([`Need::Act`]).
+    ///
+    /// # Errors
+    /// 404 `not_found` for an unknown conversation and, with the same message, for another
+    /// Agent's; 403 `not_authorized` for a Human without the grant `need` takes; `internal` on a
+    /// store failure.
+    pub async fn conversation_for(&self, caller: &Caller, id: ConversationId, need: Need) -> Result<MemberId, Refusal> {
+        let store = &self.fabric.store;
+        let missing = || Refusal::new(ErrorCode::NotFound, format!("no conversation {id}"));
+        let agent = store.conversation_agent(id).await.map_err(internal)?.ok_or_else(missing)?;
+        let standing = standing(store, &caller.member, agent).await?;
+        judge(&caller.member, standing, need, &format!("conversation {id}"), missing)?;
+        Ok(agent)
+    }
+
     /// The Agent that answers an input `caller` posts (`docs/executions.md`, "People in the
     /// loop"): a continued conversation's owner, which the caller must be or steward; for a new
     /// conversation, the caller itself when it is an Agent (it may name only itself in
@@ -182,10 +199,7 @@ impl Api {
     ) -> Result<MemberId, Refusal> {
         let store = &self.fabric.store;
         if let Some(id) = conversation {
-            let missing = || Refusal::new(ErrorCode::NotFound, format!("no conversation {id}"));
-            let agent = store.conversation_agent(id).await.map_err(internal)?.ok_or_else(missing)?;
-            let standing = standing(store, &caller.member, agent).await?;
-            judge(&caller.member, standing, Need::Act, &format!("conversation {id}"), missing)?;
+            let agent = self.conversation_for(caller, id, Need::Act).await?;
             if named.is_some_and(|named| named != agent) {
                 return Err(Refusal::new(
                     ErrorCode::ValidationFailed,
