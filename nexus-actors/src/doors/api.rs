@@ -537,7 +537,8 @@ impl Api {
     /// Reads one execution with the first page of its tasks ([`Api::execution_page`]).
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or another Agent's; 403 `not_authorized` for a Human without the standing the door needs ([`standing`]).
+    /// 404 `not_found` for an unknown execution or another Agent's; 403 `not_authorized` for a Human
+    /// without the standing the door needs ([`standing`]).
     pub async fn execution(&self, caller: &Caller, id: ExecutionId) -> Result<Value, Refusal> {
         self.execution_page(caller, id, None).await
     }
@@ -548,8 +549,9 @@ impl Api {
     /// and `tasks_next`, the key to pass for the next page, or null after the last.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or another Agent's; 403 `not_authorized` for a Human without the standing the door needs ([`standing`]); 400
-    /// `parameter_invalid` when `tasks_after` names no task of the execution.
+    /// 404 `not_found` for an unknown execution or another Agent's; 403 `not_authorized` for a Human
+    /// without the standing the door needs ([`standing`]); 400 `parameter_invalid` when `tasks_after`
+    /// names no task of the execution.
     pub async fn execution_page(
         &self,
         caller: &Caller,
@@ -602,10 +604,10 @@ impl Api {
     /// the task as the execution shows it, with its `approval` fact.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or task, and for another Agent's execution;
-    /// 403 `not_authorized` for a Human without the standing the door needs ([`standing`]); 409 `not_awaiting_approval` when the task is not
-    /// parked, `not_adjudicable` when the execution is not running; 403 `not_authorized` for a
-    /// suspended member.
+    /// 404 `not_found` for an unknown execution or task, and for another Agent's execution; 403
+    /// `not_authorized` for a Human without the standing the door needs ([`standing`]); 409
+    /// `not_awaiting_approval` when the task is not parked, `not_adjudicable` when the execution is not
+    /// running; 403 `not_authorized` for a suspended member.
     pub async fn approve_task(&self, caller: &Caller, id: ExecutionId, task_key: &str) -> Result<Value, Refusal> {
         self.adjudicate(caller, id, task_key, Adjudication::Approve).await
     }
@@ -675,8 +677,8 @@ impl Api {
     /// finishes. A finished execution is answered as it is.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or another Agent's; 403 `not_authorized` for a Human without the standing the door needs ([`standing`]); `unavailable`
-    /// during shutdown.
+    /// 404 `not_found` for an unknown execution or another Agent's; 403 `not_authorized` for a Human
+    /// without the standing the door needs ([`standing`]); `unavailable` during shutdown.
     pub async fn stop(&self, caller: &Caller, id: ExecutionId, force: bool) -> Result<Value, Refusal> {
         let owned = self.execution_for(caller, id, Need::Act).await?;
         if owned.status.is_terminal() {
@@ -715,7 +717,8 @@ impl Api {
     /// runs again; every open deadline moves forward by the paused time. Answers the execution.
     ///
     /// # Errors
-    /// 404 `not_found`; 403 `not_authorized` ([`standing`], or a suspended member); 409 `not_paused` when the execution is not paused.
+    /// 404 `not_found`; 403 `not_authorized` ([`standing`], or a suspended member); 409 `not_paused`
+    /// when the execution is not paused.
     pub async fn resume(&self, caller: &Caller, id: ExecutionId) -> Result<Value, Refusal> {
         self.execution_for(caller, id, Need::Act).await?;
         caller.require_active("resume executions")?;
@@ -754,8 +757,9 @@ impl Api {
     /// estimated tokens ([`resolve::estimate`] says how). Writes nothing.
     ///
     /// # Errors
-    /// 404 `not_found`; 403 `not_authorized` ([`standing`]); 400 `parameter_invalid` for a body that is not an object or names another
-    /// field; 422 `validation_failed` and the assembly's words for a supplied declaration.
+    /// 404 `not_found`; 403 `not_authorized` ([`standing`]); 400 `parameter_invalid` for a body that is
+    /// not an object or names another field; 422 `validation_failed` and the assembly's words for a
+    /// supplied declaration.
     pub async fn estimate(&self, caller: &Caller, id: ExecutionId, body: &Value) -> Result<Value, Refusal> {
         let supplied = resolve::supplied_declaration(body)?;
         let row = self.execution_for(caller, id, Need::Act).await?;
@@ -768,9 +772,9 @@ impl Api {
     /// watcher resumes from its last cursor on the next server).
     ///
     /// # Errors
-    /// 404 `not_found`; 403 `not_authorized` for a Human without a grant ([`standing`]); 400 `parameter_invalid` for a bad cursor, or one ahead of the
-    /// execution's last event (it was never handed out, and a follower would skip every event up
-    /// to it).
+    /// 404 `not_found`; 403 `not_authorized` for a Human without a grant ([`standing`]); 400
+    /// `parameter_invalid` for a bad cursor, or one ahead of the execution's last event (it was never
+    /// handed out, and a follower would skip every event up to it).
     pub async fn events(
         &self,
         caller: &Caller,

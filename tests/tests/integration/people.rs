@@ -374,7 +374,9 @@ async fn grants_from_the_cli_take_effect_on_the_next_request_and_refuse_clearly(
     let human = server.human("person").await;
     let person = Http::new(&server.url(), Some(&human.token));
     let (h, a) = (human.id.to_string(), agent.id.to_string());
-    let posted = http.post("/agent_api/v1/inputs", &json!({"text": "hi"})).await;
+    // An Agent may name itself as the Agent that answers.
+    let posted = http.post("/agent_api/v1/inputs", &json!({"text": "hi", "agent_public_id": agent.id})).await;
+    assert_eq!(posted.status, 201, "{posted:?}");
     let run = posted.body["execution_public_id"].as_str().expect("id").to_owned();
     server.settled(run.parse().expect("uuid"), WAIT).await;
     let post = json!({"text": "from a person", "agent_public_id": agent.id});
