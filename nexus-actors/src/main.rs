@@ -124,6 +124,32 @@ enum MemberCommand {
         #[arg(long)]
         member_id: nexus_proto::MemberId,
     },
+    /// Make a Human the steward (posts inputs, approves, controls) or viewer (reads) of an Agent;
+    /// a repeat replaces the role. Prints {agent_public_id, human_public_id, role, previous_role}.
+    Grant {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The Human member's UUID.
+        #[arg(long)]
+        human: nexus_proto::MemberId,
+        /// The Agent member's UUID.
+        #[arg(long)]
+        agent: nexus_proto::MemberId,
+        #[arg(long, value_enum)]
+        role: Role,
+    },
+    /// Take back a Human's grant on an Agent; its next request is judged without it. Prints
+    /// {agent_public_id, human_public_id, revoked_role}.
+    Revoke {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The Human member's UUID.
+        #[arg(long)]
+        human: nexus_proto::MemberId,
+        /// The Agent member's UUID.
+        #[arg(long)]
+        agent: nexus_proto::MemberId,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -191,6 +217,13 @@ enum RunnerCommand {
 enum Kind {
     Agent,
     Human,
+}
+
+/// A grant's role (`nexus_proto::GrantRole`).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Role {
+    Steward,
+    Viewer,
 }
 
 /// The store `nexus admin` writes to: the server's data dir, or its PostgreSQL database.
@@ -316,6 +349,18 @@ async fn run() -> anyhow::Result<()> {
                     let store = open_existing(store).await?;
                     nexus_actors::cli::admin::set_member_status(&store, member_id, nexus_proto::MemberStatus::Active)
                         .await
+                }
+                AdminCommand::Member { command: MemberCommand::Grant { store, human, agent, role } } => {
+                    let store = open_existing(store).await?;
+                    let role = match role {
+                        Role::Steward => nexus_proto::GrantRole::Steward,
+                        Role::Viewer => nexus_proto::GrantRole::Viewer,
+                    };
+                    nexus_actors::cli::admin::grants::grant(&store, human, agent, role).await
+                }
+                AdminCommand::Member { command: MemberCommand::Revoke { store, human, agent } } => {
+                    let store = open_existing(store).await?;
+                    nexus_actors::cli::admin::grants::revoke(&store, human, agent).await
                 }
                 AdminCommand::Runner { command: RunnerCommand::Repair { store, runner_id } } => {
                     let store = open_existing(store).await?;

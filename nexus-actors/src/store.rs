@@ -14,6 +14,7 @@ mod conversations;
 pub mod event;
 mod executions;
 mod executors;
+mod grants;
 pub mod lock;
 mod members;
 mod profiles;
@@ -40,6 +41,7 @@ pub use config::StoreConfig;
 pub use conversations::{ConversationSummary, ExecutionFilter, ExecutionSummary, Keyset, TurnRow};
 pub use event::{Event, EventType};
 pub use executions::TranscriptWrite;
+pub use grants::GrantRow;
 pub use lock::{LockError, ServeLock};
 pub use rows::{
     EventRow, ExecutionRow, ExecutorRow, InputRow, MemberRow, NamedDefinitionRow, PresenceEvent, ProfileRow, TaskRow,

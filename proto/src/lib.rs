@@ -18,7 +18,7 @@ pub mod words;
 pub use error::{ErrorCode, Refusal};
 pub use ids::{ConversationId, ExecutionId, InputId, MalformedId, MemberId, RunnerId};
 pub use status::{
-    AssignmentScope, AttentionReason, ExecutorKind, ExecutorStatus, InboxKind, LifecycleEvent, MemberKind,
+    AssignmentScope, AttentionReason, ExecutorKind, ExecutorStatus, GrantRole, InboxKind, LifecycleEvent, MemberKind,
     MemberStatus, Presence, RunStatus, TaskKind, TaskStatus,
 };
 pub use task_key::{InvalidTaskKey, TaskKey};

@@ -201,6 +201,18 @@ words! {
 }
 
 words! {
+    /// A Human member's role toward an Agent it holds a grant on (`docs/executions.md`, "People
+    /// in the loop"): a steward acts for the Agent, a viewer reads what it does.
+    pub enum GrantRole("grant role") {
+        /// May post inputs to the Agent and act on its executions (approve, deny, retry, abandon,
+        /// pause, resume, stop, regenerate, compact, estimate), and read them.
+        Steward => "steward",
+        /// May read the Agent's executions, conversations and events, never act on them.
+        Viewer => "viewer",
+    }
+}
+
+words! {
     /// A lifecycle hook's event (the keys of `lifecycle_hooks`).
     pub enum LifecycleEvent("lifecycle event") {
         /// Before the first model round.
@@ -247,6 +259,7 @@ mod tests {
         check(Presence::ALL);
         check(MemberKind::ALL);
         check(MemberStatus::ALL);
+        check(GrantRole::ALL);
         check(LifecycleEvent::ALL);
         let unknown = "archived".parse::<RunStatus>().expect_err("not a run status");
         assert_eq!(unknown.to_string(), "\"archived\" is not a run status");

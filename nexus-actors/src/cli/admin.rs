@@ -3,6 +3,8 @@
 //! Each command prints one JSON object. The token appears only in that output; the store keeps
 //! its SHA-256 digest.
 
+pub mod grants;
+
 use std::sync::LazyLock;
 
 use regex::Regex;

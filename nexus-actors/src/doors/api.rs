@@ -4,6 +4,7 @@
 mod compaction;
 pub mod conversations;
 mod repair;
+pub mod standing;
 mod watch;
 
 pub use watch::Feed;
@@ -17,7 +18,7 @@ use serde_json::{Value, json};
 
 use nexus_proto::{
     ConversationId, ErrorCode, ExecutionId, ExecutorKind, InputId, MemberId, MemberKind, MemberStatus, Refusal,
-    RunStatus, RunnerId, TaskKey, TaskStatus,
+    RunStatus, RunnerId, TaskStatus,
 };
 
 use crate::actors::execution::approval::{Adjudication, Adjudicator};
@@ -30,7 +31,9 @@ use crate::auth::{Plane, not_accepted};
 use crate::declaration::tools::RunnerSelection;
 use crate::declaration::{known_fields, prompt_slot, validate_configuration};
 use crate::model::DeltaType;
-use crate::store::{EventRow, EventType, ExecutionRow, InputRow, MemberRow, TaskRow};
+use crate::store::{EventRow, EventType, InputRow, MemberRow, TaskRow};
+
+pub use standing::{Need, Standing, agents_readable_by};
 
 /// The prefix of event cursors (`docs/executions.md`, "Events").
 pub const CURSOR_PREFIX: &str = "cvei_";
@@ -119,6 +122,9 @@ pub struct CreateInput {
     pub runner_executor_public_id: Option<RunnerId>,
     /// `tool_names` subset (a JSON array of strings).
     pub tool_names: Option<Value>,
+    /// The Agent that answers ([`Api::answering_agent`]): required when a Human starts a
+    /// conversation; an Agent may name only itself.
+    pub agent_public_id: Option<MemberId>,
 }
 
 /// The ids an admission created.
@@ -435,21 +441,22 @@ impl Api {
         }))
     }
 
-    /// Admits one input and starts its execution.
+    /// Admits one input and starts its execution. The answering Agent ([`Api::answering_agent`])
+    /// is the caller itself, a continued conversation's owner, or the Agent a Human steward names
+    /// in `agent_public_id`; the execution is that Agent's, its profile answers, and the input
+    /// records a Human poster in `posted_by_public_id` (`docs/executions.md`, "People in the
+    /// loop").
     ///
     /// # Errors
-    /// 403 `not_agent`; 403 `not_authorized` for a suspended Agent; 400 `parameter_missing` (empty text) or `parameter_invalid` (a scalar
-    /// `tool_names`, or text holding NUL); 404 `not_found` (unknown conversation); 422 `validation_failed` (an invalid
-    /// inline declaration, no declaration at all, or no model to run); 422 `runner_not_declared` or
-    /// `runner_not_eligible` for a `runner_executor_public_id` that is not a candidate or not
-    /// eligible for the Agent (`docs/protocol.md`, "Assignment").
+    /// 403 `not_authorized` for a suspended caller or Agent, and for a Human who does not steward
+    /// the Agent; 400 `parameter_missing` (empty text, or a Human starting a conversation without
+    /// `agent_public_id`) or `parameter_invalid` (a scalar `tool_names`, or text holding NUL); 404
+    /// `not_found` (an unknown conversation or Agent, or another Agent's); 422
+    /// `validation_failed` (an invalid inline declaration, no declaration at all, no model to run,
+    /// or an `agent_public_id` that is not the continued conversation's);
+    /// 422 `runner_not_declared` or `runner_not_eligible` for a `runner_executor_public_id` that is
+    /// not a candidate or not eligible for the Agent (`docs/protocol.md`, "Assignment").
     pub async fn create_input(&self, caller: &Caller, input: CreateInput) -> Result<Admitted, Refusal> {
-        if caller.member.kind != MemberKind::Agent {
-            return Err(Refusal::new(
-                ErrorCode::NotAgent,
-                "inputs are answered by an Agent's profile; use an Agent credential",
-            ));
-        }
         caller.require_active("admit inputs")?;
         if input.text.trim().is_empty() {
             return Err(Refusal::new(ErrorCode::ParameterMissing, "text is required"));
@@ -470,6 +477,18 @@ impl Api {
             return Err(Refusal::new(ErrorCode::ParameterInvalid, "tool_names must be an array of names"));
         }
         let store = &self.fabric.store;
+        let agent = self.answering_agent(caller, input.conversation_public_id, input.agent_public_id).await?;
+        if agent != caller.member.public_id {
+            let answering = store.member(agent).await.map_err(internal)?;
+            if answering.is_none_or(|member| member.status != MemberStatus::Active) {
+                return Err(Refusal::new(
+                    ErrorCode::NotAuthorized,
+                    format!(
+                        "the Agent {agent} is suspended and answers no new inputs; ask an operator to reinstate it"
+                    ),
+                ));
+            }
+        }
         let models = &self.fabric.models;
         let check = |reference: &str| models.check(reference);
         let configuration = match &input.execution_declaration {
@@ -479,17 +498,12 @@ impl Api {
                 })?;
                 crate::declaration::validate_execution_declaration(object, &check)?.configuration
             }
-            None => store
-                .profile(caller.member.public_id)
-                .await
-                .map_err(internal)?
-                .and_then(|p| p.configuration)
-                .ok_or_else(|| {
-                    Refusal::new(
-                        ErrorCode::ValidationFailed,
-                        "configuration: the profile has not declared one; PUT /agent_api/v1/profile/configuration first",
-                    )
-                })?,
+            None => store.profile(agent).await.map_err(internal)?.and_then(|p| p.configuration).ok_or_else(|| {
+                Refusal::new(
+                    ErrorCode::ValidationFailed,
+                    "configuration: the profile has not declared one; PUT /agent_api/v1/profile/configuration first",
+                )
+            })?,
         };
         if let Some(runner) = input.runner_executor_public_id {
             let candidates = configuration["runner_executor_public_ids"].as_array();
@@ -502,7 +516,7 @@ impl Api {
                 ));
             }
             // The input's own selection is judged now as well as at materialization.
-            crate::eligibility::refuse_ineligible_selection(store, runner, caller.member.public_id).await?;
+            crate::eligibility::refuse_ineligible_selection(store, runner, agent).await?;
         }
         if configuration["default_model"].is_null() {
             return Err(Refusal::new(
@@ -510,29 +524,26 @@ impl Api {
                 "default_model: the declaration names no model to run",
             ));
         }
+        // The conversation's Agent was judged above.
         let (conversation, new_conversation) = match input.conversation_public_id {
-            Some(id) => {
-                if !store.conversation_owned_by(id, caller.member.public_id).await.map_err(internal)? {
-                    return Err(Refusal::new(ErrorCode::NotFound, format!("no conversation {id}")));
-                }
-                (id, false)
-            }
+            Some(id) => (id, false),
             None => (ConversationId::new_v4(), true),
         };
+        let poster = caller.member.public_id;
         let row = InputRow {
             public_id: InputId::new_v4(),
             conversation_public_id: conversation,
-            member_public_id: caller.member.public_id,
+            member_public_id: agent,
             text: input.text,
             execution_declaration: input.execution_declaration,
             runner_executor_public_id: input.runner_executor_public_id,
             tool_names: input.tool_names,
-            posted_by_public_id: None,
+            posted_by_public_id: (poster != agent).then_some(poster),
             turn: 0,
         };
         let execution = ExecutionId::new_v4();
         store.admit_input(&row, new_conversation, execution).await.map_err(internal)?;
-        tracing::info!(execution_id = %execution, member = %caller.member.public_id, "input admitted");
+        tracing::info!(execution_id = %execution, member = %agent, posted_by = %poster, "input admitted");
         // The actor materializes and runs as soon as it starts.
         self.root.execution(execution).load().await?;
         Ok(Admitted {
@@ -545,7 +556,8 @@ impl Api {
     /// Reads one execution with the first page of its tasks ([`Api::execution_page`]).
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or one the caller does not own.
+    /// 404 `not_found` for an unknown execution or another Agent's; 403 `not_authorized` for a Human
+    /// without the standing the door needs ([`standing`]).
     pub async fn execution(&self, caller: &Caller, id: ExecutionId) -> Result<Value, Refusal> {
         self.execution_page(caller, id, None).await
     }
@@ -556,8 +568,9 @@ impl Api {
     /// and `tasks_next`, the key to pass for the next page, or null after the last.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or one the caller does not own; 400
-    /// `parameter_invalid` when `tasks_after` names no task of the execution.
+    /// 404 `not_found` for an unknown execution or another Agent's; 403 `not_authorized` for a Human
+    /// without the standing the door needs ([`standing`]); 400 `parameter_invalid` when `tasks_after`
+    /// names no task of the execution.
     pub async fn execution_page(
         &self,
         caller: &Caller,
@@ -565,12 +578,9 @@ impl Api {
         tasks_after: Option<&str>,
     ) -> Result<Value, Refusal> {
         let store = &self.fabric.store;
-        let row = store
-            .execution(id)
-            .await
-            .map_err(internal)?
-            .filter(|row| row.member_public_id == caller.member.public_id)
-            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))?;
+        let row = self.execution_for(caller, id, Need::Read).await?;
+        // Who posted the input: a Human steward, or the Agent itself.
+        let poster = store.input(row.input_public_id).await.map_err(internal)?.map(|input| input.poster());
         let tasks = store.tasks_of(id).await.map_err(internal)?;
         let start =
             match tasks_after {
@@ -589,6 +599,8 @@ impl Api {
             "execution_public_id": row.public_id,
             "conversation_public_id": row.conversation_public_id,
             "input_public_id": row.input_public_id,
+            "member_public_id": row.member_public_id,
+            "posted_by_public_id": poster,
             "status": row.status,
             "attention_reason": row.attention_reason,
             "round": row.round,
@@ -611,13 +623,11 @@ impl Api {
     /// the task as the execution shows it, with its `approval` fact.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or task, and for an execution the caller does not
-    /// own; 409 `not_awaiting_approval` when the task is not
-    /// parked, `not_adjudicable` when the execution is not running; 403 `not_authorized` for a
-    /// suspended member.
+    /// 404 `not_found` for an unknown execution or task, and for another Agent's execution; 403
+    /// `not_authorized` for a Human without the standing the door needs ([`standing`]); 409
+    /// `not_awaiting_approval` when the task is not parked, `not_adjudicable` when the execution is not
+    /// running; 403 `not_authorized` for a suspended member.
     pub async fn approve_task(&self, caller: &Caller, id: ExecutionId, task_key: &str) -> Result<Value, Refusal> {
-        // Approving starts work: a suspended member may deny, never approve.
-        caller.require_active("approve calls")?;
         self.adjudicate(caller, id, task_key, Adjudication::Approve).await
     }
 
@@ -657,7 +667,11 @@ impl Api {
         task_key: &str,
         adjudication: Adjudication,
     ) -> Result<Value, Refusal> {
-        let (row, task) = self.owned_task(caller, id, task_key).await?;
+        let (row, task) = self.task_for(caller, id, task_key, Need::Act).await?;
+        if matches!(adjudication, Adjudication::Approve) {
+            // Approving starts work: a suspended member may deny, never approve.
+            caller.require_active("approve calls")?;
+        }
         if task.status != TaskStatus::NeedsApproval {
             return Err(Refusal::new(
                 ErrorCode::NotAwaitingApproval,
@@ -682,10 +696,10 @@ impl Api {
     /// finishes. A finished execution is answered as it is.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or one the caller does not own; `unavailable`
-    /// during shutdown.
+    /// 404 `not_found` for an unknown execution or another Agent's; 403 `not_authorized` for a Human
+    /// without the standing the door needs ([`standing`]); `unavailable` during shutdown.
     pub async fn stop(&self, caller: &Caller, id: ExecutionId, force: bool) -> Result<Value, Refusal> {
-        let owned = self.owned_execution(caller, id).await?;
+        let owned = self.execution_for(caller, id, Need::Act).await?;
         if owned.status.is_terminal() {
             return self.execution(caller, id).await;
         }
@@ -711,9 +725,9 @@ impl Api {
     /// an in-flight model call, asked again on resume. Answers the execution.
     ///
     /// # Errors
-    /// 404 `not_found`; 409 `not_pausable` when the execution is not running.
+    /// 404 `not_found`; 403 `not_authorized` ([`standing`]); 409 `not_pausable` when the execution is not running.
     pub async fn pause(&self, caller: &Caller, id: ExecutionId, force: bool) -> Result<Value, Refusal> {
-        self.execution(caller, id).await?;
+        self.execution_for(caller, id, Need::Act).await?;
         self.root.execution(id).pause(force).await?;
         self.execution(caller, id).await
     }
@@ -722,10 +736,11 @@ impl Api {
     /// runs again; every open deadline moves forward by the paused time. Answers the execution.
     ///
     /// # Errors
-    /// 404 `not_found`; 409 `not_paused` when the execution is not paused.
+    /// 404 `not_found`; 403 `not_authorized` ([`standing`], or a suspended member); 409 `not_paused`
+    /// when the execution is not paused.
     pub async fn resume(&self, caller: &Caller, id: ExecutionId) -> Result<Value, Refusal> {
+        self.execution_for(caller, id, Need::Act).await?;
         caller.require_active("resume executions")?;
-        self.execution(caller, id).await?;
         self.root.execution(id).resume().await?;
         self.execution(caller, id).await
     }
@@ -737,14 +752,14 @@ impl Api {
     /// declaration: reused|replaced, declaration_digest}`.
     ///
     /// # Errors
-    /// 404 `not_found`; 403 `not_authorized` for a suspended member; 400 `parameter_invalid` for
+    /// 404 `not_found`; 403 `not_authorized` ([`standing`], or a suspended member); 400 `parameter_invalid` for
     /// a body that is not an object or names another field; 409 `not_regenerable` when the
     /// original froze no declaration and none is supplied; 422 `validation_failed` and the
     /// assembly's words for a supplied declaration.
     pub async fn regenerate(&self, caller: &Caller, id: ExecutionId, body: &Value) -> Result<Value, Refusal> {
-        caller.require_active("start executions")?;
         let supplied = resolve::supplied_declaration(body)?;
-        let original = self.owned_execution(caller, id).await?;
+        let original = self.execution_for(caller, id, Need::Act).await?;
+        caller.require_active("start executions")?;
         let row = resolve::regenerate(&self.fabric, &original, supplied.as_ref()).await?;
         // The actor adopts the frozen declaration and runs as soon as it starts.
         self.root.execution(row.public_id).load().await?;
@@ -761,41 +776,13 @@ impl Api {
     /// estimated tokens ([`resolve::estimate`] says how). Writes nothing.
     ///
     /// # Errors
-    /// 404 `not_found`; 400 `parameter_invalid` for a body that is not an object or names another
-    /// field; 422 `validation_failed` and the assembly's words for a supplied declaration.
+    /// 404 `not_found`; 403 `not_authorized` ([`standing`]); 400 `parameter_invalid` for a body that is
+    /// not an object or names another field; 422 `validation_failed` and the assembly's words for a
+    /// supplied declaration.
     pub async fn estimate(&self, caller: &Caller, id: ExecutionId, body: &Value) -> Result<Value, Refusal> {
         let supplied = resolve::supplied_declaration(body)?;
-        let row = self.owned_execution(caller, id).await?;
+        let row = self.execution_for(caller, id, Need::Act).await?;
         resolve::estimate(&self.fabric, &row, supplied.as_ref()).await
-    }
-
-    /// The stored execution, when the caller owns it.
-    async fn owned_execution(&self, caller: &Caller, id: ExecutionId) -> Result<ExecutionRow, Refusal> {
-        self.fabric
-            .store
-            .execution(id)
-            .await
-            .map_err(internal)?
-            .filter(|row| row.member_public_id == caller.member.public_id)
-            .ok_or_else(|| Refusal::new(ErrorCode::NotFound, format!("no execution {id}")))
-    }
-
-    /// The stored execution and its task `task_key`, when the caller owns the execution. Another
-    /// member's execution answers exactly as one that does not exist (404 `not_found`, the same
-    /// message), as on every other door: a stranger learns nothing of which ids exist.
-    async fn owned_task(
-        &self,
-        caller: &Caller,
-        id: ExecutionId,
-        task_key: &str,
-    ) -> Result<(ExecutionRow, TaskRow), Refusal> {
-        let store = &self.fabric.store;
-        let row = self.owned_execution(caller, id).await?;
-        let missing = || Refusal::new(ErrorCode::NotFound, format!("no task {task_key} in execution {id}"));
-        // A key in none of the task-key grammars names no task.
-        let key: TaskKey = task_key.parse().map_err(|_| missing())?;
-        let task = store.task(id, key).await.map_err(internal)?.ok_or_else(missing)?;
-        Ok((row, task))
     }
 
     /// The durable events after `after` (a cursor, or empty for the beginning). With `follow`, the
@@ -804,9 +791,9 @@ impl Api {
     /// watcher resumes from its last cursor on the next server).
     ///
     /// # Errors
-    /// 404 `not_found`; 400 `parameter_invalid` for a bad cursor, or one ahead of the
-    /// execution's last event (it was never handed out, and a follower would skip every event up
-    /// to it).
+    /// 404 `not_found`; 403 `not_authorized` for a Human without a grant ([`standing`]); 400
+    /// `parameter_invalid` for a bad cursor, or one ahead of the execution's last event (it was never
+    /// handed out, and a follower would skip every event up to it).
     pub async fn events(
         &self,
         caller: &Caller,
@@ -815,7 +802,7 @@ impl Api {
         follow: bool,
     ) -> Result<impl Stream<Item = Result<Event, Refusal>> + Send + 'static + use<>, Refusal> {
         let cursor = parse_cursor(after)?;
-        let row = self.owned_execution(caller, id).await?;
+        let row = self.execution_for(caller, id, Need::Read).await?;
         // Events are stored before their cursors are handed out, so a cursor past the last
         // stored one came from elsewhere (a typo, another execution).
         if cursor > row.event_seq {

@@ -197,6 +197,7 @@ impl AgentService for AgentGrpc {
             execution_declaration: json_arg(&body.execution_declaration_json, "execution_declaration_json")?,
             runner_executor_public_id: uuid_arg(&body.runner_executor_public_id, "runner_executor_public_id")?,
             tool_names: json_arg(&body.tool_names_json, "tool_names_json")?,
+            agent_public_id: uuid_arg(&body.agent_public_id, "agent_public_id")?,
         };
         let admitted = self.api.create_input(&caller, input).await.map_err(|r| r.to_status())?;
         Ok(Response::new(CreateInputReply {

@@ -156,9 +156,12 @@ async fn http_admission_refuses_bad_input_and_other_members() {
         let answer = http.send(reqwest::Method::POST, "/agent_api/v1/inputs", Some(not_an_object.into())).await;
         assert_eq!((answer.status, answer.code()), (400, Some("parameter_missing")), "{not_an_object}: {answer:?}");
     }
-    let as_human =
-        Http::new(&server.url(), Some(&human.token)).post("/agent_api/v1/inputs", &json!({"text": "x"})).await;
-    assert_eq!((as_human.status, as_human.code()), (403, Some("not_agent")), "{as_human:?}");
+    // A Human posts only for an Agent it stewards, and must name it (`people.rs` has the rest).
+    let person = Http::new(&server.url(), Some(&human.token));
+    let as_human = person.post("/agent_api/v1/inputs", &json!({"text": "x"})).await;
+    assert_eq!((as_human.status, as_human.code()), (400, Some("parameter_missing")), "{as_human:?}");
+    let as_stranger = person.post("/agent_api/v1/inputs", &json!({"text": "x", "agent_public_id": agent.id})).await;
+    assert_eq!((as_stranger.status, as_stranger.code()), (403, Some("not_authorized")), "{as_stranger:?}");
     assert_eq!(server.store().fingerprint().await.expect("fingerprint"), before, "refused admissions wrote nothing");
 
     // Another member sees no execution, no events and no stream.

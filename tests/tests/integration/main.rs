@@ -17,6 +17,7 @@ mod hooks;
 mod http_executions;
 mod listing;
 mod models;
+mod people;
 mod pressure;
 mod quickstart;
 mod refusals;

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use nexus_proto::{ExecutionId, Refusal};
 
-use super::{Api, Caller};
+use super::{Api, Caller, Need};
 
 impl Api {
     /// `POST /agent_api/v1/executions/{id}/compact` (gRPC `CompactExecution`): asks for a
@@ -18,14 +18,15 @@ impl Api {
     /// runs, between `pre_compact` and `post_compact`, when the round is about to start.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or one the caller does not own; 409
+    /// 404 `not_found` for an unknown execution or another Agent's; 403 `not_authorized` for a
+    /// Human who is not a steward of the Agent, or a suspended member ([`super::standing`]); 409
     /// `compaction_disabled` (no `compaction_policy`, or mode `off`), `task_not_queued` (a model
     /// call is out, an answer is ready, or the execution is not running), `already_compacted`
     /// (the next round was compacted or is being compacted) and `nothing_to_compact` (the history
     /// holds only pinned user messages and the retained tail); `unavailable` during shutdown.
     pub async fn compact(&self, caller: &Caller, id: ExecutionId) -> Result<Value, Refusal> {
+        self.execution_for(caller, id, Need::Act).await?;
         caller.require_active("compact executions")?;
-        self.owned_execution(caller, id).await?;
         self.root.execution(id).compact().await
     }
 }

@@ -9,7 +9,7 @@
 
 use serde_json::{Value, json};
 
-use nexus_proto::{ConversationId, ErrorCode, ExecutionId, MemberId, MemberKind, Refusal, RunStatus};
+use nexus_proto::{ConversationId, ErrorCode, ExecutionId, MemberId, Refusal, RunStatus};
 
 use super::{Api, Caller, internal, preview};
 use crate::store::{ConversationSummary, ExecutionFilter, ExecutionSummary, Keyset, TurnRow};
@@ -31,13 +31,14 @@ pub const TURN_TEXT_PREVIEW: usize = 65_536;
 const TURN_CHUNK: i64 = 8;
 
 /// The Agents whose conversations and executions `caller` may read: an Agent reads its own; a
-/// Human reads none yet. Every history door filters through this one function, so a standing
-/// rule (a steward or a viewer of an Agent) changes what all of them show at once.
-pub fn readable_agents(caller: &Caller) -> Vec<MemberId> {
-    match caller.member.kind {
-        MemberKind::Agent => vec![caller.member.public_id],
-        MemberKind::Human => Vec::new(),
-    }
+/// Human reads those it stewards or views ([`super::standing::agents_readable_by`]). Every history
+/// door filters through this one function, so the standing rule changes what all of them show at
+/// once.
+///
+/// # Errors
+/// `internal` on a store failure.
+pub async fn readable_agents(api: &Api, caller: &Caller) -> Result<Vec<MemberId>, Refusal> {
+    super::standing::agents_readable_by(&api.fabric.store, &caller.member).await
 }
 
 /// A listing's `limit`: 1 to [`LISTING_MAX_LIMIT`], [`LISTING_DEFAULT_LIMIT`] when absent.
@@ -169,7 +170,7 @@ impl Api {
     /// 400 `parameter_invalid` for a `limit` out of bounds, an `after` that is not a UUID or
     /// names no readable conversation.
     pub async fn list_conversations(&self, caller: &Caller, after: Option<&str>, limit: i64) -> Result<Value, Refusal> {
-        let members = readable_agents(caller);
+        let members = readable_agents(self, caller).await?;
         let store = &self.fabric.store;
         let keyset = match after {
             None => None,
@@ -203,13 +204,11 @@ impl Api {
     /// 404 `not_found` for an unknown conversation or one the caller may not read.
     pub async fn conversation(&self, caller: &Caller, id: ConversationId, turns_after: i64) -> Result<Value, Refusal> {
         let store = &self.fabric.store;
-        let members = readable_agents(caller);
-        let (owner, created_at) = store
-            .conversation_owner(id)
-            .await
-            .map_err(internal)?
-            .filter(|(owner, _)| members.contains(owner))
-            .ok_or_else(|| missing_conversation(id))?;
+        // One standing rule with the execution doors: 404 for an unknown or another Agent's
+        // conversation, 403 for a Human without a grant.
+        self.conversation_for(caller, id, super::standing::Need::Read).await?;
+        let (owner, created_at) =
+            store.conversation_owner(id).await.map_err(internal)?.ok_or_else(|| missing_conversation(id))?;
         let mut page = Vec::new();
         let mut bytes = 0;
         let mut cursor = turns_after.max(0);
@@ -262,19 +261,14 @@ impl Api {
         limit: i64,
     ) -> Result<Value, Refusal> {
         let store = &self.fabric.store;
-        let members = readable_agents(caller);
+        let members = readable_agents(self, caller).await?;
         let conversation = conversation
             .map(|text| text.parse::<ConversationId>().map_err(|_| uuid_refusal("conversation")))
             .transpose()?;
         let status = status.map(status_filter).transpose()?;
         let after = after.map(|text| text.parse::<ExecutionId>().map_err(|_| uuid_refusal("after"))).transpose()?;
         if let Some(id) = conversation {
-            store
-                .conversation_owner(id)
-                .await
-                .map_err(internal)?
-                .filter(|(owner, _)| members.contains(owner))
-                .ok_or_else(|| missing_conversation(id))?;
+            self.conversation_for(caller, id, super::standing::Need::Read).await?;
         }
         let keyset = match after {
             None => None,

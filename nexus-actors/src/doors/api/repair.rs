@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use nexus_proto::{ExecutionId, Refusal};
 
-use super::{Api, Caller, task_view};
+use super::{Api, Caller, Need, task_view};
 use crate::actors::execution::hooks::Repair;
 use crate::store::TaskRow;
 
@@ -18,12 +18,11 @@ impl Api {
     /// with `retry_of` naming the one it replaces.
     ///
     /// # Errors
-    /// 404 `not_found` for an unknown execution or task, and for an execution the caller does not
-    /// own; 409 `not_retryable` unless the task is failed, timed_out or
+    /// 404 `not_found` for an unknown execution or task, and for another Agent's execution; 403
+    /// `not_authorized` for a Human who is not a steward of the Agent ([`super::standing`]), or a
+    /// suspended member retrying; 409 `not_retryable` unless the task is failed, timed_out or
     /// uncertain and still holds the execution.
     pub async fn retry_task(&self, caller: &Caller, id: ExecutionId, task_key: &str) -> Result<Value, Refusal> {
-        // A retry runs the task again: a suspended member may abandon, never retry.
-        caller.require_active("retry tasks")?;
         let task = self.repair(caller, id, task_key, Repair::Retry).await?;
         let mut view = task_view(&task);
         view["retry_of"] = json!(task_key);
@@ -51,7 +50,11 @@ impl Api {
         task_key: &str,
         repair: Repair,
     ) -> Result<TaskRow, Refusal> {
-        let (_, task) = self.owned_task(caller, id, task_key).await?;
+        let (_, task) = self.task_for(caller, id, task_key, Need::Act).await?;
+        if repair == Repair::Retry {
+            // A retry runs the task again: a suspended member may abandon, never retry.
+            caller.require_active("retry tasks")?;
+        }
         if !task.status.is_repairable() {
             return Err(Refusal::new(
                 repair.refusal(),

@@ -7,9 +7,11 @@
 //! - `POST /agent_api/v1/executions/{id}/tasks/{task_key}/deny` `{reason?}` → the task, `failed`
 //!   with `approval_denied`.
 //!
-//! Both answer 404 `not_found` for an unknown execution or task and for an execution the caller
-//! does not own (the same answer, so that no id is confirmed to a stranger), 400 `parameter_invalid` for a body that is not an object or
-//! names a field the door does not take, and 409 `not_awaiting_approval` or `not_adjudicable`.
+//! Both answer 404 `not_found` for an unknown execution or task and for another Agent's execution
+//! (the same answer, so that no id is confirmed to another Agent), 403 `not_authorized` for a Human
+//! who is not a steward of its Agent (`docs/executions.md`, "People in the loop"), 400
+//! `parameter_invalid` for a body that is not an object or names a field the door does not take,
+//! and 409 `not_awaiting_approval` or `not_adjudicable`.
 
 use std::sync::Arc;
 

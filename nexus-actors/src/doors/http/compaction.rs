@@ -4,9 +4,11 @@
 //! - `POST /agent_api/v1/executions/{id}/compact` (body empty or `{}`) → 202 `{execution_public_id,
 //!   summary_task_key, task_key, trigger: "manual", mode, status: "waiting"}`.
 //!
-//! It answers 404 `not_found` for an unknown or malformed execution id and for an execution the
-//! caller does not own, 400 `parameter_invalid` for a body other than empty or `{}`, and 409
-//! `compaction_disabled`, `task_not_queued`, `already_compacted` or `nothing_to_compact`.
+//! It answers 404 `not_found` for an unknown or malformed execution id and for another Agent's
+//! execution, 403 `not_authorized` for a Human who is not a steward of its Agent
+//! (`docs/executions.md`, "People in the loop"), 400 `parameter_invalid` for a body other than
+//! empty or `{}`, and 409 `compaction_disabled`, `task_not_queued`, `already_compacted` or
+//! `nothing_to_compact`.
 
 use std::sync::Arc;
 

@@ -15,10 +15,11 @@
 //! - `GET /agent_api/v1/executions/{id}/estimate`, or `POST` with `{execution_declaration?}` → the
 //!   next round's request size `{bytes, estimated_tokens, estimator, ...}`. Writes nothing.
 //!
-//! Every door answers 404 `not_found` for an unknown execution id and for an execution the
-//! caller does not own, 400 `parameter_invalid` for a malformed id, 400 `parameter_missing` for a
-//! body that is not a JSON object, and 400 `parameter_invalid` for a body that names a field the
-//! door does not take or has a `force` that is not a boolean.
+//! Every door answers 404 `not_found` for an unknown execution id and for another Agent's
+//! execution, 403 `not_authorized` for a Human who is not a steward of its Agent
+//! (`docs/executions.md`, "People in the loop"), 400 `parameter_invalid` for a malformed id, 400
+//! `parameter_missing` for a body that is not a JSON object, and 400 `parameter_invalid` for a body
+//! that names a field the door does not take or has a `force` that is not a boolean.
 
 use std::sync::Arc;
 

@@ -4,8 +4,10 @@
 //! regenerate and the estimate are in [`super::control`].
 //!
 //! - `POST /agent_api/v1/inputs` `{text, conversation_public_id?, execution_declaration?,
-//!   runner_executor_public_id?, tool_names?}` → 201 `{conversation_public_id,
-//!   input_public_id, execution_public_id}`.
+//!   runner_executor_public_id?, tool_names?, agent_public_id?}` → 201 `{conversation_public_id,
+//!   input_public_id, execution_public_id}`. `agent_public_id` names the Agent that answers: a
+//!   Human steward starting a conversation must give it (`docs/executions.md`, "People in the
+//!   loop").
 //! - `GET /agent_api/v1/executions/{id}` → the execution with its tasks.
 //! - `GET /agent_api/v1/executions/{id}/events?after=&limit=` → one page `{items:[{cursor, type,
 //!   data, at}], next_cursor}`; `limit` is 1 to 200, default 100; `after` is a `cvei_` cursor.
@@ -67,7 +69,14 @@ fn optional_uuid<T: std::str::FromStr>(body: &Value, name: &str) -> Result<Optio
 fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
     known_fields(
         body,
-        &["text", "conversation_public_id", "execution_declaration", "runner_executor_public_id", "tool_names"],
+        &[
+            "text",
+            "conversation_public_id",
+            "execution_declaration",
+            "runner_executor_public_id",
+            "tool_names",
+            "agent_public_id",
+        ],
     )?;
     let text = match &body["text"] {
         Value::String(text) => text.clone(),
@@ -80,6 +89,7 @@ fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
         execution_declaration: body.get("execution_declaration").filter(|v| !v.is_null()).cloned(),
         runner_executor_public_id: optional_uuid(body, "runner_executor_public_id")?,
         tool_names: body.get("tool_names").filter(|v| !v.is_null()).cloned(),
+        agent_public_id: optional_uuid(body, "agent_public_id")?,
     })
 }
 

@@ -6,10 +6,12 @@
 //! - `POST /agent_api/v1/executions/{id}/tasks/{task_key}/abandon` (body empty or `{}`) → the
 //!   task with `failure_resolution: "abandoned"`; the execution goes on.
 //!
-//! Both answer 404 `not_found` for an unknown execution or task and for an execution the caller
-//! does not own (the same answer, so that no id is confirmed to a stranger), 400 `parameter_invalid` for a body other than empty or `{}`, and
-//! 409 `not_retryable` / `not_abandonable` unless the task is failed, timed_out or uncertain and
-//! still holds its execution.
+//! Both answer 404 `not_found` for an unknown execution or task and for another Agent's execution
+//! (the same answer, so that no id is confirmed to another Agent), 403 `not_authorized` for a Human
+//! who is not a steward of its Agent (`docs/executions.md`, "People in the loop"), 400
+//! `parameter_invalid` for a body other than empty or `{}`, and 409 `not_retryable` /
+//! `not_abandonable` unless the task is failed, timed_out or uncertain and still holds its
+//! execution.
 
 use std::sync::Arc;
 
