@@ -15,6 +15,7 @@ mod executors;
 pub mod lock;
 mod members;
 mod profiles;
+pub mod queue;
 mod rows;
 mod save_bytes;
 mod tasks;

@@ -16,6 +16,7 @@ mod hooks;
 mod http_executions;
 mod models;
 mod pressure;
+mod queue;
 mod quickstart;
 mod refusals;
 mod resources;
