@@ -348,6 +348,16 @@ async fn the_input_queue_holds_sixteen_and_a_queued_input_can_be_canceled() {
     let odd = f.http().post("/agent_api/v1/inputs", &json!({"text": "x", "delivery_mode": "shout"})).await;
     assert_eq!((odd.status, odd.code()), (422, Some("validation_failed")), "{odd:?}");
     assert!(odd.message().contains("delivery_mode"), "{}", odd.message());
+    let per_turn = f
+        .http()
+        .post(
+            "/agent_api/v1/inputs",
+            &json!({"text": "x", "delivery_mode": "steer", "tool_names": [],
+            "conversation_public_id": conversation}),
+        )
+        .await;
+    assert_eq!((per_turn.status, per_turn.code()), (422, Some("validation_failed")), "{per_turn:?}");
+    assert!(per_turn.message().starts_with("tool_names"), "{}", per_turn.message());
     let request =
         CreateInputRequest { text: "x".into(), delivery_mode: "shout".into(), ..CreateInputRequest::default() };
     let status = client.create_input(authed(request, &f.agent)).await.expect_err("refused");

@@ -27,8 +27,10 @@ impl Api {
     /// execution to apply.
     ///
     /// # Errors
-    /// 409 `input_queue_full` when the conversation already holds [`INPUT_QUEUE_BOUND`] waiting
-    /// inputs (nothing is written); `internal` on a store failure.
+    /// 422 `validation_failed` for a steer that names `execution_declaration`,
+    /// `runner_executor_public_id` or `tool_names`; 409 `input_queue_full` when the conversation
+    /// already holds [`INPUT_QUEUE_BOUND`] waiting inputs (nothing is written); `internal` on a
+    /// store failure.
     pub(super) async fn admit(
         &self,
         caller: &Caller,
@@ -36,6 +38,24 @@ impl Api {
         new_conversation: bool,
         mode: DeliveryMode,
     ) -> Result<Admitted, Refusal> {
+        // A steer joins the running execution under the declaration it froze: per-turn fields
+        // would do nothing there, so they are refused rather than ignored.
+        if mode == DeliveryMode::Steer {
+            let per_turn = [
+                ("execution_declaration", row.execution_declaration.is_some()),
+                ("runner_executor_public_id", row.runner_executor_public_id.is_some()),
+                ("tool_names", row.tool_names.is_some()),
+            ];
+            if let Some((field, _)) = per_turn.iter().find(|(_, given)| *given) {
+                return Err(Refusal::new(
+                    ErrorCode::ValidationFailed,
+                    format!(
+                        "{field}: a steer joins the running execution under its frozen declaration; \
+                         post it with delivery_mode queue to give a turn its own {field}"
+                    ),
+                ));
+            }
+        }
         let execution = nexus_proto::ExecutionId::new_v4();
         let store = &self.fabric.store;
         let admission = store.admit_to_conversation(row, new_conversation, mode, execution).await.map_err(internal)?;
