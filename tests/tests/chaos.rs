@@ -1333,6 +1333,8 @@ async fn nexus_sigkill_with_a_turn_queued_and_between_turns() {
         "{tag}"
     );
     // Turn 2 asked the model only after turn 1's last request, and each turn's input arrived.
+    // `requests[seconds[0]].body["messages"]` is turn 2's first request as the model got it: the
+    // place to assert the history it carries (turn 1's input, calls, results and answer).
     let requests = fake.requests_for("chat");
     let firsts: Vec<usize> = (0..requests.len()).filter(|&i| !carries_user_text(&requests[i], "second")).collect();
     let seconds: Vec<usize> = (0..requests.len()).filter(|&i| carries_user_text(&requests[i], "second")).collect();
