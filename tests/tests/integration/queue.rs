@@ -395,6 +395,12 @@ async fn the_input_queue_holds_sixteen_and_a_queued_input_can_be_canceled() {
     let dropped = f.cancel(&steer["input_public_id"]).await;
     assert_eq!((dropped.status, dropped.body["status"].as_str()), (200, Some("canceled")), "{dropped:?}");
     assert_ne!(id(&dropped.body, "execution_public_id"), run1);
+    // A steer is disposed of once: a second disposal (here, as a turn) writes nothing.
+    let store = f.server.store();
+    let mut twice = store.execution(id(&dropped.body, "execution_public_id")).await.expect("store").expect("row");
+    twice.public_id = ExecutionId::new_v4();
+    assert!(!store.dispose_steer(nexus_proto::SteerOutcome::Turn, &twice, &[]).await.expect("store"));
+    assert!(store.execution(twice.public_id).await.expect("store").is_none());
 
     // The queue moves on, in turn order, skipping what was canceled.
     f.run_tool(run1, "r1t0", "probed").await;
