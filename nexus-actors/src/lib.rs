@@ -370,5 +370,14 @@ async fn recover(fabric: &Fabric, root: &RootHandle) -> Result<(), ServeError> {
             tracing::error!(execution_id = %execution, code = %refusal.code, "could not recover an execution");
         }
     }
+    // A conversation whose execution ended without handing off (the node died in between) moves
+    // on now: its waiting steers become turns and its next turn is woken
+    // (`docs/executions.md`, "Conversations: one turn at a time").
+    for conversation in fabric.store.conversations_with_waiting_steers().await? {
+        if closing() {
+            return Ok(());
+        }
+        actors::execution::queue::hand_off(fabric, root, conversation).await?;
+    }
     Ok(())
 }

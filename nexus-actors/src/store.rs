@@ -18,6 +18,7 @@ mod grants;
 pub mod lock;
 mod members;
 mod profiles;
+pub mod queue;
 mod rows;
 mod save_bytes;
 mod tasks;

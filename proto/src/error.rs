@@ -123,6 +123,11 @@ error_codes! {
     NotPausable => ("not_pausable", 409, FailedPrecondition),
     NotPaused => ("not_paused", 409, FailedPrecondition),
     NotRegenerable => ("not_regenerable", 409, FailedPrecondition),
+    // Conversations (`docs/executions.md`, "Conversations: one turn at a time"): the spec's cap of
+    // 16 waiting inputs, and the cancel door's refusal of an input that already ran or was applied
+    // (named after compaction's `task_not_queued`).
+    InputQueueFull => ("input_queue_full", 409, FailedPrecondition),
+    InputNotQueued => ("input_not_queued", 409, FailedPrecondition),
     // Approval (`docs/executions.md`, "Approval"): the approve and deny doors.
     NotAwaitingApproval => ("not_awaiting_approval", 409, FailedPrecondition),
     NotAdjudicable => ("not_adjudicable", 409, FailedPrecondition),

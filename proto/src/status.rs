@@ -226,6 +226,30 @@ words! {
     }
 }
 
+words! {
+    /// How an input reaches its conversation (`delivery_mode`, `docs/executions.md`,
+    /// "Conversations: one turn at a time").
+    pub enum DeliveryMode("delivery mode") {
+        /// A turn of its own, after every turn admitted before it has ended (the default).
+        Queue => "queue",
+        /// Applied by the conversation's live execution at its next safe boundary; a turn of its
+        /// own when no execution is live, or when the live one ends before a boundary.
+        Steer => "steer",
+    }
+}
+
+words! {
+    /// What became of a `steer` input (`docs/executions.md`, "Conversations: one turn at a time").
+    pub enum SteerOutcome("steer outcome") {
+        /// The live execution applied it at a boundary, as a user message.
+        Applied => "applied",
+        /// It became a turn with its own execution.
+        Turn => "turn",
+        /// It was canceled before it was applied.
+        Canceled => "canceled",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,6 +285,8 @@ mod tests {
         check(MemberStatus::ALL);
         check(GrantRole::ALL);
         check(LifecycleEvent::ALL);
+        check(DeliveryMode::ALL);
+        check(SteerOutcome::ALL);
         let unknown = "archived".parse::<RunStatus>().expect_err("not a run status");
         assert_eq!(unknown.to_string(), "\"archived\" is not a run status");
         assert!(serde_json::from_str::<TaskStatus>("\"queued\"").is_err());

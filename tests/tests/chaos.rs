@@ -8,6 +8,7 @@
 //! | `runner_agent_through_proxy_faults` | the same steps against a real runner-agent (in-process, short liveness), detection bounds on both ends |
 //! | `runner_agent_sigkill_mid_task_and_restart` | SIGKILL of runner-agent processes mid-task, restart on the same state dir |
 //! | `nexus_sigkill_and_restart_on_the_same_data_dir` | SIGKILL of the `nexus` binary mid-execution, restart on the same data dir and port |
+//! | `nexus_sigkill_with_a_turn_queued_and_between_turns` | SIGKILL of `nexus` while turn 1 runs with turn 2 queued, and again between the two turns (or during turn 2) |
 //! | `duplicated_reordered_and_stale_frames_change_nothing` | duplicated claims and commits, reordered frames, stale, forged and foreign tokens |
 //! | `soak_20_runners_2000_tasks_under_random_faults` | 20 fast runners, 2,000 tasks, random cuts, drops, duplicate and stale commits |
 //!
@@ -1184,6 +1185,182 @@ async fn nexus_sigkill_and_restart_on_the_same_data_dir() {
         DEFAULT_DEADLINE_SLACK_MS + i64::try_from(longest_outage.as_millis()).unwrap_or(i64::MAX);
     assert_holds(&tag, &check(&history));
     eprintln!("{tag} statuses {:?}, longest outage {longest_outage:?}", status_counts(&history));
+    store.close().await;
+}
+
+// ---- SIGKILL of nexus with a conversation's turns queued ---------------------------------------
+
+/// Whether a recorded model request belongs to the turn whose user text is `text`: it carries
+/// that user message (a later turn's request may also carry earlier turns as history).
+fn carries_user_text(request: &nexus_tests::FakeRequest, text: &str) -> bool {
+    request.body["messages"]
+        .as_array()
+        .is_some_and(|messages| messages.iter().any(|m| m["role"] == "user" && m["content"] == text))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nexus_sigkill_with_a_turn_queued_and_between_turns() {
+    let mut sc = Scenario::begin("nexus_sigkill_with_a_turn_queued_and_between_turns").await;
+    let tag = sc.tag();
+    let dir = tempfile::tempdir().expect("dir");
+    let data_dir = dir.path().join("data");
+    std::fs::create_dir(&data_dir).expect("data dir");
+    let database = match test_store_backend() {
+        StoreBackend::Postgres => Some(TestDatabase::create().await),
+        _ => None,
+    };
+    let at = StoreLocation { data_dir, database_url: database.as_ref().map(|d| d.url().to_owned()) };
+    // The model is a fake provider in this process, so it outlives every nexus and records what
+    // each turn's requests carried (`FakeProvider::requests_for("chat")`).
+    let fake = nexus_tests::FakeProvider::start().await;
+    let bash = |id: &str| {
+        nexus_tests::Act::ToolCalls(vec![(
+            id.to_owned(),
+            "bash".to_owned(),
+            json!({"command": format!("echo {id} >> side.log; sleep 1; echo {id}")}),
+        )])
+    };
+    // A model call lost to a kill is asked again and takes the next answer: the spare final keeps
+    // turn 2 answerable however its calls fell.
+    fake.script(
+        "chat",
+        [
+            bash("t1c1"),
+            nexus_tests::Act::Text("turn one done".into()),
+            bash("t2c1"),
+            nexus_tests::Act::Text("turn two done".into()),
+            nexus_tests::Act::Text("turn two done".into()),
+        ],
+    );
+    let config = dir.path().join("nexus.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[runner]\nping_interval_ms = 300\nliveness_timeout_ms = 1500\n\n[providers.fake]\nkind = \"openai_compatible\"\n\
+             base_url = {:?}\nallow_any_model = true\n",
+            fake.openai_base_url()
+        ),
+    )
+    .expect("config");
+    let addr = free_loopback_addr();
+    let mut nexus = Some(NexusProcess::serve(&at, addr, &config).await);
+    let agent = admin_agent(&at, "agent").await;
+    let runner = admin_runner(&at, "worker").await;
+    let workdir = tempfile::tempdir().expect("workdir");
+    let state = tempfile::tempdir().expect("state");
+    let spec = RunnerAgentProcess {
+        nexus_url: format!("http://{addr}"),
+        token_file: dir.path().join("runner.token"),
+        runner: runner.clone(),
+        workdir: workdir.path().to_owned(),
+        state_dir: state.path().to_owned(),
+        tool_timeout_ms: 8_000,
+    };
+    let mut runner_child = spec.spawn();
+    let store_config =
+        StoreConfig { database_url: at.database_url.clone(), max_connections: Some(2), ..StoreConfig::default() };
+    let store = Store::connect_existing(&at.data_dir, &store_config).await.expect("open the store beside nexus");
+    wait_until(&format!("{tag} the announcement"), WAIT, || async {
+        store.executor(runner.runner()).await.ok().flatten().and_then(|r| r.announced_at)
+    })
+    .await;
+    let mut client = agent_client(&format!("http://{addr}")).await;
+    let body = json!({"configuration": {
+        "runner_executor_public_ids": [runner.id], "approval_mode": "bypass", "default_model": "fake/chat",
+    }});
+    client
+        .declare_profile(authed(DeclareProfileRequest { body_json: body.to_string() }, &agent))
+        .await
+        .expect("declare");
+    let first = client
+        .create_input(authed(CreateInputRequest { text: "first".into(), ..CreateInputRequest::default() }, &agent))
+        .await
+        .expect("turn 1")
+        .into_inner();
+    let second = client
+        .create_input(authed(
+            CreateInputRequest {
+                text: "second".into(),
+                conversation_public_id: first.conversation_public_id.clone(),
+                ..CreateInputRequest::default()
+            },
+            &agent,
+        ))
+        .await
+        .expect("turn 2")
+        .into_inner();
+    drop(client);
+    assert_eq!((second.turn, second.status.as_str(), second.queue_position), (2, "pending", 1), "{tag}");
+    let run1: ExecutionId = first.execution_public_id.parse().expect("uuid");
+    let run2: ExecutionId = second.execution_public_id.parse().expect("uuid");
+    assert_eq!(second.waits_for_execution_public_id, run1.to_string(), "{tag}");
+
+    // Kill 1: turn 1's call is running at the runner and turn 2 is queued.
+    wait_task(&tag, &store, run1, "r1t0", "claimed", |t| t.claimed).await;
+    let queued = store.execution(run2).await.expect("store").expect("row");
+    assert_eq!((queued.status, queued.event_seq), (RunStatus::Pending, 0), "{tag} turn 2 waits, unmaterialized");
+    nexus.take().expect("running").sigkill().await;
+    let pause = sc.rng.millis(0, 800);
+    eprintln!("{tag} SIGKILL nexus during turn 1 with turn 2 queued; restarting in {pause:?}");
+    tokio::time::sleep(pause).await;
+    nexus = Some(NexusProcess::serve(&at, addr, &config).await);
+
+    // Kill 2: between the turns (turn 1 ended, turn 2 not started), or, when that window is
+    // missed, while turn 2's call runs; never while a model call is out.
+    let deadline = Instant::now() + WAIT;
+    let point = loop {
+        let one = store.execution(run1).await.ok().flatten().map(|r| r.status);
+        let two = store.execution(run2).await.ok().flatten().map(|r| r.status);
+        if one == Some(RunStatus::Completed) && two == Some(RunStatus::Pending) {
+            break "between the turns";
+        }
+        if store.task(run2, key("r1t0")).await.ok().flatten().is_some_and(|t| t.claimed) {
+            break "during turn 2's call";
+        }
+        assert!(Instant::now() < deadline, "{tag} turn 2 never came: turn 1 {one:?}, turn 2 {two:?}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    nexus.take().expect("running").sigkill().await;
+    let pause = sc.rng.millis(0, 800);
+    eprintln!("{tag} SIGKILL nexus {point}; restarting in {pause:?}");
+    tokio::time::sleep(pause).await;
+    nexus = Some(NexusProcess::serve(&at, addr, &config).await);
+
+    let rows = wait_runs_quiet(&tag, &store, &[run1, run2], Duration::from_secs(60)).await;
+    assert_eq!(
+        rows.iter().map(|r| (r.status, r.final_text.as_deref())).collect::<Vec<_>>(),
+        [(RunStatus::Completed, Some("turn one done")), (RunStatus::Completed, Some("turn two done"))],
+        "{tag}"
+    );
+    // Turn 2 asked the model only after turn 1's last request, and each turn's input arrived.
+    // `requests[seconds[0]].body["messages"]` is turn 2's first request as the model got it: the
+    // place to assert the history it carries (turn 1's input, calls, results and answer).
+    let requests = fake.requests_for("chat");
+    let firsts: Vec<usize> = (0..requests.len()).filter(|&i| !carries_user_text(&requests[i], "second")).collect();
+    let seconds: Vec<usize> = (0..requests.len()).filter(|&i| carries_user_text(&requests[i], "second")).collect();
+    assert!(!seconds.is_empty() && firsts.iter().all(|&i| carries_user_text(&requests[i], "first")), "{tag}");
+    assert!(firsts.iter().max() < seconds.iter().min(), "{tag} the turns overlapped: {firsts:?} / {seconds:?}");
+    let started = store.events_after(run2, 0, 10_000).await.expect("events");
+    let ended = store.events_after(run1, 0, 10_000).await.expect("events");
+    let end = ended.iter().find(|e| {
+        e.event.as_turn_status().is_some_and(|s| matches!(s, nexus_actors::store::event::TurnStatus::Completed {}))
+    });
+    let begin = started.iter().find(|e| e.event.event_type() == nexus_actors::store::EventType::InputMaterialized);
+    assert!(end.zip(begin).is_some_and(|(end, begin)| begin.at >= end.at), "{tag} turn 2 began before turn 1 ended");
+    wait_until(&format!("{tag} the journal to empty"), WAIT, || async {
+        (unacknowledged(state.path(), runner.id) == 0).then_some(())
+    })
+    .await;
+    let exit = nexus.take().expect("running").sigterm(Duration::from_secs(20)).await;
+    assert!(exit.success(), "{tag} nexus exited {exit} after SIGTERM");
+    sigkill(&mut runner_child).await;
+    let mut tasks = store.tasks_of(run1).await.expect("tasks");
+    tasks.extend(store.tasks_of(run2).await.expect("tasks"));
+    assert_side_effects(&tag, &tasks, workdir.path());
+    let mut history = invariants::collect(&store, &[run1, run2], Observations::default()).await;
+    history.targets = BTreeMap::from([(run1, runner.id), (run2, runner.id)]);
+    history.deadline_slack_ms = DEFAULT_DEADLINE_SLACK_MS + 5_000;
+    assert_holds(&tag, &check(&history));
     store.close().await;
 }
 

@@ -15,7 +15,9 @@ pub mod control;
 pub mod hooks;
 pub mod kernel;
 pub mod phase;
+pub mod queue;
 pub mod resolve;
+pub mod steer;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -157,6 +159,8 @@ pub enum ExecutionMsg {
     },
     /// The manual compaction door, and the kernel summarizer's answers ([`compaction`]).
     Compaction(compaction::CompactionMsg),
+    /// Canceling a queued input or a waiting steer ([`queue`]).
+    Inputs(queue::InputMsg),
 }
 
 /// The typed handle on an execution's actor, found by id: a message reaches the live actor at
@@ -321,6 +325,8 @@ pub struct ExecutionState {
     declaration_stored: bool,
     /// A [`ExecutionMsg::Flush`] is on its way.
     flush_queued: bool,
+    /// Steers being applied, and the hand-off to the conversation's next turn ([`queue`]).
+    queue: queue::QueueState,
 }
 
 /// The ExecutionActor.
@@ -390,6 +396,7 @@ impl Actor for ExecutionActor {
             compaction: compaction::CompactionState::default(),
             declaration_stored,
             flush_queued: false,
+            queue: queue::QueueState::default(),
         };
         for task in &unnarrated {
             narrate(&mut state, task);
@@ -524,6 +531,7 @@ impl Actor for ExecutionActor {
                 answer(reply, outcome, "the repair", "the task")?;
             }
             ExecutionMsg::Compaction(msg) => compaction::handle(&myself, state, msg).await?,
+            ExecutionMsg::Inputs(msg) => queue::handle(state, msg).await?,
         }
         sync(state);
         debug_assert!(
@@ -634,7 +642,10 @@ async fn save(state: &mut ExecutionState, new_tasks: &[TaskRow]) -> Result<(), A
         false => TranscriptWrite::Append { kept, messages },
     };
     let events = std::mem::take(&mut state.events);
-    let written = state.fabric.store.save_execution(&state.row, transcript, new_tasks, &events).await;
+    // Steers applied since the last save are marked applied with it ([`steer`]).
+    let applied = std::mem::take(&mut state.queue.applying);
+    let written =
+        state.fabric.store.save_execution_applying(&state.row, transcript, new_tasks, &events, &applied).await;
     if written.is_ok() {
         state.transcript_stored = state.transcript.len();
         state.transcript_rewritten = false;
@@ -649,6 +660,10 @@ async fn save(state: &mut ExecutionState, new_tasks: &[TaskRow]) -> Result<(), A
     state.fabric.events.publish(state.row.public_id, state.row.event_seq);
     if state.row.status.is_quiescent() {
         state.fabric.events.close(state.row.public_id);
+    }
+    // An end hands the conversation to its next turn ([`queue`]).
+    if state.row.status.is_terminal() {
+        queue::ended(state).await?;
     }
     Ok(())
 }
@@ -758,6 +773,8 @@ async fn step(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Re
                 let tool_call_id = wire_id(&state.transcript, task);
                 state.transcript.push(ChatMessage::Tool { tool_call_id, content: result_text(task) });
             }
+            // The safe boundary: steers posted meanwhile join the history here ([`steer`]).
+            steer::apply(state).await?;
             // Compaction runs at the boundary, before the next model request (`docs/executions.md`,
             // "Compaction").
             if hooks::gate(myself, state, hooks::HookEvent::TurnStart).await? == hooks::Gate::Open
@@ -771,13 +788,18 @@ async fn step(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Re
     Ok(())
 }
 
-/// Resolves and freezes the declaration. Returns `false` when the execution ended instead.
+/// Resolves and freezes the declaration. Returns `false` when the execution ended instead, or
+/// waits for its turn.
 async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessingErr> {
     // A regeneration is created with its declaration frozen already, reused or replaced
     // (`docs/executions.md`, "Control"): it is adopted as it is, never resolved again.
     if let Some(frozen) = state.declaration.take() {
         let input = state.fabric.store.input(state.row.input_public_id).await?;
         return adopt(state, &input.ok_or("the execution's input is missing")?, frozen).await;
+    }
+    // One execution at a time per conversation: a queued input waits for its turn ([`queue`]).
+    if !queue::may_start(state).await? {
+        return Ok(false);
     }
     let input = state.fabric.store.input(state.row.input_public_id).await?.ok_or("the execution's input is missing")?;
     let frozen = match resolve::resolve(&state.fabric, &input, None).await {

@@ -3,6 +3,7 @@
 
 mod compaction;
 pub mod conversations;
+mod inputs;
 mod repair;
 pub mod standing;
 mod watch;
@@ -125,17 +126,52 @@ pub struct CreateInput {
     /// The Agent that answers ([`Api::answering_agent`]): required when a Human starts a
     /// conversation; an Agent may name only itself.
     pub agent_public_id: Option<MemberId>,
+    /// `delivery_mode`; `None` is `queue` (`docs/executions.md`, "Conversations: one turn at a
+    /// time").
+    pub delivery_mode: Option<nexus_proto::DeliveryMode>,
 }
 
-/// The ids an admission created.
+/// What an admission created, and where the input stands in its conversation
+/// (`docs/executions.md`, "Conversations: one turn at a time").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Admitted {
     /// The conversation.
     pub conversation_public_id: ConversationId,
     /// The input.
     pub input_public_id: InputId,
-    /// The execution that materializes it.
+    /// The execution that materializes it; for a steer into a live execution, that execution.
     pub execution_public_id: ExecutionId,
+    /// The input's 1-based turn in the conversation.
+    pub turn: i64,
+    /// How it was delivered.
+    pub delivery_mode: nexus_proto::DeliveryMode,
+    /// The execution's status at admission (`pending` while it waits its turn).
+    pub status: RunStatus,
+    /// How many live executions of the conversation come before it (0: it starts now, or it is a
+    /// steer).
+    pub queue_position: usize,
+    /// The execution just before it in the conversation's line, while it waits.
+    pub waits_for_execution_public_id: Option<ExecutionId>,
+}
+
+impl Admitted {
+    /// The admission as the HTTP door answers it: `{conversation_public_id, input_public_id,
+    /// execution_public_id, turn, delivery_mode, status, queue}`, `queue` being `{position,
+    /// waits_for_execution_public_id}` while the input waits its turn, else null.
+    pub fn json(&self) -> Value {
+        let queue = self
+            .waits_for_execution_public_id
+            .map(|waits_for| json!({"position": self.queue_position, "waits_for_execution_public_id": waits_for}));
+        json!({
+            "conversation_public_id": self.conversation_public_id,
+            "input_public_id": self.input_public_id,
+            "execution_public_id": self.execution_public_id,
+            "turn": self.turn,
+            "delivery_mode": self.delivery_mode,
+            "status": self.status,
+            "queue": queue,
+        })
+    }
 }
 
 /// The type of a feed item: a durable event's, a transcript delta's, or `resync`.
@@ -441,13 +477,15 @@ impl Api {
         }))
     }
 
-    /// Admits one input and starts its execution. The answering Agent ([`Api::answering_agent`])
-    /// is the caller itself, a continued conversation's owner, or the Agent a Human steward names
-    /// in `agent_public_id`; the execution is that Agent's, its profile answers, and the input
-    /// records a Human poster in `posted_by_public_id` (`docs/executions.md`, "People in the
-    /// loop").
+    /// Admits one input and starts its execution, or queues it behind the conversation's live
+    /// execution, or records a steer for that execution to apply ([`Api::admit`]). The answering
+    /// Agent ([`Api::answering_agent`]) is the caller itself, a continued conversation's owner, or
+    /// the Agent a Human steward names in `agent_public_id`; the execution is that Agent's, its
+    /// profile answers, and the input records a Human poster in `posted_by_public_id`
+    /// (`docs/executions.md`, "People in the loop").
     ///
     /// # Errors
+    /// 409 `input_queue_full` when the conversation holds 16 waiting inputs;
     /// 403 `not_authorized` for a suspended caller or Agent, and for a Human who does not steward
     /// the Agent; 400 `parameter_missing` (empty text, or a Human starting a conversation without
     /// `agent_public_id`) or `parameter_invalid` (a scalar `tool_names`, or text holding NUL); 404
@@ -541,16 +579,8 @@ impl Api {
             posted_by_public_id: (poster != agent).then_some(poster),
             turn: 0,
         };
-        let execution = ExecutionId::new_v4();
-        store.admit_input(&row, new_conversation, execution).await.map_err(internal)?;
-        tracing::info!(execution_id = %execution, member = %agent, posted_by = %poster, "input admitted");
-        // The actor materializes and runs as soon as it starts.
-        self.root.execution(execution).load().await?;
-        Ok(Admitted {
-            conversation_public_id: conversation,
-            input_public_id: row.public_id,
-            execution_public_id: execution,
-        })
+        let mode = input.delivery_mode.unwrap_or(nexus_proto::DeliveryMode::Queue);
+        self.admit(caller, &row, new_conversation, mode).await
     }
 
     /// Reads one execution with the first page of its tasks ([`Api::execution_page`]).
@@ -609,6 +639,7 @@ impl Api {
             "declaration_digest": row.declaration.as_ref().map(|d| d["digest"].clone()),
             "default_runner_executor_public_id": row.declaration.as_ref().map(|d| d["default_runner_executor_public_id"].clone()),
             "event_cursor": format!("{CURSOR_PREFIX}{}", row.event_seq),
+            "queue": self.queue_view(&row).await?,
             "created_at": row.created_at,
             "updated_at": row.updated_at,
             "tasks": page,

@@ -13,13 +13,11 @@ use tonic::{Request, Response, Status, Streaming};
 
 use nexus_proto::agent::v1::agent_service_server::AgentService;
 use nexus_proto::agent::v1::{
-    CompactExecutionRequest, EstimateContextRequest, GetConversationRequest, ListConversationsRequest,
-    ListExecutionsRequest, PauseExecutionRequest, RegenerateExecutionRequest, ResumeExecutionRequest,
-};
-use nexus_proto::agent::v1::{
-    CreateInputReply, CreateInputRequest, DeclareProfileRequest, Execution, ExecutionEvent, ExecutorRequest,
-    GetExecutionRequest, GetProfileRequest, JsonReply, JsonRequest, NamedDefinitionRequest, ProfileReply,
-    PromptDocumentRequest, StopExecutionRequest, StreamEventsRequest, TaskDecisionRequest,
+    CancelInputRequest, CompactExecutionRequest, CreateInputReply, CreateInputRequest, DeclareProfileRequest,
+    EstimateContextRequest, Execution, ExecutionEvent, ExecutorRequest, GetConversationRequest, GetExecutionRequest,
+    GetProfileRequest, JsonReply, JsonRequest, ListConversationsRequest, ListExecutionsRequest, NamedDefinitionRequest,
+    PauseExecutionRequest, ProfileReply, PromptDocumentRequest, RegenerateExecutionRequest, ResumeExecutionRequest,
+    StopExecutionRequest, StreamEventsRequest, TaskDecisionRequest,
 };
 use nexus_proto::runner::v1::runner_service_server::RunnerService;
 use nexus_proto::runner::v1::{NexusFrame, RunnerFrame};
@@ -198,13 +196,32 @@ impl AgentService for AgentGrpc {
             runner_executor_public_id: uuid_arg(&body.runner_executor_public_id, "runner_executor_public_id")?,
             tool_names: json_arg(&body.tool_names_json, "tool_names_json")?,
             agent_public_id: uuid_arg(&body.agent_public_id, "agent_public_id")?,
+            delivery_mode: match body.delivery_mode.as_str() {
+                "" => None,
+                word => Some(crate::doors::http::executions::delivery_mode(word).map_err(|r| r.to_status())?),
+            },
         };
         let admitted = self.api.create_input(&caller, input).await.map_err(|r| r.to_status())?;
         Ok(Response::new(CreateInputReply {
             conversation_public_id: admitted.conversation_public_id.to_string(),
             input_public_id: admitted.input_public_id.to_string(),
             execution_public_id: admitted.execution_public_id.to_string(),
+            turn: admitted.turn,
+            delivery_mode: admitted.delivery_mode.as_str().to_owned(),
+            status: admitted.status.as_str().to_owned(),
+            queue_position: i64::try_from(admitted.queue_position).unwrap_or(i64::MAX),
+            waits_for_execution_public_id: admitted
+                .waits_for_execution_public_id
+                .map(|e| e.to_string())
+                .unwrap_or_default(),
         }))
+    }
+
+    async fn cancel_input(&self, request: Request<CancelInputRequest>) -> Result<Response<Execution>, Status> {
+        let caller = self.caller(&request).await?;
+        let id = required_uuid(&request.get_ref().input_public_id, "input_public_id")?;
+        let execution = self.api.cancel_input(&caller, id).await.map_err(|r| r.to_status())?;
+        Ok(Response::new(execution_message(execution)))
     }
 
     async fn get_execution(&self, request: Request<GetExecutionRequest>) -> Result<Response<Execution>, Status> {

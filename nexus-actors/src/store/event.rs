@@ -56,6 +56,11 @@ pub enum Event {
     TaskDeadlineExtended(DeadlineExtended),
     /// `input_materialized`.
     InputMaterialized(Box<Materialized>),
+    /// `input_materialized` of a `steer` input, applied by a live execution at a boundary
+    /// (`{input_public_id, delivery_mode: "steer", round, turn}`): stored and shown under the
+    /// `input_materialized` type, told apart by its `delivery_mode` ([`Event::from_parts`]).
+    #[serde(rename = "input_steered")]
+    InputSteered(Steered),
     /// `round_started`.
     RoundStarted(RoundStarted),
     /// `round_result`.
@@ -79,7 +84,7 @@ impl Event {
             Event::TurnStatus(_) => EventType::TurnStatus,
             Event::TaskStatus(_) => EventType::TaskStatus,
             Event::TaskDeadlineExtended(_) => EventType::TaskDeadlineExtended,
-            Event::InputMaterialized(_) => EventType::InputMaterialized,
+            Event::InputMaterialized(_) | Event::InputSteered(_) => EventType::InputMaterialized,
             Event::RoundStarted(_) => EventType::RoundStarted,
             Event::RoundResult(_) => EventType::RoundResult,
             Event::Usage(_) => EventType::Usage,
@@ -106,6 +111,9 @@ impl Event {
     /// # Errors
     /// When the word is no event type or the data does not have that type's shape.
     pub fn from_parts(event_type: &str, data: Value) -> Result<Event, serde_json::Error> {
+        let steered = event_type == EventType::InputMaterialized.as_str()
+            && data.get("delivery_mode").and_then(Value::as_str) == Some(nexus_proto::DeliveryMode::Steer.as_str());
+        let event_type = if steered { "input_steered" } else { event_type };
         serde_json::from_value(serde_json::json!({"type": event_type, "data": data}))
     }
 
@@ -190,6 +198,10 @@ pub enum TurnStatus {
         /// The tasks still open when the drain bound ended the stop; absent unless it did.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         unsettled: Option<Vec<TaskKey>>,
+        /// `true` when its input was canceled before it started (a queued turn, or a steer not
+        /// yet applied): it never materialized. Absent otherwise.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        queued: Option<bool>,
     },
 }
 
@@ -288,6 +300,21 @@ pub struct Materialized {
     pub tools: Vec<MaterializedTool>,
     /// The runner candidates in declaration order.
     pub runner_candidates: Value,
+}
+
+/// `input_materialized` of a steer: a `steer` input applied by a live execution at the boundary
+/// after a round's calls settled, as a user message of its transcript (`docs/executions.md`,
+/// "Conversations: one turn at a time").
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Steered {
+    /// The steer input.
+    pub input_public_id: InputId,
+    /// Always `steer`.
+    pub delivery_mode: nexus_proto::DeliveryMode,
+    /// The round whose model request first carries it (the one after the boundary).
+    pub round: i64,
+    /// The steer's own turn in the conversation.
+    pub turn: i64,
 }
 
 /// One frozen tool in `input_materialized`.
@@ -451,6 +478,7 @@ mod tests {
     #[test]
     fn events_keep_their_feed_shapes_and_read_back() {
         let run = ExecutionId::new_v4();
+        let input = InputId::new_v4();
         let rows: Vec<(Event, Value)> = vec![
             (Event::TurnStatus(TurnStatus::Running { resumed: None, paused_ms: None }), json!({"status": "running"})),
             (
@@ -475,8 +503,27 @@ mod tests {
                     error_key: "run_canceled".into(),
                     force: Some(true),
                     unsettled: None,
+                    queued: None,
                 }),
                 json!({"status": "canceled", "error_key": "run_canceled", "force": true}),
+            ),
+            (
+                Event::TurnStatus(TurnStatus::Canceled {
+                    error_key: "run_canceled".into(),
+                    force: None,
+                    unsettled: None,
+                    queued: Some(true),
+                }),
+                json!({"status": "canceled", "error_key": "run_canceled", "force": null, "queued": true}),
+            ),
+            (
+                Event::InputSteered(Steered {
+                    input_public_id: input,
+                    delivery_mode: nexus_proto::DeliveryMode::Steer,
+                    round: 2,
+                    turn: 3,
+                }),
+                json!({"input_public_id": input, "delivery_mode": "steer", "round": 2, "turn": 3}),
             ),
             (
                 Event::Usage(Usage {

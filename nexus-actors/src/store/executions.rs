@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use sqlx::{AnyConnection, Row};
 
-use nexus_proto::{ConversationId, ExecutionId, InputId, MemberId};
+use nexus_proto::{ConversationId, DeliveryMode, ExecutionId, InputId, MemberId, SteerOutcome};
 
 use crate::model::ChatMessage;
 
@@ -42,7 +42,7 @@ pub enum TranscriptWrite<'a> {
 
 /// A [`TranscriptWrite`] ready for the writer: the new messages as JSON text.
 #[derive(Debug)]
-struct TranscriptRows {
+pub(super) struct TranscriptRows {
     kept: i64,
     messages: Vec<String>,
     /// Whether stored messages past `kept` are deleted first.
@@ -229,18 +229,40 @@ impl Store {
         new_tasks: &[TaskRow],
         new_events: &[EventRow],
     ) -> StoreResult<()> {
+        self.save_execution_applying(execution, transcript, new_tasks, new_events, &[]).await
+    }
+
+    /// [`Store::save_execution`], also marking the `steer` inputs `applied` (each with the round
+    /// whose request first carries it) applied by this execution, in the same transaction (`docs/executions.md`,
+    /// "Conversations: one turn at a time"). Each mark is a compare-and-set from an unapplied
+    /// steer; one that was disposed of meanwhile is left as it is.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure; nothing is written then.
+    pub async fn save_execution_applying(
+        &self,
+        execution: &ExecutionRow,
+        transcript: TranscriptWrite<'_>,
+        new_tasks: &[TaskRow],
+        new_events: &[EventRow],
+        applied: &[(InputId, i64)],
+    ) -> StoreResult<()> {
         let transcript = TranscriptRows::of(transcript)?;
         let row = without_transcript(execution);
         // Group-committed: answered once the batch holding this write is durable.
-        let write = Arc::new((row, transcript, new_tasks.to_vec(), new_events.to_vec()));
+        let write = Arc::new((row, transcript, new_tasks.to_vec(), new_events.to_vec(), applied.to_vec()));
         let now = self.clock.now_ms();
         let bytes = self
             .writer
             .write(move |connection| {
                 let write = write.clone();
                 Box::pin(async move {
-                    let (execution, transcript, new_tasks, new_events) = &*write;
-                    save_execution_in(connection, execution, transcript.as_ref(), new_tasks, new_events, now).await
+                    let (execution, transcript, new_tasks, new_events, applied) = &*write;
+                    let bytes =
+                        save_execution_in(connection, execution, transcript.as_ref(), new_tasks, new_events, now)
+                            .await?;
+                    super::queue::mark_applied(connection, applied, execution.public_id).await?;
+                    Ok(bytes)
                 })
             })
             .await?;
@@ -312,7 +334,7 @@ impl Store {
 
 /// [`Store::save_execution`]'s statements, on the writer's transaction. Answers the bytes of text
 /// they bound ([`Store::save_bytes`]).
-async fn save_execution_in(
+pub(super) async fn save_execution_in(
     connection: &mut AnyConnection,
     execution: &ExecutionRow,
     transcript: Option<&TranscriptRows>,
@@ -434,7 +456,8 @@ async fn transcript_in(connection: &mut AnyConnection, execution: ExecutionId, l
     Ok(messages)
 }
 
-/// [`Store::admit_input`]'s statements, on the writer's transaction.
+/// [`Store::admit_input`]'s statements, on the writer's transaction: the input as a `queue` turn
+/// with its pending execution.
 async fn admit_input_in(
     connection: &mut AnyConnection,
     input: &InputRow,
@@ -442,6 +465,22 @@ async fn admit_input_in(
     execution_public_id: ExecutionId,
     now: i64,
 ) -> StoreResult<()> {
+    admit_delivered_in(connection, input, new_conversation, Some(execution_public_id), DeliveryMode::Queue, now).await
+}
+
+/// Inserts the conversation when new, the input delivered as `mode`, and its pending execution
+/// when it has one (a steer into a live execution has none: `docs/executions.md`,
+/// "Conversations: one turn at a time"), on the writer's transaction.
+pub(super) async fn admit_delivered_in(
+    connection: &mut AnyConnection,
+    input: &InputRow,
+    new_conversation: bool,
+    execution_public_id: Option<ExecutionId>,
+    mode: DeliveryMode,
+    now: i64,
+) -> StoreResult<()> {
+    // A steer that has its own execution is a turn from the start.
+    let outcome = (mode == DeliveryMode::Steer && execution_public_id.is_some()).then_some(SteerOutcome::Turn);
     if new_conversation {
         sqlx::query("INSERT INTO conversations (public_id, member_public_id, created_at) VALUES ($1, $2, $3)")
             .bind(input.conversation_public_id.to_string())
@@ -454,8 +493,9 @@ async fn admit_input_in(
     // writer that read the same maximum.
     sqlx::query(
         "INSERT INTO inputs (public_id, conversation_public_id, member_public_id, text, execution_declaration, \
-         runner_executor_public_id, tool_names, created_at, posted_by_public_id, turn) \
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, COALESCE(MAX(turn), 0) + 1 FROM inputs WHERE conversation_public_id = $2",
+         runner_executor_public_id, tool_names, created_at, posted_by_public_id, delivery_mode, steer_outcome, turn) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, COALESCE(MAX(turn), 0) + 1 FROM inputs \
+         WHERE conversation_public_id = $2",
     )
     .bind(input.public_id.to_string())
     .bind(input.conversation_public_id.to_string())
@@ -466,8 +506,11 @@ async fn admit_input_in(
     .bind(input.tool_names.as_ref().map(Value::to_string))
     .bind(now)
     .bind(input.posted_by_public_id.map(|m| m.to_string()))
+    .bind(mode.as_str())
+    .bind(outcome.map(SteerOutcome::as_str))
     .execute(&mut *connection)
     .await?;
+    let Some(execution_public_id) = execution_public_id else { return Ok(()) };
     sqlx::query(
         "INSERT INTO executions (public_id, conversation_public_id, input_public_id, member_public_id, status, \
          transcript, round, event_seq, created_at, updated_at) VALUES ($1, $2, $3, $4, 'pending', '[]', 0, 0, $5, $6)",

@@ -19,6 +19,7 @@ mod listing;
 mod models;
 mod people;
 mod pressure;
+mod queue;
 mod quickstart;
 mod refusals;
 mod resources;

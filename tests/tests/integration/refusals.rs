@@ -14,10 +14,11 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::{Channel, Endpoint};
 
 use nexus_proto::agent::v1::{
-    CompactExecutionRequest, CreateInputRequest, DeclareProfileRequest, EstimateContextRequest, ExecutorRequest,
-    GetConversationRequest, GetExecutionRequest, GetProfileRequest, JsonRequest, ListConversationsRequest,
-    ListExecutionsRequest, NamedDefinitionRequest, PauseExecutionRequest, PromptDocumentRequest,
-    RegenerateExecutionRequest, ResumeExecutionRequest, StopExecutionRequest, StreamEventsRequest, TaskDecisionRequest,
+    CancelInputRequest, CompactExecutionRequest, CreateInputRequest, DeclareProfileRequest, EstimateContextRequest,
+    ExecutorRequest, GetConversationRequest, GetExecutionRequest, GetProfileRequest, JsonRequest,
+    ListConversationsRequest, ListExecutionsRequest, NamedDefinitionRequest, PauseExecutionRequest,
+    PromptDocumentRequest, RegenerateExecutionRequest, ResumeExecutionRequest, StopExecutionRequest,
+    StreamEventsRequest, TaskDecisionRequest,
 };
 use nexus_proto::{ErrorCode, ExecutionId, Refusal};
 use nexus_tests::http::Http;
@@ -307,6 +308,7 @@ fn request(method: &str, field: Field<'_>, run: &str) -> Option<(Vec<u8>, Option
         ),
         "ApproveTask" | "DenyTask" | "RetryTask" | "AbandonTask" => (decision().encode_to_vec(), body, true),
         "CompactExecution" => (CompactExecutionRequest { execution_public_id: id.into() }.encode_to_vec(), None, true),
+        "CancelInput" => (CancelInputRequest { input_public_id: id.into() }.encode_to_vec(), None, true),
         "GetPromptDocument" | "PutPromptDocument" => (
             PromptDocumentRequest { slot: "system_prompt".into(), body_json: json.into() }.encode_to_vec(),
             body,

@@ -396,7 +396,10 @@ async fn finish(state: &mut ExecutionState, unsettled: Option<Vec<TaskKey>>) -> 
     state.row.error_key = Some("run_canceled".into());
     state.row.attention_reason = None;
     let force = state.control.force;
-    emit(state, Event::TurnStatus(TurnStatus::Canceled { error_key: "run_canceled".into(), force, unsettled }));
+    emit(
+        state,
+        Event::TurnStatus(TurnStatus::Canceled { error_key: "run_canceled".into(), force, unsettled, queued: None }),
+    );
     save(state, &[]).await?;
     tracing::info!(execution_id = %state.row.public_id, "execution stopped");
     Ok(())

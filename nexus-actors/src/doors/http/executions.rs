@@ -4,10 +4,13 @@
 //! regenerate and the estimate are in [`super::control`].
 //!
 //! - `POST /agent_api/v1/inputs` `{text, conversation_public_id?, execution_declaration?,
-//!   runner_executor_public_id?, tool_names?, agent_public_id?}` → 201 `{conversation_public_id,
-//!   input_public_id, execution_public_id}`. `agent_public_id` names the Agent that answers: a
-//!   Human steward starting a conversation must give it (`docs/executions.md`, "People in the
-//!   loop").
+//!   runner_executor_public_id?, tool_names?, agent_public_id?, delivery_mode?: queue|steer}` →
+//!   201 `{conversation_public_id, input_public_id, execution_public_id, turn, delivery_mode,
+//!   status, queue}` ([`crate::doors::api::Admitted::json`]); 409 `input_queue_full`.
+//!   `agent_public_id` names the Agent that answers: a Human steward starting a conversation must
+//!   give it (`docs/executions.md`, "People in the loop").
+//! - `POST /agent_api/v1/inputs/{id}/cancel` (body empty or `{}`) → 200 the canceled execution;
+//!   409 `input_not_queued` once the input has started or was applied.
 //! - `GET /agent_api/v1/executions/{id}` → the execution with its tasks.
 //! - `GET /agent_api/v1/executions/{id}/events?after=&limit=` → one page `{items:[{cursor, type,
 //!   data, at}], next_cursor}`; `limit` is 1 to 200, default 100; `after` is a `cvei_` cursor.
@@ -48,6 +51,7 @@ pub const EVENTS_PAGE_BOUND: usize = 4 * 1024 * 1024;
 pub fn routes() -> Router<Arc<Api>> {
     Router::new()
         .route("/agent_api/v1/inputs", post(post_input))
+        .route("/agent_api/v1/inputs/{id}/cancel", post(post_cancel_input))
         .route("/agent_api/v1/executions/{id}", get(get_execution))
         .route("/agent_api/v1/executions/{id}/events", get(get_events))
         .route("/agent_api/v1/executions/{id}/events/stream", get(get_event_stream))
@@ -76,6 +80,7 @@ fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
             "runner_executor_public_id",
             "tool_names",
             "agent_public_id",
+            "delivery_mode",
         ],
     )?;
     let text = match &body["text"] {
@@ -90,6 +95,24 @@ fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
         runner_executor_public_id: optional_uuid(body, "runner_executor_public_id")?,
         tool_names: body.get("tool_names").filter(|v| !v.is_null()).cloned(),
         agent_public_id: optional_uuid(body, "agent_public_id")?,
+        delivery_mode: match &body["delivery_mode"] {
+            Value::Null => None,
+            Value::String(word) => Some(delivery_mode(word)?),
+            _ => return Err(Refusal::new(ErrorCode::ParameterInvalid, "delivery_mode must be a string")),
+        },
+    })
+}
+
+/// Reads a `delivery_mode` word: 422 `validation_failed` for anything but `queue` and `steer`.
+///
+/// # Errors
+/// `validation_failed` naming the field.
+pub fn delivery_mode(word: &str) -> Result<nexus_proto::DeliveryMode, Refusal> {
+    word.parse().map_err(|_| {
+        Refusal::new(
+            ErrorCode::ValidationFailed,
+            format!("delivery_mode: {} is no delivery mode; use queue or steer", crate::json::echo(word)),
+        )
     })
 }
 
@@ -102,14 +125,13 @@ async fn post_input(
     let caller = caller(&api, &headers, peer).await?;
     let input = create_input(&json_body(body)?)?;
     let admitted = api.create_input(&caller, input).await?;
-    Ok((
-        StatusCode::CREATED,
-        axum::Json(json!({
-            "conversation_public_id": admitted.conversation_public_id,
-            "input_public_id": admitted.input_public_id,
-            "execution_public_id": admitted.execution_public_id,
-        })),
-    ))
+    Ok((StatusCode::CREATED, axum::Json(admitted.json())))
+}
+
+async fn post_cancel_input(door: super::ExecutionDoor) -> super::HttpResult {
+    super::empty_body(door.body)?;
+    let id = uuid_param("id", &door.path)?;
+    Ok(axum::Json(door.api.cancel_input(&door.caller, id).await?))
 }
 
 #[derive(Debug, serde::Deserialize)]

@@ -1,0 +1,249 @@
+//! One execution at a time per conversation (`docs/executions.md`, "Conversations: one turn at a
+//! time").
+//!
+//! The executions of a conversation that have not ended form its line, in turn order
+//! ([`crate::store::queue`]). An admitted input's execution materializes only once every execution
+//! before it in the line has ended ([`may_start`], checked by the ExecutionActor before it
+//! materializes); until then it is `pending` and froze nothing. When an execution ends, the
+//! [`hand_off`] wakes the next one: steers that no live execution can apply any more become turns
+//! of their own first. The hand-off reads only the store, so recovery runs the same function for
+//! every conversation that may need it: a node that died between an end and the next start loses
+//! no turn.
+
+use ractor::{ActorProcessingErr, RpcReplyPort};
+
+use nexus_proto::{ConversationId, ErrorCode, ExecutionId, InputId, Refusal, RunStatus, SteerOutcome};
+
+use crate::actors::fabric::Fabric;
+use crate::actors::root::RootHandle;
+use crate::store::event::TurnStatus;
+use crate::store::{Event, EventRow, ExecutionRow, StoreError};
+
+use super::phase::{End, Phase};
+use super::{ExecutionHandle, ExecutionMsg, ExecutionState, answer, emit, enter, save};
+
+/// The conversation messages of an ExecutionActor ([`ExecutionMsg::Inputs`]).
+pub enum InputMsg {
+    /// Cancel the execution's input while it waits its turn: it ends `canceled` without
+    /// materializing; 409 `input_not_queued` once it has started.
+    CancelQueued {
+        /// The execution after the cancel.
+        reply: RpcReplyPort<Result<ExecutionRow, Refusal>>,
+    },
+    /// Cancel a steer of this execution's conversation that is not applied yet. Asked of the
+    /// conversation's running execution, which alone applies steers, so a cancel and an
+    /// application never cross.
+    CancelSteer {
+        /// The steer input.
+        input: InputId,
+        /// The steer's canceled execution.
+        reply: RpcReplyPort<Result<ExecutionRow, Refusal>>,
+    },
+}
+
+/// What the ExecutionActor keeps for its conversation. In memory only: the store holds the rest.
+#[derive(Debug, Default)]
+pub struct QueueState {
+    /// Steers applied to the transcript since the last save, with the round whose request first
+    /// carries each: the next save marks them applied in the same transaction.
+    pub(super) applying: Vec<(InputId, i64)>,
+    /// The hand-off after the end ran.
+    handed_off: bool,
+}
+
+impl ExecutionHandle {
+    /// Wakes the execution: it materializes when its turn has come ([`may_start`]). Never waits.
+    ///
+    /// # Errors
+    /// [`crate::actors::handle::ActorError::Stopped`] during shutdown.
+    pub fn wake(&self) -> Result<(), crate::actors::handle::ActorError> {
+        self.root.to_execution(self.execution, ExecutionMsg::Advance)
+    }
+
+    /// Cancels the execution's input while it waits its turn; answers the canceled execution.
+    ///
+    /// # Errors
+    /// 409 `input_not_queued` once it has started; `unavailable` when the actor cannot answer in
+    /// time.
+    pub async fn cancel_queued(&self) -> Result<ExecutionRow, Refusal> {
+        self.root.ask_execution(self.execution, |reply| ExecutionMsg::Inputs(InputMsg::CancelQueued { reply })).await?
+    }
+
+    /// Cancels a steer that this (running) execution has not applied; answers the steer's
+    /// canceled execution.
+    ///
+    /// # Errors
+    /// 409 `input_not_queued` when it was applied or became a turn meanwhile; `unavailable` when
+    /// the actor cannot answer in time.
+    pub async fn cancel_steer(&self, input: InputId) -> Result<ExecutionRow, Refusal> {
+        self.root
+            .ask_execution(self.execution, |reply| ExecutionMsg::Inputs(InputMsg::CancelSteer { input, reply }))
+            .await?
+    }
+}
+
+/// Handles one [`InputMsg`].
+///
+/// # Errors
+/// A store failure, which stops the actor (it reloads from the store on next use).
+pub(super) async fn handle(state: &mut ExecutionState, msg: InputMsg) -> Result<(), ActorProcessingErr> {
+    match msg {
+        InputMsg::CancelQueued { reply } => {
+            let outcome = cancel_queued(state).await;
+            answer(reply, outcome, "the cancel", "the execution")
+        }
+        InputMsg::CancelSteer { input, reply } => {
+            let outcome = cancel_steer(&state.fabric, &state.root, input).await.map_err(ActorProcessingErr::from);
+            answer(reply, outcome, "the cancel", "the execution")
+        }
+    }
+}
+
+/// Whether the execution may materialize now: nothing before it in its conversation's line is
+/// live. A regeneration (created with its declaration) never waits.
+///
+/// # Errors
+/// A store failure.
+pub(super) async fn may_start(state: &ExecutionState) -> Result<bool, StoreError> {
+    let line = state.fabric.store.conversation_line(state.row.conversation_public_id).await?;
+    let ahead = line.iter().take_while(|e| e.public_id != state.row.public_id).count();
+    if ahead > 0 {
+        tracing::debug!(execution_id = %state.row.public_id, ahead, "waiting for its turn");
+    }
+    Ok(ahead == 0 || !line.iter().any(|e| e.public_id == state.row.public_id))
+}
+
+/// After the save that ended the execution: the hand-off to the next turn, once.
+///
+/// # Errors
+/// A store failure; recovery runs the hand-off again.
+pub(super) async fn ended(state: &mut ExecutionState) -> Result<(), StoreError> {
+    if state.queue.handed_off {
+        return Ok(());
+    }
+    state.queue.handed_off = true;
+    hand_off(&state.fabric, &state.root, state.row.conversation_public_id).await
+}
+
+/// Moves `conversation` on when none of its executions has started: its waiting steers become
+/// turns of their own (in turn order), then the first execution of the line is woken. Does
+/// nothing while an execution runs, is paused, needs attention or drains. Idempotent, and reads
+/// only the store, so recovery calls it too.
+///
+/// # Errors
+/// A store failure.
+pub async fn hand_off(fabric: &Fabric, root: &RootHandle, conversation: ConversationId) -> Result<(), StoreError> {
+    let mut line = fabric.store.conversation_line(conversation).await?;
+    if line.iter().any(|e| e.is_started()) {
+        return Ok(());
+    }
+    let steers = fabric.store.waiting_steers(conversation).await?;
+    for steer in &steers {
+        let Some(input) = fabric.store.input(steer.input_public_id).await? else { continue };
+        let execution = steer_execution(fabric, &input, RunStatus::Pending);
+        if fabric.store.dispose_steer(SteerOutcome::Turn, &execution, &[]).await? {
+            tracing::info!(execution_id = %execution.public_id, input = %input.public_id, "a steer that missed its boundary became a turn");
+        }
+    }
+    if !steers.is_empty() {
+        line = fabric.store.conversation_line(conversation).await?;
+    }
+    if let Some(next) = line.first() {
+        tracing::debug!(execution_id = %next.public_id, %conversation, "the conversation's next turn");
+        if let Err(error) = root.execution(next.public_id).wake() {
+            tracing::warn!(execution_id = %next.public_id, %error, "cannot wake the next turn now; recovery does");
+        }
+    }
+    Ok(())
+}
+
+/// The execution row a disposed steer gets: `status` (pending for a turn, canceled for a cancel).
+fn steer_execution(fabric: &Fabric, input: &crate::store::InputRow, status: RunStatus) -> ExecutionRow {
+    let now = fabric.clock.now_ms();
+    ExecutionRow {
+        public_id: ExecutionId::new_v4(),
+        conversation_public_id: input.conversation_public_id,
+        input_public_id: input.public_id,
+        member_public_id: input.member_public_id,
+        status,
+        attention_reason: None,
+        declaration: None,
+        transcript: serde_json::json!([]),
+        transcript_stored: 0,
+        round: 0,
+        final_text: None,
+        error_key: None,
+        event_seq: 0,
+        created_at: now,
+        updated_at: now,
+    }
+}
+
+/// The `turn_status` of an input canceled before it started.
+fn canceled_before_start() -> Event {
+    Event::TurnStatus(TurnStatus::Canceled {
+        error_key: "run_canceled".into(),
+        force: None,
+        unsettled: None,
+        queued: Some(true),
+    })
+}
+
+fn not_queued(what: String) -> Refusal {
+    Refusal::new(ErrorCode::InputNotQueued, what)
+}
+
+/// Cancels a steer that no execution has applied: it gets an execution that ended `canceled`
+/// without materializing, narrated by `turn_status canceled {queued: true}`. Called by the
+/// conversation's running execution, or by the door when none runs.
+///
+/// # Errors
+/// 409 `input_not_queued` when the steer was applied or became a turn first (`Ok(Err)`); a
+/// store failure.
+pub async fn cancel_steer(
+    fabric: &Fabric,
+    root: &RootHandle,
+    input: InputId,
+) -> Result<Result<ExecutionRow, Refusal>, StoreError> {
+    let Some(row) = fabric.store.input(input).await? else {
+        return Ok(Err(Refusal::new(ErrorCode::NotFound, format!("no input {input}"))));
+    };
+    let mut execution = steer_execution(fabric, &row, RunStatus::Canceled);
+    execution.error_key = Some("run_canceled".into());
+    execution.event_seq = 1;
+    let event = EventRow { seq: 1, event: canceled_before_start(), at: execution.created_at };
+    if !fabric.store.dispose_steer(SteerOutcome::Canceled, &execution, &[event]).await? {
+        return Ok(Err(not_queued(format!(
+            "input {input} was applied or became a turn of its own before the cancel; stop its execution instead"
+        ))));
+    }
+    tracing::info!(execution_id = %execution.public_id, %input, "a waiting steer was canceled");
+    // The conversation may have been waiting only for this steer's disposal.
+    hand_off(fabric, root, row.conversation_public_id).await?;
+    Ok(Ok(execution))
+}
+
+/// Cancels this execution's input while it waits its turn.
+async fn cancel_queued(state: &mut ExecutionState) -> Result<Result<ExecutionRow, Refusal>, ActorProcessingErr> {
+    let id = state.row.public_id;
+    // Canceled before it started (by this door or a stop): answered as it is.
+    if state.row.status == RunStatus::Canceled
+        && state.declaration.is_none()
+        && state.row.error_key.as_deref() == Some("run_canceled")
+    {
+        return Ok(Ok(state.row.clone()));
+    }
+    // A regeneration is created frozen and never waits: it is stopped, not canceled.
+    if state.phase != Phase::Materializing || state.declaration.is_some() {
+        return Ok(Err(not_queued(format!(
+            "execution {id} is {}: its input is no longer queued; stop the execution instead",
+            state.row.status
+        ))));
+    }
+    enter(state, Phase::Done(End::Canceled));
+    state.row.error_key = Some("run_canceled".into());
+    emit(state, canceled_before_start());
+    save(state, &[]).await?;
+    tracing::info!(execution_id = %id, "a queued input was canceled");
+    Ok(Ok(state.row.clone()))
+}

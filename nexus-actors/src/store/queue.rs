@@ -1,0 +1,367 @@
+//! A conversation's line of executions, and its `steer` inputs (`docs/executions.md`,
+//! "Conversations: one turn at a time").
+//!
+//! One execution runs per conversation at a time: the executions of a conversation that have not
+//! ended form its line, in the order of their inputs' turns. An admitted input's execution waits
+//! (`pending`, never materialized) while one before it in the line is live. A `steer` input posted
+//! while the line is not empty has no execution of its own: the live execution applies it at its
+//! next boundary (it is `applied`), or it becomes a turn of its own (`turn`) when no live
+//! execution can apply it any more, or it is `canceled`. What a conversation holds is all in its
+//! rows: the hand-off from an ended execution to the next one reads it, and so does recovery.
+
+use std::sync::Arc;
+
+use sqlx::{AnyConnection, Row};
+
+use nexus_proto::{ConversationId, DeliveryMode, ExecutionId, InputId, RunStatus, SteerOutcome};
+
+use super::executions::{admit_delivered_in, save_execution_in};
+use super::{EventRow, ExecutionRow, InputRow, Store, StoreResult, parse, parse_opt};
+
+/// The most inputs one conversation holds waiting (`input_queue_full` beyond it): queued turns
+/// that wait for an execution before them, and steers not yet applied (REFERENCE 7, "Input
+/// queue 16").
+pub const INPUT_QUEUE_BOUND: usize = 16;
+
+/// One execution of a conversation that has not ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveExecution {
+    /// The execution.
+    pub public_id: ExecutionId,
+    /// Its input.
+    pub input_public_id: InputId,
+    /// Its input's turn.
+    pub turn: i64,
+    /// Its status.
+    pub status: RunStatus,
+    /// Admitted and never materialized: it waits for its turn (a regeneration, created with its
+    /// declaration and its first event, never waits).
+    pub waiting: bool,
+}
+
+impl LiveExecution {
+    /// It has materialized (or is a regeneration): it can reach a boundary and apply a steer.
+    pub fn is_started(&self) -> bool {
+        !self.waiting
+    }
+}
+
+/// A `steer` input not applied, not a turn, not canceled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaitingSteer {
+    /// The input.
+    pub input_public_id: InputId,
+    /// Its turn.
+    pub turn: i64,
+    /// Its text.
+    pub text: String,
+}
+
+/// How an input was admitted ([`Store::admit_to_conversation`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Refused, nothing written: the conversation already holds [`INPUT_QUEUE_BOUND`] waiting
+    /// inputs.
+    Full {
+        /// How many wait.
+        waiting: usize,
+    },
+    /// A turn of its own with a pending execution.
+    Turn {
+        /// Its execution.
+        execution: ExecutionId,
+        /// Its turn.
+        turn: i64,
+        /// The live executions before it, in order: empty when it may start now.
+        ahead: Vec<LiveExecution>,
+    },
+    /// A steer recorded for the conversation's live execution to apply.
+    Steer {
+        /// Its turn.
+        turn: i64,
+        /// The first live execution of the conversation, the one expected to apply it.
+        into: LiveExecution,
+    },
+}
+
+/// What the store holds of an input's delivery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    /// `queue` or `steer`.
+    pub mode: DeliveryMode,
+    /// What became of a steer; `None` while it waits to be applied (and for a `queue` input).
+    pub outcome: Option<SteerOutcome>,
+    /// The execution that applied it, once `applied`.
+    pub applied_execution_public_id: Option<ExecutionId>,
+    /// The round at whose boundary it was applied.
+    pub applied_round: Option<i64>,
+}
+
+fn waiting_count(line: &[LiveExecution], steers: usize) -> usize {
+    // The first of the line runs (or is about to); every waiting one after it waits.
+    line.iter().skip(1).filter(|e| e.waiting).count() + steers
+}
+
+async fn line_in(connection: &mut AnyConnection, conversation: ConversationId) -> StoreResult<Vec<LiveExecution>> {
+    let rows = sqlx::query(
+        "SELECT e.public_id, e.input_public_id, e.status, e.event_seq, i.turn FROM executions e \
+         JOIN inputs i ON i.public_id = e.input_public_id \
+         WHERE e.conversation_public_id = $1 AND e.status NOT IN ('completed', 'canceled') \
+         ORDER BY i.turn, e.created_at, e.public_id",
+    )
+    .bind(conversation.to_string())
+    .fetch_all(&mut *connection)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let status: RunStatus = parse(&row.try_get::<String, _>("status")?)?;
+            let event_seq: i64 = row.try_get("event_seq")?;
+            Ok(LiveExecution {
+                public_id: parse(&row.try_get::<String, _>("public_id")?)?,
+                input_public_id: parse(&row.try_get::<String, _>("input_public_id")?)?,
+                turn: row.try_get("turn")?,
+                status,
+                waiting: status == RunStatus::Pending && event_seq == 0,
+            })
+        })
+        .collect()
+}
+
+async fn steers_in(connection: &mut AnyConnection, conversation: ConversationId) -> StoreResult<Vec<WaitingSteer>> {
+    let rows = sqlx::query(
+        "SELECT public_id, turn, text FROM inputs WHERE conversation_public_id = $1 AND delivery_mode = 'steer' \
+         AND steer_outcome IS NULL ORDER BY turn",
+    )
+    .bind(conversation.to_string())
+    .fetch_all(&mut *connection)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(WaitingSteer {
+                input_public_id: parse(&row.try_get::<String, _>("public_id")?)?,
+                turn: row.try_get("turn")?,
+                text: row.try_get("text")?,
+            })
+        })
+        .collect()
+}
+
+/// Marks the `applied` steers (each with its round) applied by `execution`, on the writer's
+/// transaction (a compare-and-set from unapplied each).
+pub(super) async fn mark_applied(
+    connection: &mut AnyConnection,
+    applied: &[(InputId, i64)],
+    execution: ExecutionId,
+) -> StoreResult<()> {
+    for (input, round) in applied {
+        sqlx::query(
+            "UPDATE inputs SET steer_outcome = 'applied', applied_execution_public_id = $2, applied_round = $3 \
+             WHERE public_id = $1 AND steer_outcome IS NULL",
+        )
+        .bind(input.to_string())
+        .bind(execution.to_string())
+        .bind(*round)
+        .execute(&mut *connection)
+        .await?;
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Admits an input delivered as `mode` in one transaction, after counting what its
+    /// conversation holds waiting: refused ([`Admission::Full`], nothing written) at
+    /// [`INPUT_QUEUE_BOUND`]; a `steer` while the conversation has a live execution is recorded
+    /// for it to apply ([`Admission::Steer`]); anything else is a turn with the pending execution
+    /// `execution` ([`Admission::Turn`]).
+    ///
+    /// # Errors
+    /// [`super::StoreError`] on a database failure; nothing is written then.
+    pub async fn admit_to_conversation(
+        &self,
+        input: &InputRow,
+        new_conversation: bool,
+        mode: DeliveryMode,
+        execution: ExecutionId,
+    ) -> StoreResult<Admission> {
+        let input = Arc::new(input.clone());
+        let now = self.clock.now_ms();
+        self.writer
+            .write(move |connection| {
+                let input = input.clone();
+                Box::pin(async move {
+                    let conversation = input.conversation_public_id;
+                    let (line, steers) = match new_conversation {
+                        true => (Vec::new(), Vec::new()),
+                        false => (line_in(connection, conversation).await?, steers_in(connection, conversation).await?),
+                    };
+                    // Behind a live execution the input waits, as every unapplied steer and every
+                    // queued turn after the running one does.
+                    let waiting = waiting_count(&line, steers.len());
+                    if !line.is_empty() && waiting >= INPUT_QUEUE_BOUND {
+                        return Ok(Admission::Full { waiting });
+                    }
+                    let into = line.first().copied();
+                    let own = match (mode, into) {
+                        (DeliveryMode::Steer, Some(_)) => None,
+                        _ => Some(execution),
+                    };
+                    admit_delivered_in(connection, &input, new_conversation, own, mode, now).await?;
+                    let turn: i64 = sqlx::query("SELECT turn FROM inputs WHERE public_id = $1")
+                        .bind(input.public_id.to_string())
+                        .fetch_one(&mut *connection)
+                        .await?
+                        .try_get("turn")?;
+                    Ok(match (own, into) {
+                        (None, Some(into)) => Admission::Steer { turn, into },
+                        _ => Admission::Turn { execution, turn, ahead: line },
+                    })
+                })
+            })
+            .await
+    }
+
+    /// The executions of `conversation` that have not ended, in turn order.
+    ///
+    /// # Errors
+    /// [`super::StoreError`] on a database failure.
+    pub async fn conversation_line(&self, conversation: ConversationId) -> StoreResult<Vec<LiveExecution>> {
+        let mut connection = self.reader().acquire().await?;
+        line_in(&mut connection, conversation).await
+    }
+
+    /// The `steer` inputs of `conversation` that wait to be applied, in turn order.
+    ///
+    /// # Errors
+    /// [`super::StoreError`] on a database failure.
+    pub async fn waiting_steers(&self, conversation: ConversationId) -> StoreResult<Vec<WaitingSteer>> {
+        let mut connection = self.reader().acquire().await?;
+        steers_in(&mut connection, conversation).await
+    }
+
+    /// The conversations holding steers that wait to be applied (for recovery).
+    ///
+    /// # Errors
+    /// [`super::StoreError`] on a database failure.
+    pub async fn conversations_with_waiting_steers(&self) -> StoreResult<Vec<ConversationId>> {
+        let rows = sqlx::query(
+            "SELECT DISTINCT conversation_public_id FROM inputs WHERE delivery_mode = 'steer' AND steer_outcome IS NULL",
+        )
+        .fetch_all(self.reader())
+        .await?;
+        rows.iter().map(|r| parse(&r.try_get::<String, _>("conversation_public_id")?)).collect()
+    }
+
+    /// How an input was delivered and what became of it; `None` for an unknown input.
+    ///
+    /// # Errors
+    /// [`super::StoreError`] on a database failure.
+    pub async fn delivery(&self, input: InputId) -> StoreResult<Option<Delivery>> {
+        let row = sqlx::query(
+            "SELECT delivery_mode, steer_outcome, applied_execution_public_id, applied_round FROM inputs \
+             WHERE public_id = $1",
+        )
+        .bind(input.to_string())
+        .fetch_optional(self.reader())
+        .await?;
+        row.map(|row| {
+            Ok(Delivery {
+                mode: parse(&row.try_get::<String, _>("delivery_mode")?)?,
+                outcome: parse_opt(row.try_get("steer_outcome")?)?,
+                applied_execution_public_id: parse_opt(row.try_get("applied_execution_public_id")?)?,
+                applied_round: row.try_get("applied_round")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// The first execution of an input (the one its admission created, not a regeneration).
+    ///
+    /// # Errors
+    /// [`super::StoreError`] on a database failure.
+    pub async fn first_execution_of(&self, input: InputId) -> StoreResult<Option<ExecutionId>> {
+        let row = sqlx::query(
+            "SELECT public_id FROM executions WHERE input_public_id = $1 ORDER BY created_at, event_seq LIMIT 1",
+        )
+        .bind(input.to_string())
+        .fetch_optional(self.reader())
+        .await?;
+        row.map(|r| parse(&r.try_get::<String, _>("public_id")?)).transpose()
+    }
+
+    /// Disposes of a waiting steer as `outcome` (`turn` or `canceled`) by creating its execution
+    /// `execution` (pending, or already `canceled`) with `events`, in one transaction. A
+    /// compare-and-set: answers `false`, writing nothing, when the steer was disposed of already.
+    ///
+    /// # Errors
+    /// [`super::StoreError`] on a database failure; nothing is written then.
+    pub async fn dispose_steer(
+        &self,
+        outcome: SteerOutcome,
+        execution: &ExecutionRow,
+        events: &[EventRow],
+    ) -> StoreResult<bool> {
+        let write = Arc::new((execution.clone(), events.to_vec()));
+        self.writer
+            .write(move |connection| {
+                let write = write.clone();
+                Box::pin(async move {
+                    let (execution, events) = &*write;
+                    let taken = sqlx::query(
+                        "UPDATE inputs SET steer_outcome = $2 WHERE public_id = $1 AND delivery_mode = 'steer' \
+                         AND steer_outcome IS NULL",
+                    )
+                    .bind(execution.input_public_id.to_string())
+                    .bind(outcome.as_str())
+                    .execute(&mut *connection)
+                    .await?
+                    .rows_affected();
+                    if taken == 0 {
+                        return Ok(false);
+                    }
+                    sqlx::query(
+                        "INSERT INTO executions (public_id, conversation_public_id, input_public_id, \
+                         member_public_id, status, transcript, round, event_seq, created_at, updated_at) \
+                         VALUES ($1, $2, $3, $4, $5, '[]', 0, 0, $6, $7)",
+                    )
+                    .bind(execution.public_id.to_string())
+                    .bind(execution.conversation_public_id.to_string())
+                    .bind(execution.input_public_id.to_string())
+                    .bind(execution.member_public_id.to_string())
+                    .bind(execution.status.as_str())
+                    .bind(execution.created_at)
+                    .bind(execution.created_at)
+                    .execute(&mut *connection)
+                    .await?;
+                    if !events.is_empty() || execution.error_key.is_some() {
+                        save_execution_in(connection, execution, None, &[], events, execution.updated_at).await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live(turn: i64, waiting: bool) -> LiveExecution {
+        LiveExecution {
+            public_id: ExecutionId::new_v4(),
+            input_public_id: InputId::new_v4(),
+            turn,
+            status: if waiting { RunStatus::Pending } else { RunStatus::Running },
+            waiting,
+        }
+    }
+
+    #[test]
+    fn the_running_turn_never_counts_as_waiting() {
+        assert_eq!(waiting_count(&[], 0), 0);
+        assert_eq!(waiting_count(&[live(1, false)], 0), 0);
+        // Just admitted and about to start: the head of the line does not wait.
+        assert_eq!(waiting_count(&[live(1, true)], 0), 0);
+        assert_eq!(waiting_count(&[live(1, false), live(2, true), live(3, true)], 2), 4);
+    }
+}
