@@ -312,7 +312,16 @@ async fn conversations_list_newest_first_and_show_their_turns_on_both_protocols(
     let human = server.human("person").await;
     let person = Http::new(&server.url(), Some(&human.token));
     assert_eq!(person.get("/agent_api/v1/conversations").await.body["conversations"], json!([]));
-    refused(&person.get(&format!("/agent_api/v1/conversations/{a}")).await, 404, "not_found", "a Human");
+    // A Human without a grant: 403, as on every execution door (`docs/executions.md`, "People in
+    // the loop"); its listings are empty.
+    refused(&person.get(&format!("/agent_api/v1/conversations/{a}")).await, 403, "not_authorized", "a Human");
+    refused(
+        &person.get(&format!("/agent_api/v1/executions?conversation={a}")).await,
+        403,
+        "not_authorized",
+        "a Human filtering by a conversation",
+    );
+    assert_eq!(person.get("/agent_api/v1/executions").await.body["executions"], json!([]));
 }
 
 #[tokio::test]
