@@ -243,6 +243,19 @@ async fn a_viewer_reads_and_never_acts_a_stranger_does_neither_and_another_agent
         client.stream_events(authed(stream(), &viewer)).await.expect("stream").into_inner().collect().await;
     assert!(!streamed.is_empty() && streamed.iter().all(Result::is_ok), "{streamed:?}");
 
+    // The history doors follow the same rule: the viewer lists and reads the Agent's
+    // conversation, the stranger lists nothing and reads nothing.
+    let listed = watcher.get("/agent_api/v1/conversations").await;
+    assert_eq!(listed.body["conversations"][0]["conversation_public_id"], json!(conversation), "{listed:?}");
+    let turns = watcher.get(&format!("/agent_api/v1/conversations/{conversation}")).await;
+    assert_eq!((turns.status, &turns.body["turns"][0]["execution_public_id"]), (200, &json!(run)), "{turns:?}");
+    let executions = watcher.get(&format!("/agent_api/v1/executions?conversation={conversation}")).await;
+    assert_eq!(executions.body["executions"][0]["execution_public_id"], json!(run), "{executions:?}");
+    let outsider = f.http(&stranger);
+    assert_eq!(outsider.get("/agent_api/v1/conversations").await.body["conversations"], json!([]));
+    let refused = outsider.get(&format!("/agent_api/v1/conversations/{conversation}")).await;
+    assert_eq!((refused.status, refused.code()), (403, Some("not_authorized")), "{refused:?}");
+
     // ... and acts on nothing: 403 not_authorized on every acting door, both protocols.
     let acts: Vec<(String, Value)> = vec![
         (approve.clone(), json!({})),
