@@ -12,6 +12,7 @@ mod config;
 pub mod event;
 mod executions;
 mod executors;
+mod history;
 pub mod lock;
 mod members;
 mod profiles;
@@ -36,6 +37,7 @@ pub use backend::{StoreBackend, is_postgres_url, redact as redact_url};
 pub use config::StoreConfig;
 pub use event::{Event, EventType};
 pub use executions::TranscriptWrite;
+pub use history::HISTORY_TURNS_BOUND;
 pub use lock::{LockError, ServeLock};
 pub use rows::{
     EventRow, ExecutionRow, ExecutorRow, InputRow, MemberRow, NamedDefinitionRow, PresenceEvent, ProfileRow, TaskRow,

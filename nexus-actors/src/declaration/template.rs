@@ -15,6 +15,18 @@ use nexus_proto::Refusal;
 
 use super::{ENVELOPE_BOUND, invalid};
 
+nexus_proto::words! {
+    /// How a request is assembled (`prompt_mechanism`).
+    pub enum Mechanism("prompt mechanism") {
+        /// The documents and the turn; no history.
+        Raw => "raw",
+        /// The fixed order.
+        Default => "default",
+        /// The declared template's order.
+        Assembly => "assembly",
+    }
+}
+
 /// The built-in prompt macros, written `{{name}}` in documents and inline template text.
 pub const MACROS: [&str; 5] = ["agent", "user", "workspace", "date", "conversation_kind"];
 /// A template holds 1 to this many blocks.
