@@ -5,10 +5,10 @@
 //!   key, body `{model, messages, tools?, tool_choice: "auto"?, max_tokens?, stream?,
 //!   stream_options?}` (`tools` and `tool_choice` only when tools are offered, `max_tokens` only
 //!   when configured; streaming adds `stream: true` and `stream_options: {include_usage: true}`).
-//! - Messages: `{role:"system"|"developer"|"user", content}`, where adjacent messages of one of
-//!   these roles are joined into one whose `content` is their text parts
-//!   `[{type:"text", text}, …]`, each document or block remaining its own part (a lone message
-//!   keeps a string `content`);
+//! - Messages: `{role:"system"|"developer"|"user", content}`, where adjacent `system` or
+//!   `developer` messages of one role (the prompt's documents) are joined into one whose
+//!   `content` is their text parts `[{type:"text", text}, …]`, each document remaining its own
+//!   part (a lone message keeps a string `content`; user messages are never joined);
 //!   `{role:"assistant", content|null, tool_calls?:[{id, type:"function", function:{name, arguments}}]}`
 //!   (`tool_calls` omitted when empty), `{role:"tool", tool_call_id, content}`.
 //! - A whole answer (`application/json`, also accepted when streaming was asked and the server
@@ -155,10 +155,10 @@ fn wire_request(request: &ModelRequest, stream: bool, max_tokens: Option<u32>) -
     body
 }
 
-/// Joins adjacent `system`, `developer` or `user` messages of one role into one message of text
-/// parts (module docs).
+/// Joins adjacent `system` or `developer` messages of one role into one message of text parts
+/// (module docs).
 fn join_adjacent(messages: Vec<Value>) -> Vec<Value> {
-    let joinable = |m: &Value| matches!(m["role"].as_str(), Some("system" | "developer" | "user"));
+    let joinable = |m: &Value| matches!(m["role"].as_str(), Some("system" | "developer"));
     let part = |content: &Value| match content {
         Value::Array(parts) => parts.clone(),
         other => vec![json!({"type": "text", "text": other})],
@@ -498,6 +498,30 @@ mod tests {
     use crate::model::config::{ModelConfig, ProviderConfig, ProviderKind, ProviderTable};
     use crate::model::fake_http::{FakeServer, Reply};
     use crate::model::registry::ModelRegistry;
+
+    #[test]
+    fn documents_keep_their_roles_and_adjacent_ones_join_as_parts() {
+        let request = ModelRequest {
+            model: "m".into(),
+            messages: vec![
+                ChatMessage::System { content: "rules".into() },
+                ChatMessage::System { content: "more rules".into() },
+                ChatMessage::Developer { content: "be brief".into() },
+                ChatMessage::User { content: "a".into() },
+                ChatMessage::User { content: "b".into() },
+            ],
+            ..ModelRequest::default()
+        };
+        assert_eq!(
+            wire_request(&request, false, None)["messages"],
+            json!([
+                {"role": "system", "content": [{"type": "text", "text": "rules"}, {"type": "text", "text": "more rules"}]},
+                {"role": "developer", "content": "be brief"},
+                {"role": "user", "content": "a"},
+                {"role": "user", "content": "b"}
+            ])
+        );
+    }
 
     trait OpenAiFake {
         fn base_url(&self) -> String;
