@@ -502,7 +502,10 @@ impl ServerConfig {
             return invalid("execution.request_bytes_bound", "must be positive");
         }
         let workspace = &self.execution.workspace_name;
-        if workspace.trim().is_empty() || workspace.len() > WORKSPACE_NAME_BOUND || workspace.chars().any(char::is_control) {
+        if workspace.trim().is_empty()
+            || workspace.len() > WORKSPACE_NAME_BOUND
+            || workspace.chars().any(char::is_control)
+        {
             return invalid("execution.workspace_name", "must be 1 to 128 bytes of printable text");
         }
         if self.actors.call_timeout_ms == 0 {

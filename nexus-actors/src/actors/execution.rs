@@ -896,11 +896,7 @@ async fn start_round(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState
     let round = state.row.round;
     emit(
         state,
-        Event::RoundStarted(RoundStarted {
-            round,
-            model: model.reference.clone(),
-            context: Some(assembled.manifest),
-        }),
+        Event::RoundStarted(RoundStarted { round, model: model.reference.clone(), context: Some(assembled.manifest) }),
     );
     save(state, &[]).await?;
 
@@ -918,7 +914,8 @@ async fn start_round(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState
             });
         })
     };
-    let request = ModelRequest { model: model.model.clone(), messages: assembled.messages, tools, deltas: Some(deltas) };
+    let request =
+        ModelRequest { model: model.model.clone(), messages: assembled.messages, tools, deltas: Some(deltas) };
     let policy = state.fabric.config.execution.retry_policy();
     let actor = myself.clone();
     let reference = model.reference.clone();

@@ -555,12 +555,7 @@ pub fn assemble(request: &Request<'_>) -> Assembled {
             }
             Block::Slot(slot) => empty(slot, EmptyReason::NoSource),
             Block::Inline { index, role, text } => {
-                documents.push(DocumentRef {
-                    slot: "inline".into(),
-                    role: *role,
-                    version: None,
-                    block: Some(*index),
-                });
+                documents.push(DocumentRef { slot: "inline".into(), role: *role, version: None, block: Some(*index) });
                 parts.push(Some(vec![role_message(*role, render(text, request.macros, &variables))]));
             }
             Block::Memory => empty("memory", EmptyReason::NoSource),
@@ -733,13 +728,16 @@ mod tests {
     #[test]
     fn default_order_carries_history_then_the_turn() {
         let doc = Document { content: "You are {{agent}}.".into(), role: PromptRole::Developer, version: Some(3) };
-        let history = [turn(1, vec![
-            ChatMessage::System { content: "legacy document".into() },
-            user("list files"),
-            calls(&["c1"]),
-            result("c1", "a.txt"),
-            answer("one file"),
-        ])];
+        let history = [turn(
+            1,
+            vec![
+                ChatMessage::System { content: "legacy document".into() },
+                user("list files"),
+                calls(&["c1"]),
+                result("c1", "a.txt"),
+                answer("one file"),
+            ],
+        )];
         let current = [user("and now?")];
         let macros = macros();
         let assembled = assemble(&request(Mechanism::Default, None, Some(&doc), &macros, &history, &current));
@@ -755,12 +753,15 @@ mod tests {
             ]
         );
         let manifest = &assembled.manifest;
-        assert_eq!(manifest.documents, vec![DocumentRef {
-            slot: "system_prompt".into(),
-            role: PromptRole::Developer,
-            version: Some(3),
-            block: None
-        }]);
+        assert_eq!(
+            manifest.documents,
+            vec![DocumentRef {
+                slot: "system_prompt".into(),
+                role: PromptRole::Developer,
+                version: Some(3),
+                block: None
+            }]
+        );
         let blocks: Vec<&str> = manifest.empty_blocks.iter().map(|b| b.block.as_str()).collect();
         assert_eq!(blocks, ["character", "persona", "memory", "skills", "lead", "tail"]);
         let history = manifest.history.as_ref().expect("history");
@@ -836,11 +837,10 @@ mod tests {
         assert_eq!(history_manifest.trimmed[0].turn, 2);
         let slots: Vec<(String, Option<usize>)> =
             assembled.manifest.documents.iter().map(|d| (d.slot.clone(), d.block)).collect();
-        assert_eq!(slots, [
-            ("inline".to_owned(), Some(0)),
-            ("system_prompt".to_owned(), None),
-            ("inline".to_owned(), Some(3))
-        ]);
+        assert_eq!(
+            slots,
+            [("inline".to_owned(), Some(0)), ("system_prompt".to_owned(), None), ("inline".to_owned(), Some(3))]
+        );
 
         // A token budget that holds one turn: the oldest are trimmed first.
         let one_turn: u64 = [user("q3"), answer("a3")].iter().map(|m| message_tokens(m, 4)).sum();

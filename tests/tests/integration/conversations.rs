@@ -184,10 +184,7 @@ async fn turn_two_carries_turn_one(provider: &str, wire: Wire) {
     assert!(requests.iter().all(|r| r.wire == wire));
     let materialized = bed.events(second, EventType::InputMaterialized).await;
     let date = materialized[0]["macros"]["date"].as_str().expect("the date is recorded").to_owned();
-    assert!(
-        date.len() == 10 && date.as_bytes()[4] == b'-' && date.as_bytes()[7] == b'-',
-        "ISO 8601 date: {date}"
-    );
+    assert!(date.len() == 10 && date.as_bytes()[4] == b'-' && date.as_bytes()[7] == b'-', "ISO 8601 date: {date}");
     let document = format!("You are ada for ada in lab on {date} (conversation).");
     let system_line = match wire {
         Wire::OpenAi => format!("developer: {document}"),
@@ -198,7 +195,12 @@ async fn turn_two_carries_turn_one(provider: &str, wire: Wire) {
     if wire == Wire::Anthropic {
         expected.push("assistant: Running it.");
     }
-    expected.extend(["call:call_1:runners_list", "result:call_1", "assistant: turn one answer", "user: second question"]);
+    expected.extend([
+        "call:call_1:runners_list",
+        "result:call_1",
+        "assistant: turn one answer",
+        "user: second question",
+    ]);
     assert_eq!(lines(&requests[2]), expected, "{}", requests[2].body);
     // Turn 1's own first request carried no history; the document was the same.
     assert_eq!(lines(&requests[0]), [system_line.as_str(), "user: first question"]);
@@ -232,7 +234,9 @@ async fn turn_two_carries_turn_one(provider: &str, wire: Wire) {
         .collect();
     let first_id = first.to_string();
     assert_eq!(included, [(1, first_id.clone(), 3), (1, first_id.clone(), 1), (1, first_id, 0)]);
-    assert!(context["estimated_tokens"].as_u64().unwrap_or_default() > history["included_tokens"].as_u64().unwrap_or(0));
+    assert!(
+        context["estimated_tokens"].as_u64().unwrap_or_default() > history["included_tokens"].as_u64().unwrap_or(0)
+    );
     let empty: Vec<&str> =
         context["empty_blocks"].as_array().expect("empty blocks").iter().filter_map(|b| b["block"].as_str()).collect();
     assert_eq!(empty, ["character", "persona", "memory", "skills", "lead", "tail"]);
@@ -297,7 +301,8 @@ async fn an_assembly_template_keeps_its_order_and_its_history_budget() {
     };
     // Three entries at most: answer 3, question 3 and answer 2; the history starts at a user
     // message, so answer 2 goes too.
-    let (_, fourth) = bed.turn(Some(conversation), "question 4", &declared(json!({"type": "history", "max_entries": 3}))).await;
+    let (_, fourth) =
+        bed.turn(Some(conversation), "question 4", &declared(json!({"type": "history", "max_entries": 3}))).await;
     let requests = bed.fake.requests_for("tpl");
     assert_eq!(
         lines(&requests[3]),
@@ -311,7 +316,10 @@ async fn an_assembly_template_keeps_its_order_and_its_history_budget() {
     );
     let context = &bed.events(fourth, EventType::RoundStarted).await[0]["context"];
     assert_eq!(context["mechanism"], "assembly");
-    assert_eq!((context["history"]["included_count"].as_u64(), context["history"]["trimmed_count"].as_u64()), (Some(2), Some(4)));
+    assert_eq!(
+        (context["history"]["included_count"].as_u64(), context["history"]["trimmed_count"].as_u64()),
+        (Some(2), Some(4))
+    );
     assert_eq!(context["history"]["max_entries"], 3);
     let documents: Vec<(&str, &str)> = context["documents"]
         .as_array()
@@ -383,7 +391,11 @@ async fn a_restart_between_turns_keeps_the_history() {
     let bed = Bed::start().await;
     bed.fake.script(
         "durable",
-        [Act::ToolCalls(vec![call("c_1", "runners_list", json!({}))]), Act::Text("one".into()), Act::Text("two".into())],
+        [
+            Act::ToolCalls(vec![call("c_1", "runners_list", json!({}))]),
+            Act::Text("one".into()),
+            Act::Text("two".into()),
+        ],
     );
     let declaration = json!({"approval_mode": "bypass", "default_model": "oa/durable",
                              "kernel_tools": ["nexus.runners.list"]});

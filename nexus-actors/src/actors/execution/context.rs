@@ -102,7 +102,9 @@ pub async fn history_of(
 /// The model's context window for the assembly: the declaration's current route's, else the
 /// default window.
 pub fn window_of(fabric: &Fabric, reference: Option<&str>) -> u64 {
-    reference.and_then(|r| fabric.models.resolve(r).ok()).map_or(DEFAULT_CONTEXT_WINDOW_TOKENS, |m| m.context_window_tokens)
+    reference
+        .and_then(|r| fabric.models.resolve(r).ok())
+        .map_or(DEFAULT_CONTEXT_WINDOW_TOKENS, |m| m.context_window_tokens)
 }
 
 /// Assembles one request from its parts ([`prompt::assemble`]).
@@ -142,7 +144,8 @@ pub(super) async fn assemble(
 ) -> Result<Assembled, ractor::ActorProcessingErr> {
     let Some(declaration) = state.declaration.clone() else { return Err("a request before materialization".into()) };
     if state.context.macros.is_none() || state.context.history.is_none() {
-        let input = state.fabric.store.input(state.row.input_public_id).await?.ok_or("the execution's input is missing")?;
+        let input =
+            state.fabric.store.input(state.row.input_public_id).await?.ok_or("the execution's input is missing")?;
         if state.context.macros.is_none() {
             // Materialized before macros were recorded: taken now, once per actor life.
             state.context.macros = Some(macros_now(&state.fabric, &input).await?);

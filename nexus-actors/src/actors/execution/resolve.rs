@@ -269,7 +269,9 @@ pub async fn estimate(fabric: &Fabric, row: &ExecutionRow, supplied: Option<&Val
     let tools = wire_projection(&declaration.tools);
     // The request as the next round would assemble it ([`super::context`]).
     let recorded = match materialized {
-        true => super::context::recorded_macros(&store.events_after(row.public_id, 0, i64::MAX).await.map_err(internal)?),
+        true => {
+            super::context::recorded_macros(&store.events_after(row.public_id, 0, i64::MAX).await.map_err(internal)?)
+        }
         false => None,
     };
     let macros = match recorded {

@@ -160,11 +160,7 @@ pub fn summarizer_input(transcript: &[ChatMessage], plan: &Plan, bound: usize) -
 /// JSON, the oldest history trimmed first, then the oldest of the tail.
 pub fn delegate_input(transcript: &[ChatMessage], plan: &Plan, run: ExecutionId, task: &str, bound: usize) -> Value {
     let as_values = |messages: &[ChatMessage]| -> Vec<Value> {
-        messages
-            .iter()
-            .filter(|m| !is_document(m))
-            .filter_map(|m| serde_json::to_value(m).ok())
-            .collect()
+        messages.iter().filter(|m| !is_document(m)).filter_map(|m| serde_json::to_value(m).ok()).collect()
     };
     let mut history = as_values(&transcript[..plan.tail_start]);
     let mut tail = as_values(&transcript[plan.tail_start..]);
