@@ -410,3 +410,98 @@ async fn a_restart_between_turns_keeps_the_history() {
         ["user: first", "call:c_1:runners_list", "result:c_1", "assistant: one", "user: second"]
     );
 }
+
+/// The `nexus` binary is SIGKILLed between two turns and again during turn 2 (a call parked for
+/// approval): nothing of the conversation is lost, and turn 2's rounds after each restart carry
+/// turn 1 whole, then turn 2 as it stood.
+#[tokio::test]
+async fn a_sigkill_between_turns_and_during_one_loses_nothing() {
+    use nexus_actors::store::StoreBackend;
+    use nexus_tests::processes::{NexusProcess, StoreLocation, admin_agent, free_loopback_addr};
+    use nexus_tests::{Http, TestDatabase, test_store_backend, wait_until};
+
+    let fake = FakeProvider::start().await;
+    fake.script(
+        "killed",
+        [
+            Act::ToolCalls(vec![call("k_1", "runners_list", json!({}))]),
+            Act::Text("one".into()),
+            Act::ToolCalls(vec![call("k_2", "runners_list", json!({}))]),
+            Act::Text("two".into()),
+        ],
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let data_dir = dir.path().join("data");
+    std::fs::create_dir(&data_dir).expect("data dir");
+    let database = match test_store_backend() {
+        StoreBackend::Postgres => Some(TestDatabase::create().await),
+        _ => None,
+    };
+    let at = StoreLocation { data_dir, database_url: database.as_ref().map(|d| d.url().to_owned()) };
+    let config = dir.path().join("nexus.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[providers.oa]\nkind = \"openai_compatible\"\nbase_url = {:?}\nallow_any_model = true\n",
+            fake.openai_base_url()
+        ),
+    )
+    .expect("config");
+    let addr = free_loopback_addr();
+    let nexus = NexusProcess::serve(&at, addr, &config).await;
+    let agent = admin_agent(&at, "ada").await;
+    let http = Http::new(&nexus.url(), Some(&agent.token));
+    let declaration = |mode: &str| json!({"approval_mode": mode, "default_model": "oa/killed", "kernel_tools": ["nexus.runners.list"]});
+    let settled = |http: &Http, execution: String| {
+        let http = http.clone();
+        async move {
+            wait_until("the execution to settle", SETTLE, || async {
+                let row = http.get(&format!("/agent_api/v1/executions/{execution}")).await;
+                matches!(row.body["status"].as_str(), Some("completed")).then_some(row.body)
+            })
+            .await
+        }
+    };
+    let first = http
+        .post("/agent_api/v1/inputs", &json!({"text": "first", "execution_declaration": declaration("bypass")}))
+        .await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    let conversation = first.body["conversation_public_id"].as_str().expect("conversation").to_owned();
+    settled(&http, first.body["execution_public_id"].as_str().expect("execution").to_owned()).await;
+
+    // Between the turns.
+    nexus.sigkill().await;
+    let nexus = NexusProcess::serve(&at, addr, &config).await;
+    let second = http
+        .post(
+            "/agent_api/v1/inputs",
+            &json!({"conversation_public_id": conversation, "text": "second", "execution_declaration": declaration("ask")}),
+        )
+        .await;
+    assert_eq!(second.status, 201, "{:?}", second.body);
+    let execution = second.body["execution_public_id"].as_str().expect("execution").to_owned();
+    // During turn 2: its call is parked for approval.
+    wait_until("the call to park", SETTLE, || async {
+        let row = http.get(&format!("/agent_api/v1/executions/{execution}")).await;
+        row.body["tasks"]
+            .as_array()
+            .is_some_and(|tasks| tasks.iter().any(|t| t["status"] == "needs_approval"))
+            .then_some(())
+    })
+    .await;
+    nexus.sigkill().await;
+    let nexus = NexusProcess::serve(&at, addr, &config).await;
+    let approved = http.post(&format!("/agent_api/v1/executions/{execution}/tasks/r1t0/approve"), &json!({})).await;
+    assert_eq!(approved.status, 200, "{:?}", approved.body);
+    settled(&http, execution).await;
+
+    let requests = fake.requests_for("killed");
+    assert_eq!(requests.len(), 4, "no round was asked twice");
+    let turn_one = ["user: first", "call:k_1:runners_list", "result:k_1", "assistant: one"];
+    let mut expected: Vec<&str> = turn_one.to_vec();
+    expected.push("user: second");
+    assert_eq!(lines(&requests[2]), expected);
+    expected.extend(["call:k_2:runners_list", "result:k_2"]);
+    assert_eq!(lines(&requests[3]), expected);
+    drop(nexus);
+}
