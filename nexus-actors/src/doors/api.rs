@@ -116,6 +116,9 @@ pub struct CreateInput {
     pub runner_executor_public_id: Option<RunnerId>,
     /// `tool_names` subset (a JSON array of strings).
     pub tool_names: Option<Value>,
+    /// `variables` `{name: text}`: the answering template's variables for this turn
+    /// ([`crate::declaration::template::input_variables`]).
+    pub variables: Option<Value>,
 }
 
 /// The ids an admission created.
@@ -425,7 +428,8 @@ impl Api {
     /// # Errors
     /// 403 `not_agent`; 403 `not_authorized` for a suspended Agent; 400 `parameter_missing` (empty text) or `parameter_invalid` (a scalar
     /// `tool_names`, or text holding NUL); 404 `not_found` (unknown conversation); 422 `validation_failed` (an invalid
-    /// inline declaration, no declaration at all, or no model to run).
+    /// inline declaration, no declaration at all, or no model to run); 400 `parameter_invalid` or 422
+    /// `variable_undeclared` for `variables` the answering template does not take.
     pub async fn create_input(&self, caller: &Caller, input: CreateInput) -> Result<Admitted, Refusal> {
         if caller.member.kind != MemberKind::Agent {
             return Err(Refusal::new(
@@ -491,6 +495,9 @@ impl Api {
                 "default_model: the declaration names no model to run",
             ));
         }
+        if let Some(variables) = &input.variables {
+            crate::declaration::template::input_variables(&configuration, variables)?;
+        }
         let (conversation, new_conversation) = match input.conversation_public_id {
             Some(id) => {
                 if !store.conversation_owned_by(id, caller.member.public_id).await.map_err(internal)? {
@@ -508,6 +515,7 @@ impl Api {
             execution_declaration: input.execution_declaration,
             runner_executor_public_id: input.runner_executor_public_id,
             tool_names: input.tool_names,
+            variables: input.variables,
             posted_by_public_id: None,
             turn: 0,
         };

@@ -196,6 +196,7 @@ impl AgentService for AgentGrpc {
             execution_declaration: json_arg(&body.execution_declaration_json, "execution_declaration_json")?,
             runner_executor_public_id: uuid_arg(&body.runner_executor_public_id, "runner_executor_public_id")?,
             tool_names: json_arg(&body.tool_names_json, "tool_names_json")?,
+            variables: json_arg(&body.variables_json, "variables_json")?,
         };
         let admitted = self.api.create_input(&caller, input).await.map_err(|r| r.to_status())?;
         Ok(Response::new(CreateInputReply {

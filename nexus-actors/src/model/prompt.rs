@@ -188,6 +188,9 @@ pub struct Request<'a> {
     pub system_prompt: Option<&'a Document>,
     /// The macro values.
     pub macros: &'a Macros,
+    /// The input's template variables, over the template's defaults (read under `assembly`
+    /// only).
+    pub variables: &'a BTreeMap<String, String>,
     /// The earlier turns, oldest first (ignored under `raw`).
     pub history: &'a [HistoryTurn],
     /// The turn's own transcript: its input, then its rounds. Leading system messages (stored
@@ -525,7 +528,11 @@ pub fn assemble(request: &Request<'_>) -> Assembled {
         Mechanism::Assembly => template_blocks(request.template),
     };
     let variables = match request.mechanism {
-        Mechanism::Assembly => template_variables(request.template),
+        Mechanism::Assembly => {
+            let mut variables = template_variables(request.template);
+            variables.extend(request.variables.iter().map(|(k, v)| (k.clone(), v.clone())));
+            variables
+        }
         _ => BTreeMap::new(),
     };
     let turn: Vec<ChatMessage> = request.turn.iter().skip_while(|m| is_document(m)).cloned().collect();
@@ -633,6 +640,8 @@ mod tests {
     use super::*;
     use crate::model::ToolCall;
 
+    static NO_VARIABLES: BTreeMap<String, String> = BTreeMap::new();
+
     fn macros() -> Macros {
         Macros {
             agent: "ada".into(),
@@ -687,6 +696,7 @@ mod tests {
             template,
             system_prompt,
             macros,
+            variables: &NO_VARIABLES,
             history,
             turn,
             window_tokens: 128_000,

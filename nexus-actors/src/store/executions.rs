@@ -128,7 +128,7 @@ impl Store {
     pub async fn input(&self, public_id: InputId) -> StoreResult<Option<InputRow>> {
         let row = sqlx::query(
             "SELECT conversation_public_id, member_public_id, text, execution_declaration, runner_executor_public_id, \
-             tool_names, posted_by_public_id, turn FROM inputs WHERE public_id = $1",
+             tool_names, posted_by_public_id, turn, variables FROM inputs WHERE public_id = $1",
         )
         .bind(public_id.to_string())
         .fetch_optional(self.reader())
@@ -144,6 +144,7 @@ impl Store {
                 tool_names: json_opt(row.try_get("tool_names")?)?,
                 posted_by_public_id: parse_opt(row.try_get("posted_by_public_id")?)?,
                 turn: row.try_get("turn")?,
+                variables: json_opt(row.try_get("variables")?)?,
             })
         })
         .transpose()
@@ -454,8 +455,9 @@ async fn admit_input_in(
     // writer that read the same maximum.
     sqlx::query(
         "INSERT INTO inputs (public_id, conversation_public_id, member_public_id, text, execution_declaration, \
-         runner_executor_public_id, tool_names, created_at, posted_by_public_id, turn) \
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, COALESCE(MAX(turn), 0) + 1 FROM inputs WHERE conversation_public_id = $2",
+         runner_executor_public_id, tool_names, created_at, posted_by_public_id, variables, turn) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, COALESCE(MAX(turn), 0) + 1 FROM inputs \
+         WHERE conversation_public_id = $2",
     )
     .bind(input.public_id.to_string())
     .bind(input.conversation_public_id.to_string())
@@ -466,6 +468,7 @@ async fn admit_input_in(
     .bind(input.tool_names.as_ref().map(Value::to_string))
     .bind(now)
     .bind(input.posted_by_public_id.map(|m| m.to_string()))
+    .bind(input.variables.as_ref().map(Value::to_string))
     .execute(&mut *connection)
     .await?;
     sqlx::query(

@@ -505,3 +505,46 @@ async fn a_sigkill_between_turns_and_during_one_loses_nothing() {
     assert_eq!(lines(&requests[3]), expected);
     drop(nexus);
 }
+
+/// An input's `variables` render in place of the template's defaults; a name the template does
+/// not declare, or any name under another mechanism, is refused `variable_undeclared` and admits
+/// nothing.
+#[tokio::test]
+async fn an_input_sets_the_template_variables_and_undeclared_ones_are_refused() {
+    let bed = Bed::start().await;
+    bed.fake.script("vars", [Act::Text("ok".into())]);
+    let declaration = json!({"approval_mode": "bypass", "default_model": "oa/vars", "prompt_mechanism": "assembly",
+        "prompt_template": {"blocks": [{"type": "slot", "slot": "system_prompt"}, {"type": "history"}, {"type": "input"}],
+                            "variables": {"tone": "calm", "lang": "English"}},
+        "system_prompt": {"content": "Be {{tone}}; answer in {{lang}}."}});
+    let caller = bed.server.caller(&bed.agent).await;
+    let input = |declaration: &Value, variables: Value| CreateInput {
+        text: "hello".into(),
+        execution_declaration: Some(declaration.clone()),
+        variables: Some(variables),
+        ..CreateInput::default()
+    };
+    let api = &bed.server.server.api;
+    let admitted = api.create_input(&caller, input(&declaration, json!({"tone": "sharp"}))).await.expect("admitted");
+    let row = bed.server.settled(admitted.execution_public_id, SETTLE).await;
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
+    assert_eq!(lines(&bed.fake.requests_for("vars")[0]), ["system: Be sharp; answer in English.", "user: hello"]);
+
+    let refusals = [
+        (input(&declaration, json!({"mood": "odd"})), "variable_undeclared"),
+        (input(&json!({"approval_mode": "bypass", "default_model": "oa/vars"}), json!({"tone": "sharp"})), "variable_undeclared"),
+        (input(&declaration, json!({"tone": 3})), "parameter_invalid"),
+        (input(&declaration, json!(["tone"])), "parameter_invalid"),
+    ];
+    for (input, word) in refusals {
+        let refusal = api.create_input(&caller, input).await.expect_err("refused");
+        assert_eq!(refusal.code.as_str(), word, "{}", refusal.message);
+    }
+    // Over HTTP too, by the same word.
+    let http = nexus_tests::Http::new(&bed.server.url(), Some(&bed.agent.token));
+    let answer = http
+        .post("/agent_api/v1/inputs", &json!({"text": "hi", "execution_declaration": declaration, "variables": {"nope": "x"}}))
+        .await;
+    assert_eq!((answer.status, answer.code()), (422, Some("variable_undeclared")), "{:?}", answer.body);
+    assert_eq!(bed.fake.count("vars"), 1, "nothing refused was admitted");
+}

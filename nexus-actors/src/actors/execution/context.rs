@@ -10,9 +10,10 @@
 //! again for every round, so every round re-applies the history budget and records its manifest
 //! on `round_started.context`.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use nexus_proto::MemberId;
 
@@ -34,13 +35,15 @@ pub struct ContextState {
     pub(super) macros: Option<Macros>,
     /// The earlier turns, read on the first round that needs them.
     history: Option<Arc<Vec<HistoryTurn>>>,
+    /// The input's template variables, read with the history.
+    variables: BTreeMap<String, String>,
 }
 
 impl ContextState {
     /// The state of an execution whose durable events are `events`: the macros its
     /// `input_materialized` recorded.
     pub(super) fn rebuilt(events: &[EventRow]) -> Self {
-        ContextState { macros: recorded_macros(events), history: None }
+        ContextState { macros: recorded_macros(events), history: None, variables: BTreeMap::new() }
     }
 }
 
@@ -69,6 +72,18 @@ pub async fn macros_now(fabric: &Fabric, input: &InputRow) -> StoreResult<Macros
         date: prompt::iso_date(fabric.clock.now_ms()),
         conversation_kind: CONVERSATION_KIND.to_owned(),
     })
+}
+
+/// The template variables `input` sets, as admission validated them (an unreadable entry is
+/// left out: the template's default stands).
+#[must_use]
+pub fn variables_of(input: &InputRow) -> BTreeMap<String, String> {
+    input
+        .variables
+        .as_ref()
+        .and_then(Value::as_object)
+        .map(|vars| vars.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned()))).collect())
+        .unwrap_or_default()
 }
 
 /// The frozen `system_prompt` as a [`Document`].
@@ -112,6 +127,7 @@ pub fn window_of(fabric: &Fabric, reference: Option<&str>) -> u64 {
 pub fn assemble_with(
     declaration: &FrozenDeclaration,
     macros: &Macros,
+    variables: &BTreeMap<String, String>,
     history: &[HistoryTurn],
     turn: &[ChatMessage],
     window_tokens: u64,
@@ -124,6 +140,7 @@ pub fn assemble_with(
         template: declaration.prompt_template.as_ref(),
         system_prompt: document.as_ref(),
         macros,
+        variables,
         history,
         turn,
         window_tokens,
@@ -152,10 +169,12 @@ pub(super) async fn assemble(
         }
         if state.context.history.is_none() {
             state.context.history = Some(Arc::new(history_of(&state.fabric, &declaration, &input).await?));
+            state.context.variables = variables_of(&input);
         }
     }
     let (Some(macros), Some(history)) = (&state.context.macros, &state.context.history) else {
         return Err("the prompt context is missing".into());
     };
-    Ok(assemble_with(&declaration, macros, history, &state.transcript, window_tokens, tools))
+    let variables = &state.context.variables;
+    Ok(assemble_with(&declaration, macros, variables, history, &state.transcript, window_tokens, tools))
 }

@@ -280,7 +280,9 @@ pub async fn estimate(fabric: &Fabric, row: &ExecutionRow, supplied: Option<&Val
     };
     let history = super::context::history_of(fabric, &declaration, &input).await.map_err(internal)?;
     let window = super::context::window_of(fabric, declaration.default_model.as_deref());
-    let assembled = super::context::assemble_with(&declaration, &macros, &history, &transcript, window, &tools);
+    let variables = super::context::variables_of(&input);
+    let assembled =
+        super::context::assemble_with(&declaration, &macros, &variables, &history, &transcript, window, &tools);
     let mut measured = measure(&assembled.messages, &tools).map_err(internal)?;
     if let Some(object) = measured.as_object_mut() {
         let extra = json!({

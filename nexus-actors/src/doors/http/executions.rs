@@ -4,7 +4,7 @@
 //! regenerate and the estimate are in [`super::control`].
 //!
 //! - `POST /agent_api/v1/inputs` `{text, conversation_public_id?, execution_declaration?,
-//!   runner_executor_public_id?, tool_names?}` → 201 `{conversation_public_id,
+//!   runner_executor_public_id?, tool_names?, variables?}` → 201 `{conversation_public_id,
 //!   input_public_id, execution_public_id}`.
 //! - `GET /agent_api/v1/executions/{id}` → the execution with its tasks.
 //! - `GET /agent_api/v1/executions/{id}/events?after=&limit=` → one page `{items:[{cursor, type,
@@ -66,7 +66,7 @@ fn optional_uuid<T: std::str::FromStr>(body: &Value, name: &str) -> Result<Optio
 fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
     known_fields(
         body,
-        &["text", "conversation_public_id", "execution_declaration", "runner_executor_public_id", "tool_names"],
+        &["text", "conversation_public_id", "execution_declaration", "runner_executor_public_id", "tool_names", "variables"],
     )?;
     let text = match &body["text"] {
         Value::String(text) => text.clone(),
@@ -79,6 +79,7 @@ fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
         execution_declaration: body.get("execution_declaration").filter(|v| !v.is_null()).cloned(),
         runner_executor_public_id: optional_uuid(body, "runner_executor_public_id")?,
         tool_names: body.get("tool_names").filter(|v| !v.is_null()).cloned(),
+        variables: body.get("variables").filter(|v| !v.is_null()).cloned(),
     })
 }
 
