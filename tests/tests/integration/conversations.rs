@@ -532,7 +532,10 @@ async fn an_input_sets_the_template_variables_and_undeclared_ones_are_refused() 
 
     let refusals = [
         (input(&declaration, json!({"mood": "odd"})), "variable_undeclared"),
-        (input(&json!({"approval_mode": "bypass", "default_model": "oa/vars"}), json!({"tone": "sharp"})), "variable_undeclared"),
+        (
+            input(&json!({"approval_mode": "bypass", "default_model": "oa/vars"}), json!({"tone": "sharp"})),
+            "variable_undeclared",
+        ),
         (input(&declaration, json!({"tone": 3})), "parameter_invalid"),
         (input(&declaration, json!(["tone"])), "parameter_invalid"),
     ];
@@ -543,7 +546,10 @@ async fn an_input_sets_the_template_variables_and_undeclared_ones_are_refused() 
     // Over HTTP too, by the same word.
     let http = nexus_tests::Http::new(&bed.server.url(), Some(&bed.agent.token));
     let answer = http
-        .post("/agent_api/v1/inputs", &json!({"text": "hi", "execution_declaration": declaration, "variables": {"nope": "x"}}))
+        .post(
+            "/agent_api/v1/inputs",
+            &json!({"text": "hi", "execution_declaration": declaration, "variables": {"nope": "x"}}),
+        )
         .await;
     assert_eq!((answer.status, answer.code()), (422, Some("variable_undeclared")), "{:?}", answer.body);
     assert_eq!(bed.fake.count("vars"), 1, "nothing refused was admitted");

@@ -66,7 +66,14 @@ fn optional_uuid<T: std::str::FromStr>(body: &Value, name: &str) -> Result<Optio
 fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
     known_fields(
         body,
-        &["text", "conversation_public_id", "execution_declaration", "runner_executor_public_id", "tool_names", "variables"],
+        &[
+            "text",
+            "conversation_public_id",
+            "execution_declaration",
+            "runner_executor_public_id",
+            "tool_names",
+            "variables",
+        ],
     )?;
     let text = match &body["text"] {
         Value::String(text) => text.clone(),
