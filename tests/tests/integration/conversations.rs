@@ -240,6 +240,13 @@ async fn turn_two_carries_turn_one(provider: &str, wire: Wire) {
     let empty: Vec<&str> =
         context["empty_blocks"].as_array().expect("empty blocks").iter().filter_map(|b| b["block"].as_str()).collect();
     assert_eq!(empty, ["character", "persona", "memory", "skills", "lead", "tail"]);
+    // The estimate door assembles the next request the same way: the document, turn 1, and turn
+    // 2 as it ended.
+    let caller = bed.server.caller(&bed.agent).await;
+    let estimate = bed.server.server.api.estimate(&caller, second, &json!({})).await.expect("estimate");
+    assert_eq!(estimate["messages"], 7, "{estimate}");
+    assert_eq!(estimate["context"]["history"]["included_count"], 3, "{estimate}");
+    assert!(estimate["bytes"]["documents"].as_u64().is_some_and(|b| b > 0), "{estimate}");
     // Turn 1's rounds carried no history.
     for started in bed.events(first, EventType::RoundStarted).await {
         assert_eq!(started["context"]["history"]["included_count"], 0, "{started}");
