@@ -803,8 +803,11 @@ async fn adopt(
     input: &crate::store::InputRow,
     frozen: Arc<FrozenDeclaration>,
 ) -> Result<bool, ActorProcessingErr> {
+    // The macros' values (one member read, two when a Human posted) and the earlier turns (none
+    // read for a first turn) are taken here, once (`docs/prompt.md`, "History").
     let macros = context::macros_now(&state.fabric, input).await?;
-    state.context.macros = Some(macros.clone());
+    let history = context::history_of(&state.fabric, &frozen, input).await?;
+    state.context = context::ContextState::adopted(macros.clone(), history, input);
     state.transcript.push(ChatMessage::User { content: input.text.clone() });
     emit(
         state,

@@ -45,6 +45,12 @@ impl ContextState {
     pub(super) fn rebuilt(events: &[EventRow]) -> Self {
         ContextState { macros: recorded_macros(events), history: None, variables: BTreeMap::new() }
     }
+
+    /// The state of an execution materializing now, from what materialization holds already: no
+    /// store read is left for its first round.
+    pub(super) fn adopted(macros: Macros, history: Vec<HistoryTurn>, input: &InputRow) -> Self {
+        ContextState { macros: Some(macros), history: Some(Arc::new(history)), variables: variables_of(input) }
+    }
 }
 
 /// The macro values the last `input_materialized` of `events` recorded.
@@ -65,9 +71,14 @@ async fn handle_of(fabric: &Fabric, member: MemberId) -> StoreResult<String> {
 /// # Errors
 /// A store failure reading the members.
 pub async fn macros_now(fabric: &Fabric, input: &InputRow) -> StoreResult<Macros> {
+    let agent = handle_of(fabric, input.member_public_id).await?;
+    let user = match input.poster() {
+        poster if poster == input.member_public_id => agent.clone(),
+        poster => handle_of(fabric, poster).await?,
+    };
     Ok(Macros {
-        agent: handle_of(fabric, input.member_public_id).await?,
-        user: handle_of(fabric, input.poster()).await?,
+        agent,
+        user,
         workspace: fabric.config.execution.workspace_name.clone(),
         date: prompt::iso_date(fabric.clock.now_ms()),
         conversation_kind: CONVERSATION_KIND.to_owned(),
@@ -99,7 +110,7 @@ fn system_prompt(declaration: &FrozenDeclaration) -> Option<Document> {
     })
 }
 
-/// The earlier turns of `input`'s conversation (none under `raw`).
+/// The earlier turns of `input`'s conversation (none under `raw`, and no read for a first turn).
 ///
 /// # Errors
 /// A store failure.
@@ -108,7 +119,7 @@ pub async fn history_of(
     declaration: &FrozenDeclaration,
     input: &InputRow,
 ) -> StoreResult<Vec<HistoryTurn>> {
-    if declaration.mechanism() == Mechanism::Raw {
+    if declaration.mechanism() == Mechanism::Raw || input.turn <= 1 {
         return Ok(Vec::new());
     }
     fabric.store.conversation_history(input.conversation_public_id, input.turn).await
