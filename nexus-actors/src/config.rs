@@ -111,6 +111,11 @@ pub const COMPACTION_THRESHOLD_PERCENT: u64 = 80;
 /// canonical JSON, 8 MiB.
 pub const REQUEST_BYTES_BOUND: u64 = 8 * 1024 * 1024;
 
+/// The default of `[execution] workspace_name`.
+pub const DEFAULT_WORKSPACE_NAME: &str = "default";
+/// The longest `[execution] workspace_name`, in bytes.
+pub const WORKSPACE_NAME_BOUND: usize = 128;
+
 /// Timing of executions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -145,6 +150,9 @@ pub struct ExecutionConfig {
     /// larger request is compacted first (`docs/executions.md`, "Compaction", trigger `wall`).
     /// Default 8388608 (8 MiB).
     pub request_bytes_bound: u64,
+    /// The workspace's name, rendered for `{{workspace}}` in prompt documents
+    /// (`docs/prompt.md`, "Macros"): 1 to 128 bytes of printable text. Default `default`.
+    pub workspace_name: String,
 }
 
 impl Default for ExecutionConfig {
@@ -159,6 +167,7 @@ impl Default for ExecutionConfig {
             stop_drain_ms: STOP_DRAIN_MS,
             compaction_threshold_percent: COMPACTION_THRESHOLD_PERCENT,
             request_bytes_bound: REQUEST_BYTES_BOUND,
+            workspace_name: DEFAULT_WORKSPACE_NAME.to_owned(),
         }
     }
 }
@@ -496,6 +505,13 @@ impl ServerConfig {
         }
         if self.execution.request_bytes_bound == 0 {
             return invalid("execution.request_bytes_bound", "must be positive");
+        }
+        let workspace = &self.execution.workspace_name;
+        if workspace.trim().is_empty()
+            || workspace.len() > WORKSPACE_NAME_BOUND
+            || workspace.chars().any(char::is_control)
+        {
+            return invalid("execution.workspace_name", "must be 1 to 128 bytes of printable text");
         }
         if self.actors.call_timeout_ms == 0 {
             return invalid("actors.call_timeout_ms", "must be positive");

@@ -23,6 +23,7 @@ pub mod config;
 #[cfg(test)]
 mod fake_http;
 pub mod openai;
+pub mod prompt;
 pub mod registry;
 pub mod retry;
 pub mod scripted;
@@ -49,7 +50,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// One chat message in the internal, OpenAI-chat-shaped transcript.
 ///
-/// Serialized with a `role` tag: `{"role":"system","content":…}`, `{"role":"user","content":…}`,
+/// Serialized with a `role` tag: `{"role":"system","content":…}`, `{"role":"developer",…}`, `{"role":"user","content":…}`,
 /// `{"role":"assistant","content":…|null,"tool_calls":[{id,name,arguments}]}`,
 /// `{"role":"tool","tool_call_id":…,"content":…}`. This is the stored shape, not a provider's
 /// wire shape: each adapter projects it (see [`openai`]).
@@ -58,6 +59,13 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub enum ChatMessage {
     /// Instructions (system prompt, templates).
     System {
+        /// The text.
+        content: String,
+    },
+    /// Developer instructions: a document declared `role: developer` (OpenAI-compatible
+    /// `developer`; Anthropic's `system` parameter). Never stored in a transcript: requests are
+    /// assembled with it ([`prompt`]).
+    Developer {
         /// The text.
         content: String,
     },

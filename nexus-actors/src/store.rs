@@ -15,6 +15,7 @@ pub mod event;
 mod executions;
 mod executors;
 mod grants;
+mod history;
 pub mod lock;
 mod members;
 mod profiles;
@@ -43,6 +44,7 @@ pub use conversations::{ConversationSummary, ExecutionFilter, ExecutionSummary, 
 pub use event::{Event, EventType};
 pub use executions::TranscriptWrite;
 pub use grants::GrantRow;
+pub use history::HISTORY_TURNS_BOUND;
 pub use lock::{LockError, ServeLock};
 pub use rows::{
     EventRow, ExecutionRow, ExecutorRow, InputRow, MemberRow, NamedDefinitionRow, PresenceEvent, ProfileRow, TaskRow,

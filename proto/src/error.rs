@@ -82,6 +82,9 @@ error_codes! {
     PromptDocumentInvalid => ("prompt_document_invalid", 422, InvalidArgument),
     PromptDocumentTooLarge => ("prompt_document_too_large", 422, InvalidArgument),
     PromptDocumentMacroUnknown => ("prompt_document_macro_unknown", 422, InvalidArgument),
+    // An input's `variables` names a variable the answering template does not declare
+    // (`docs/prompt.md`, "Macros").
+    VariableUndeclared => ("variable_undeclared", 422, InvalidArgument),
     RateLimited => ("rate_limited", 429, ResourceExhausted),
     // Announcement (`docs/protocol.md`, "Announce").
     InvalidAnnouncement => ("invalid_announcement", 422, InvalidArgument),

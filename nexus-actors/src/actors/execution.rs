@@ -11,6 +11,7 @@
 pub mod approval;
 pub mod brake;
 pub mod compaction;
+pub mod context;
 pub mod control;
 pub mod hooks;
 pub mod kernel;
@@ -321,6 +322,8 @@ pub struct ExecutionState {
     hooks: hooks::HookState,
     /// Compaction bookkeeping ([`compaction`]).
     compaction: compaction::CompactionState,
+    /// The prompt's macros and the conversation's history ([`context`]).
+    context: context::ContextState,
     /// The frozen declaration is in the store as it is here: saves leave its column alone.
     declaration_stored: bool,
     /// A [`ExecutionMsg::Flush`] is on its way.
@@ -394,6 +397,7 @@ impl Actor for ExecutionActor {
             control: control::ControlState::default(),
             hooks: hooks::HookState::default(),
             compaction: compaction::CompactionState::default(),
+            context: context::ContextState::rebuilt(&history),
             declaration_stored,
             flush_queued: false,
             queue: queue::QueueState::default(),
@@ -812,19 +816,20 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
     adopt(state, &input, frozen).await
 }
 
-/// Freezes `frozen` onto the execution: the first transcript (system prompt, the input's text),
-/// `input_materialized` and `turn_status running`, written by the next save (normally the first
+/// Freezes `frozen` onto the execution: the first transcript (the input's text: the documents
+/// and the history are assembled into each request, [`context`]), `input_materialized` (with the
+/// macros' values) and `turn_status running`, written by the next save (normally the first
 /// round's, so that materializing and starting a round take one write). Returns `true`.
 async fn adopt(
     state: &mut ExecutionState,
     input: &crate::store::InputRow,
     frozen: Arc<FrozenDeclaration>,
 ) -> Result<bool, ActorProcessingErr> {
-    if let Some(content) =
-        frozen.system_prompt.as_ref().and_then(|doc| doc["content"].as_str()).filter(|c| !c.is_empty())
-    {
-        state.transcript.push(ChatMessage::System { content: content.to_owned() });
-    }
+    // The macros' values (one member read, two when a Human posted) and the earlier turns (none
+    // read for a first turn) are taken here, once (`docs/prompt.md`, "History").
+    let macros = context::macros_now(&state.fabric, input).await?;
+    let history = context::history_of(&state.fabric, &frozen, input).await?;
+    state.context = context::ContextState::adopted(macros.clone(), history, input);
     state.transcript.push(ChatMessage::User { content: input.text.clone() });
     emit(
         state,
@@ -839,6 +844,7 @@ async fn adopt(
                 .map(|t| MaterializedTool { name: t.name.clone(), route: json!(t.route) })
                 .collect(),
             runner_candidates: json!(frozen.runner_candidates),
+            macros: Some(macros),
         })),
     );
     tracing::info!(execution_id = %state.row.public_id, tools = frozen.tools.len(), "execution materialized");
@@ -910,9 +916,13 @@ async fn start_round(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState
     let Some((_, model)) = next_available(state, &chain, state.model_index) else {
         return halt(state, "provider_model_unavailable", "no model in the declaration's chain is available").await;
     };
+    let assembled = context::assemble(state, model.context_window_tokens, &tools).await?;
     state.row.round += 1;
     let round = state.row.round;
-    emit(state, Event::RoundStarted(RoundStarted { round, model: model.reference.clone() }));
+    emit(
+        state,
+        Event::RoundStarted(RoundStarted { round, model: model.reference.clone(), context: Some(assembled.manifest) }),
+    );
     save(state, &[]).await?;
 
     // Deltas are ephemeral: published as they arrive, never stored; `round_result` settles them.
@@ -930,7 +940,7 @@ async fn start_round(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState
         })
     };
     let request =
-        ModelRequest { model: model.model.clone(), messages: state.transcript.clone(), tools, deltas: Some(deltas) };
+        ModelRequest { model: model.model.clone(), messages: assembled.messages, tools, deltas: Some(deltas) };
     let policy = state.fabric.config.execution.retry_policy();
     let actor = myself.clone();
     let reference = model.reference.clone();

@@ -5,15 +5,27 @@
 //! JSON-pointer path inside the template, e.g.
 //! `configuration.prompt_template: /blocks/2/role: must be system, developer, user or assistant`.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::LazyLock;
 
 use regex::Regex;
 use serde_json::{Map, Value};
 
-use nexus_proto::Refusal;
+use nexus_proto::{ErrorCode, Refusal};
 
 use super::{ENVELOPE_BOUND, invalid};
+
+nexus_proto::words! {
+    /// How a request is assembled (`prompt_mechanism`).
+    pub enum Mechanism("prompt mechanism") {
+        /// The documents and the turn; no history.
+        Raw => "raw",
+        /// The fixed order.
+        Default => "default",
+        /// The declared template's order.
+        Assembly => "assembly",
+    }
+}
 
 /// The built-in prompt macros, written `{{name}}` in documents and inline template text.
 pub const MACROS: [&str; 5] = ["agent", "user", "workspace", "date", "conversation_kind"];
@@ -53,6 +65,56 @@ pub fn configuration_variables(configuration: &Value) -> Vec<String> {
         .and_then(Value::as_object)
         .map(|vars| vars.keys().cloned().collect())
         .unwrap_or_default()
+}
+
+/// Validates an input's `variables` against the answering declaration's `configuration` and
+/// answers them as `name -> text` (`docs/prompt.md`, "Macros"): an object of at most
+/// [`MAX_VARIABLES`] string values, at most [`ENVELOPE_BOUND`] bytes as JSON, no NUL, each name
+/// declared by the template of a configuration whose `prompt_mechanism` is `assembly`.
+///
+/// # Errors
+/// 400 `parameter_invalid` for another shape, too many entries or a NUL; 413
+/// `content_too_large` over the byte bound; 422 `variable_undeclared` naming the first name the
+/// template does not declare (every name, when the mechanism is not `assembly`).
+pub fn input_variables(configuration: &Value, variables: &Value) -> Result<BTreeMap<String, String>, Refusal> {
+    let Some(object) = variables.as_object() else {
+        return Err(Refusal::new(ErrorCode::ParameterInvalid, "variables must be an object of name: text"));
+    };
+    if object.len() > MAX_VARIABLES {
+        return Err(Refusal::new(
+            ErrorCode::ParameterInvalid,
+            format!("variables has {} entries; a template declares at most {MAX_VARIABLES}", object.len()),
+        ));
+    }
+    let size = variables.to_string().len();
+    if size > ENVELOPE_BOUND {
+        return Err(Refusal::new(
+            ErrorCode::ContentTooLarge,
+            format!("variables is {size} bytes, over its bound of {ENVELOPE_BOUND}"),
+        ));
+    }
+    let declared = configuration_variables(configuration);
+    let mut out = BTreeMap::new();
+    for (name, value) in object {
+        if !declared.contains(name) {
+            let names = if declared.is_empty() { "none".to_owned() } else { declared.join(", ") };
+            return Err(Refusal::new(
+                ErrorCode::VariableUndeclared,
+                format!(
+                    "variables.{name}: variable_undeclared: the answering declaration's prompt_template declares \
+                     {names}; variables need prompt_mechanism assembly and a declared name"
+                ),
+            ));
+        }
+        let Some(text) = value.as_str().filter(|t| !t.contains('\0')) else {
+            return Err(Refusal::new(
+                ErrorCode::ParameterInvalid,
+                format!("variables.{name} must be a string without NUL"),
+            ));
+        };
+        out.insert(name.clone(), text.to_owned());
+    }
+    Ok(out)
 }
 
 /// Validates `prompt_mechanism` and `prompt_template` together and returns the template's

@@ -129,6 +129,9 @@ pub struct CreateInput {
     /// `delivery_mode`; `None` is `queue` (`docs/executions.md`, "Conversations: one turn at a
     /// time").
     pub delivery_mode: Option<nexus_proto::DeliveryMode>,
+    /// `variables` `{name: text}`: the answering template's variables for this turn
+    /// ([`crate::declaration::template::input_variables`]).
+    pub variables: Option<Value>,
 }
 
 /// What an admission created, and where the input stands in its conversation
@@ -493,7 +496,9 @@ impl Api {
     /// `validation_failed` (an invalid inline declaration, no declaration at all, no model to run,
     /// or an `agent_public_id` that is not the continued conversation's);
     /// 422 `runner_not_declared` or `runner_not_eligible` for a `runner_executor_public_id` that is
-    /// not a candidate or not eligible for the Agent (`docs/protocol.md`, "Assignment").
+    /// not a candidate or not eligible for the Agent (`docs/protocol.md`, "Assignment");
+    /// 400 `parameter_invalid` or 422 `variable_undeclared` for `variables` the answering template
+    /// does not take.
     pub async fn create_input(&self, caller: &Caller, input: CreateInput) -> Result<Admitted, Refusal> {
         caller.require_active("admit inputs")?;
         if input.text.trim().is_empty() {
@@ -562,6 +567,9 @@ impl Api {
                 "default_model: the declaration names no model to run",
             ));
         }
+        if let Some(variables) = &input.variables {
+            crate::declaration::template::input_variables(&configuration, variables)?;
+        }
         // The conversation's Agent was judged above.
         let (conversation, new_conversation) = match input.conversation_public_id {
             Some(id) => (id, false),
@@ -576,6 +584,7 @@ impl Api {
             execution_declaration: input.execution_declaration,
             runner_executor_public_id: input.runner_executor_public_id,
             tool_names: input.tool_names,
+            variables: input.variables,
             posted_by_public_id: (poster != agent).then_some(poster),
             turn: 0,
         };

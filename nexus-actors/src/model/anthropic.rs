@@ -5,7 +5,8 @@
 //!   `x-api-key: <key>` (when the provider has a key) and `anthropic-version: <version>`
 //!   (default [`DEFAULT_ANTHROPIC_VERSION`]), body `{model, max_tokens, system?, messages, tools?,
 //!   stream?}`.
-//! - Our transcript maps onto it: every `system` message joins (with a blank line) into `system`;
+//! - Our transcript maps onto it: every `system` and `developer` message (each prompt document)
+//!   is one `{type:"text", text}` block of the top-level `system` array, in order;
 //!   `user` text is a `text` block; an assistant turn is its `text` block plus one
 //!   `{type:"tool_use", id, name, input}` per call (`input` is the call's JSON object; arguments
 //!   that are not an object are sent as `{}`, the task already failed with
@@ -200,7 +201,7 @@ fn wire_id(id: &str) -> String {
 }
 
 /// The system text and the turns (module docs).
-fn wire_messages(messages: &[ChatMessage]) -> (Option<String>, Vec<Value>) {
+fn wire_messages(messages: &[ChatMessage]) -> (Option<Value>, Vec<Value>) {
     let mut system: Vec<&str> = Vec::new();
     let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
     let mut push = |role: &'static str, block: Value| match turns.last_mut() {
@@ -209,7 +210,7 @@ fn wire_messages(messages: &[ChatMessage]) -> (Option<String>, Vec<Value>) {
     };
     for message in messages {
         match message {
-            ChatMessage::System { content } => system.push(content),
+            ChatMessage::System { content } | ChatMessage::Developer { content } => system.push(content),
             ChatMessage::User { content } => {
                 if !content.is_empty() {
                     push("user", json!({"type": "text", "text": content}));
@@ -235,9 +236,10 @@ fn wire_messages(messages: &[ChatMessage]) -> (Option<String>, Vec<Value>) {
             }
         }
     }
-    let system = system.into_iter().filter(|s| !s.is_empty()).collect::<Vec<_>>().join("\n\n");
+    let system: Vec<Value> =
+        system.into_iter().filter(|s| !s.is_empty()).map(|text| json!({"type": "text", "text": text})).collect();
     let turns = turns.into_iter().map(|(role, content)| json!({"role": role, "content": content})).collect();
-    ((!system.is_empty()).then_some(system), turns)
+    ((!system.is_empty()).then_some(Value::Array(system)), turns)
 }
 
 /// `stop_reason` as a finish reason (module docs).
@@ -583,7 +585,7 @@ mod tests {
                 "model": "claude-sonnet-4-5",
                 "max_tokens": 1024,
                 "stream": true,
-                "system": "be brief\n\na later note",
+                "system": [{"type": "text", "text": "be brief"}, {"type": "text", "text": "a later note"}],
                 "messages": [
                     {"role": "user", "content": [{"type": "text", "text": "list files"}]},
                     {"role": "assistant", "content": [

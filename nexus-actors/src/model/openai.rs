@@ -5,7 +5,10 @@
 //!   key, body `{model, messages, tools?, tool_choice: "auto"?, max_tokens?, stream?,
 //!   stream_options?}` (`tools` and `tool_choice` only when tools are offered, `max_tokens` only
 //!   when configured; streaming adds `stream: true` and `stream_options: {include_usage: true}`).
-//! - Messages: `{role:"system"|"user", content}`,
+//! - Messages: `{role:"system"|"developer"|"user", content}`, where adjacent `system` or
+//!   `developer` messages of one role (the prompt's documents) are joined into one whose
+//!   `content` is their text parts `[{type:"text", text}, …]`, each document remaining its own
+//!   part (a lone message keeps a string `content`; user messages are never joined);
 //!   `{role:"assistant", content|null, tool_calls?:[{id, type:"function", function:{name, arguments}}]}`
 //!   (`tool_calls` omitted when empty), `{role:"tool", tool_call_id, content}`.
 //! - A whole answer (`application/json`, also accepted when streaming was asked and the server
@@ -136,7 +139,7 @@ impl ModelProvider for OpenAiCompatibleProvider {
 
 /// The request body (module docs).
 fn wire_request(request: &ModelRequest, stream: bool, max_tokens: Option<u32>) -> Value {
-    let messages: Vec<Value> = request.messages.iter().map(wire_message).collect();
+    let messages = join_adjacent(request.messages.iter().map(wire_message).collect());
     let mut body = json!({"model": request.model, "messages": messages});
     if !request.tools.is_empty() {
         body["tools"] = Value::Array(request.tools.clone());
@@ -152,9 +155,34 @@ fn wire_request(request: &ModelRequest, stream: bool, max_tokens: Option<u32>) -
     body
 }
 
+/// Joins adjacent `system` or `developer` messages of one role into one message of text parts
+/// (module docs).
+fn join_adjacent(messages: Vec<Value>) -> Vec<Value> {
+    let joinable = |m: &Value| matches!(m["role"].as_str(), Some("system" | "developer"));
+    let part = |content: &Value| match content {
+        Value::Array(parts) => parts.clone(),
+        other => vec![json!({"type": "text", "text": other})],
+    };
+    let mut out: Vec<Value> = Vec::with_capacity(messages.len());
+    for message in messages {
+        if let Some(last) = out.last_mut()
+            && joinable(&message)
+            && last["role"] == message["role"]
+        {
+            let mut parts = part(&last["content"]);
+            parts.extend(part(&message["content"]));
+            last["content"] = Value::Array(parts);
+            continue;
+        }
+        out.push(message);
+    }
+    out
+}
+
 fn wire_message(message: &ChatMessage) -> Value {
     match message {
         ChatMessage::System { content } => json!({"role": "system", "content": content}),
+        ChatMessage::Developer { content } => json!({"role": "developer", "content": content}),
         ChatMessage::User { content } => json!({"role": "user", "content": content}),
         ChatMessage::Assistant { content, tool_calls } => {
             let mut wire = json!({"role": "assistant", "content": content});
@@ -470,6 +498,30 @@ mod tests {
     use crate::model::config::{ModelConfig, ProviderConfig, ProviderKind, ProviderTable};
     use crate::model::fake_http::{FakeServer, Reply};
     use crate::model::registry::ModelRegistry;
+
+    #[test]
+    fn documents_keep_their_roles_and_adjacent_ones_join_as_parts() {
+        let request = ModelRequest {
+            model: "m".into(),
+            messages: vec![
+                ChatMessage::System { content: "rules".into() },
+                ChatMessage::System { content: "more rules".into() },
+                ChatMessage::Developer { content: "be brief".into() },
+                ChatMessage::User { content: "a".into() },
+                ChatMessage::User { content: "b".into() },
+            ],
+            ..ModelRequest::default()
+        };
+        assert_eq!(
+            wire_request(&request, false, None)["messages"],
+            json!([
+                {"role": "system", "content": [{"type": "text", "text": "rules"}, {"type": "text", "text": "more rules"}]},
+                {"role": "developer", "content": "be brief"},
+                {"role": "user", "content": "a"},
+                {"role": "user", "content": "b"}
+            ])
+        );
+    }
 
     trait OpenAiFake {
         fn base_url(&self) -> String;

@@ -14,6 +14,7 @@ use nexus_proto::{
 };
 
 use crate::declaration::compaction::{CompactionMode, CompactionTrigger};
+use crate::model::prompt::{ContextManifest, Macros};
 use crate::model::retry::SwitchReason;
 
 nexus_proto::words! {
@@ -300,6 +301,10 @@ pub struct Materialized {
     pub tools: Vec<MaterializedTool>,
     /// The runner candidates in declaration order.
     pub runner_candidates: Value,
+    /// The prompt macros' values, taken once here (`docs/prompt.md`, "Macros"); absent on
+    /// executions materialized before they were recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub macros: Option<Macros>,
 }
 
 /// `input_materialized` of a steer: a `steer` input applied by a live execution at the boundary
@@ -333,6 +338,10 @@ pub struct RoundStarted {
     pub round: i64,
     /// The model reference asked.
     pub model: String,
+    /// The request's context manifest (`docs/prompt.md`, "Context manifest"); absent on
+    /// rounds started before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextManifest>,
 }
 
 /// `round_result`.

@@ -128,7 +128,7 @@ impl Store {
     pub async fn input(&self, public_id: InputId) -> StoreResult<Option<InputRow>> {
         let row = sqlx::query(
             "SELECT conversation_public_id, member_public_id, text, execution_declaration, runner_executor_public_id, \
-             tool_names, posted_by_public_id, turn FROM inputs WHERE public_id = $1",
+             tool_names, posted_by_public_id, turn, variables FROM inputs WHERE public_id = $1",
         )
         .bind(public_id.to_string())
         .fetch_optional(self.reader())
@@ -144,6 +144,7 @@ impl Store {
                 tool_names: json_opt(row.try_get("tool_names")?)?,
                 posted_by_public_id: parse_opt(row.try_get("posted_by_public_id")?)?,
                 turn: row.try_get("turn")?,
+                variables: json_opt(row.try_get("variables")?)?,
             })
         })
         .transpose()
@@ -493,8 +494,8 @@ pub(super) async fn admit_delivered_in(
     // writer that read the same maximum.
     sqlx::query(
         "INSERT INTO inputs (public_id, conversation_public_id, member_public_id, text, execution_declaration, \
-         runner_executor_public_id, tool_names, created_at, posted_by_public_id, delivery_mode, steer_outcome, turn) \
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, COALESCE(MAX(turn), 0) + 1 FROM inputs \
+         runner_executor_public_id, tool_names, created_at, posted_by_public_id, delivery_mode, steer_outcome, variables, turn) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE(MAX(turn), 0) + 1 FROM inputs \
          WHERE conversation_public_id = $2",
     )
     .bind(input.public_id.to_string())
@@ -508,6 +509,7 @@ pub(super) async fn admit_delivered_in(
     .bind(input.posted_by_public_id.map(|m| m.to_string()))
     .bind(mode.as_str())
     .bind(outcome.map(SteerOutcome::as_str))
+    .bind(input.variables.as_ref().map(Value::to_string))
     .execute(&mut *connection)
     .await?;
     let Some(execution_public_id) = execution_public_id else { return Ok(()) };

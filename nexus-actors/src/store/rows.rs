@@ -118,6 +118,9 @@ pub struct InputRow {
     pub runner_executor_public_id: Option<RunnerId>,
     /// The `tool_names` subset, if given.
     pub tool_names: Option<Value>,
+    /// The template variables the input sets (`{name: text}`), if any (`docs/prompt.md`,
+    /// "Macros").
+    pub variables: Option<Value>,
     /// The Human who posted it for the Agent ([`InputRow::member_public_id`]), or `None` when the
     /// Agent posted it itself.
     pub posted_by_public_id: Option<MemberId>,

@@ -11,6 +11,7 @@ mod compaction;
 mod conformance;
 mod conformance_props;
 mod control;
+mod conversations;
 mod executions;
 mod fabric;
 mod hooks;

@@ -413,7 +413,7 @@ async fn an_anthropic_tool_round_trip_with_a_real_runner() {
         assert!(request.stream);
         assert_eq!(request.headers.get("x-api-key").map(String::as_str), Some(ANTHROPIC_KEY));
         assert_eq!(request.headers.get("anthropic-version").map(String::as_str), Some("2023-06-01"));
-        assert_eq!(request.body["system"], json!("Use the tools."));
+        assert_eq!(request.body["system"], json!([{"type": "text", "text": "Use the tools."}]));
         let tools = request.body["tools"].as_array().cloned().unwrap_or_default();
         let bash = tools.iter().find(|t| t["name"] == "bash").expect("bash is offered");
         assert_eq!(bash["input_schema"]["type"], json!("object"), "{bash}");

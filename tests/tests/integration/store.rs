@@ -68,6 +68,7 @@ async fn a_claim_is_granted_once_across_nodes_sharing_the_store() {
         runner_executor_public_id: None,
         tool_names: None,
         posted_by_public_id: None,
+        variables: None,
         turn: 0,
     };
     let run = ExecutionId::new_v4();
@@ -230,6 +231,7 @@ async fn a_transcript_written_whole_reads_back_and_saves_move_it_to_rows() {
         runner_executor_public_id: None,
         tool_names: None,
         posted_by_public_id: None,
+        variables: None,
         turn: 0,
     };
     let run = ExecutionId::new_v4();

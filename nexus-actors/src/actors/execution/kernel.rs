@@ -121,6 +121,9 @@ mod tests {
             default_model: Some("scripted/default".into()),
             fallback_models: Vec::new(),
             system_prompt: None,
+            prompt_mechanism: None,
+            prompt_template: None,
+            system_prompt_version: None,
             default_runner_executor_public_id: Some(runner),
             runner_candidates: vec![
                 json!({"runner_executor_public_id": runner, "display_name": "w", "environment": {}}),

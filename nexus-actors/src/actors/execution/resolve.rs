@@ -50,13 +50,13 @@ pub async fn resolve(
     let models = &fabric.models;
     let check = |reference: &str| models.check(reference);
     let inline = supplied.or(input.execution_declaration.as_ref());
-    let (configuration, system_prompt, summarizer) = match inline {
+    let (configuration, system_prompt, summarizer, version) = match inline {
         Some(inline) => {
             let object = inline
                 .as_object()
                 .ok_or_else(|| Refusal::new(ErrorCode::ValidationFailed, "execution_declaration: must be an object"))?;
             let validated = validate_execution_declaration(object, &check)?;
-            (validated.configuration, validated.system_prompt, validated.summarizer)
+            (validated.configuration, validated.system_prompt, validated.summarizer, None)
         }
         None => {
             let profile = fabric.store.profile(input.member_public_id).await.map_err(internal)?.unwrap_or_default();
@@ -66,7 +66,8 @@ pub async fn resolve(
                     "configuration: the profile has not declared one; PUT /agent_api/v1/profile/configuration first",
                 )
             })?;
-            (configuration, profile.system_prompt, profile.summarizer)
+            let version = profile.system_prompt.as_ref().map(|_| profile.system_prompt_version);
+            (configuration, profile.system_prompt, profile.summarizer, version)
         }
     };
     let runners = runner_facts(&fabric.store, &configuration, input.member_public_id).await?;
@@ -79,7 +80,8 @@ pub async fn resolve(
         &runners,
         tool_names.as_deref(),
     )?
-    .with_summarizer(summarizer);
+    .with_summarizer(summarizer)
+    .with_system_prompt_version(version);
     if frozen.default_model.is_none() {
         return Err(Refusal::new(ErrorCode::ValidationFailed, "default_model: the declaration names no model to run"));
     }
@@ -175,10 +177,12 @@ pub async fn regenerate(
 /// is written, reserved or started.
 ///
 /// Answers `{execution_public_id, status, round, model, declaration: frozen|resolved|supplied,
-/// declaration_digest, messages, tools, open_calls, bytes: {documents, transcript, tools, total},
-/// estimated_tokens: {documents, transcript, tools, total}, estimator: {method, bytes_per_token,
-/// exact}}`. `documents` are the system-role messages (the system prompt), `transcript` the
-/// others; `total` is the whole request's canonical JSON. `open_calls` counts calls of the round
+/// declaration_digest, messages, tools, open_calls, context, bytes: {documents, transcript, tools,
+/// total}, estimated_tokens: {documents, transcript, tools, total}, estimator: {method,
+/// bytes_per_token, exact}}`, measured over the request the next round would assemble
+/// ([`super::context`]: documents, history, the turn) with its manifest as `context`.
+/// `documents` are the system- and developer-role messages, `transcript` the others (history
+/// and the turn); `total` is the whole request's canonical JSON. `open_calls` counts calls of the round
 /// whose results are not in yet (the next round also carries them). Tokens are estimated as the
 /// UTF-8 bytes over [`ESTIMATE_BYTES_PER_TOKEN`], rounded up: near what BPE tokenizers give for
 /// English text and JSON, but no tokenizer's count, so it never gates a round
@@ -205,15 +209,9 @@ pub async fn estimate(fabric: &Fabric, row: &ExecutionRow, supplied: Option<&Val
     } else {
         vec![ChatMessage::User { content: input.text.clone() }]
     };
-    // The system prompt is the declaration's: a supplied one replaces the frozen one.
-    if !materialized || supplied.is_some() {
-        transcript.retain(|m| !matches!(m, ChatMessage::System { .. }));
-        if let Some(content) =
-            declaration.system_prompt.as_ref().and_then(|doc| doc["content"].as_str()).filter(|c| !c.is_empty())
-        {
-            transcript.insert(0, ChatMessage::System { content: content.to_owned() });
-        }
-    }
+    // The documents are the declaration's (a supplied one replaces the frozen one): a system
+    // message stored by an execution materialized before requests were assembled is not read.
+    transcript.retain(|m| !matches!(m, ChatMessage::System { .. } | ChatMessage::Developer { .. }));
     let mut open_calls = 0;
     if materialized {
         let answered: HashSet<String> = transcript
@@ -243,7 +241,23 @@ pub async fn estimate(fabric: &Fabric, row: &ExecutionRow, supplied: Option<&Val
         }
     }
     let tools = wire_projection(&declaration.tools);
-    let mut measured = measure(&transcript, &tools).map_err(internal)?;
+    // The request as the next round would assemble it ([`super::context`]).
+    let recorded = match materialized {
+        true => {
+            super::context::recorded_macros(&store.events_after(row.public_id, 0, i64::MAX).await.map_err(internal)?)
+        }
+        false => None,
+    };
+    let macros = match recorded {
+        Some(macros) => macros,
+        None => super::context::macros_now(fabric, &input).await.map_err(internal)?,
+    };
+    let history = super::context::history_of(fabric, &declaration, &input).await.map_err(internal)?;
+    let window = super::context::window_of(fabric, declaration.default_model.as_deref());
+    let variables = super::context::variables_of(&input);
+    let assembled =
+        super::context::assemble_with(&declaration, &macros, &variables, &history, &transcript, window, &tools);
+    let mut measured = measure(&assembled.messages, &tools).map_err(internal)?;
     if let Some(object) = measured.as_object_mut() {
         let extra = json!({
             "execution_public_id": row.public_id,
@@ -253,6 +267,7 @@ pub async fn estimate(fabric: &Fabric, row: &ExecutionRow, supplied: Option<&Val
             "declaration": source,
             "declaration_digest": declaration.digest,
             "open_calls": open_calls,
+            "context": assembled.manifest,
         });
         if let Value::Object(extra) = extra {
             object.extend(extra);
@@ -268,7 +283,7 @@ fn measure(messages: &[ChatMessage], tools: &[Value]) -> Result<Value, serde_jso
     let mut conversation = 0;
     for message in messages {
         let bytes = serde_json::to_vec(message)?.len();
-        if matches!(message, ChatMessage::System { .. }) {
+        if matches!(message, ChatMessage::System { .. } | ChatMessage::Developer { .. }) {
             documents += bytes;
         } else {
             conversation += bytes;

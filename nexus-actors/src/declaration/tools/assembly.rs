@@ -284,6 +284,9 @@ pub fn freeze(
         lifecycle_hooks: configuration["lifecycle_hooks"].clone(),
         compaction_policy: configuration["compaction_policy"].clone(),
         summarizer: None,
+        prompt_mechanism: configuration["prompt_mechanism"].as_str().and_then(|word| word.parse().ok()),
+        prompt_template: Some(configuration["prompt_template"].clone()).filter(|t| !t.is_null()),
+        system_prompt_version: None,
         digest: String::new(),
     };
     let bytes = serde_json::to_vec(&frozen).unwrap_or_default();

@@ -8,6 +8,8 @@ use sha2::{Digest, Sha256};
 
 use nexus_kernel_tools::{ResolvedCall, lookup as kernel_lookup, resolve_call};
 
+use crate::declaration::template::Mechanism;
+
 /// Where a runner callable goes: its frozen target and the served name.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunnerRoute {
@@ -134,6 +136,17 @@ pub struct FrozenDeclaration {
     /// instructions. Absent in declarations frozen before it was captured.
     #[serde(default)]
     pub summarizer: Option<Value>,
+    /// `prompt_mechanism` as declared; absent means `default` (`docs/prompt.md`, "The
+    /// prompt as declared").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_mechanism: Option<Mechanism>,
+    /// `prompt_template` as declared, read under `assembly` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_template: Option<Value>,
+    /// The profile's `system_prompt` version frozen here; absent for an inline declaration's
+    /// document (and for declarations frozen before it was captured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt_version: Option<i64>,
     /// Digest of this declaration's canonical JSON (without this field), for display.
     pub digest: String,
 }
@@ -144,6 +157,24 @@ impl FrozenDeclaration {
     #[must_use]
     pub fn with_summarizer(mut self, summarizer: Option<Value>) -> Self {
         self.summarizer = summarizer;
+        self.redigest()
+    }
+
+    /// The declaration with the profile's `system_prompt` version frozen beside it, and its
+    /// digest taken again over the whole.
+    #[must_use]
+    pub fn with_system_prompt_version(mut self, version: Option<i64>) -> Self {
+        self.system_prompt_version = version;
+        self.redigest()
+    }
+
+    /// The mechanism the execution's requests are assembled by.
+    #[must_use]
+    pub fn mechanism(&self) -> Mechanism {
+        self.prompt_mechanism.unwrap_or(Mechanism::Default)
+    }
+
+    fn redigest(mut self) -> Self {
         self.digest = String::new();
         let bytes = serde_json::to_vec(&self).unwrap_or_default();
         self.digest = hex::encode(Sha256::digest(&bytes));

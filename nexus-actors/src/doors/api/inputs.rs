@@ -22,7 +22,7 @@ impl Api {
     ///
     /// # Errors
     /// 422 `validation_failed` for a steer that names `execution_declaration`,
-    /// `runner_executor_public_id` or `tool_names`; 409 `input_queue_full` when the conversation
+    /// `runner_executor_public_id`, `tool_names` or `variables`; 409 `input_queue_full` when the conversation
     /// already holds [`INPUT_QUEUE_BOUND`] waiting inputs (nothing is written); `internal` on a
     /// store failure.
     pub(super) async fn admit(
@@ -39,6 +39,7 @@ impl Api {
                 ("execution_declaration", row.execution_declaration.is_some()),
                 ("runner_executor_public_id", row.runner_executor_public_id.is_some()),
                 ("tool_names", row.tool_names.is_some()),
+                ("variables", row.variables.is_some()),
             ];
             if let Some((field, _)) = per_turn.iter().find(|(_, given)| *given) {
                 return Err(Refusal::new(

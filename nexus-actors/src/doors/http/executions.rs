@@ -4,7 +4,8 @@
 //! regenerate and the estimate are in [`super::control`].
 //!
 //! - `POST /agent_api/v1/inputs` `{text, conversation_public_id?, execution_declaration?,
-//!   runner_executor_public_id?, tool_names?, agent_public_id?, delivery_mode?: queue|steer}` →
+//!   runner_executor_public_id?, tool_names?, agent_public_id?, delivery_mode?: queue|steer,
+//!   variables?}` →
 //!   201 `{conversation_public_id, input_public_id, execution_public_id, turn, delivery_mode,
 //!   status, queue}` ([`crate::doors::api::Admitted::json`]); 409 `input_queue_full`.
 //!   `agent_public_id` names the Agent that answers: a Human steward starting a conversation must
@@ -81,6 +82,7 @@ fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
             "tool_names",
             "agent_public_id",
             "delivery_mode",
+            "variables",
         ],
     )?;
     let text = match &body["text"] {
@@ -94,6 +96,7 @@ fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
         execution_declaration: body.get("execution_declaration").filter(|v| !v.is_null()).cloned(),
         runner_executor_public_id: optional_uuid(body, "runner_executor_public_id")?,
         tool_names: body.get("tool_names").filter(|v| !v.is_null()).cloned(),
+        variables: body.get("variables").filter(|v| !v.is_null()).cloned(),
         agent_public_id: optional_uuid(body, "agent_public_id")?,
         delivery_mode: match &body["delivery_mode"] {
             Value::Null => None,

@@ -99,7 +99,7 @@ pub fn plan(transcript: &[ChatMessage]) -> Option<Plan> {
 pub fn compacted_transcript(transcript: &[ChatMessage], plan: &Plan, summary: &str) -> Vec<ChatMessage> {
     let mut out: Vec<ChatMessage> = transcript[..plan.tail_start]
         .iter()
-        .filter(|m| matches!(m, ChatMessage::System { .. } | ChatMessage::User { .. }))
+        .filter(|m| is_document(m) || matches!(m, ChatMessage::User { .. }))
         .cloned()
         .collect();
     out.push(ChatMessage::Assistant {
@@ -110,10 +110,16 @@ pub fn compacted_transcript(transcript: &[ChatMessage], plan: &Plan, summary: &s
     out
 }
 
+/// Whether `message` is a document (system or developer), which compaction never summarizes.
+fn is_document(message: &ChatMessage) -> bool {
+    matches!(message, ChatMessage::System { .. } | ChatMessage::Developer { .. })
+}
+
 /// One message as the kernel summarizer reads it.
 fn render(message: &ChatMessage) -> String {
     match message {
         ChatMessage::System { content } => format!("[system] {content}"),
+        ChatMessage::Developer { content } => format!("[developer] {content}"),
         ChatMessage::User { content } => format!("[user, kept verbatim] {content}"),
         ChatMessage::Assistant { content, tool_calls } => {
             let mut lines = Vec::new();
@@ -133,7 +139,7 @@ fn render(message: &ChatMessage) -> String {
 /// bytes: the oldest messages are trimmed first.
 pub fn summarizer_input(transcript: &[ChatMessage], plan: &Plan, bound: usize) -> String {
     let mut entries: Vec<String> =
-        transcript[..plan.tail_start].iter().filter(|m| !matches!(m, ChatMessage::System { .. })).map(render).collect();
+        transcript[..plan.tail_start].iter().filter(|m| !is_document(m)).map(render).collect();
     let head = "Summarize this conversation history:\n\n";
     let mut size: usize = head.len() + entries.iter().map(|e| e.len() + 2).sum::<usize>();
     let mut trimmed = 0;
@@ -154,11 +160,7 @@ pub fn summarizer_input(transcript: &[ChatMessage], plan: &Plan, bound: usize) -
 /// JSON, the oldest history trimmed first, then the oldest of the tail.
 pub fn delegate_input(transcript: &[ChatMessage], plan: &Plan, run: ExecutionId, task: &str, bound: usize) -> Value {
     let as_values = |messages: &[ChatMessage]| -> Vec<Value> {
-        messages
-            .iter()
-            .filter(|m| !matches!(m, ChatMessage::System { .. }))
-            .filter_map(|m| serde_json::to_value(m).ok())
-            .collect()
+        messages.iter().filter(|m| !is_document(m)).filter_map(|m| serde_json::to_value(m).ok()).collect()
     };
     let mut history = as_values(&transcript[..plan.tail_start]);
     let mut tail = as_values(&transcript[plan.tail_start..]);
