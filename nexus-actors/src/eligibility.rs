@@ -25,9 +25,9 @@ use crate::store::{ExecutorRow, MemberRow, Store, StoreError};
 pub enum Principal {
     /// An Agent: the runners account-wide or assigned to it.
     Agent(MemberId),
-    /// A Human member. For now a Human is served by the account-wide runners only; a Human's
-    /// standing on an Agent (steward, viewer) would extend [`Principal::assigned`] and
-    /// [`Principal::assigned_runners`], the one place that says which runners are a principal's.
+    /// A Human member: the runners account-wide or assigned to an Agent it stewards or views
+    /// (`docs/executions.md`, "People in the loop"). A Human never selects a runner itself; this
+    /// is what its discovery lists.
     Human(MemberId),
 }
 
@@ -40,19 +40,34 @@ impl Principal {
         }
     }
 
-    /// Whether `runner` is assigned to this principal (one store read).
+    /// Whether `runner` is assigned to this principal (one store read for an Agent; for a Human,
+    /// one for its grants and one per Agent they name).
     async fn assigned(self, store: &Store, runner: RunnerId) -> Result<bool, StoreError> {
         match self {
             Principal::Agent(agent) => store.runner_assigned(runner, agent).await,
-            Principal::Human(_) => Ok(false),
+            Principal::Human(human) => {
+                for grant in store.grants_of(human).await? {
+                    if store.runner_assigned(runner, grant.agent_public_id).await? {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            }
         }
     }
 
-    /// Every runner assigned to this principal (one store read).
+    /// Every runner assigned to this principal (one store read for an Agent; for a Human, the
+    /// union over the Agents it stewards or views).
     async fn assigned_runners(self, store: &Store) -> Result<HashSet<RunnerId>, StoreError> {
         match self {
             Principal::Agent(agent) => store.runners_assigned_to(agent).await,
-            Principal::Human(_) => Ok(HashSet::new()),
+            Principal::Human(human) => {
+                let mut runners = HashSet::new();
+                for grant in store.grants_of(human).await? {
+                    runners.extend(store.runners_assigned_to(grant.agent_public_id).await?);
+                }
+                Ok(runners)
+            }
         }
     }
 }
@@ -128,15 +143,19 @@ pub async fn runner_facts(store: &Store, configuration: &Value, agent: MemberId)
 }
 
 /// The declaration doors' check (`PUT /agent_api/v1/profile/configuration`, named definitions):
-/// a runner the configuration names that exists and is not eligible for `agent` (assigned to
-/// other Agents, or revoked) is refused. A runner that does not exist yet is accepted: a
-/// configuration may be declared before its target is usable, and materialization judges it.
+/// a runner the configuration names that is not eligible for `agent` (unknown, assigned to other
+/// Agents, or revoked) is refused. An unknown runner and another Agent's get the same message, so
+/// an Agent learns nothing of runners that are not its own (REFERENCE 19 R28's assembly test:
+/// `runner_not_eligible` "for a private or unknown runner").
 ///
 /// # Errors
 /// 422 `runner_not_eligible` naming the field and the runner; `internal` on a store failure.
 pub async fn refuse_foreign_runners(store: &Store, configuration: &Value, agent: MemberId) -> Result<(), Refusal> {
-    for facts in runner_facts(store, configuration, agent).await? {
-        if let Some(refusal) = not_eligible(facts.public_id, Some(facts.eligibility)) {
+    for runner in named_runners(configuration) {
+        if let Err(refusal) = refuse_ineligible_selection(store, runner, agent).await {
+            if refusal.code == ErrorCode::Internal {
+                return Err(refusal);
+            }
             return Err(Refusal::new(refusal.code, format!("configuration: {}", refusal.message)));
         }
     }

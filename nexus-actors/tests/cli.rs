@@ -109,9 +109,13 @@ fn serve_admin_and_a_graceful_sigterm() {
     let member: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(member["kind"], "agent");
     assert!(member["token"].as_str().is_some_and(|t| t.starts_with("sk-nexus-api-v1-")));
-    let out = admin(dir.path(), &["runner", "create", "--name", "worker-1"]);
+    // A runner serves the Agents it is assigned to (`docs/protocol.md`, "Assignment").
+    let agent_id = member["public_id"].as_str().expect("id");
+    let out = admin(dir.path(), &["runner", "create", "--name", "worker-1", "--assign", agent_id]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let runner: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert!(runner["runner_executor_public_id"].as_str().is_some());
+    assert_eq!(runner["assigned_agent_public_ids"], serde_json::json!([agent_id]));
     let out = admin(dir.path(), &["member", "create", "--kind", "agent", "--handle", "helper"]);
     assert!(!out.status.success(), "a taken handle is refused");
 

@@ -719,6 +719,11 @@ pub(crate) fn result_text(task: &TaskRow) -> String {
             task.callable_name
         ),
         (TaskStatus::Canceled, _) => format!("task_canceled: {} was canceled", task.callable_name),
+        // The runner was taken off this Agent after the call was addressed to it
+        // (`docs/protocol.md`, "Assignment").
+        (_, Some("not_eligible")) if content.is_empty() => {
+            format!("not_eligible: {} was not run: its runner no longer serves this Agent", task.callable_name)
+        }
         (_, Some(key)) if content.is_empty() => format!("{key}: {} could not run", task.callable_name),
         (_, Some(key)) => format!("{key}: {content}"),
         (status, None) => format!("{status}: {content}"),
@@ -804,6 +809,18 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
     // One execution at a time per conversation: a queued input waits for its turn ([`queue`]).
     if !queue::may_start(state).await? {
         return Ok(false);
+    }
+    // A turn that waited for its turn starts no work for an Agent suspended meanwhile
+    // (`docs/executions.md`, "People in the loop"): the doors refuse new work to a suspended
+    // member, and the line does too.
+    let agent = state.fabric.store.member(state.row.member_public_id).await?;
+    if agent.is_some_and(|member| member.status != nexus_proto::MemberStatus::Active) {
+        let refusal = Refusal::new(
+            ErrorCode::NotAuthorized,
+            "the Agent was suspended before this turn started; an operator reinstates it with \
+             `nexus admin member reinstate`, then post the input again",
+        );
+        return end_refused(state, &refusal).await;
     }
     let input = state.fabric.store.input(state.row.input_public_id).await?.ok_or("the execution's input is missing")?;
     let frozen = match resolve::resolve(&state.fabric, &input, None).await {

@@ -519,6 +519,9 @@ impl Api {
         {
             return Err(Refusal::new(ErrorCode::ParameterInvalid, "tool_names must be an array of names"));
         }
+        if input.delivery_mode == Some(nexus_proto::DeliveryMode::Steer) {
+            inputs::steer_carries_text_only(&input)?;
+        }
         let store = &self.fabric.store;
         let agent = self.answering_agent(caller, input.conversation_public_id, input.agent_public_id).await?;
         if agent != caller.member.public_id {
@@ -794,12 +797,26 @@ impl Api {
     /// # Errors
     /// 404 `not_found`; 403 `not_authorized` ([`standing`], or a suspended member); 400 `parameter_invalid` for
     /// a body that is not an object or names another field; 409 `not_regenerable` when the
-    /// original froze no declaration and none is supplied; 422 `validation_failed` and the
+    /// original froze no declaration and none is supplied, or while an execution of its
+    /// conversation has not ended; 422 `validation_failed` and the
     /// assembly's words for a supplied declaration.
     pub async fn regenerate(&self, caller: &Caller, id: ExecutionId, body: &Value) -> Result<Value, Refusal> {
         let supplied = resolve::supplied_declaration(body)?;
         let original = self.execution_for(caller, id, Need::Act).await?;
         caller.require_active("start executions")?;
+        // One execution at a time per conversation (`docs/executions.md`, "Conversations: one
+        // turn at a time"): a turn is answered again only once its conversation is quiet.
+        let line = self.fabric.store.conversation_line(original.conversation_public_id).await.map_err(internal)?;
+        if let Some(live) = line.first() {
+            return Err(Refusal::new(
+                ErrorCode::NotRegenerable,
+                format!(
+                    "conversation {} has a live execution {} ({}, turn {}); a turn is regenerated once every \
+                     execution of its conversation has ended: wait for it, or stop it first",
+                    original.conversation_public_id, live.public_id, live.status, live.turn
+                ),
+            ));
+        }
         let row = resolve::regenerate(&self.fabric, &original, supplied.as_ref()).await?;
         // The actor adopts the frozen declaration and runs as soon as it starts.
         self.root.execution(row.public_id).load().await?;

@@ -105,11 +105,13 @@ fn placeholders(from: usize, count: usize) -> String {
     (from..from + count).map(|n| format!("${n}")).collect::<Vec<_>>().join(", ")
 }
 
-/// The newest candidate of the input `input` (a column), as a scalar subquery.
-fn newest_candidate(input: &str) -> String {
+/// The candidate that answers the input `input` (a column), as a scalar subquery: its newest
+/// `completed` execution, else its newest, as the history reads it (`docs/prompt.md`,
+/// "History"): a regeneration that was stopped or failed leaves the earlier answer in place.
+fn answering_candidate(input: &str) -> String {
     format!(
         "(SELECT n.public_id FROM executions n WHERE n.input_public_id = {input} \
-         ORDER BY n.created_at DESC, n.public_id DESC LIMIT 1)"
+         ORDER BY CASE WHEN n.status = 'completed' THEN 1 ELSE 0 END DESC, n.created_at DESC, n.public_id DESC LIMIT 1)"
     )
 }
 
@@ -156,7 +158,7 @@ impl Store {
                WHERE i.conversation_public_id = c.public_id ORDER BY i.turn DESC LIMIT 1) \
              LEFT JOIN executions e ON e.public_id = {} \
              WHERE c.member_public_id IN ({}){keyset} ORDER BY c.created_at DESC, c.public_id DESC LIMIT ${limit_at}",
-            newest_candidate("l.public_id"),
+            answering_candidate("l.public_id"),
             placeholders(1, n),
         );
         let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
@@ -183,7 +185,7 @@ impl Store {
     }
 
     /// The turns of a conversation after turn `after` (0 for the first), in order, at most
-    /// `limit`, each with its newest execution.
+    /// `limit`, each with the execution that answers it ([`answering_candidate`]).
     ///
     /// # Errors
     /// [`super::StoreError`] on a database failure.
@@ -194,7 +196,7 @@ impl Store {
              e.public_id AS execution_public_id, e.status, e.final_text, e.error_key FROM inputs i \
              LEFT JOIN executions e ON e.public_id = {} \
              WHERE i.conversation_public_id = $1 AND i.turn > $2 ORDER BY i.turn LIMIT $3",
-            newest_candidate("i.public_id"),
+            answering_candidate("i.public_id"),
         );
         let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(conversation.to_string())

@@ -391,6 +391,39 @@ async fn a_regeneration_carries_the_same_history_and_becomes_the_turn() {
     );
 }
 
+/// A regeneration that does not complete (here the model refuses, and a person stops it) leaves
+/// the turn's earlier answer in place: the next turn reads it, and the turn shows it.
+#[tokio::test]
+async fn a_regeneration_that_was_stopped_leaves_the_earlier_answer_in_place() {
+    let bed = Bed::start().await;
+    bed.fake.script("keep", [Act::Text("one".into()), Act::Text("two".into()), Act::Refuse, Act::Text("three".into())]);
+    let declaration = json!({"approval_mode": "bypass", "default_model": "oa/keep"});
+    let (conversation, _) = bed.turn(None, "first", &declaration).await;
+    let (_, second) = bed.turn(Some(conversation), "second", &declaration).await;
+    let caller = bed.server.caller(&bed.agent).await;
+    let regenerated = bed.server.server.api.regenerate(&caller, second, &json!({})).await.expect("regenerated");
+    let again: ExecutionId =
+        regenerated["execution_public_id"].as_str().and_then(|id| id.parse().ok()).expect("the regeneration's id");
+    let row = bed.server.settled(again, SETTLE).await;
+    assert_ne!(row.status, RunStatus::Completed, "{row:?}");
+    if !row.status.is_terminal() {
+        bed.server.server.api.stop(&caller, again, true).await.expect("stopped");
+        let row = bed.server.settled(again, SETTLE).await;
+        assert!(row.status.is_terminal(), "{row:?}");
+    }
+    bed.turn(Some(conversation), "third", &declaration).await;
+    let requests = bed.fake.requests_for("keep");
+    assert_eq!(
+        lines(requests.last().expect("turn 3")),
+        ["user: first", "assistant: one", "user: second", "assistant: two", "user: third"],
+        "the completed answer is the one the conversation keeps"
+    );
+    let turns = bed.server.server.api.conversation(&caller, conversation, 0).await.expect("turns");
+    assert_eq!(turns["turns"][1]["final_text"], json!("two"), "{turns:#}");
+    assert_eq!(turns["turns"][1]["execution_public_id"], json!(second));
+    assert_eq!(turns["turns"][1]["candidates"], json!(2));
+}
+
 /// A restart between two turns loses nothing: turn 2, posted to the restarted server, carries
 /// turn 1 whole.
 #[tokio::test]

@@ -413,3 +413,61 @@ async fn the_input_queue_holds_sixteen_and_a_queued_input_can_be_canceled() {
     assert_eq!(asked, expected);
     assert_eq!(f.server.store().execution(run2).await.expect("store").expect("row").status, RunStatus::Canceled);
 }
+
+#[tokio::test]
+async fn a_busy_conversation_regenerates_nothing_and_a_suspension_starts_no_queued_turn() {
+    let fake = FakeProvider::start().await;
+    let mut f = Fixture::start(fake.openai_base_url()).await;
+    fake.script(
+        "chat",
+        vec![Act::ToolCalls(vec![("c1".into(), "probe".into(), json!({}))]), Act::Text("turn 1".into())],
+    );
+    let first = f.post("turn 1", None, None).await;
+    let conversation = first["conversation_public_id"].clone();
+    let run1 = id(&first, "execution_public_id");
+    f.server.task_in(run1, "r1t0", TaskStatus::Dispatched).await;
+    let second = f.post("turn 2", Some(&conversation), None).await;
+    let third = f.post("turn 3", Some(&conversation), None).await;
+    let (run2, run3) = (id(&second, "execution_public_id"), id(&third, "execution_public_id"));
+
+    // Neither the running turn nor a queued one is answered again while the conversation is busy:
+    // the refusal names the live execution to wait for, and nothing is created.
+    let declaration = json!({"execution_declaration": {"default_model": "fake/chat", "approval_mode": "bypass"}});
+    for run in [run1, run2] {
+        let answer = f.http().post(&format!("/agent_api/v1/executions/{run}/regenerate"), &declaration).await;
+        assert_eq!((answer.status, answer.code()), (409, Some("not_regenerable")), "{run}: {answer:?}");
+        assert!(answer.message().contains(&run1.to_string()), "{}", answer.message());
+    }
+    let path = format!("/agent_api/v1/executions?conversation={}", conversation.as_str().expect("id"));
+    let listed = f.http().get(&path).await;
+    assert_eq!(listed.body["executions"].as_array().map(Vec::len), Some(3), "no regeneration was created");
+
+    // A steer carries text only: its rule is judged before the fields themselves.
+    let steer = f
+        .http()
+        .post(
+            "/agent_api/v1/inputs",
+            &json!({"text": "x", "delivery_mode": "steer", "variables": {"a": "b"}, "conversation_public_id": conversation}),
+        )
+        .await;
+    assert_eq!((steer.status, steer.code()), (422, Some("validation_failed")), "{steer:?}");
+    assert!(steer.message().starts_with("variables: a steer"), "{}", steer.message());
+
+    // Suspended, the Agent may still cancel a queued input (that only takes work away), and its
+    // queued turn does not start when the one before it ends.
+    nexus_actors::cli::admin::set_member_status(
+        f.server.store(),
+        f.agent.member(),
+        nexus_proto::MemberStatus::Suspended,
+    )
+    .await
+    .expect("suspended");
+    let canceled = f.cancel(&third["input_public_id"]).await;
+    assert_eq!((canceled.status, canceled.body["status"].as_str()), (200, Some("canceled")), "{canceled:?}");
+    f.run_tool(run1, "r1t0", "probed").await;
+    f.status_is(run1, RunStatus::Completed).await;
+    let refused = f.status_is(run2, RunStatus::Canceled).await;
+    assert_eq!(refused.error_key.as_deref(), Some("not_authorized"));
+    assert_eq!(f.status_is(run3, RunStatus::Canceled).await.error_key.as_deref(), Some("run_canceled"));
+    assert_eq!(fake.count("chat"), 2, "turn 2 never reached the model");
+}

@@ -235,8 +235,13 @@ async fn cancel_queued(state: &mut ExecutionState) -> Result<Result<ExecutionRow
     }
     // A regeneration is created frozen and never waits: it is stopped, not canceled.
     if state.phase != Phase::Materializing || state.declaration.is_some() {
+        let next = if state.row.status.is_terminal() {
+            "it has ended; post a new input, or regenerate the turn"
+        } else {
+            "stop the execution instead"
+        };
         return Ok(Err(not_queued(format!(
-            "execution {id} is {}: its input is no longer queued; stop the execution instead",
+            "execution {id} is {}: its input is no longer queued; {next}",
             state.row.status
         ))));
     }

@@ -19,8 +19,10 @@ async fn member_of_kind(store: &Store, id: MemberId, kind: MemberKind, flag: &st
         return Err(Refusal::new(
             ErrorCode::ValidationFailed,
             format!(
-                "{flag}: member {id} ({}) is {}, not {kind}; give {flag} the id of a {kind} member",
-                member.handle, member.kind
+                "{flag}: member {id} ({}) is {}, not {kind}; give {flag} the id of {} {kind} member",
+                member.handle,
+                member.kind,
+                if kind == MemberKind::Agent { "an" } else { "a" }
             ),
         ));
     }

@@ -195,8 +195,8 @@ impl Api {
     /// conversation and a page of its turns in order, after turn `turns_after` (0, or absent, from
     /// the first): `{conversation_public_id, member_public_id, created_at, turns:[{turn,
     /// input_public_id, text, text_truncated, posted_by_public_id, execution_public_id, status,
-    /// final_text, error_key, candidates, created_at}], turns_next}`. Each turn shows its newest
-    /// execution (a regenerated turn's newest candidate; `candidates` counts them). A page holds
+    /// final_text, error_key, candidates, created_at}], turns_next}`. Each turn shows the execution
+    /// that answers it (its newest `completed` candidate, else its newest; `candidates` counts them). A page holds
     /// at most [`TURN_PAGE_MAX`] turns and [`TURN_PAGE_BOUND`] bytes of turn JSON (at least one
     /// turn); `turns_next` is its last turn's number when more follow, else null.
     ///

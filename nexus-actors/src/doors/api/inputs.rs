@@ -9,10 +9,35 @@ use serde_json::{Value, json};
 
 use nexus_proto::{DeliveryMode, ErrorCode, InputId, Refusal, RunStatus, SteerOutcome};
 
-use super::{Admitted, Api, Caller, internal};
+use super::{Admitted, Api, Caller, CreateInput, internal};
 use crate::actors::execution::queue;
 use crate::store::queue::{Admission, INPUT_QUEUE_BOUND};
 use crate::store::{ExecutionRow, InputRow};
+
+/// A steer joins the running execution under the declaration it froze: per-turn fields would do
+/// nothing there, so they are refused rather than ignored, before anything else is judged
+/// (`docs/executions.md`, "Conversations: one turn at a time").
+///
+/// # Errors
+/// 422 `validation_failed` naming the first per-turn field `input` carries.
+pub(super) fn steer_carries_text_only(input: &CreateInput) -> Result<(), Refusal> {
+    let per_turn = [
+        ("execution_declaration", input.execution_declaration.is_some()),
+        ("runner_executor_public_id", input.runner_executor_public_id.is_some()),
+        ("tool_names", input.tool_names.is_some()),
+        ("variables", input.variables.is_some()),
+    ];
+    match per_turn.iter().find(|(_, given)| *given) {
+        None => Ok(()),
+        Some((field, _)) => Err(Refusal::new(
+            ErrorCode::ValidationFailed,
+            format!(
+                "{field}: a steer joins the running execution under its frozen declaration; \
+                 post it with delivery_mode queue to give a turn its own {field}"
+            ),
+        )),
+    }
+}
 
 impl Api {
     /// Admits `row` into its conversation delivered as `mode`: a turn that starts now (its
@@ -32,24 +57,14 @@ impl Api {
         new_conversation: bool,
         mode: DeliveryMode,
     ) -> Result<Admitted, Refusal> {
-        // A steer joins the running execution under the declaration it froze: per-turn fields
-        // would do nothing there, so they are refused rather than ignored.
         if mode == DeliveryMode::Steer {
-            let per_turn = [
-                ("execution_declaration", row.execution_declaration.is_some()),
-                ("runner_executor_public_id", row.runner_executor_public_id.is_some()),
-                ("tool_names", row.tool_names.is_some()),
-                ("variables", row.variables.is_some()),
-            ];
-            if let Some((field, _)) = per_turn.iter().find(|(_, given)| *given) {
-                return Err(Refusal::new(
-                    ErrorCode::ValidationFailed,
-                    format!(
-                        "{field}: a steer joins the running execution under its frozen declaration; \
-                         post it with delivery_mode queue to give a turn its own {field}"
-                    ),
-                ));
-            }
+            steer_carries_text_only(&CreateInput {
+                execution_declaration: row.execution_declaration.clone(),
+                runner_executor_public_id: row.runner_executor_public_id,
+                tool_names: row.tool_names.clone(),
+                variables: row.variables.clone(),
+                ..CreateInput::default()
+            })?;
         }
         let execution = nexus_proto::ExecutionId::new_v4();
         let store = &self.fabric.store;
@@ -97,7 +112,7 @@ impl Api {
     ///
     /// # Errors
     /// 404 `not_found` for an unknown input or one the caller may not cancel (the standing rule: another Agent's input);
-    /// 403 `not_authorized` for a suspended member; 409 `input_not_queued` when the input's
+    /// 403 `not_authorized` for a Human who does not steward the Agent; 409 `input_not_queued` when the input's
     /// execution has started (or ended), or the steer was applied or became a turn of its own.
     pub async fn cancel_input(&self, caller: &Caller, id: InputId) -> Result<Value, Refusal> {
         let store = &self.fabric.store;
@@ -108,7 +123,7 @@ impl Api {
         self.conversation_for(caller, input.conversation_public_id, super::standing::Need::Act)
             .await
             .map_err(|refusal| if refusal.code == ErrorCode::NotFound { missing() } else { refusal })?;
-        caller.require_active("cancel inputs")?;
+        // Canceling only takes work away: a suspended member may cancel, as it may stop.
         let delivery = store.delivery(id).await.map_err(internal)?.ok_or_else(missing)?;
         let canceled = match (delivery.mode, delivery.outcome) {
             (DeliveryMode::Steer, None) => self.cancel_waiting_steer(&input).await?,

@@ -102,11 +102,11 @@ pub fn judge(
     }
     let message = match standing {
         Standing::Viewer => format!(
-            "you are a viewer of the Agent that owns {what}: you may read it, not act on it; an operator makes you \
-             its steward with `nexus admin member grant --human ID --agent ID --role steward`"
+            "you are a viewer of {what}: you may read it, not act on it; an operator makes you \
+             a steward with `nexus admin member grant --human ID --agent ID --role steward`"
         ),
         _ => format!(
-            "you hold no grant on the Agent that owns {what}; an operator grants one with \
+            "you hold no grant for {what}; an operator grants one with \
              `nexus admin member grant --human ID --agent ID --role viewer|steward`"
         ),
     };
@@ -140,7 +140,7 @@ impl Api {
         let missing = || Refusal::new(ErrorCode::NotFound, format!("no execution {id}"));
         let row = self.fabric.store.execution(id).await.map_err(internal)?.ok_or_else(missing)?;
         let standing = standing(&self.fabric.store, &caller.member, row.member_public_id).await?;
-        judge(&caller.member, standing, need, &format!("execution {id}"), missing)?;
+        judge(&caller.member, standing, need, &format!("the Agent that owns execution {id}"), missing)?;
         Ok(row)
     }
 
@@ -176,7 +176,7 @@ impl Api {
         let missing = || Refusal::new(ErrorCode::NotFound, format!("no conversation {id}"));
         let agent = store.conversation_agent(id).await.map_err(internal)?.ok_or_else(missing)?;
         let standing = standing(store, &caller.member, agent).await?;
-        judge(&caller.member, standing, need, &format!("conversation {id}"), missing)?;
+        judge(&caller.member, standing, need, &format!("the Agent that owns conversation {id}"), missing)?;
         Ok(agent)
     }
 
