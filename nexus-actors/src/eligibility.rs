@@ -143,19 +143,16 @@ pub async fn runner_facts(store: &Store, configuration: &Value, agent: MemberId)
 }
 
 /// The declaration doors' check (`PUT /agent_api/v1/profile/configuration`, named definitions):
-/// a runner the configuration names that is not eligible for `agent` (unknown, assigned to other
-/// Agents, or revoked) is refused. An unknown runner and another Agent's get the same message, so
-/// an Agent learns nothing of runners that are not its own (REFERENCE 19 R28's assembly test:
-/// `runner_not_eligible` "for a private or unknown runner").
+/// a runner the configuration names that exists and is not eligible for `agent` (assigned to
+/// other Agents, or revoked) is refused. A runner that does not exist yet is accepted, as the
+/// spec's conformance asks (REFERENCE 19 R29: "the configuration itself can be declared before
+/// the target serves it"); materialization judges it.
 ///
 /// # Errors
 /// 422 `runner_not_eligible` naming the field and the runner; `internal` on a store failure.
 pub async fn refuse_foreign_runners(store: &Store, configuration: &Value, agent: MemberId) -> Result<(), Refusal> {
-    for runner in named_runners(configuration) {
-        if let Err(refusal) = refuse_ineligible_selection(store, runner, agent).await {
-            if refusal.code == ErrorCode::Internal {
-                return Err(refusal);
-            }
+    for facts in runner_facts(store, configuration, agent).await? {
+        if let Some(refusal) = not_eligible(facts.public_id, Some(facts.eligibility)) {
             return Err(Refusal::new(refusal.code, format!("configuration: {}", refusal.message)));
         }
     }

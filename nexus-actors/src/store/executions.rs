@@ -286,20 +286,7 @@ impl Store {
                 let write = write.clone();
                 Box::pin(async move {
                     let (execution, events) = &*write;
-                    sqlx::query(
-                        "INSERT INTO executions (public_id, conversation_public_id, input_public_id, \
-                         member_public_id, status, transcript, round, event_seq, created_at, updated_at) \
-                         VALUES ($1, $2, $3, $4, $5, '[]', 0, 0, $6, $7)",
-                    )
-                    .bind(execution.public_id.to_string())
-                    .bind(execution.conversation_public_id.to_string())
-                    .bind(execution.input_public_id.to_string())
-                    .bind(execution.member_public_id.to_string())
-                    .bind(execution.status.as_str())
-                    .bind(execution.created_at)
-                    .bind(execution.created_at)
-                    .execute(&mut *connection)
-                    .await?;
+                    insert_execution_in(connection, execution).await?;
                     save_execution_in(connection, execution, None, &[], events, execution.updated_at).await?;
                     Ok(())
                 })
@@ -455,6 +442,25 @@ async fn transcript_in(connection: &mut AnyConnection, execution: ExecutionId, l
         )));
     }
     Ok(messages)
+}
+
+/// Inserts `execution`'s row as created (no transcript, round 0, no events yet), on the writer's
+/// transaction: a regeneration's, or a waiting steer's that becomes a turn.
+pub(super) async fn insert_execution_in(connection: &mut AnyConnection, execution: &ExecutionRow) -> StoreResult<()> {
+    sqlx::query(
+        "INSERT INTO executions (public_id, conversation_public_id, input_public_id, member_public_id, status, \
+         transcript, round, event_seq, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, '[]', 0, 0, $6, $7)",
+    )
+    .bind(execution.public_id.to_string())
+    .bind(execution.conversation_public_id.to_string())
+    .bind(execution.input_public_id.to_string())
+    .bind(execution.member_public_id.to_string())
+    .bind(execution.status.as_str())
+    .bind(execution.created_at)
+    .bind(execution.created_at)
+    .execute(&mut *connection)
+    .await?;
+    Ok(())
 }
 
 /// [`Store::admit_input`]'s statements, on the writer's transaction: the input as a `queue` turn

@@ -318,20 +318,7 @@ impl Store {
                     if taken == 0 {
                         return Ok(false);
                     }
-                    sqlx::query(
-                        "INSERT INTO executions (public_id, conversation_public_id, input_public_id, \
-                         member_public_id, status, transcript, round, event_seq, created_at, updated_at) \
-                         VALUES ($1, $2, $3, $4, $5, '[]', 0, 0, $6, $7)",
-                    )
-                    .bind(execution.public_id.to_string())
-                    .bind(execution.conversation_public_id.to_string())
-                    .bind(execution.input_public_id.to_string())
-                    .bind(execution.member_public_id.to_string())
-                    .bind(execution.status.as_str())
-                    .bind(execution.created_at)
-                    .bind(execution.created_at)
-                    .execute(&mut *connection)
-                    .await?;
+                    super::executions::insert_execution_in(connection, execution).await?;
                     if !events.is_empty() || execution.error_key.is_some() {
                         save_execution_in(connection, execution, None, &[], events, execution.updated_at).await?;
                     }
