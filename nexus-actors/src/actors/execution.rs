@@ -313,6 +313,8 @@ pub struct ExecutionState {
     model_call: Option<JoinHandle<()>>,
     /// The approval hold timer of each parked task, by task key.
     holds: HashMap<TaskKey, JoinHandle<()>>,
+    /// The I/O kernel calls running in-process, by task key ([`kernel::launch`]).
+    kernel_calls: HashMap<TaskKey, JoinHandle<()>>,
     /// Index into [`model_chain`] where each round starts looking for an available route: 0, or
     /// the route the last `model_change` switched to (restored from the event log).
     model_index: usize,
@@ -393,6 +395,7 @@ impl Actor for ExecutionActor {
             events: Vec::new(),
             model_call: None,
             holds: HashMap::new(),
+            kernel_calls: HashMap::new(),
             model_index,
             control: control::ControlState::default(),
             hooks: hooks::HookState::default(),
@@ -421,6 +424,11 @@ impl Actor for ExecutionActor {
         if !state.events.is_empty() {
             save(state, &[]).await?;
         }
+        // In-process kernel calls a restart interrupted run again ([`kernel`]).
+        if !matches!(state.row.status, RunStatus::Canceling) && !state.row.status.is_terminal() {
+            let running: Vec<TaskRow> = state.pending.values().cloned().collect();
+            kernel::launch(&myself, state, &running);
+        }
         // A quiescent execution (loaded for a door, or for a late settlement) waits for that
         // message: an `Advance` first would find nothing to do and stop the actor before it.
         if !state.row.status.is_quiescent() {
@@ -439,6 +447,9 @@ impl Actor for ExecutionActor {
         }
         for (_, hold) in state.holds.drain() {
             hold.abort();
+        }
+        for (_, call) in state.kernel_calls.drain() {
+            call.abort();
         }
         // Narrations gathered but not yet written (a Flush still queued) are written now.
         if !state.events.is_empty() {
@@ -476,6 +487,7 @@ impl Actor for ExecutionActor {
                 hooks::settled(&myself, state, *task).await?;
             }
             ExecutionMsg::TaskSettled(task) => {
+                state.kernel_calls.remove(&task.task_key);
                 let Some(held) = state.pending.get_mut(&task.task_key) else { return Ok(()) };
                 if held.is_settled() {
                     return Ok(());
@@ -1088,6 +1100,7 @@ async fn model_done(
     approval::announce_parks(myself, state, &tasks);
     save(state, &tasks).await?;
     offer_all(state, tasks.iter().filter(|t| t.status == TaskStatus::Dispatched));
+    kernel::launch(myself, state, &tasks);
     advance(myself, state).await
 }
 

@@ -178,6 +178,39 @@ impl Store {
             .await
     }
 
+    /// Settles a task that runs in-process in its ExecutionActor (an I/O kernel tool,
+    /// `docs/kernel-tools.md`): writes its status, result, error key and settlement as `task` holds
+    /// them.
+    ///
+    /// The write is conditional: it applies only while the stored row is `running`, so a stop that
+    /// settled the row `canceled` first wins. Answers whether this write did.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn settle_running_task(&self, task: &TaskRow) -> StoreResult<bool> {
+        let task = Arc::new(task.clone());
+        self.writer
+            .write(move |connection| {
+                let task = task.clone();
+                Box::pin(async move {
+                    let written = sqlx::query(
+                        "UPDATE tasks SET status = $1, result = $2, error_key = $3, settled_at = $4 \
+                         WHERE run_public_id = $5 AND task_key = $6 AND status = 'running'",
+                    )
+                    .bind(task.status.as_str())
+                    .bind(task.result.as_ref().map(Value::to_string))
+                    .bind(&task.error_key)
+                    .bind(task.settled_at)
+                    .bind(task.run_public_id.to_string())
+                    .bind(task.task_key.to_string())
+                    .execute(&mut *connection)
+                    .await?;
+                    Ok(written.rows_affected() == 1)
+                })
+            })
+            .await
+    }
+
     /// Starts a task that was written `waiting` (a compaction's summary task, `docs/executions.md`,
     /// "Compaction"): writes its kind, names, input, target, effect profile, budget, status, start,
     /// deadline, result, error key, settlement and approval fact as `task` holds them.

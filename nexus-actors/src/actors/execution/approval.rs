@@ -164,26 +164,15 @@ pub fn route(declaration: &FrozenDeclaration, task: &mut TaskRow, now: i64) {
         task.settled_at = None;
         return;
     }
-    task.deadline_at = now;
-    task.settled_at = Some(now);
-    match kernel::run(declaration, &task.tool_name, &task.tool_input) {
-        Some(Ok(result)) => {
-            task.status = TaskStatus::Completed;
-            task.result = Some(
-                json!({"content": result.to_string(), "structured_content": result, "is_error": false, "outcome": "completed"}),
-            );
-        }
-        Some(Err(message)) => {
-            task.status = TaskStatus::Completed;
-            task.result = Some(json!({"content": message, "is_error": true, "outcome": "completed"}));
-        }
-        None => {
-            task.status = TaskStatus::Failed;
-            task.error_key = Some(ErrorCode::ToolNotServed.as_str().into());
-            let message = format!("{} has no runner route and no in-process implementation here", task.callable_name);
-            task.result = Some(json!({"content": message, "is_error": true, "outcome": "failed"}));
-        }
+    // An I/O kernel tool runs in a task of the actor ([`kernel::launch`]) once this row is saved.
+    if kernel::runs_io(&task.tool_name) {
+        task.status = TaskStatus::Running;
+        task.deadline_at = deadline_after(now, task.timeout_ms);
+        task.settled_at = None;
+        return;
     }
+    task.deadline_at = now;
+    kernel::settle(task, kernel::run(declaration, &task.tool_name, &task.tool_input), now);
 }
 
 fn park(task: &mut TaskRow, now: i64, hold_ms: i64) {
@@ -368,6 +357,7 @@ pub(super) async fn adjudicate(
     if task.status == TaskStatus::Dispatched {
         offer(state, &task);
     }
+    kernel::launch(myself, state, std::slice::from_ref(&task));
     if task.is_settled() {
         advance(myself, state).await?;
     }

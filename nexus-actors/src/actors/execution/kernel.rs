@@ -1,11 +1,161 @@
-//! Kernel tools that run in-process over the frozen declaration (`docs/executions.md`,
-//! "Kernel tools"): `runners_list` and `tool_search`. They read only what the execution froze, so
-//! they need no I/O and no actor.
+//! Kernel tools that run in-process (`docs/kernel-tools.md`).
+//!
+//! Two kinds. The pure ones (`runners_list`, `tool_search`) read only what the execution froze:
+//! [`run`] answers them at once, inside the approval stage's routing. The I/O ones ([`runs_io`]:
+//! memory, history search) read or write the store: the stage leaves their task `running`, and
+//! [`launch`] runs each in a task owned by the ExecutionActor, which writes the settlement
+//! (conditional on the row still being `running`, so a stop that won stays won) and sends it back
+//! as [`ExecutionMsg::TaskSettled`], the same message a runner's settlement arrives as. A restart
+//! launches again every in-process task it finds `running`: each I/O tool is safe to run twice
+//! (reads are, and every write records the task that made it and answers its first result again).
 
+use std::sync::Arc;
+
+use ractor::ActorRef;
 use serde_json::{Value, json};
+use tracing::Instrument;
 
+use nexus_proto::{ConversationId, ErrorCode, ExecutionId, InputId, MemberId, TaskStatus};
+
+use crate::actors::fabric::Fabric;
 use crate::declaration::FrozenDeclaration;
 use crate::declaration::tools::provider_definition;
+use crate::store::TaskRow;
+
+use super::{ExecutionMsg, ExecutionState};
+
+/// The I/O kernel tools by wire name: their calls run in a task of the ExecutionActor
+/// ([`launch`]), never inside a handler.
+const IO_TOOLS: [&str; 0] = [];
+
+/// Whether `wire_name` is an I/O kernel tool, run by [`launch`].
+pub fn runs_io(wire_name: &str) -> bool {
+    IO_TOOLS.contains(&wire_name)
+}
+
+/// What an I/O kernel call may read: the fabric (its store), the frozen declaration and the
+/// execution's identity, with the task as the approval stage granted it.
+pub struct KernelCall {
+    /// The shared context: the store, the clock, the configuration.
+    pub fabric: Arc<Fabric>,
+    /// The execution's frozen declaration.
+    pub declaration: Arc<FrozenDeclaration>,
+    /// The calling execution.
+    pub execution: ExecutionId,
+    /// Its conversation.
+    pub conversation: ConversationId,
+    /// The input it answers.
+    pub input: InputId,
+    /// The answering Agent.
+    pub agent: MemberId,
+    /// The call, `running`.
+    pub task: TaskRow,
+}
+
+/// A failure of the server itself while running an I/O kernel call (the store failed): the call
+/// fails `internal` and the model reads the message.
+pub type KernelFailure = Box<dyn std::error::Error + Send + Sync>;
+
+/// Runs one I/O kernel call: `Ok(Some(Ok(result)))` is a result the model reads,
+/// `Ok(Some(Err(message)))` a call error envelope (the tool ran and refused its input), `Ok(None)`
+/// a tool this server does not run.
+#[allow(clippy::unused_async)]
+async fn run_io(call: &KernelCall) -> Result<Option<Result<Value, String>>, KernelFailure> {
+    let _ = call;
+    Ok(None)
+}
+
+/// Settles `task` with `outcome` at `now`: `completed` with the result (or the call error
+/// envelope) the model reads, or `failed` `tool_not_served` when nothing here runs it.
+pub fn settle(task: &mut TaskRow, outcome: Option<Result<Value, String>>, now: i64) {
+    task.settled_at = Some(now);
+    match outcome {
+        Some(Ok(result)) => {
+            task.status = TaskStatus::Completed;
+            task.result = Some(json!({
+                "content": result_content(&result), "structured_content": result, "is_error": false, "outcome": "completed"
+            }));
+        }
+        Some(Err(message)) => {
+            task.status = TaskStatus::Completed;
+            task.result = Some(json!({"content": message, "is_error": true, "outcome": "completed"}));
+        }
+        None => {
+            task.status = TaskStatus::Failed;
+            task.error_key = Some(ErrorCode::ToolNotServed.as_str().into());
+            let message = format!("{} has no runner route and no in-process implementation here", task.callable_name);
+            task.result = Some(json!({"content": message, "is_error": true, "outcome": "failed"}));
+        }
+    }
+}
+
+/// The text the model reads for a kernel result: a string result as it is, anything else as JSON.
+fn result_content(result: &Value) -> String {
+    match result {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Starts every I/O kernel call among `tasks` that is `running` in-process and not started yet
+/// (`docs/kernel-tools.md`). Call it after the save that made the rows durable.
+pub(super) fn launch<'a>(
+    myself: &ActorRef<ExecutionMsg>,
+    state: &mut ExecutionState,
+    tasks: impl IntoIterator<Item = &'a TaskRow>,
+) {
+    let Some(declaration) = state.declaration.clone() else { return };
+    for task in tasks {
+        let in_process = task.status == TaskStatus::Running
+            && task.target_executor_public_id.is_none()
+            && !task.task_key.is_hook()
+            && !task.task_key.is_summary();
+        if !in_process || !runs_io(&task.tool_name) || state.kernel_calls.contains_key(&task.task_key) {
+            continue;
+        }
+        let call = KernelCall {
+            fabric: Arc::clone(&state.fabric),
+            declaration: Arc::clone(&declaration),
+            execution: state.row.public_id,
+            conversation: state.row.conversation_public_id,
+            input: state.row.input_public_id,
+            agent: state.row.member_public_id,
+            task: task.clone(),
+        };
+        let actor = myself.clone();
+        let span = tracing::info_span!("kernel_call", execution_id = %call.execution, task_key = %task.task_key, tool = %task.tool_name);
+        let handle = tokio::spawn(
+            async move {
+                let outcome = run_io(&call).await;
+                let mut task = call.task.clone();
+                let now = call.fabric.clock.now_ms();
+                match outcome {
+                    Ok(outcome) => settle(&mut task, outcome, now),
+                    Err(failure) => {
+                        tracing::warn!(error = %failure, "kernel call failed");
+                        task.settled_at = Some(now);
+                        task.status = TaskStatus::Failed;
+                        task.error_key = Some(ErrorCode::Internal.as_str().into());
+                        let message =
+                            format!("{} failed inside the server: {failure}; retry the call", task.callable_name);
+                        task.result = Some(json!({"content": message, "is_error": true, "outcome": "failed"}));
+                    }
+                }
+                match call.fabric.store.settle_running_task(&task).await {
+                    Ok(true) => {
+                        let _ = actor.cast(ExecutionMsg::TaskSettled(Box::new(task)));
+                    }
+                    // A stop settled it first.
+                    Ok(false) => {}
+                    // The row stays `running`; the execution's next load runs the call again.
+                    Err(error) => tracing::warn!(%error, "cannot record a kernel call's settlement"),
+                }
+            }
+            .instrument(span),
+        );
+        state.kernel_calls.insert(task.task_key, handle);
+    }
+}
 
 /// `tool_search`'s default and largest `limit`.
 const SEARCH_LIMIT: (u64, u64) = (5, 20);
