@@ -11,10 +11,33 @@ fn nexus() -> Command {
     Command::new(env!("CARGO_BIN_EXE_nexus"))
 }
 
-/// Starts `nexus serve` on 127.0.0.1:0 and reads the bound address from its log. The caller
-/// waits for the child.
-#[allow(clippy::zombie_processes)]
-fn serve(data_dir: &std::path::Path) -> (Child, String, std::sync::mpsc::Receiver<String>) {
+/// A `nexus serve` child that is killed when the test ends without taking it, so that a failed
+/// assertion never leaves a server running (it would hold the data dir and whatever it inherited).
+struct Served(Option<Child>);
+
+impl Served {
+    /// The child, for a test that ends it itself.
+    fn take(&mut self) -> Child {
+        self.0.take().expect("the server is still held")
+    }
+
+    fn id(&self) -> u32 {
+        self.0.as_ref().expect("the server is still held").id()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Starts `nexus serve` on 127.0.0.1:0 and reads the bound address from its log. The server is
+/// killed when the returned guard drops.
+fn serve(data_dir: &std::path::Path) -> (Served, String, std::sync::mpsc::Receiver<String>) {
     let mut child = nexus()
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(data_dir)
@@ -24,6 +47,7 @@ fn serve(data_dir: &std::path::Path) -> (Child, String, std::sync::mpsc::Receive
         .spawn()
         .expect("nexus serve starts");
     let stderr = child.stderr.take().expect("stderr");
+    let child = Served(Some(child));
     let (lines_tx, lines) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -138,8 +162,9 @@ fn serve_admin_and_a_graceful_sigterm() {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(server.id()).expect("pid"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signal");
     let (exited_tx, exited) = std::sync::mpsc::channel();
+    let mut child = server.take();
     std::thread::spawn(move || {
-        let _ = exited_tx.send(server.wait());
+        let _ = exited_tx.send(child.wait());
     });
     let status = exited.recv_timeout(Duration::from_secs(20)).expect("nexus exits after SIGTERM").expect("wait");
     assert!(status.success(), "{status}");

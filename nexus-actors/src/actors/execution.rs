@@ -403,7 +403,7 @@ impl Actor for ExecutionActor {
             context: context::ContextState::rebuilt(&history),
             declaration_stored,
             flush_queued: false,
-            queue: queue::QueueState::default(),
+            queue: queue::QueueState::loaded(),
         };
         for task in &unnarrated {
             narrate(&mut state, task);

@@ -39,6 +39,9 @@ pub enum InputMsg {
         /// The steer's canceled execution.
         reply: RpcReplyPort<Result<ExecutionRow, Refusal>>,
     },
+    /// A steer was admitted for this execution's conversation: the next safe boundary reads the
+    /// waiting steers ([`super::steer::apply`]).
+    SteerPosted,
 }
 
 /// What the ExecutionActor keeps for its conversation. In memory only: the store holds the rest.
@@ -49,6 +52,17 @@ pub struct QueueState {
     pub(super) applying: Vec<(InputId, i64)>,
     /// The hand-off after the end ran.
     handed_off: bool,
+    /// A steer may be waiting: set when the actor loads (steers may have been posted while it was
+    /// not live) and when the steer door says one was posted, cleared when a boundary reads them.
+    /// A boundary with none reads nothing (issue 10: no store read per round).
+    pub(super) steer_may_wait: bool,
+}
+
+impl QueueState {
+    /// The state of an actor that has just loaded: a steer may be waiting.
+    pub(super) fn loaded() -> QueueState {
+        QueueState { steer_may_wait: true, ..QueueState::default() }
+    }
 }
 
 impl ExecutionHandle {
@@ -58,6 +72,15 @@ impl ExecutionHandle {
     /// [`crate::actors::handle::ActorError::Stopped`] during shutdown.
     pub fn wake(&self) -> Result<(), crate::actors::handle::ActorError> {
         self.root.to_execution(self.execution, ExecutionMsg::Advance)
+    }
+
+    /// Tells the execution that a steer was admitted for its conversation, so its next safe
+    /// boundary reads the waiting steers. Never waits.
+    ///
+    /// # Errors
+    /// [`crate::actors::handle::ActorError::Stopped`] during shutdown.
+    pub fn steer_posted(&self) -> Result<(), crate::actors::handle::ActorError> {
+        self.root.to_execution(self.execution, ExecutionMsg::Inputs(InputMsg::SteerPosted))
     }
 
     /// Cancels the execution's input while it waits its turn; answers the canceled execution.
@@ -95,6 +118,10 @@ pub(super) async fn handle(state: &mut ExecutionState, msg: InputMsg) -> Result<
         InputMsg::CancelSteer { input, reply } => {
             let outcome = cancel_steer(&state.fabric, &state.root, input).await.map_err(ActorProcessingErr::from);
             answer(reply, outcome, "the cancel", "the execution")
+        }
+        InputMsg::SteerPosted => {
+            state.queue.steer_may_wait = true;
+            Ok(())
         }
     }
 }

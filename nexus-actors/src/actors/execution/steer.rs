@@ -21,11 +21,17 @@ use crate::store::event::Steered;
 use super::{ExecutionState, emit};
 
 /// Applies the conversation's waiting steers at the boundary after the current round, in turn
-/// order. Answers how many it applied.
+/// order. Answers how many it applied. Reads the store only when a steer may wait
+/// ([`super::queue::QueueState`]): after a load, or after the steer door told the actor of one.
 ///
 /// # Errors
 /// A store failure.
 pub(super) async fn apply(state: &mut ExecutionState) -> Result<usize, ActorProcessingErr> {
+    // Read only when one may wait: the steer door says so, and so does a fresh load.
+    if !state.queue.steer_may_wait {
+        return Ok(0);
+    }
+    state.queue.steer_may_wait = false;
     let steers = state.fabric.store.waiting_steers(state.row.conversation_public_id).await?;
     // Applied but not saved yet: never applied twice.
     let steers: Vec<_> =

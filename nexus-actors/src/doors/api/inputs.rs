@@ -90,6 +90,11 @@ impl Api {
             )),
             Admission::Steer { turn, into } => {
                 tracing::info!(execution_id = %into.public_id, input = %row.public_id, member = %row.member_public_id, posted_by = %caller.member.public_id, "steer admitted");
+                // The execution's next boundary reads it; were the notice lost, the steer
+                // becomes a turn of its own at the hand-off.
+                if let Err(error) = self.root.execution(into.public_id).steer_posted() {
+                    tracing::warn!(execution_id = %into.public_id, %error, "cannot tell the execution of its steer now");
+                }
                 Ok(admitted(into.public_id, turn, into.status, 0, None))
             }
             Admission::Turn { execution, turn, ahead } => {
