@@ -354,3 +354,31 @@ async fn a_forced_stop_cancels_the_waiting_ask() {
     let late = f.answer(&f.agent, run, "r1t0", &json!({"answer": "yes"})).await;
     assert_eq!((late.status, late.code()), (409, Some("not_awaiting_input")));
 }
+
+#[tokio::test]
+async fn a_waiting_ask_keeps_its_hold_across_a_restart() {
+    let script = json!({"rounds": [
+        {"tool_calls": [{"id": "r", "name": "ask", "arguments": {"prompt": "After the restart?"}}]},
+        {"final": "got {{tool:r}}"},
+    ]});
+    let scripts = [("restart", script)];
+    let f = Fixture::start(&scripts, Some(60_000)).await;
+    f.declare("restart", "bypass", Value::Null).await;
+    let answered = f.turn("answered after").await;
+    let expiring = f.turn("expires after").await;
+    let held = f.server.task_in(answered, "r1t0", TaskStatus::AwaitingInput).await;
+    f.server.task_in(expiring, "r1t0", TaskStatus::AwaitingInput).await;
+
+    let Fixture { server, agent } = f;
+    let f = Fixture { server: server.restart(&scripts).await, agent };
+    let still = f.server.task_in(answered, "r1t0", TaskStatus::AwaitingInput).await;
+    assert_eq!(still.deadline_at, held.deadline_at, "the hold is durable");
+    let reply = f.answer(&f.agent, answered, "r1t0", &json!({"answer": "yes"})).await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    assert_eq!(f.completed(answered).await, "got yes");
+    // The other hold is armed again from its durable deadline and runs out.
+    f.server.clock().advance(Duration::from_millis(61_000));
+    let expired = f.server.task_in(expiring, "r1t0", TaskStatus::TimedOut).await;
+    assert_eq!(expired.error_key.as_deref(), Some("ask_expired"));
+    assert!(f.completed(expiring).await.contains("(ask_expired)"));
+}
