@@ -7,6 +7,9 @@
 //! (`docs/declaration.md`, "Aliases"); and [`EffectProfile`] with its closed vocabulary and the
 //! replayability rule that expiry classification reads (`docs/protocol.md`, "Expiry").
 //!
+//! Also each kernel tool's pure grammar where the server needs one: [`ask`] (a call of
+//! `nexus.human.ask` and the answer a person gives to it).
+//!
 //! Main types: [`KernelTool`] (with [`KernelTool::definition`] and [`KernelTool::template`]),
 //! [`CatalogEntry`] (a row of `GET /agent_api/v1/tools`), [`Spellings`] (how a tool set spells
 //! the kernel tools), [`Alias`] and [`ResolvedCall`].
@@ -14,6 +17,7 @@
 //! Does not own: sockets, actors or storage. Pure code.
 
 pub mod alias;
+pub mod ask;
 pub mod catalog;
 pub mod effect;
 pub mod macros;

@@ -102,6 +102,8 @@ impl RunnerStreamConfig {
 
 /// The default of `[execution] approval_hold_ms`: a parked call waits 24 hours for a decision.
 pub const APPROVAL_HOLD_MS: u64 = 86_400_000;
+/// The default of `[execution] ask_hold_ms`: a call of `ask` waits 24 hours for an answer.
+pub const ASK_HOLD_MS: u64 = 86_400_000;
 /// The default of `[execution] stop_drain_ms`: a forced stop waits 30 s for its runners' tasks.
 pub const STOP_DRAIN_MS: u64 = 30_000;
 /// The default of `[execution] compaction_threshold_percent`: compaction runs when the next
@@ -137,6 +139,11 @@ pub struct ExecutionConfig {
     /// `timed_out` with `approval_expired`, in milliseconds (`docs/executions.md`, "Approval").
     /// Default 86400000 (24 hours, [`APPROVAL_HOLD_MS`]).
     pub approval_hold_ms: u64,
+    /// How long a call of the `ask` kernel tool waits `awaiting_input` for a person's answer
+    /// before it settles `timed_out` with `ask_expired`, in milliseconds (`docs/kernel-tools.md`,
+    /// "ask"). The hold starts when the call is asked (after its approval, when it needed one)
+    /// and freezes while the execution is paused. Default 86400000 (24 hours, [`ASK_HOLD_MS`]).
+    pub ask_hold_ms: u64,
     /// How long a forced stop waits in `canceling` for the runners' tasks to settle before the
     /// execution ends `canceled` anyway, in milliseconds (`docs/executions.md`, "Control").
     /// A graceful stop waits for its dispatched tasks' own deadlines instead. Default 30000.
@@ -164,6 +171,7 @@ impl Default for ExecutionConfig {
             model_retry_after_max_ms: 60_000,
             default_task_timeout_ms: crate::declaration::DEFAULT_TIMEOUT_MS,
             approval_hold_ms: APPROVAL_HOLD_MS,
+            ask_hold_ms: ASK_HOLD_MS,
             stop_drain_ms: STOP_DRAIN_MS,
             compaction_threshold_percent: COMPACTION_THRESHOLD_PERCENT,
             request_bytes_bound: REQUEST_BYTES_BOUND,
@@ -494,6 +502,7 @@ impl ServerConfig {
         for (field, ms) in [
             ("execution.default_task_timeout_ms", self.execution.default_task_timeout_ms),
             ("execution.approval_hold_ms", self.execution.approval_hold_ms),
+            ("execution.ask_hold_ms", self.execution.ask_hold_ms),
             ("execution.stop_drain_ms", self.execution.stop_drain_ms),
         ] {
             if !(1..=TIMEOUT_BOUND_MS).contains(&ms) {
@@ -619,7 +628,7 @@ mod tests {
 
     #[test]
     fn the_park_hold_and_drain_are_bounded_like_an_announced_timeout() {
-        for field in ["default_task_timeout_ms", "approval_hold_ms", "stop_drain_ms"] {
+        for field in ["default_task_timeout_ms", "approval_hold_ms", "ask_hold_ms", "stop_drain_ms"] {
             for (ms, accepted) in [(0, false), (1, true), (TIMEOUT_BOUND_MS, true), (TIMEOUT_BOUND_MS + 1, false)] {
                 let config = ServerConfig::from_toml(&format!("[execution]\n{field} = {ms}\n")).expect("parses");
                 match config.validate() {

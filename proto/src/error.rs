@@ -138,6 +138,10 @@ error_codes! {
     // door refuses with them today.
     ApprovalDenied => ("approval_denied", 403, PermissionDenied),
     ApprovalExpired => ("approval_expired", 408, DeadlineExceeded),
+    // `ask` (`docs/kernel-tools.md`, "ask"): the answer door refuses a task that does not wait
+    // for an answer; a hold that ran out settles the task `timed_out` with `ask_expired`.
+    NotAwaitingInput => ("not_awaiting_input", 409, FailedPrecondition),
+    AskExpired => ("ask_expired", 408, DeadlineExceeded),
     // The retry and abandon doors of a held task (`docs/executions.md`, "Lifecycle hooks").
     NotRetryable => ("not_retryable", 409, FailedPrecondition),
     NotAbandonable => ("not_abandonable", 409, FailedPrecondition),

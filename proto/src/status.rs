@@ -16,7 +16,7 @@ words! {
         Running => "running",
         /// In a runner's inbox, claimable or claimed, until its deadline.
         Dispatched => "dispatched",
-        /// Waiting for a person's answer (asks; not built yet).
+        /// Waiting for a person's answer (a call of the `ask` kernel tool).
         AwaitingInput => "awaiting_input",
         /// Settled with a result.
         Completed => "completed",

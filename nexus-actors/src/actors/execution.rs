@@ -9,6 +9,7 @@
 //! transaction, and the actor rebuilds itself from the store after a restart.
 
 pub mod approval;
+pub mod ask;
 pub mod brake;
 pub mod compaction;
 pub mod context;
@@ -140,7 +141,9 @@ pub enum ExecutionMsg {
         /// The task after the decision.
         reply: RpcReplyPort<Result<TaskRow, Refusal>>,
     },
-    /// A parked task's approval hold ran out.
+    /// A person answered a call of `ask` awaiting its answer ([`ask::AskMsg`]).
+    Ask(ask::AskMsg),
+    /// A held task's hold ran out: an approval hold, or the hold of a call of `ask`.
     HoldExpired {
         /// The parked task.
         task_key: TaskKey,
@@ -311,7 +314,8 @@ pub struct ExecutionState {
     /// Events written with the next save.
     events: Vec<EventRow>,
     model_call: Option<JoinHandle<()>>,
-    /// The approval hold timer of each parked task, by task key.
+    /// The hold timer of each held task (parked for approval, or a call of `ask` awaiting its
+    /// answer), by task key.
     holds: HashMap<TaskKey, JoinHandle<()>>,
     /// The I/O kernel calls running in-process, by task key ([`kernel::launch`]).
     kernel_calls: HashMap<TaskKey, JoinHandle<()>>,
@@ -539,6 +543,7 @@ impl Actor for ExecutionActor {
                 let outcome = approval::adjudicate(&myself, state, task_key, adjudication, &by).await;
                 answer(reply, outcome, "the decision", "the task")?;
             }
+            ExecutionMsg::Ask(msg) => ask::handle(&myself, state, msg).await?,
             ExecutionMsg::HoldExpired { task_key, deadline_at } => {
                 approval::expire(&myself, state, task_key, deadline_at).await?;
             }
@@ -722,7 +727,7 @@ pub(crate) fn result_text(task: &TaskRow) -> String {
     match (task.status, task.error_key.as_deref()) {
         (TaskStatus::Completed, _) => content,
         // The approval stage's results are the origin's tool-use errors, as written.
-        (_, Some("approval_denied" | "approval_expired")) => content,
+        (_, Some("approval_denied" | "approval_expired" | "ask_expired")) => content,
         (TaskStatus::TimedOut, _) => {
             format!("tool_timeout: {} did not finish within its deadline ({} ms)", task.callable_name, task.timeout_ms)
         }
@@ -1261,6 +1266,9 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
             task.timeout_ms = i64::try_from(timeout).unwrap_or(i64::MAX);
         }
     }
+    // A call of `ask` is budgeted its hold (`[execution] ask_hold_ms`), which starts once it is
+    // granted ([`ask`]).
+    ask::budget(state, &mut task);
     if let Some(declaration) = &state.declaration {
         approval::admit(declaration, &mut task, CallOrigin::Model, now, approval::hold_ms(state));
     }

@@ -1,6 +1,7 @@
 //! The application layer behind both edges: the HTTP/JSON doors and the gRPC `AgentService`
 //! call the same functions here, so a door's semantics cannot drift between transports.
 
+mod ask;
 mod compaction;
 pub mod conversations;
 mod inputs;
@@ -890,7 +891,8 @@ impl Api {
 
 /// A task as the execution doors show it: `{task_key, tool_name (the callable), served_name,
 /// status, claimed, runner_executor_public_id, effect_profile, timeout_ms, deadline_at (for a
-/// parked task, the end of its approval hold; null while its execution is paused),
+/// parked task, the end of its approval hold; for a call of `ask` awaiting its answer, the end of
+/// its hold; null while its execution is paused),
 /// frozen_remaining_ms (what an open task of a paused execution has left, else null), error_key,
 /// error_message, result, approval}`. `error_message` is what the model read for a task settled
 /// with an error key (a `timed_out` or `uncertain` task has no result to show), cut to

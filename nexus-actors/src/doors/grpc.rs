@@ -411,6 +411,14 @@ impl AgentService for AgentGrpc {
         Ok(reply(&self.api.deny_task(&caller, id, &body.task_key, &decision).await.map_err(|r| r.to_status())?))
     }
 
+    async fn answer_task(&self, request: Request<TaskDecisionRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        let id = execution_arg(&body.execution_public_id)?;
+        let answer = body_arg(&body.body_json)?.unwrap_or_default();
+        Ok(reply(&self.api.answer_task(&caller, id, &body.task_key, &answer).await.map_err(|r| r.to_status())?))
+    }
+
     async fn retry_task(&self, request: Request<TaskDecisionRequest>) -> Result<Response<JsonReply>, Status> {
         let caller = self.caller(&request).await?;
         let body = request.get_ref();

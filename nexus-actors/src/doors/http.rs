@@ -5,6 +5,7 @@
 //! has a spec word.
 
 pub mod approval;
+pub mod ask;
 pub mod compaction;
 pub mod control;
 pub mod conversations;
@@ -76,6 +77,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/agent_api/v1/tools/assembly", post(post_assembly))
         .merge(executions::routes())
         .merge(approval::routes())
+        .merge(ask::routes())
         .merge(control::routes())
         .merge(repair::routes())
         .merge(compaction::routes())

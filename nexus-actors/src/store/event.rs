@@ -40,6 +40,8 @@ nexus_proto::words! {
         ModelChange => "model_change",
         /// A call parked for approval.
         ApprovalRequired => "approval_required",
+        /// A call of `ask` waits for a person's answer.
+        InputRequired => "input_required",
         /// A compaction replaced part of the transcript.
         ContextCompacted => "context_compacted",
     }
@@ -74,6 +76,8 @@ pub enum Event {
     ModelChange(ModelChange),
     /// `approval_required`.
     ApprovalRequired(Box<ApprovalRequired>),
+    /// `input_required`.
+    InputRequired(Box<InputRequired>),
     /// `context_compacted`.
     ContextCompacted(ContextCompacted),
 }
@@ -92,6 +96,7 @@ impl Event {
             Event::AttentionRequired(_) => EventType::AttentionRequired,
             Event::ModelChange(_) => EventType::ModelChange,
             Event::ApprovalRequired(_) => EventType::ApprovalRequired,
+            Event::InputRequired(_) => EventType::InputRequired,
             Event::ContextCompacted(_) => EventType::ContextCompacted,
         }
     }
@@ -453,6 +458,22 @@ pub struct ApprovalRequired {
     pub reparked: bool,
 }
 
+/// `input_required`: a call of `ask` parked `awaiting_input`, as the person who answers it sees
+/// it (`docs/kernel-tools.md`, "ask").
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InputRequired {
+    /// The task; the answer door takes its key.
+    pub task_key: TaskKey,
+    /// The question.
+    pub prompt: String,
+    /// The answers to choose from; empty for a free-text question.
+    pub options: Vec<String>,
+    /// Whether several options may be chosen together.
+    pub multi: bool,
+    /// The hold's end, Unix milliseconds.
+    pub hold_until: i64,
+}
+
 /// `context_compacted`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ContextCompacted {
@@ -554,6 +575,16 @@ mod tests {
                     category: None,
                 }),
                 json!({"round": 1, "from": "a/b", "to": "c/d", "reason": "model_refused", "error_key": "model_refused"}),
+            ),
+            (
+                Event::InputRequired(Box::new(InputRequired {
+                    task_key: TaskKey::Call { round: 1, index: 0 },
+                    prompt: "Which?".into(),
+                    options: vec!["a".into()],
+                    multi: false,
+                    hold_until: 9,
+                })),
+                json!({"task_key": "r1t0", "prompt": "Which?", "options": ["a"], "multi": false, "hold_until": 9}),
             ),
         ];
         for (event, data) in rows {

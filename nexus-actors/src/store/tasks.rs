@@ -15,7 +15,7 @@ use serde_json::Value;
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
-use nexus_proto::{ExecutionId, RunnerId, TaskKey};
+use nexus_proto::{ExecutionId, RunnerId, TaskKey, TaskStatus};
 
 use super::save_bytes::counted;
 use super::{Store, StoreError, StoreResult, TaskRow, json_opt, parse, parse_opt};
@@ -150,6 +150,18 @@ impl Store {
     /// # Errors
     /// [`StoreError`] on a database failure.
     pub async fn decide_task(&self, task: &TaskRow) -> StoreResult<bool> {
+        self.decide_task_from(task, TaskStatus::NeedsApproval).await
+    }
+
+    /// Writes what [`Store::decide_task`] writes on a task held in `held`: `needs_approval` (a
+    /// call parked for approval) or `awaiting_input` (a call of `ask` waiting for its answer,
+    /// `docs/kernel-tools.md`, "ask"), so that the answer, the hold's expiry, a stop and a pause
+    /// each write only a task still held as they saw it. Of two writers exactly one wins; answers
+    /// whether this one did.
+    ///
+    /// # Errors
+    /// [`StoreError`] on a database failure.
+    pub async fn decide_task_from(&self, task: &TaskRow, held: TaskStatus) -> StoreResult<bool> {
         let task = Arc::new(task.clone());
         self.writer
             .write(move |connection| {
@@ -158,7 +170,7 @@ impl Store {
                     let written = sqlx::query(
                         "UPDATE tasks SET status = $1, effect_profile = $2, started_at = $3, deadline_at = $4, \
                          result = $5, error_key = $6, settled_at = $7, approval = $8 \
-                         WHERE run_public_id = $9 AND task_key = $10 AND status = 'needs_approval'",
+                         WHERE run_public_id = $9 AND task_key = $10 AND status = $11",
                     )
                     .bind(task.status.as_str())
                     .bind(task.effect_profile.as_ref().map(Value::to_string))
@@ -170,6 +182,7 @@ impl Store {
                     .bind(task.approval.as_ref().map(Value::to_string))
                     .bind(task.run_public_id.to_string())
                     .bind(task.task_key.to_string())
+                    .bind(held.as_str())
                     .execute(&mut *connection)
                     .await?;
                     Ok(written.rows_affected() == 1)

@@ -4,6 +4,7 @@
 
 mod approval;
 mod approval_runner_agent;
+mod ask;
 mod assignment;
 mod batches;
 mod bounds;

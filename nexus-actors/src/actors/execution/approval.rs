@@ -15,6 +15,9 @@
 //! doors ([`Adjudication`]); an expired hold settles the task `timed_out` with `approval_expired`.
 //! The run stays `running` through a park and emits `approval_required` (`docs/executions.md`, "Approval").
 //!
+//! The same hold machinery (one timer per held task, armed from its durable `deadline_at`) holds
+//! the calls of `ask` that wait `awaiting_input` for an answer ([`super::ask`]).
+//!
 //! Kernel-authored rows (hooks, the summarizer) enter the same stage through [`admit`] with
 //! [`CallOrigin::Kernel`]: they are pre-approved unless a rule naming their origin denies them or
 //! says ask.
@@ -33,7 +36,7 @@ use crate::declaration::approval::{
 use crate::store::event::ApprovalRequired;
 use crate::store::{Event, TaskRow};
 
-use super::{ExecutionMsg, ExecutionState, advance, emit, kernel, narrate, offer, save};
+use super::{ExecutionMsg, ExecutionState, advance, ask, emit, kernel, narrate, offer, save};
 
 /// What the approval stage said about one call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -154,14 +157,19 @@ pub fn admit(
 }
 
 /// Routes a granted row: a runner row becomes `dispatched` with its deadline `timeout_ms` from
-/// `now`; any other row runs in-process now (`docs/executions.md`, "Kernel tools") and settles, or fails
-/// `tool_not_served` when nothing here runs it.
+/// `now`; a call of `ask` parks `awaiting_input` for its hold ([`ask::park`]); any other row runs
+/// in-process now (`docs/executions.md`, "Kernel tools") and settles, or fails `tool_not_served`
+/// when nothing here runs it.
 pub fn route(declaration: &FrozenDeclaration, task: &mut TaskRow, now: i64) {
     task.started_at = now;
     if task.target_executor_public_id.is_some() {
         task.status = TaskStatus::Dispatched;
         task.deadline_at = deadline_after(now, task.timeout_ms);
         task.settled_at = None;
+        return;
+    }
+    if ask::is_call(task) {
+        ask::park(task, now);
         return;
     }
     // An I/O kernel tool runs in a task of the actor ([`kernel::launch`]) once this row is saved.
@@ -221,25 +229,32 @@ fn approval_required(task: &TaskRow, reparked: bool) -> Event {
     }))
 }
 
-/// Emits `approval_required` for every parked row of `tasks` and arms its hold. Call it once the
-/// rows are in the actor's pending set, before the `save` that writes them.
+/// Emits `approval_required` for every parked row of `tasks` (`input_required` for a call of
+/// `ask` awaiting its answer) and arms its hold. Call it once the rows are in the actor's pending
+/// set, before the `save` that writes them.
 pub(super) fn announce_parks(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, tasks: &[TaskRow]) {
-    for task in tasks.iter().filter(|t| t.status == TaskStatus::NeedsApproval) {
-        emit(state, approval_required(task, false));
+    for task in tasks.iter().filter(|t| is_held(t.status)) {
+        if task.status == TaskStatus::AwaitingInput {
+            ask::announce(state, task);
+        } else {
+            emit(state, approval_required(task, false));
+            tracing::info!(execution_id = %state.row.public_id, task_key = %task.task_key, tool = %task.tool_name, "call parked for approval");
+        }
         arm(myself, state, task.task_key, task.deadline_at);
-        tracing::info!(execution_id = %state.row.public_id, task_key = %task.task_key, tool = %task.tool_name, "call parked for approval");
     }
 }
 
-/// Re-arms the hold of every parked task after a restart: the deadline is durable, so a hold that
-/// ran out while nexus was down expires at once.
+/// Whether a task in `status` is held here under a hold: parked for approval, or a call of `ask`
+/// awaiting its answer.
+pub(super) fn is_held(status: TaskStatus) -> bool {
+    matches!(status, TaskStatus::NeedsApproval | TaskStatus::AwaitingInput)
+}
+
+/// Re-arms the hold of every held task (parked for approval, or awaiting an answer) after a
+/// restart: the deadline is durable, so a hold that ran out while nexus was down expires at once.
 pub(super) fn rearm(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) {
-    let parked: Vec<(TaskKey, i64)> = state
-        .pending
-        .values()
-        .filter(|t| t.status == TaskStatus::NeedsApproval)
-        .map(|t| (t.task_key, t.deadline_at))
-        .collect();
+    let parked: Vec<(TaskKey, i64)> =
+        state.pending.values().filter(|t| is_held(t.status)).map(|t| (t.task_key, t.deadline_at)).collect();
     for (task_key, deadline_at) in parked {
         arm(myself, state, task_key, deadline_at);
     }
@@ -248,7 +263,7 @@ pub(super) fn rearm(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState)
 fn arm(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState, task_key: TaskKey, deadline_at: i64) {
     let actor = myself.clone();
     let clock = state.fabric.clock.clone();
-    let span = tracing::debug_span!("approval_hold", execution_id = %state.row.public_id, %task_key);
+    let span = tracing::debug_span!("hold", execution_id = %state.row.public_id, %task_key);
     let timer = tokio::spawn(
         async move {
             if is_frozen(deadline_at) {
@@ -350,6 +365,10 @@ pub(super) async fn adjudicate(
     if reparked {
         emit(state, approval_required(&task, true));
         arm(myself, state, task_key, task.deadline_at);
+    } else if task.status == TaskStatus::AwaitingInput {
+        // An approved call of `ask` is asked now: its own hold replaces the approval hold.
+        ask::announce(state, &task);
+        arm(myself, state, task_key, task.deadline_at);
     } else {
         disarm(state, task_key);
     }
@@ -364,8 +383,9 @@ pub(super) async fn adjudicate(
     Ok(Ok(task))
 }
 
-/// Settles a parked task whose hold ran out undecided: `timed_out` with `approval_expired`. A
-/// stale timer (the task was decided, or parked again with a new deadline) does nothing.
+/// Settles a held task whose hold ran out: `timed_out` with `approval_expired` (parked
+/// undecided) or `ask_expired` (a call of `ask` never answered, [`ask::expire`]). A stale timer
+/// (the task was decided or answered, or parked again with a new deadline) does nothing.
 ///
 /// # Errors
 /// A store failure, which stops the actor (it reloads from the store on next use).
@@ -375,25 +395,28 @@ pub(super) async fn expire(
     task_key: TaskKey,
     deadline_at: i64,
 ) -> Result<(), ActorProcessingErr> {
-    let Some(mut task) = state
-        .pending
-        .get(&task_key)
-        .filter(|t| t.status == TaskStatus::NeedsApproval && t.deadline_at == deadline_at)
-        .cloned()
+    let Some(mut task) =
+        state.pending.get(&task_key).filter(|t| is_held(t.status) && t.deadline_at == deadline_at).cloned()
     else {
         return Ok(());
     };
     state.holds.remove(&task_key);
-    let key = ErrorCode::ApprovalExpired.as_str();
-    task.status = TaskStatus::TimedOut;
-    task.error_key = Some(key.into());
-    task.settled_at = Some(state.fabric.clock.now_ms());
-    task.result =
-        Some(json!({"content": expiry_text(), "is_error": true, "outcome": "timed_out", "error": {"key": key}}));
-    if !state.fabric.store.decide_task(&task).await? {
+    let held = task.status;
+    let now = state.fabric.clock.now_ms();
+    if held == TaskStatus::AwaitingInput {
+        ask::expire(&mut task, now);
+    } else {
+        let key = ErrorCode::ApprovalExpired.as_str();
+        task.status = TaskStatus::TimedOut;
+        task.error_key = Some(key.into());
+        task.settled_at = Some(now);
+        task.result =
+            Some(json!({"content": expiry_text(), "is_error": true, "outcome": "timed_out", "error": {"key": key}}));
+    }
+    if !state.fabric.store.decide_task_from(&task, held).await? {
         return Ok(());
     }
-    tracing::info!(execution_id = %state.row.public_id, %task_key, "approval hold expired");
+    tracing::info!(execution_id = %state.row.public_id, %task_key, status = %held, "hold expired");
     state.pending.insert(task.task_key, task.clone());
     narrate(state, &task);
     save(state, &[]).await?;

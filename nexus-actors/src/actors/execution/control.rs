@@ -8,8 +8,8 @@
 //! round number (the new generation), so a late answer of the aborted call is never read.
 //!
 //! **Clocks freeze.** While paused, neither a runner task's deadline (the park clock, held by its
-//! [`ExecutorActor`](crate::actors::executor::ExecutorActor)) nor an approval hold (held here) runs
-//! out. A frozen deadline is stored as [`FROZEN_EPOCH_MS`] plus the milliseconds that were left, so
+//! [`ExecutorActor`](crate::actors::executor::ExecutorActor)) nor an approval hold or the hold of a
+//! call of `ask` awaiting its answer (held here) runs out. A frozen deadline is stored as [`FROZEN_EPOCH_MS`] plus the milliseconds that were left, so
 //! it is durable (a nexus restart while paused stays paused, with its clocks frozen) and no expiry
 //! timer can reach it. Resume stores `resume time + what was left`: every open deadline moves
 //! forward by exactly the paused time, which `turn_status` reports as `paused_ms`. A runner that
@@ -20,8 +20,8 @@
 //! **Resume** (a paused execution only, else 409 `not_paused`): thaw the clocks, turn `running`,
 //! then read the kept answer, or go on where the round stood (settled results go to the model).
 //!
-//! **Stop** `{force?}`, forced by default at the doors. Calls parked for approval never reached a
-//! runner and settle `canceled` at once. A forced stop also cancels every task at the runners
+//! **Stop** `{force?}`, forced by default at the doors. Calls parked for approval, and calls of
+//! `ask` awaiting an answer, never reached a runner and settle `canceled` at once. A forced stop also cancels every task at the runners
 //! (a claimant gets `work_canceled`) and aborts a model call; a graceful stop lets dispatched
 //! tasks finish (each bounded by its own deadline) and asks the model nothing more. While runner
 //! tasks are open the run is `canceling`; it ends `canceled` (`run_canceled`) when they have
@@ -226,19 +226,19 @@ async fn resume(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> 
     Ok(Ok(state.row.clone()))
 }
 
-/// Moves every open deadline of the execution: its approval holds here (durably, timers
-/// following), and its runner tasks in their executors ([`ExecutorMsg::ShiftDeadlines`]).
+/// Moves every open deadline of the execution: its holds here (approval holds and the holds of
+/// calls of `ask` awaiting an answer; durably, timers following), and its runner tasks in their
+/// executors ([`ExecutorMsg::ShiftDeadlines`]).
 async fn shift_clocks(
     myself: &ActorRef<ExecutionMsg>,
     state: &mut ExecutionState,
     shift: DeadlineShift,
 ) -> Result<(), ActorProcessingErr> {
-    let parked: Vec<TaskRow> =
-        state.pending.values().filter(|t| t.status == TaskStatus::NeedsApproval).cloned().collect();
+    let parked: Vec<TaskRow> = state.pending.values().filter(|t| approval::is_held(t.status)).cloned().collect();
     for mut task in parked {
         let Some(deadline_at) = shift.apply(task.deadline_at) else { continue };
         task.deadline_at = deadline_at;
-        if state.fabric.store.decide_task(&task).await? {
+        if state.fabric.store.decide_task_from(&task, task.status).await? {
             state.pending.insert(task.task_key, task);
         }
     }
@@ -315,13 +315,14 @@ pub(super) async fn stop(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionS
     let open = open_tasks(state).await?;
     let plan = StopPlan::of(&open);
     for mut task in open.into_iter().filter(|t| plan.settle_now.contains(&t.task_key)) {
-        let parked = task.status == TaskStatus::NeedsApproval;
+        let held = approval::is_held(task.status).then_some(task.status);
         task.status = TaskStatus::Canceled;
         task.error_key = Some("task_canceled".into());
         task.settled_at = Some(now);
-        // A parked row is written only while it is still parked (a decision may have won).
-        let written = if parked {
-            state.fabric.store.decide_task(&task).await?
+        // A held row (parked for approval, or a call of `ask` awaiting its answer) is written only
+        // while it is still held (a decision or an answer may have won).
+        let written = if let Some(held) = held {
+            state.fabric.store.decide_task_from(&task, held).await?
         } else {
             state.fabric.store.update_task(&task).await?;
             true

@@ -45,7 +45,8 @@ pub fn at_runner(task: &TaskRow) -> bool {
 }
 
 /// What a stop does with the execution's open tasks (`docs/executions.md`, "Control"): what never
-/// reached a runner (a call parked for approval, a waiting summary) settles `canceled` at once;
+/// reached a runner (a call parked for approval, a call of `ask` awaiting its answer, a waiting
+/// summary) settles `canceled` at once;
 /// what is at a runner drains (graceful) or is canceled there (forced).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StopPlan {
@@ -112,13 +113,14 @@ mod tests {
             task(2, TaskStatus::Running, runner),
             task(3, TaskStatus::Waiting, None),
             task(4, TaskStatus::Running, None),
+            task(5, TaskStatus::AwaitingInput, None),
         ];
         let plan = StopPlan::of(&open);
         let keys = |indices: &[u32]| -> Vec<TaskKey> {
             indices.iter().map(|&index| TaskKey::Call { round: 1, index }).collect()
         };
         assert_eq!(plan.at_runners, keys(&[0, 2]), "dispatched or claimed at a runner");
-        assert_eq!(plan.settle_now, keys(&[1, 3, 4]), "parked, waiting, or run in-process");
+        assert_eq!(plan.settle_now, keys(&[1, 3, 4, 5]), "parked, waiting, run in-process, or awaiting an answer");
         assert_eq!(StopPlan::of(&[]), StopPlan::default());
         assert_eq!(paused_ms(1_000, 4_500), 3_500);
         assert_eq!(paused_ms(5_000, 4_500), 0, "a clock read before the pause is no time");
