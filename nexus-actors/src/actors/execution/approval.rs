@@ -167,6 +167,11 @@ pub fn route(declaration: &FrozenDeclaration, task: &mut TaskRow, now: i64) {
     task.deadline_at = now;
     task.settled_at = Some(now);
     match kernel::run(declaration, &task.tool_name, &task.tool_input) {
+        // A text answer (`skill`'s) is read as it is; any other value as its JSON.
+        Some(Ok(Value::String(text))) => {
+            task.status = TaskStatus::Completed;
+            task.result = Some(json!({"content": text, "is_error": false, "outcome": "completed"}));
+        }
         Some(Ok(result)) => {
             task.status = TaskStatus::Completed;
             task.result = Some(
