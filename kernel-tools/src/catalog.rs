@@ -207,6 +207,32 @@ pub fn catalog_json() -> Value {
     serde_json::to_value(catalog_entries()).unwrap_or_default()
 }
 
+/// The kernel tools this server runs when a model calls them, by canonical name
+/// (`docs/kernel-tools.md`): the one list every declaration door checks, so that nothing the
+/// server cannot run is ever offered to a model. The delegation tools (`delegate_task`, `wait`,
+/// `spawn`, `send`, `status`, `cancel`) are live in the catalog but not served yet.
+pub const SERVED: [&str; 13] = [
+    "nexus.human.ask",
+    "nexus.conversation.search",
+    "nexus.conversation.read",
+    "nexus.memory.read",
+    "nexus.memory.write",
+    "nexus.memory.edit",
+    "nexus.memory.ls",
+    "nexus.memory.grep",
+    "nexus.memory.delete",
+    "nexus.skill.load",
+    "nexus.tools.search",
+    "nexus.tools.call",
+    "nexus.runners.list",
+];
+
+/// Whether this server runs the live kernel tool `canonical_name` ([`SERVED`]). A wire name, an
+/// unknown name or a retired one is never served.
+pub fn served(canonical_name: &str) -> bool {
+    SERVED.contains(&canonical_name)
+}
+
 /// The reserved namespace a name belongs to, in either spelling: a canonical name under the
 /// namespace, or the wire name of a tool under it.
 pub fn reserved_namespace_of(name: &str) -> Option<&'static str> {
@@ -286,6 +312,27 @@ mod tests {
         assert_eq!(rows[0]["effect_profile"]["reconciliation"], "lookup");
         assert_eq!(rows[11]["effect_profile"]["idempotency"], "none", "memory_edit is MEMORY_EDIT");
         assert_ne!(rows[0]["template"], rows[0]["definition"]);
+    }
+
+    #[test]
+    fn the_served_set_is_the_catalog_without_delegation() {
+        for name in SERVED {
+            assert!(live(name).is_some(), "{name} is a live canonical name");
+        }
+        let unserved: Vec<&str> = live_names().filter(|name| !served(name)).collect();
+        assert_eq!(
+            unserved,
+            [
+                "nexus.graph.delegate_task",
+                "nexus.graph.wait",
+                "nexus.conversation.spawn",
+                "nexus.conversation.send",
+                "nexus.conversation.status",
+                "nexus.conversation.cancel",
+            ]
+        );
+        assert!(!served("tool_call"), "canonical names only");
+        assert!(!served("nexus.graph.compose"));
     }
 
     #[test]

@@ -25,8 +25,8 @@ mod templates;
 
 pub use alias::{Alias, AliasError, AliasParam, AliasWord, ResolvedCall, canonicalize_alias, is_alias, resolve_call};
 pub use catalog::{
-    CATALOG, CatalogEntry, Effect, KernelTool, ParamType, RESERVED_NAMESPACES, catalog_entries, catalog_json, live,
-    live_names, lookup, reserved_namespace_of,
+    CATALOG, CatalogEntry, Effect, KernelTool, ParamType, RESERVED_NAMESPACES, SERVED, catalog_entries, catalog_json,
+    live, live_names, lookup, reserved_namespace_of, served,
 };
 pub use effect::{EffectKind, EffectProfile, EffectProfileError, EffectScope, Idempotency, Reconciliation};
 pub use macros::Spellings;

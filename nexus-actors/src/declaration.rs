@@ -30,10 +30,12 @@ use serde_json::{Map, Value, json};
 use nexus_proto::{ErrorCode, Refusal};
 
 pub use self::tools::{
-    Assembly, DEFAULT_TIMEOUT_MS, Eligibility, FrozenDeclaration, FrozenTool, RunnerFacts, RunnerRoute,
+    Assembly, DEFAULT_TIMEOUT_MS, Eligibility, FrozenDeclaration, FrozenSkill, FrozenTool, RunnerFacts, RunnerRoute,
     TOOL_DEFINITIONS_BOUND, assemble, entry_name, freeze, narrow, qualified_name, wire_projection,
 };
-use self::tools::{canonical_tool_definitions, validate_kernel_tools, validate_runner_ids, validate_runner_tool_names};
+use self::tools::{
+    canonical_tool_definitions, refuse_unserved, validate_kernel_tools, validate_runner_ids, validate_runner_tool_names,
+};
 
 pub use self::approval::{ApprovalMode, CallOrigin, Decision, GrantOrigin, RuleMatch, Verdict, decide, evaluate};
 pub use self::documents::PromptSlot;
@@ -290,6 +292,8 @@ fn validate_fields(
     let tools_declared = non_empty_array(Some(&tool_definitions));
     out.insert("tool_definitions".into(), tool_definitions);
     validate_kernel_tools(source.get("kernel_tools")).map_err(|r| at_prefix(r, prefix))?;
+    // Nothing this server cannot run is offered to a model (`docs/kernel-tools.md`).
+    refuse_unserved(source.get("tool_definitions"), source.get("kernel_tools")).map_err(|r| at_prefix(r, prefix))?;
     validate_runner_ids(source.get("runner_executor_public_ids")).map_err(|r| at_prefix(r, prefix))?;
     validate_runner_tool_names(source.get("runner_tool_names")).map_err(|r| at_prefix(r, prefix))?;
     for list in ["kernel_tools", "runner_executor_public_ids"] {

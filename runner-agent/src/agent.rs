@@ -173,6 +173,14 @@ impl Agent {
             return Err(workdir_error("not a directory".to_owned()).into());
         }
         config.workdir = workdir.clone();
+        if let Some(dir) = &config.skills_dir {
+            let skills_error = |reason: String| ConfigError::SkillsDir { path: dir.clone(), reason };
+            let canonical = dir.canonicalize().map_err(|err| skills_error(err.to_string()))?;
+            if !canonical.is_dir() {
+                return Err(skills_error("not a directory".to_owned()).into());
+            }
+            config.skills_dir = Some(canonical);
+        }
         let state_lock = lock_state_dir(&config.state_dir)?;
         let journal = Journal::open_writable(&state_lock, config.runner_id)?;
         // Held the state dir, so every process with its mark is a previous run's leftover.
@@ -195,7 +203,9 @@ impl Agent {
         }
         let (control_tx, control_rx) = mpsc::channel(CONTROL_CAPACITY);
         Ok(Agent {
-            toolbox: Arc::new(Toolbox::new(workdir, config.tool_timeout_ms, owner)),
+            toolbox: Arc::new(
+                Toolbox::new(workdir, config.tool_timeout_ms, owner).with_skills_dir(config.skills_dir.clone()),
+            ),
             backoff: ReconnectBackoff::new(&config),
             config,
             endpoint,

@@ -108,6 +108,11 @@ pub struct AgentConfig {
     pub shutdown_grace: Duration,
     /// TLS towards nexus; needs an `https://` URL. Default: none (plaintext `http://`).
     pub tls: TlsOptions,
+    /// A directory of skills (`--skills-dir`): each `<name>/SKILL.md` is announced as a document,
+    /// with the `skill` tool that returns its content (`docs/kernel-tools.md`, "skill"). Read
+    /// again at every connect. Default: none (no documents, no `skill`); when set it must be a
+    /// directory.
+    pub skills_dir: Option<PathBuf>,
 }
 
 /// TLS towards nexus. The files are read once, when [`run`](crate::run) starts; an unreadable or
@@ -162,6 +167,7 @@ impl AgentConfig {
             commit_margin: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(5),
             tls: TlsOptions::default(),
+            skills_dir: None,
         }
     }
 
@@ -267,6 +273,14 @@ pub enum ConfigError {
         /// The rejected value.
         url: String,
         /// Why it was rejected.
+        reason: String,
+    },
+    /// The skills directory does not exist or is not a directory.
+    #[error("unusable skills directory {path}: {reason}")]
+    SkillsDir {
+        /// The configured skills directory.
+        path: PathBuf,
+        /// Why it cannot be used.
         reason: String,
     },
     /// The workdir does not exist or is not a directory.

@@ -61,6 +61,10 @@ struct Cli {
     /// Bound on nexus answering the hello on a new stream, in milliseconds.
     #[arg(long, env = "NEXUS_RUNNER_HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
     handshake_timeout_ms: u64,
+    /// A directory of skills: each NAME/SKILL.md is announced as a document, and `skill {name}`
+    /// returns its content. Read again at every connect.
+    #[arg(long, env = "NEXUS_RUNNER_SKILLS_DIR")]
+    skills_dir: Option<PathBuf>,
     /// Log filter (a level such as info or debug, or a tracing directive).
     #[arg(long, env = "NEXUS_RUNNER_LOG", default_value = "info")]
     log: String,
@@ -108,6 +112,7 @@ async fn serve() -> anyhow::Result<()> {
     config.connect_timeout = Duration::from_millis(cli.connect_timeout_ms);
     config.handshake_timeout = Duration::from_millis(cli.handshake_timeout_ms);
     config.tls = TlsOptions { ca: cli.tls_ca, cert: cli.tls_cert, key: cli.tls_key, server_name: cli.tls_server_name };
+    config.skills_dir = cli.skills_dir;
 
     nexus_runner_agent::run(config, shutdown_signal()).await.inspect_err(|err| {
         tracing::error!(error = %err, "runner-agent stopped");

@@ -15,6 +15,7 @@ pub(crate) mod blocking;
 mod files;
 mod paths;
 pub(crate) mod reap;
+mod skills;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -331,12 +332,29 @@ pub(crate) struct Toolbox {
     owner: Owner,
     /// File-tool threads abandoned by their calls and still running.
     strays: Strays,
+    /// Where the skills are read from (`--skills-dir`); `None` serves no skills.
+    skills_dir: Option<PathBuf>,
 }
+
+/// The effect profile of `skill`: it only reads.
+const SKILL_EFFECT: EffectProfile = EffectProfile {
+    kind: EffectKind::ReadOnly,
+    destructive: false,
+    effect_scope: EffectScope::Closed,
+    idempotency: Idempotency::Intrinsic,
+    reconciliation: Reconciliation::None,
+};
 
 impl Toolbox {
     /// `workdir` must already be canonical.
     pub(crate) fn new(workdir: PathBuf, bash_timeout_ms: u64, owner: Owner) -> Self {
-        Toolbox { workdir, bash_timeout_ms, owner, strays: Strays::default() }
+        Toolbox { workdir, bash_timeout_ms, owner, strays: Strays::default(), skills_dir: None }
+    }
+
+    /// The toolbox serving the skills of `dir` too ([`skills`]).
+    pub(crate) fn with_skills_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.skills_dir = dir;
+        self
     }
 
     /// The mark bash puts on every process it starts.
@@ -352,9 +370,12 @@ impl Toolbox {
         self.bash_timeout_ms
     }
 
-    /// The announce body: `{"tools": [...], "environment": {hostname, os, arch, workdir}}`.
+    /// The announce body: `{"tools": [...], "environment": {hostname, os, arch, workdir}}`, and
+    /// with a skills directory `documents: [{name, description}]` and the `skill` tool (without
+    /// description or schema: nexus routes `skill` calls to it, and never offers it to a model as
+    /// a tool of its own). The skills directory is read again on every call.
     pub(crate) fn announcement(&self) -> Value {
-        let tools: Vec<Value> = Builtin::ALL
+        let mut tools: Vec<Value> = Builtin::ALL
             .into_iter()
             .map(|tool| {
                 let timeout_ms = match tool {
@@ -370,19 +391,38 @@ impl Toolbox {
                 })
             })
             .collect();
-        json!({
-            "tools": tools,
+        let mut body = json!({
             "environment": {
                 "hostname": hostname(),
                 "os": std::env::consts::OS,
                 "arch": std::env::consts::ARCH,
                 "workdir": self.workdir.display().to_string(),
             },
-        })
+        });
+        if let Some(dir) = &self.skills_dir {
+            tools.push(json!({"name": "skill", "effect_profile": SKILL_EFFECT, "timeout_ms": FILE_TOOL_TIMEOUT_MS}));
+            body["documents"] = Value::Array(skills::documents(dir));
+        }
+        body["tools"] = Value::Array(tools);
+        body
     }
 
     /// Runs one call to completion. Never panics on bad input: every problem is an outcome.
     pub(crate) async fn run(&self, tool_name: &str, input: Value, mut ctx: ToolContext) -> ToolOutcome {
+        if tool_name == "skill"
+            && let Some(dir) = &self.skills_dir
+        {
+            let Value::Object(input) = input else {
+                return ToolOutcome::Failed { content: "tool_input must be a JSON object".to_owned() };
+            };
+            let dir = dir.clone();
+            let budget = Instant::now() + Duration::from_millis(FILE_TOOL_TIMEOUT_MS);
+            let until = ctx.clamp_at.map_or(budget, |clamp| clamp.min(budget));
+            return match blocking::run(&self.strays, until, ctx.stopped(), move |_| skills::load(&dir, &input)).await {
+                Ended::Done(outcome) => outcome,
+                _ => ToolOutcome::error("skill was not read: the file did not open in time or the call was stopped"),
+            };
+        }
         let Some(tool) = Builtin::from_name(tool_name) else {
             let served: Vec<&str> = Builtin::ALL.iter().map(|t| t.name()).collect();
             return ToolOutcome::Failed {
@@ -514,6 +554,42 @@ mod tests {
         assert_eq!(tools[0]["input_schema"]["required"], json!(["command"]));
         assert_eq!(body["environment"]["workdir"], "/w");
         assert_eq!(body["environment"]["os"], std::env::consts::OS);
+    }
+
+    #[tokio::test]
+    async fn a_skills_dir_announces_its_documents_and_serves_skill() {
+        let dir = tempfile::tempdir().unwrap();
+        let skills = dir.path().join("skills");
+        std::fs::create_dir_all(skills.join("deploy")).unwrap();
+        std::fs::write(skills.join("deploy/SKILL.md"), "---\ndescription: How to deploy\n---\nStep 1.\n").unwrap();
+        let owner = Owner::of_state_dir(dir.path());
+        let plain = Toolbox::new(dir.path().to_owned(), 1_000, owner.clone());
+        assert!(plain.announcement().get("documents").is_none(), "no skills dir, no documents");
+        assert!(!plain.announcement()["tools"].as_array().unwrap().iter().any(|t| t["name"] == "skill"));
+        let toolbox = Toolbox::new(dir.path().to_owned(), 1_000, owner).with_skills_dir(Some(skills.clone()));
+        let body = toolbox.announcement();
+        assert_eq!(body["documents"], json!([{"name": "deploy", "description": "How to deploy"}]));
+        let skill = body["tools"].as_array().unwrap().iter().find(|t| t["name"] == "skill").cloned().expect("skill");
+        assert!(skill.get("description").is_none() && skill.get("input_schema").is_none(), "invisible to models");
+        assert_eq!(skill["effect_profile"]["kind"], "read_only");
+        // A skill added later is announced at the next connect.
+        std::fs::create_dir_all(skills.join("triage")).unwrap();
+        std::fs::write(skills.join("triage/SKILL.md"), "Sort bugs").unwrap();
+        assert_eq!(toolbox.announcement()["documents"].as_array().map(Vec::len), Some(2));
+        let (_stop_tx, stop) = watch::channel(None);
+        let ctx = ToolContext {
+            workdir: toolbox.workdir().clone(),
+            bash_timeout_ms: 1_000,
+            task_timeout_ms: None,
+            clamp_at: None,
+            stop,
+            claim: None,
+            owner: toolbox.owner().clone(),
+        };
+        let loaded = toolbox.run("skill", json!({"name": "deploy"}), ctx).await;
+        assert!(
+            matches!(&loaded, ToolOutcome::Completed { content, is_error: false, .. } if content.ends_with("Step 1.\n"))
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod brake;
 pub mod compaction;
 pub mod context;
 pub mod control;
+pub mod discovery;
 pub mod hooks;
 pub mod kernel;
 pub mod phase;
@@ -1254,6 +1255,17 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
     // Aliases run under the kernel wire name with their parameters mapped; the callable name
     // stays beside it as the alias (`docs/declaration.md`, "Aliases").
     let resolved = tool.resolve_call(&input);
+    // `tool_call` expands into its frozen target, built from here on as a direct call of it; the
+    // row keeps `tool_call` as its callable name (`docs/kernel-tools.md`, "tool_call").
+    let Some(declaration) = state.declaration.as_deref() else { return task };
+    let (tool, resolved) = match discovery::expand(declaration, tool, &resolved.input) {
+        Ok(None) => (tool, resolved),
+        Ok(Some((target, target_input))) => (target, target.resolve_call(target_input)),
+        Err((key, message)) => {
+            task.tool_input = input;
+            return fail(task, key, message);
+        }
+    };
     task.tool_name = resolved.wire_name;
     task.tool_input = resolved.input;
     // The concrete target is persisted before the approval stage (`docs/executions.md`,
@@ -1269,8 +1281,8 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
     // A call of `ask` is budgeted its hold (`[execution] ask_hold_ms`), which starts once it is
     // granted ([`ask`]).
     ask::budget(state, &mut task);
-    if let Some(declaration) = &state.declaration {
-        approval::admit(declaration, &mut task, CallOrigin::Model, now, approval::hold_ms(state));
-    }
+    // `skill` goes where its argument comes from (`docs/kernel-tools.md`, "skill").
+    discovery::route_skill(declaration, tool, &mut task);
+    approval::admit(declaration, &mut task, CallOrigin::Model, now, approval::hold_ms(state));
     task
 }

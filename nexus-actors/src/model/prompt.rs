@@ -9,8 +9,16 @@
 //!
 //! Each block becomes its own message; the provider adapters join adjacent messages of the same
 //! role into one, each block remaining its own part. Blocks nexus has no source for yet
-//! (`character`, `persona`, `memory`, `skills`, `lead`, `tail`) render nothing and are named in
-//! the manifest's `empty_blocks`.
+//! (`character`, `persona`, `memory`, `lead`, `tail`), and `skills` when the execution has no
+//! skill to list, render nothing and are named in the manifest's `empty_blocks`.
+//!
+//! # Skills
+//!
+//! The `skills` block is a system message listing the skills the execution froze (only when
+//! `skill` is declared): the header `Skills available now.`, then one `- name: description` line
+//! per skill, in order. It is at most [`SKILLS_BLOCK_BOUND`] bytes: skills whose lines do not fit
+//! are listed by name only after them, and names that do not fit either are counted
+//! ([`skills_block`]).
 //!
 //! # History
 //!
@@ -40,6 +48,7 @@ use serde_json::Value;
 use nexus_proto::{ExecutionId, InputId};
 
 use super::ChatMessage;
+use crate::declaration::FrozenSkill;
 pub use crate::declaration::template::Mechanism;
 
 /// History entries a request carries at most when the history block names no `max_entries`
@@ -48,6 +57,55 @@ pub const DEFAULT_MAX_ENTRIES: u64 = 200;
 /// Entries the manifest lists in `included` and in `trimmed` each, the newest first; the counts
 /// give the rest.
 pub const MANIFEST_ENTRY_BOUND: usize = 32;
+/// The bound of the skills block, in bytes (REFERENCE 12, "Skills block": 16 KiB).
+pub const SKILLS_BLOCK_BOUND: usize = 16_384;
+/// The skills block's first line.
+pub const SKILLS_HEADER: &str = "Skills available now.";
+/// What starts the names-only tail of a skills block over its bound.
+const SKILLS_TAIL: &str = "\nMore skills, by name only (load one with skill to read it): ";
+/// Room kept for the tail's closing count (` and N more`).
+const SKILLS_MORE_ROOM: usize = 32;
+
+/// The skills block's text for `skills` ([module docs](self), "Skills"); `None` when there are
+/// none. Never longer than [`SKILLS_BLOCK_BOUND`] bytes.
+#[must_use]
+pub fn skills_block(skills: &[FrozenSkill]) -> Option<String> {
+    if skills.is_empty() {
+        return None;
+    }
+    let lines: Vec<String> =
+        skills.iter().map(|s| format!("\n- {}: {}", s.name, s.description.replace(['\n', '\r'], " "))).collect();
+    let mut out = String::from(SKILLS_HEADER);
+    if out.len() + lines.iter().map(String::len).sum::<usize>() <= SKILLS_BLOCK_BOUND {
+        out.extend(lines);
+        return Some(out);
+    }
+    // Whole lines while room stays for the tail, the next skill's name and the count.
+    let mut full = 0;
+    while full < skills.len() {
+        let next_name = skills.get(full + 1).map_or(0, |s| s.name.len());
+        if out.len() + lines[full].len() + SKILLS_TAIL.len() + next_name + SKILLS_MORE_ROOM > SKILLS_BLOCK_BOUND {
+            break;
+        }
+        out.push_str(&lines[full]);
+        full += 1;
+    }
+    out.push_str(SKILLS_TAIL);
+    let mut listed = full;
+    for skill in &skills[full..] {
+        let separator = if listed == full { "" } else { ", " };
+        if out.len() + separator.len() + skill.name.len() + SKILLS_MORE_ROOM > SKILLS_BLOCK_BOUND {
+            break;
+        }
+        out.push_str(separator);
+        out.push_str(&skill.name);
+        listed += 1;
+    }
+    if listed < skills.len() {
+        out.push_str(&format!(" and {} more", skills.len() - listed));
+    }
+    Some(out)
+}
 
 nexus_proto::words! {
     /// The role a block reaches the provider in.
@@ -193,6 +251,8 @@ pub struct Request<'a> {
     pub variables: &'a BTreeMap<String, String>,
     /// The earlier turns, oldest first (ignored under `raw`).
     pub history: &'a [HistoryTurn],
+    /// The skills the `skills` block lists (empty when `skill` is not declared).
+    pub skills: &'a [FrozenSkill],
     /// The turn's own transcript: its input, then its rounds. Leading system messages (stored
     /// by executions materialized before history existed) are skipped: the documents come from
     /// the declaration.
@@ -217,6 +277,9 @@ pub struct DocumentRef {
     /// The template block's index, for inline blocks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block: Option<usize>,
+    /// How many entries the block lists, for the `skills` block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<usize>,
 }
 
 /// A block that rendered nothing.
@@ -556,17 +619,36 @@ pub fn assemble(request: &Request<'_>) -> Assembled {
                     role: document.role,
                     version: document.version,
                     block: None,
+                    count: None,
                 });
                 let content = render(&document.content, request.macros, &variables);
                 parts.push(Some(vec![role_message(document.role, content)]));
             }
             Block::Slot(slot) => empty(slot, EmptyReason::NoSource),
             Block::Inline { index, role, text } => {
-                documents.push(DocumentRef { slot: "inline".into(), role: *role, version: None, block: Some(*index) });
+                documents.push(DocumentRef {
+                    slot: "inline".into(),
+                    role: *role,
+                    version: None,
+                    block: Some(*index),
+                    count: None,
+                });
                 parts.push(Some(vec![role_message(*role, render(text, request.macros, &variables))]));
             }
             Block::Memory => empty("memory", EmptyReason::NoSource),
-            Block::Skills => empty("skills", EmptyReason::NoSource),
+            Block::Skills => match skills_block(request.skills) {
+                Some(text) => {
+                    documents.push(DocumentRef {
+                        slot: "skills".into(),
+                        role: PromptRole::System,
+                        version: None,
+                        block: None,
+                        count: Some(request.skills.len()),
+                    });
+                    parts.push(Some(vec![ChatMessage::System { content: text }]));
+                }
+                None => empty("skills", EmptyReason::NoSource),
+            },
             Block::Lead => empty("lead", EmptyReason::NoInlineEntries),
             Block::Tail => empty("tail", EmptyReason::NoInlineEntries),
             Block::History { max_entries, budget } => {
@@ -698,6 +780,7 @@ mod tests {
             macros,
             variables: &NO_VARIABLES,
             history,
+            skills: &[],
             turn,
             window_tokens: 128_000,
             tools_bytes: 0,
@@ -769,7 +852,8 @@ mod tests {
                 slot: "system_prompt".into(),
                 role: PromptRole::Developer,
                 version: Some(3),
-                block: None
+                block: None,
+                count: None,
             }]
         );
         let blocks: Vec<&str> = manifest.empty_blocks.iter().map(|b| b.block.as_str()).collect();
@@ -896,5 +980,67 @@ mod tests {
         assert_eq!(manifest.included_count, 100);
         assert_eq!(manifest.included.len(), MANIFEST_ENTRY_BOUND);
         assert_eq!(manifest.included[0].turn, 50, "newest first");
+    }
+
+    fn skill(name: &str, description: &str) -> FrozenSkill {
+        FrozenSkill {
+            name: name.into(),
+            description: description.into(),
+            route: None,
+            effect_profile: None,
+            timeout_ms: None,
+        }
+    }
+
+    #[test]
+    fn the_skills_block_renders_at_its_place_with_its_count() {
+        let skills = [skill("deploy", "How to ship"), skill("triage", "Sort bugs")];
+        let doc = Document { content: "You are {{agent}}.".into(), role: PromptRole::System, version: None };
+        let macros = macros();
+        let current = [user("go")];
+        let mut with_skills = request(Mechanism::Default, None, Some(&doc), &macros, &[], &current);
+        with_skills.skills = &skills;
+        let assembled = assemble(&with_skills);
+        assert_eq!(
+            texts(&assembled.messages),
+            [
+                "system:You are ada.",
+                "system:Skills available now.\n- deploy: How to ship\n- triage: Sort bugs",
+                "user:go"
+            ]
+        );
+        let skills_ref = assembled.manifest.documents.iter().find(|d| d.slot == "skills").expect("listed");
+        assert_eq!((skills_ref.role, skills_ref.count), (PromptRole::System, Some(2)));
+        assert!(!assembled.manifest.empty_blocks.iter().any(|b| b.block == "skills"));
+        // Under assembly it sits where the template puts it; without skills it is empty.
+        let template = json!({"blocks": [{"type": "history"}, {"type": "skills"}, {"type": "input"}]});
+        let mut assembly = request(Mechanism::Assembly, Some(&template), None, &macros, &[], &current);
+        assembly.skills = &skills;
+        let texts_of = texts(&assemble(&assembly).messages);
+        assert!(texts_of[0].starts_with("system:Skills available now."), "{texts_of:?}");
+        let bare = assemble(&request(Mechanism::Default, None, None, &macros, &[], &current));
+        assert!(bare.manifest.empty_blocks.iter().any(|b| b.block == "skills"));
+        // Raw carries no skills block.
+        let mut raw = request(Mechanism::Raw, None, None, &macros, &[], &current);
+        raw.skills = &skills;
+        assert_eq!(texts(&assemble(&raw).messages), ["user:go"]);
+    }
+
+    #[test]
+    fn the_skills_block_is_bounded_with_a_names_only_tail() {
+        let description = "d".repeat(1000);
+        let skills: Vec<FrozenSkill> = (0..2000).map(|i| skill(&format!("skill-{i:04}"), &description)).collect();
+        let text = skills_block(&skills).expect("some");
+        assert!(text.len() <= SKILLS_BLOCK_BOUND, "{} bytes", text.len());
+        assert!(text.starts_with("Skills available now.\n- skill-0000: d"));
+        let full = text.matches("\n- ").count();
+        assert!(full > 10 && full < 17, "{full} whole lines fit 16 KiB");
+        assert!(text.contains(&format!("by name only (load one with skill to read it): skill-{full:04}, ")), "{text}");
+        let listed = text.matches("skill-").count();
+        assert!(text.ends_with(&format!(" and {} more", 2000 - listed)), "{}", &text[text.len() - 40..]);
+        // Everything that fits is listed whole, and one line per skill.
+        let few = skills_block(&[skill("a", "one\ntwo")]).expect("some");
+        assert_eq!(few, "Skills available now.\n- a: one two");
+        assert_eq!(skills_block(&[]), None);
     }
 }

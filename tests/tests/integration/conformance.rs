@@ -1080,9 +1080,9 @@ async fn r16_route_grammar() {
 async fn r17_routing_metadata_and_alias_facts_never_reach_the_provider() {
     let (d, fake) = wire_door(|_| say("done")).await;
     let (runner, _raw) = d.runner("host", json!([served("bash"), served("grep")])).await;
-    let alias = json!({"name": "Agent", "canonical": "nexus.graph.delegate_task",
-        "params": {"run_in_background": {"maps_to": "wait", "invert": true, "description": "Run it in the background."}},
-        "omit": ["lifetime"], "description": "Hand work to a helper; collect it with {{wait}}."});
+    let alias = json!({"name": "Question", "canonical": "nexus.human.ask",
+        "params": {"single": {"maps_to": "multi", "invert": true, "description": "true allows one option only."}},
+        "omit": ["options"], "description": "Ask the human; keep the answer with {{memory_write}}."});
     let configuration = d
         .accepts(&json!({"approval_mode": "bypass", "default_model": "wire/m",
             "runner_executor_public_ids": [runner.id], "runner_tool_names": ["grep"],
@@ -1090,7 +1090,7 @@ async fn r17_routing_metadata_and_alias_facts_never_reach_the_provider() {
         .await;
     let stored = configuration["tool_definitions"].as_array().cloned().expect("list");
     assert!(find(&stored, "shell").get("route").is_some(), "the route is stored");
-    assert_eq!(find(&stored, "Agent")["canonical"], "nexus.graph.delegate_task", "the alias facts are stored");
+    assert_eq!(find(&stored, "Question")["canonical"], "nexus.human.ask", "the alias facts are stored");
     let execution = d.turn("wire", None, None).await.expect("admitted");
     d.settled(execution).await;
     let request = fake.turn("wire").into_iter().next().expect("the provider was asked");
@@ -1118,10 +1118,10 @@ async fn r17_routing_metadata_and_alias_facts_never_reach_the_provider() {
     }
     let mut names: Vec<String> = offered_names(&request);
     names.sort();
-    assert_eq!(names, ["Agent", "grep", "shell"], "the routed callable keeps its authored name on the wire");
-    let agent = find(&wire, "Agent");
-    assert!(agent["function"]["parameters"]["properties"].get("run_in_background").is_some());
-    assert!(agent["function"]["parameters"]["properties"].get("lifetime").is_none(), "omitted parameters stay off");
+    assert_eq!(names, ["Question", "grep", "shell"], "the routed callable keeps its authored name on the wire");
+    let question = find(&wire, "Question");
+    assert!(question["function"]["parameters"]["properties"].get("single").is_some());
+    assert!(question["function"]["parameters"]["properties"].get("options").is_none(), "omitted parameters stay off");
 }
 
 #[tokio::test]
@@ -1249,12 +1249,12 @@ async fn r20_alias_refusal_words() {
         ),
         (
             "invert on a string",
-            json!({"name": "Agent", "canonical": "nexus.graph.delegate_task", "params": {"task": {"maps_to": "prompt", "invert": true, "description": "d"}}}),
+            json!({"name": "Question", "canonical": "nexus.human.ask", "params": {"text": {"maps_to": "prompt", "invert": true, "description": "d"}}}),
             "alias_invert_needs_boolean",
         ),
         (
             "invert without a description",
-            json!({"name": "Agent", "canonical": "nexus.graph.delegate_task", "params": {"run_in_background": {"maps_to": "wait", "invert": true}}}),
+            json!({"name": "Question", "canonical": "nexus.human.ask", "params": {"single": {"maps_to": "multi", "invert": true}}}),
             "alias_param_description_required",
         ),
     ];
@@ -1272,9 +1272,9 @@ async fn r20_alias_refusal_words() {
     // The lawful counterparts.
     let stored = d
         .accepts(&json!({"approval_mode": "bypass", "tool_definitions": [
-            {"name": "Agent", "canonical": "nexus.graph.delegate_task", "params": {"run_in_background": {"maps_to": "wait", "invert": true, "description": "Run it in the background."}}},
+            {"name": "Question", "canonical": "nexus.human.ask", "params": {"single": {"maps_to": "multi", "invert": true, "description": "true allows one option only."}}},
             {"name": "Recall", "canonical": "nexus.memory.read", "params": {"file": {"maps_to": "path"}}, "omit": ["offset"]},
-            {"name": "Await", "canonical": "nexus.graph.wait", "params": {"task": {"maps_to": "task"}}},
+            {"name": "Find", "canonical": "nexus.memory.grep", "params": {"pattern": {"maps_to": "pattern"}}},
         ]}))
         .await;
     let stored = stored["tool_definitions"].as_array().cloned().expect("list");
@@ -1282,9 +1282,14 @@ async fn r20_alias_refusal_words() {
     assert!(recall["properties"].get("file").is_some() && recall["properties"].get("path").is_none());
     assert!(recall["properties"].get("offset").is_none(), "omitted parameters are not exposed");
     assert_eq!(recall["required"], json!(["file"]));
-    let agent = &find(&stored, "Agent")["function"]["parameters"]["properties"]["run_in_background"];
-    assert_eq!(agent["default"], true, "an inverted boolean's default is negated");
-    assert_eq!(agent["description"], "Run it in the background.");
+    // The inverted boolean carries its own description; `multi` has no default to negate (the
+    // negated default is pinned by the alias grammar's own tests, over `delegate_task`'s `wait`).
+    let single = &find(&stored, "Question")["function"]["parameters"]["properties"]["single"];
+    assert_eq!(single["type"], "boolean");
+    assert_eq!(single["description"], "true allows one option only.");
+    assert!(single.get("default").is_none(), "no default is invented: {single}");
+    let find_alias = &find(&stored, "Find")["function"]["parameters"];
+    assert!(find_alias["properties"].get("pattern").is_some(), "an identity mapping keeps the parameter");
 }
 
 #[tokio::test]
@@ -1292,7 +1297,7 @@ async fn r21_alias_calls_run_under_the_kernel_wire_name_with_mapped_parameters()
     let (d, _fake) = wire_door(|request| {
         if tool_results(request).is_empty() {
             calls(&[
-                ("Agent", json!({"prompt": "p", "run_in_background": true})),
+                ("Question", json!({"prompt": "p", "single": true})),
                 ("Recall", json!({"file": "notes.md", "offset": 3, "limit": 2})),
             ])
         } else {
@@ -1301,8 +1306,8 @@ async fn r21_alias_calls_run_under_the_kernel_wire_name_with_mapped_parameters()
     })
     .await;
     let declaration = json!({"approval_mode": "bypass", "default_model": "wire/m", "tool_definitions": [
-        {"name": "Agent", "canonical": "nexus.graph.delegate_task",
-         "params": {"run_in_background": {"maps_to": "wait", "invert": true, "description": "Run it in the background."}}},
+        {"name": "Question", "canonical": "nexus.human.ask",
+         "params": {"single": {"maps_to": "multi", "invert": true, "description": "true allows one option only."}}},
         {"name": "Recall", "canonical": "nexus.memory.read", "params": {"file": {"maps_to": "path"}}, "omit": ["offset"]},
     ]});
     let execution = d.turn("aliases", Some(declaration), None).await.expect("admitted");
@@ -1313,7 +1318,7 @@ async fn r21_alias_calls_run_under_the_kernel_wire_name_with_mapped_parameters()
     let caller = d.server.caller(&d.agent).await;
     let door_view = d.server.server.api.execution(&caller, execution).await.expect("execution");
     for (alias, wire, input) in [
-        ("Agent", "delegate_task", json!({"prompt": "p", "wait": false})),
+        ("Question", "ask", json!({"prompt": "p", "multi": false})),
         ("Recall", "memory_read", json!({"path": "notes.md", "limit": 2})),
     ] {
         let task = tasks.iter().find(|t| t.callable_name == alias).unwrap_or_else(|| panic!("no task for {alias}"));
@@ -1331,29 +1336,29 @@ async fn r21_alias_calls_run_under_the_kernel_wire_name_with_mapped_parameters()
 #[tokio::test]
 async fn r22_macros_render_with_the_profiles_spellings_and_catalog_bytes_otherwise() {
     let d = door().await;
-    let wait = d.kernel("wait").await;
-    let catalog = wait["definition"].clone();
-    let template = wait["template"]["function"]["description"].as_str().expect("template").to_owned();
-    assert!(template.contains("{{delegate_task}}"), "the catalog serves the template unrendered: {template}");
+    let write = d.kernel("memory_write").await;
+    let catalog = write["definition"].clone();
+    let template = write["template"]["function"]["description"].as_str().expect("template").to_owned();
+    assert!(template.contains("{{memory_edit}}"), "the catalog serves the template unrendered: {template}");
     // No alias: the catalog's bytes exactly.
     let stored = d.accepts(&json!({"approval_mode": "bypass", "tool_definitions": [catalog.clone()]})).await;
     assert_eq!(stored["tool_definitions"][0], catalog);
     assert_eq!(stored["tool_definitions"][0].to_string(), catalog.to_string(), "byte for byte");
     // An alias re-spells every plain kernel entry: the catalog bytes are accepted and stored as
     // the profile's render, and the render itself is accepted back.
-    let alias = json!({"name": "Agent", "canonical": "nexus.graph.delegate_task"});
+    let alias = json!({"name": "Patch", "canonical": "nexus.memory.edit"});
     let stored =
         d.accepts(&json!({"approval_mode": "bypass", "tool_definitions": [catalog.clone(), alias.clone()]})).await;
     let stored = stored["tool_definitions"].as_array().cloned().expect("list");
-    let rendered = find(&stored, "wait");
-    let expected = template.replace("{{delegate_task}}", "Agent").replace("{{spawn}}", "spawn");
+    let rendered = find(&stored, "memory_write");
+    let expected = template.replace("{{memory_edit}}", "Patch");
     assert_eq!(rendered["function"]["description"], expected);
     assert_eq!(rendered["function"]["parameters"], catalog["function"]["parameters"]);
     let again = d.accepts(&json!({"approval_mode": "bypass", "tool_definitions": stored.clone()})).await;
     assert_eq!(again["tool_definitions"], json!(stored), "the render is itself accepted and converges");
     // Another spelling of the macro is a redefinition.
     let mut wrong = rendered.clone();
-    wrong["function"]["description"] = json!(expected.replace("Agent", "Helper"));
+    wrong["function"]["description"] = json!(expected.replace("Patch", "Helper"));
     d.rejects(
         &json!({"approval_mode": "bypass", "tool_definitions": [alias.clone(), wrong]}),
         "configuration.tool_definitions[1]",
@@ -1361,15 +1366,18 @@ async fn r22_macros_render_with_the_profiles_spellings_and_catalog_bytes_otherwi
     )
     .await;
     // An alias description's macros render too, and plain kernel imports are re-spelled.
-    let recall = json!({"name": "Recall", "canonical": "nexus.memory.read", "description": "Read; edit with {{memory_edit}} after {{delegate_task}}."});
+    let recall = json!({"name": "Recall", "canonical": "nexus.memory.read", "description": "Read; find more with {{tool_search}}, then edit with {{memory_edit}}."});
     let assembled = d
         .assembled(
             None,
-            &json!({"tool_definitions": [alias, recall], "kernel_tools": ["nexus.graph.wait", "nexus.memory.edit"]}),
+            &json!({"tool_definitions": [alias, recall], "kernel_tools": ["nexus.memory.write", "nexus.memory.edit"]}),
         )
         .await;
-    assert_eq!(find(&assembled, "Recall")["function"]["description"], "Read; edit with memory_edit after Agent.");
-    assert_eq!(find(&assembled, "wait")["function"]["description"], expected, "a plain import is re-spelled");
+    assert_eq!(
+        find(&assembled, "Recall")["function"]["description"],
+        "Read; find more with tool_search, then edit with Patch."
+    );
+    assert_eq!(find(&assembled, "memory_write")["function"]["description"], expected, "a plain import is re-spelled");
     let edit = d.kernel("memory_edit").await["template"]["function"]["description"].as_str().expect("text").to_owned();
     assert_eq!(
         find(&assembled, "memory_edit")["function"]["description"],
@@ -1439,6 +1447,74 @@ async fn r24_kernel_tools_are_unique_live_canonical_names() {
     assert_eq!(assembled, vec![ask.clone(), read]);
     let assembled = d.assembled(None, &json!({"tool_definitions": [ask.clone()], "kernel_tools": []})).await;
     assert_eq!(assembled, vec![ask]);
+}
+
+/// Issue 13, item 7: a live kernel tool this server does not run (the delegation tools) is
+/// refused at every declaration door, in every shape, and never offered to a model.
+#[tokio::test]
+async fn r24_a_kernel_tool_the_server_cannot_run_is_refused_at_declaration() {
+    let d = door().await;
+    d.seed().await;
+    let delegate = d.kernel("delegate_task").await["definition"].clone();
+    let agent = json!({"name": "Agent", "canonical": "nexus.graph.delegate_task",
+        "params": {"run_in_background": {"maps_to": "wait", "invert": true, "description": "Run it in the background."}}});
+    let rows: Vec<(&str, Value, &str)> = vec![
+        (
+            "a plain import",
+            json!({"approval_mode": "bypass", "kernel_tools": ["nexus.memory.read", "nexus.graph.delegate_task"]}),
+            "configuration.kernel_tools[1]",
+        ),
+        (
+            "the catalog's bytes",
+            json!({"approval_mode": "bypass", "tool_definitions": [function("first"), delegate]}),
+            "configuration.tool_definitions[1]",
+        ),
+        (
+            "a compact identity entry",
+            json!({"approval_mode": "bypass", "tool_definitions": [{"name": "wait", "canonical": "nexus.graph.wait"}]}),
+            "configuration.tool_definitions[0]",
+        ),
+        (
+            "an alias",
+            json!({"approval_mode": "bypass", "tool_definitions": [agent.clone()]}),
+            "configuration.tool_definitions[0]",
+        ),
+    ];
+    for (row, configuration, field) in rows {
+        let answer = d.refused(&json!({"configuration": configuration}), 422, "validation_failed").await;
+        assert!(answer.message().starts_with(field), "{row}: {}", answer.message());
+        assert!(answer.message().contains("kernel_tool_unavailable"), "{row}: {}", answer.message());
+    }
+    let unserved = json!({"approval_mode": "bypass", "kernel_tools": ["nexus.graph.delegate_task"]});
+    // The preview, a named definition and an inline declaration refuse it too.
+    let preview = d.preview(&json!({"configuration": unserved})).await;
+    assert_eq!((preview.status, preview.code()), (422, Some("validation_failed")), "{:?}", preview.body);
+    names(&preview, "configuration.kernel_tools[0]", "kernel_tool_unavailable");
+    let named = d
+        .http
+        .put(
+            "/agent_api/v1/profile/agents/helper",
+            &json!({"scope": "instance", "description": "Helps.", "configuration": unserved}),
+        )
+        .await;
+    assert_eq!((named.status, named.code()), (422, Some("validation_failed")), "{:?}", named.body);
+    assert!(named.message().contains("kernel_tool_unavailable"), "{}", named.message());
+    assert_eq!(d.http.get("/agent_api/v1/profile/agents").await.body["agents"], json!([]), "nothing minted");
+    let inline = d
+        .turn(
+            "delegate",
+            Some(json!({"default_model": "scripted/default", "approval_mode": "bypass",
+        "tool_definitions": [agent]})),
+            None,
+        )
+        .await
+        .expect_err("refused at admission");
+    assert_eq!(inline.code, ErrorCode::ValidationFailed);
+    assert!(inline.message.starts_with("execution_declaration.tool_definitions[0]"), "{}", inline.message);
+    assert!(inline.message.contains("kernel_tool_unavailable"), "{}", inline.message);
+    // The catalog itself still lists all nineteen.
+    let catalog = d.http.get("/agent_api/v1/tools").await;
+    assert_eq!(catalog.body["tools"].as_array().map(Vec::len), Some(19));
 }
 
 #[tokio::test]

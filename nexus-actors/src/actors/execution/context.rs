@@ -153,6 +153,7 @@ pub fn assemble_with(
         macros,
         variables,
         history,
+        skills: &declaration.skills,
         turn,
         window_tokens,
         tools_bytes,

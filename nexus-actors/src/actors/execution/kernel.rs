@@ -1,6 +1,7 @@
 //! Kernel tools that run in-process (`docs/kernel-tools.md`).
 //!
-//! Two kinds. The pure ones (`runners_list`, `tool_search`) read only what the execution froze:
+//! Two kinds. The pure ones (`runners_list`, `tool_search`, the in-process side of `skill`) read
+//! only what the execution froze:
 //! [`run`] answers them at once, inside the approval stage's routing. The I/O ones ([`runs_io`]:
 //! memory, history search) read or write the store: the stage leaves their task `running`, and
 //! [`launch`] runs each in a task owned by the ExecutionActor, which writes the settlement
@@ -8,6 +9,9 @@
 //! as [`ExecutionMsg::TaskSettled`], the same message a runner's settlement arrives as. A restart
 //! launches again every in-process task it finds `running`: each I/O tool is safe to run twice
 //! (reads are, and every write records the task that made it and answers its first result again).
+//!
+//! `tool_call` never runs here: it expands into its target's task before the approval stage
+//! ([`super::discovery`]).
 
 use std::sync::Arc;
 
@@ -18,8 +22,8 @@ use tracing::Instrument;
 use nexus_proto::{ConversationId, ErrorCode, ExecutionId, InputId, MemberId, TaskStatus};
 
 use crate::actors::fabric::Fabric;
-use crate::declaration::FrozenDeclaration;
-use crate::declaration::tools::provider_definition;
+use crate::declaration::tools::{FrozenSkill, SKILL_CANONICAL, provider_definition};
+use crate::declaration::{FrozenDeclaration, FrozenTool};
 use crate::store::TaskRow;
 
 use super::{ExecutionMsg, ExecutionState};
@@ -169,8 +173,27 @@ pub fn run(declaration: &FrozenDeclaration, wire_name: &str, input: &Value) -> O
     match wire_name {
         "runners_list" => Some(runners_list(declaration, input)),
         "tool_search" => Some(tool_search(declaration, input)),
+        "skill" => Some(skill(declaration, input)),
         _ => None,
     }
+}
+
+/// `skill {name}` in-process (`docs/kernel-tools.md`, "skill"): a runner's document never gets
+/// here (its call is dispatched to that runner, [`super::discovery::route_skill`]); any other name
+/// is looked up in the memory `skills/` sources ([`skill_from_memory`]). An unknown name answers
+/// `skill_unknown: <name>` as data, a completed result the model reads.
+fn skill(declaration: &FrozenDeclaration, input: &Value) -> Result<Value, String> {
+    let Some(name) = input["name"].as_str().filter(|name| !name.is_empty()) else {
+        return Err("name is required: the skill to load, as the skills block lists it".into());
+    };
+    Ok(Value::String(skill_from_memory(declaration, name).unwrap_or_else(|| format!("skill_unknown: {name}"))))
+}
+
+/// The content of skill `name` from the memory sources, in the spec's order: the workspace's
+/// `skills/<name>`, then the speaker's (`docs/kernel-tools.md`, "skill"). The memory store is not
+/// wired here yet: this answers `None`, and the call reads `skill_unknown`.
+pub fn skill_from_memory(_declaration: &FrozenDeclaration, _name: &str) -> Option<String> {
+    None
 }
 
 /// `{current_runner_executor_public_id, runners:[{runner_executor_public_id, display_name,
@@ -185,9 +208,12 @@ fn runners_list(declaration: &FrozenDeclaration, input: &Value) -> Result<Value,
     }))
 }
 
-/// Searches the frozen callables: names, descriptions, runner UUIDs and served names. An exact
-/// name returns that entry; otherwise every query term must match. Answers `{tools:[{name,
-/// definition, route?, skills}], truncated}`.
+/// Searches the frozen callables: names, descriptions, runner UUIDs and served names, and the
+/// frozen skills' names and descriptions. An exact name (a callable's, or a skill's) returns that
+/// entry; otherwise every query term must match. Answers `{tools:[{name, definition, route?,
+/// skills}], truncated}`, where `skills` lists, on the `skill` tool's row, the skills that match
+/// (`[{name, description}]`, at most `limit`; every skill when the query is the tool's exact
+/// name), and is empty on every other row.
 fn tool_search(declaration: &FrozenDeclaration, input: &Value) -> Result<Value, String> {
     let query = input["query"].as_str().map(str::trim).unwrap_or_default();
     if query.is_empty() {
@@ -200,38 +226,60 @@ fn tool_search(declaration: &FrozenDeclaration, input: &Value) -> Result<Value, 
             None => return Err("limit must be an integer from 1 to 20".into()),
         },
     };
-    let row = |tool: &crate::declaration::FrozenTool| {
-        let mut row = json!({"name": tool.name, "definition": provider_definition(&tool.definition), "skills": []});
+    let shown = usize::try_from(limit).unwrap_or(usize::MAX);
+    let is_skill_tool = |tool: &FrozenTool| tool.canonical_name() == Some(SKILL_CANONICAL) && tool.route.is_none();
+    let row = |tool: &FrozenTool, skills: &[&FrozenSkill]| {
+        let skills: Vec<Value> =
+            skills.iter().take(shown).map(|s| json!({"name": s.name, "description": s.description})).collect();
+        let mut row = json!({"name": tool.name, "definition": provider_definition(&tool.definition), "skills": skills});
         if let Some(route) = &tool.route {
             row["route"] = json!({"kind": "runner", "runner_executor_public_id": route.runner_executor_public_id,
                                   "tool_name": route.tool_name});
         }
         row
     };
+    // The `skill` tool found by its exact name lists every skill (up to `limit`).
     if let Some(exact) = declaration.tools.iter().find(|t| t.name == query) {
-        return Ok(json!({"tools": [row(exact)], "truncated": false}));
+        let skills: Vec<&FrozenSkill> = match is_skill_tool(exact) {
+            true => declaration.skills.iter().collect(),
+            false => Vec::new(),
+        };
+        return Ok(json!({"tools": [row(exact, &skills)], "truncated": skills.len() > shown}));
+    }
+    if let Some(skill) = declaration.skills.iter().find(|s| s.name == query)
+        && let Some(tool) = declaration.tools.iter().find(|t| is_skill_tool(t))
+    {
+        return Ok(json!({"tools": [row(tool, &[skill])], "truncated": false}));
     }
     let terms: Vec<String> = query.split_whitespace().map(str::to_lowercase).collect();
-    let matches: Vec<&crate::declaration::FrozenTool> = declaration
-        .tools
-        .iter()
-        .filter(|tool| {
-            let function = tool.definition.get("function").unwrap_or(&tool.definition);
-            let haystack = format!(
-                "{} {} {} {}",
-                tool.name,
-                function["description"].as_str().unwrap_or_default(),
-                tool.route.as_ref().map(|r| r.runner_executor_public_id.to_string()).unwrap_or_default(),
-                tool.route.as_ref().map(|r| r.tool_name.as_str()).unwrap_or_default(),
-            )
-            .to_lowercase();
-            terms.iter().all(|term| haystack.contains(term.as_str()))
-        })
-        .collect();
-    let shown = usize::try_from(limit).unwrap_or(usize::MAX);
+    let hit = |haystack: String| {
+        let haystack = haystack.to_lowercase();
+        terms.iter().all(|term| haystack.contains(term.as_str()))
+    };
+    let mut matches: Vec<(&FrozenTool, Vec<&FrozenSkill>)> = Vec::new();
+    for tool in &declaration.tools {
+        let function = tool.definition.get("function").unwrap_or(&tool.definition);
+        let haystack = format!(
+            "{} {} {} {}",
+            tool.name,
+            function["description"].as_str().unwrap_or_default(),
+            tool.route.as_ref().map(|r| r.runner_executor_public_id.to_string()).unwrap_or_default(),
+            tool.route.as_ref().map(|r| r.tool_name.as_str()).unwrap_or_default(),
+        );
+        let skills: Vec<&FrozenSkill> = match is_skill_tool(tool) {
+            true => {
+                declaration.skills.iter().filter(|s| hit(format!("{haystack} {} {}", s.name, s.description))).collect()
+            }
+            false => Vec::new(),
+        };
+        if !skills.is_empty() || hit(haystack) {
+            matches.push((tool, skills));
+        }
+    }
+    let skills_cut = matches.iter().any(|(_, skills)| skills.len() > shown);
     Ok(json!({
-        "tools": matches.iter().take(shown).map(|t| row(t)).collect::<Vec<_>>(),
-        "truncated": matches.len() > shown,
+        "tools": matches.iter().take(shown).map(|(tool, skills)| row(tool, skills)).collect::<Vec<_>>(),
+        "truncated": matches.len() > shown || skills_cut,
     }))
 }
 
@@ -240,7 +288,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::declaration::{FrozenTool, RunnerRoute};
+    use crate::declaration::RunnerRoute;
 
     fn declaration() -> FrozenDeclaration {
         let runner: nexus_proto::RunnerId = "00000000-0000-4000-8000-000000000007".parse().expect("uuid");
@@ -281,6 +329,7 @@ mod tests {
             lifecycle_hooks: Value::Null,
             compaction_policy: Value::Null,
             summarizer: None,
+            skills: Vec::new(),
             digest: String::new(),
         }
     }
@@ -312,5 +361,57 @@ mod tests {
         assert_eq!(by_runner["truncated"], true);
         assert!(run(&frozen, "tool_search", &json!({"query": " "})).expect("in-process").is_err());
         assert!(run(&frozen, "tool_search", &json!({"query": "x", "limit": 21})).expect("in-process").is_err());
+    }
+
+    fn with_skills() -> FrozenDeclaration {
+        let mut frozen = declaration();
+        let runner = frozen.default_runner_executor_public_id.expect("runner");
+        frozen.tools.push(FrozenTool {
+            name: "skill".into(),
+            definition: nexus_kernel_tools::lookup("skill").expect("live").definition().clone(),
+            route: None,
+            effect_profile: None,
+            timeout_ms: None,
+            canonical: Some(SKILL_CANONICAL.into()),
+        });
+        let skill = |name: &str, description: &str| FrozenSkill {
+            name: name.into(),
+            description: description.into(),
+            route: Some(RunnerRoute { runner_executor_public_id: runner, tool_name: "skill".into() }),
+            effect_profile: None,
+            timeout_ms: None,
+        };
+        frozen.skills = vec![skill("deploy-guide", "How to ship the service"), skill("triage", "Sort incoming bugs")];
+        frozen
+    }
+
+    #[test]
+    fn tool_search_finds_skills_by_name_and_description() {
+        let frozen = with_skills();
+        let exact = run(&frozen, "tool_search", &json!({"query": "triage"})).expect("in-process").expect("ok");
+        assert_eq!(exact["tools"].as_array().map(Vec::len), Some(1));
+        assert_eq!(exact["tools"][0]["name"], "skill");
+        assert_eq!(exact["tools"][0]["skills"], json!([{"name": "triage", "description": "Sort incoming bugs"}]));
+        let terms = run(&frozen, "tool_search", &json!({"query": "SHIP service"})).expect("in-process").expect("ok");
+        let names: Vec<&str> =
+            terms["tools"].as_array().expect("rows").iter().filter_map(|r| r["name"].as_str()).collect();
+        assert_eq!(names, ["skill"], "deploy's own text lacks `ship`; the skill's description has both terms");
+        assert_eq!(terms["tools"][0]["skills"][0]["name"], "deploy-guide");
+        // The skill tool's exact name lists every skill, up to the limit.
+        let all = run(&frozen, "tool_search", &json!({"query": "skill", "limit": 1})).expect("in-process").expect("ok");
+        assert_eq!(all["tools"][0]["skills"].as_array().map(Vec::len), Some(1));
+        assert_eq!(all["truncated"], true);
+        // Other rows carry no skills.
+        let bash = run(&frozen, "tool_search", &json!({"query": "bash"})).expect("in-process").expect("ok");
+        assert_eq!(bash["tools"][0]["skills"], json!([]));
+    }
+
+    #[test]
+    fn skill_in_process_answers_skill_unknown_as_data() {
+        let frozen = with_skills();
+        let unknown = run(&frozen, "skill", &json!({"name": "nope"})).expect("in-process").expect("data");
+        assert_eq!(unknown, json!("skill_unknown: nope"));
+        assert!(run(&frozen, "skill", &json!({})).expect("in-process").is_err(), "name is required");
+        assert_eq!(skill_from_memory(&frozen, "triage"), None, "the memory sources are not wired yet");
     }
 }

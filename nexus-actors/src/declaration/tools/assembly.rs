@@ -269,6 +269,11 @@ pub fn freeze(
 ) -> Result<FrozenDeclaration, Refusal> {
     let (tools, selected, runner_candidates) = assemble(configuration, selection, runners)?;
     let tools = narrow(tools, tool_names)?;
+    let declares_skill = tools.iter().any(|tool| tool.canonical_name() == Some(SKILL_CANONICAL));
+    let skills = match selected.and_then(|id| runners.iter().find(|r| r.public_id == id)) {
+        Some(facts) if declares_skill => runner_skills(facts),
+        _ => Vec::new(),
+    };
     let strings = |v: &Value| -> Vec<String> {
         v.as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_owned).collect()
     };
@@ -287,11 +292,35 @@ pub fn freeze(
         prompt_mechanism: configuration["prompt_mechanism"].as_str().and_then(|word| word.parse().ok()),
         prompt_template: Some(configuration["prompt_template"].clone()).filter(|t| !t.is_null()),
         system_prompt_version: None,
+        skills,
         digest: String::new(),
     };
     let bytes = serde_json::to_vec(&frozen).unwrap_or_default();
     frozen.digest = hex::encode(Sha256::digest(&bytes));
     Ok(frozen)
+}
+
+/// The skills a runner announced as `documents` (`docs/kernel-tools.md`, "skill"), each routed to
+/// its `skill` tool with that tool's effect profile and `timeout_ms`. A runner that announces no
+/// `skill` serves no documents (the announcement door refuses documents without it).
+fn runner_skills(facts: &RunnerFacts) -> Vec<FrozenSkill> {
+    let Some(tool) = facts.announcement["tools"].as_array().into_iter().flatten().find(|t| t["name"] == "skill") else {
+        return Vec::new();
+    };
+    facts.announcement["documents"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|document| {
+            Some(FrozenSkill {
+                name: document["name"].as_str()?.to_owned(),
+                description: document["description"].as_str()?.to_owned(),
+                route: Some(RunnerRoute { runner_executor_public_id: facts.public_id, tool_name: "skill".into() }),
+                effect_profile: tool.get("effect_profile").cloned(),
+                timeout_ms: tool.get("timeout_ms").and_then(Value::as_u64),
+            })
+        })
+        .collect()
 }
 
 fn dedup(list: Vec<String>) -> Vec<String> {

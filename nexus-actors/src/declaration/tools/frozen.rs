@@ -10,6 +10,11 @@ use nexus_kernel_tools::{ResolvedCall, lookup as kernel_lookup, resolve_call};
 
 use crate::declaration::template::Mechanism;
 
+/// The canonical name of the kernel's `skill` tool.
+pub const SKILL_CANONICAL: &str = "nexus.skill.load";
+/// The canonical name of the kernel's `tool_call` tool.
+pub const TOOL_CALL_CANONICAL: &str = "nexus.tools.call";
+
 /// Where a runner callable goes: its frozen target and the served name.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunnerRoute {
@@ -70,6 +75,27 @@ impl FrozenTool {
         }
         resolve_call(&self.definition, input)
     }
+}
+
+/// One skill an execution may load (`docs/kernel-tools.md`, "skill"): a named document the
+/// prompt's skills block lists and `skill {name}` returns. Frozen at materialization from the
+/// selected runner's announced `documents`, in the announcement's (name) order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FrozenSkill {
+    /// The skill's name (`^[a-z0-9](?:-?[a-z0-9])*$`, at most 64 characters).
+    pub name: String,
+    /// One line on what it is for (at most 1024 bytes).
+    pub description: String,
+    /// Where `skill {name}` goes: the announcing runner's `skill` tool. `None` for a skill the
+    /// kernel loads in-process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<RunnerRoute>,
+    /// The effect profile that runner announced for `skill`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect_profile: Option<Value>,
+    /// The `timeout_ms` that runner announced for `skill`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
 }
 
 /// What a runner looked like when it was selected: its id, display name, status and canonical
@@ -147,6 +173,10 @@ pub struct FrozenDeclaration {
     /// document (and for declarations frozen before it was captured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_prompt_version: Option<i64>,
+    /// The skills the execution may load, when `skill` is declared ([`FrozenSkill`]); absent in
+    /// declarations frozen before skills were captured, and when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<FrozenSkill>,
     /// Digest of this declaration's canonical JSON (without this field), for display.
     pub digest: String,
 }
@@ -166,6 +196,12 @@ impl FrozenDeclaration {
     pub fn with_system_prompt_version(mut self, version: Option<i64>) -> Self {
         self.system_prompt_version = version;
         self.redigest()
+    }
+
+    /// Whether `skill` (`nexus.skill.load`) is in the frozen tool set, under any spelling.
+    #[must_use]
+    pub fn declares_skill(&self) -> bool {
+        self.tools.iter().any(|tool| tool.canonical_name() == Some(SKILL_CANONICAL))
     }
 
     /// The mechanism the execution's requests are assembled by.

@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde_json::{Map, Value, json};
 
-use nexus_kernel_tools::{KernelTool, Spellings, canonicalize_alias, is_alias, lookup as kernel_lookup};
+use nexus_kernel_tools::{KernelTool, Spellings, canonicalize_alias, is_alias, lookup as kernel_lookup, served};
 use nexus_proto::Refusal;
 
 use crate::declaration::invalid;
@@ -263,6 +263,57 @@ pub(in crate::declaration) fn validate_kernel_tools(value: Option<&Value>) -> Re
                 ));
             }
             None => return Err(invalid(FIELD, format!("{name} is not a live kernel tool"))),
+        }
+    }
+    Ok(())
+}
+
+/// The kernel canonical name a `tool_definitions` entry declares, if it declares one: an alias's
+/// `canonical`, or a plain (unrouted) entry on a kernel name in either spelling.
+fn declared_canonical(entry: &Value) -> Option<&str> {
+    if is_alias(entry) {
+        return entry.get("canonical").and_then(Value::as_str);
+    }
+    if entry.get("route").is_some() {
+        return None;
+    }
+    entry_name(entry).and_then(kernel_lookup).map(|tool| tool.canonical_name)
+}
+
+/// Refuses a declared kernel tool this server does not run (`docs/kernel-tools.md`, "What runs"):
+/// a plain or compact entry, an alias whose canonical is not served, or a `kernel_tools` import.
+/// Runs after the grammar of both lists (their own words come first), on the lists as written,
+/// so the index is the author's.
+///
+/// # Errors
+/// 422 `validation_failed` whose message is `configuration.tool_definitions[i]:
+/// kernel_tool_unavailable: ...` or `configuration.kernel_tools[i]: kernel_tool_unavailable: ...`.
+pub(in crate::declaration) fn refuse_unserved(
+    tool_definitions: Option<&Value>,
+    kernel_tools: Option<&Value>,
+) -> Result<(), Refusal> {
+    let unavailable = |field: String, canonical: &str| {
+        invalid(
+            &field,
+            format!(
+                "kernel_tool_unavailable: {canonical} is in the kernel catalog but this server does not run it \
+                 yet; it arrives with delegation (delegate_task, wait, spawn, send, status, cancel): remove it \
+                 from the declaration"
+            ),
+        )
+    };
+    for (i, entry) in tool_definitions.and_then(Value::as_array).into_iter().flatten().enumerate() {
+        if let Some(canonical) = declared_canonical(entry)
+            && !served(canonical)
+        {
+            return Err(unavailable(format!("configuration.tool_definitions[{i}]"), canonical));
+        }
+    }
+    for (i, canonical) in kernel_tools.and_then(Value::as_array).into_iter().flatten().enumerate() {
+        if let Some(canonical) = canonical.as_str()
+            && !served(canonical)
+        {
+            return Err(unavailable(format!("configuration.kernel_tools[{i}]"), canonical));
         }
     }
     Ok(())

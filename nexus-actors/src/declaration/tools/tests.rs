@@ -66,6 +66,14 @@ fn agent_alias() -> Value {
            "params": {"run_in_background": {"maps_to": "wait", "invert": true, "description": "Run it in the background."}}})
 }
 
+/// An alias of a served kernel tool with an inverted boolean: `Question` spells `ask`, and its
+/// `single` is `multi` inverted. The assembly tests below validate their configurations whole,
+/// served check included, so they spell served tools; the pure grammar tests keep `Agent`.
+fn question_alias() -> Value {
+    json!({"name": "Question", "canonical": "nexus.human.ask",
+           "params": {"single": {"maps_to": "multi", "invert": true, "description": "true allows one option only."}}})
+}
+
 fn frozen_tools(cfg: Value, runners: &[RunnerFacts]) -> Vec<FrozenTool> {
     freeze(&config(cfg), None, RunnerSelection::FirstEligible, runners, None).expect("frozen").tools
 }
@@ -420,7 +428,7 @@ fn r14_r15_r17_wire_projection_and_visibility() {
         {"type":"function","function":{"name":"fstrict","parameters":{},"strict":true}},
         {"type":"function","function":{"name":"estrict","parameters":{}},"strict":false},
         {"type":"function","name":"flat","description":"d","parameters":{"type":"object"},"defer_loading":true},
-        agent_alias(),
+        question_alias(),
     ]});
     let tools = frozen_tools(cfg, &[]);
     let wire = wire_projection(&tools);
@@ -434,7 +442,7 @@ fn r14_r15_r17_wire_projection_and_visibility() {
         json!({"type":"function","function":{"name":"flat","description":"d","parameters":{"type":"object"}},"strict":false}),
         "R15 defer_loading is stripped and the flat form nested"
     );
-    let agent = by_name("Agent");
+    let agent = by_name("Question");
     let keys: Vec<&str> = agent.as_object().expect("object").keys().map(String::as_str).collect();
     assert_eq!(keys, ["function", "strict", "type"], "R17 alias facts never reach the provider");
     assert_eq!(wire.len(), 5, "no search/call pair: every deferred schema is exposed");
@@ -475,19 +483,19 @@ fn r14_r15_r17_wire_projection_and_visibility() {
 fn r21_alias_calls_resolve_to_the_kernel() {
     let id = runner_id();
     let cfg = json!({"approval_mode": "bypass", "runner_executor_public_ids": [id], "tool_definitions": [
-        agent_alias(),
+        question_alias(),
         kernel("ask"),
         routed("shell", json!({"kind":"runner","runner_executor_public_id":id,"tool_name":"bash"})),
     ]});
     let tools = frozen_tools(cfg, &[runner(id, json!([visible("bash")]))]);
     let find = |name: &str| tools.iter().find(|t| t.name == name).expect(name);
-    let agent = find("Agent");
-    assert_eq!(agent.canonical_name(), Some("nexus.graph.delegate_task"));
-    assert_eq!(agent.effect_profile.as_ref().map(|p| p["reconciliation"].clone()), Some(json!("lookup")));
-    let call = agent.resolve_call(&json!({"prompt": "p", "run_in_background": true}));
-    assert_eq!(call.wire_name, "delegate_task");
-    assert_eq!(call.alias.as_deref(), Some("Agent"));
-    assert_eq!(call.input, json!({"prompt": "p", "wait": false}));
+    let question = find("Question");
+    assert_eq!(question.canonical_name(), Some("nexus.human.ask"));
+    assert_eq!(question.effect_profile.as_ref().map(|p| p["reconciliation"].clone()), Some(json!("lookup")));
+    let call = question.resolve_call(&json!({"prompt": "p", "single": true}));
+    assert_eq!(call.wire_name, "ask");
+    assert_eq!(call.alias.as_deref(), Some("Question"));
+    assert_eq!(call.input, json!({"prompt": "p", "multi": false}));
     let ask = find("ask").resolve_call(&json!({"prompt": "?"}));
     assert_eq!((ask.wire_name.as_str(), ask.alias), ("ask", None));
     let shell = find("shell").resolve_call(&json!({"command": "ls"}));
@@ -498,24 +506,24 @@ fn r21_alias_calls_resolve_to_the_kernel() {
 #[test]
 fn kernel_imports_and_identity_precedence() {
     let cfg = json!({"approval_mode": "bypass",
-    "kernel_tools": ["nexus.skill.load", "nexus.graph.wait", "nexus.graph.delegate_task"],
+    "kernel_tools": ["nexus.skill.load", "nexus.memory.write", "nexus.memory.edit"],
     "tool_definitions": [
         {"type":"function","function":{"name":"skill"},"canonical":"nexus.skill.load","defer_loading":true},
-        agent_alias(),
+        {"name": "Patch", "canonical": "nexus.memory.edit"},
     ]});
     let tools = frozen_tools(cfg, &[]);
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
-    assert_eq!(names, ["Agent", "skill", "wait", "delegate_task"], "explicit first, then imports in order");
+    assert_eq!(names, ["Patch", "skill", "memory_write", "memory_edit"], "explicit first, then imports in order");
     let skill = &tools[1];
     assert_eq!(skill.definition["defer_loading"], true, "the identity declaration beats the plain import");
-    let wait = &tools[2];
-    assert_eq!(wait.canonical.as_deref(), Some("nexus.graph.wait"));
-    assert!(wait.definition["function"]["description"].as_str().expect("text").contains("started with Agent"));
-    assert_eq!(tools[3].definition["function"]["name"], "delegate_task", "a plain import coexists with an alias");
-    assert_eq!(wait.effect_profile, Some(lookup("wait").expect("live").effect_profile().to_json()));
+    let write = &tools[2];
+    assert_eq!(write.canonical.as_deref(), Some("nexus.memory.write"));
+    assert!(write.definition["function"]["description"].as_str().expect("text").contains("use Patch"));
+    assert_eq!(tools[3].definition["function"]["name"], "memory_edit", "a plain import coexists with an alias");
+    assert_eq!(write.effect_profile, Some(lookup("memory_write").expect("live").effect_profile().to_json()));
     // Without aliases the import is the catalog's bytes.
-    let tools = frozen_tools(json!({"approval_mode":"bypass","kernel_tools":["nexus.graph.wait"]}), &[]);
-    assert_eq!(&tools[0].definition, lookup("wait").expect("live").definition());
+    let tools = frozen_tools(json!({"approval_mode":"bypass","kernel_tools":["nexus.memory.write"]}), &[]);
+    assert_eq!(&tools[0].definition, lookup("memory_write").expect("live").definition());
 }
 
 #[test]
@@ -700,4 +708,50 @@ fn r28_a_runner_of_other_agents_is_never_selected_listed_or_routed_to() {
     let refused = freeze(&routed, None, RunnerSelection::NoRunner, &[foreign], None).expect_err("refused");
     assert_eq!(refused.code, ErrorCode::RunnerNotEligible);
     assert!(refused.message.starts_with("ship: "), "{}", refused.message);
+}
+
+/// Issue 13, item 7: a declared kernel tool this server cannot run is refused at declaration,
+/// in every shape, naming the entry and the word; the served tools are accepted.
+#[test]
+fn an_unserved_kernel_tool_is_refused_in_every_shape() {
+    let refused = |value: Value| {
+        validate_configuration(value.as_object().expect("object"), &accept_all).expect_err("refused").message
+    };
+    let rows: Vec<(&str, Value, &str)> = vec![
+        (
+            "a plain import",
+            json!({"approval_mode": "bypass", "kernel_tools": ["nexus.memory.read", "nexus.graph.delegate_task"]}),
+            "configuration.kernel_tools[1]: kernel_tool_unavailable: nexus.graph.delegate_task",
+        ),
+        (
+            "the catalog's bytes",
+            json!({"approval_mode": "bypass", "tool_definitions": [plain("first"), kernel("wait")]}),
+            "configuration.tool_definitions[1]: kernel_tool_unavailable: nexus.graph.wait",
+        ),
+        (
+            "a compact identity entry",
+            json!({"approval_mode": "bypass", "tool_definitions": [{"name": "spawn", "canonical": "nexus.conversation.spawn"}]}),
+            "configuration.tool_definitions[0]: kernel_tool_unavailable: nexus.conversation.spawn",
+        ),
+        (
+            "an alias",
+            json!({"approval_mode": "bypass", "tool_definitions": [plain("first"), agent_alias()]}),
+            "configuration.tool_definitions[1]: kernel_tool_unavailable: nexus.graph.delegate_task",
+        ),
+    ];
+    for (row, value, start) in rows {
+        let message = refused(value);
+        assert!(message.starts_with(start), "{row}: {message}");
+        assert!(message.contains("delegation"), "{row}: says when it arrives: {message}");
+    }
+    // The grammar's own words come first.
+    let message = refused(json!({"approval_mode": "bypass", "tool_definitions": [plain("Agent"), agent_alias()]}));
+    assert!(message.contains("duplicate_tool_name"), "{message}");
+    // Every served tool is accepted, as an import and as its catalog bytes.
+    let served: Vec<&str> = nexus_kernel_tools::SERVED.to_vec();
+    let stored = config(json!({"approval_mode": "bypass", "kernel_tools": served}));
+    assert_eq!(stored["kernel_tools"].as_array().map(Vec::len), Some(13));
+    let bytes: Vec<Value> =
+        served.iter().map(|name| nexus_kernel_tools::live(name).expect("live").definition().clone()).collect();
+    config(json!({"approval_mode": "bypass", "tool_definitions": bytes}));
 }
