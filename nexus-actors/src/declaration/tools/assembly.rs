@@ -287,6 +287,7 @@ pub fn freeze(
         prompt_mechanism: configuration["prompt_mechanism"].as_str().and_then(|word| word.parse().ok()),
         prompt_template: Some(configuration["prompt_template"].clone()).filter(|t| !t.is_null()),
         system_prompt_version: None,
+        memory_bindings: Vec::new(),
         digest: String::new(),
     };
     let bytes = serde_json::to_vec(&frozen).unwrap_or_default();

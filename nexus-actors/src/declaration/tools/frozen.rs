@@ -147,6 +147,11 @@ pub struct FrozenDeclaration {
     /// document (and for declarations frozen before it was captured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_prompt_version: Option<i64>,
+    /// The effective memory bindings (selected roots ∩ `memory_context_limit`, R36) with their
+    /// owners resolved, frozen at materialization (R38; `docs/kernel-tools.md`, "memory"). Empty:
+    /// no memory (and in declarations frozen before it was captured).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory_bindings: Vec<crate::memory::MemoryBinding>,
     /// Digest of this declaration's canonical JSON (without this field), for display.
     pub digest: String,
 }
@@ -166,6 +171,20 @@ impl FrozenDeclaration {
     pub fn with_system_prompt_version(mut self, version: Option<i64>) -> Self {
         self.system_prompt_version = version;
         self.redigest()
+    }
+
+    /// The declaration with its effective memory bindings frozen beside it, and its digest taken
+    /// again over the whole.
+    #[must_use]
+    pub fn with_memory_bindings(mut self, bindings: Vec<crate::memory::MemoryBinding>) -> Self {
+        self.memory_bindings = bindings;
+        self.redigest()
+    }
+
+    /// The frozen binding of `scope`, if the effective context holds it.
+    #[must_use]
+    pub fn memory_binding(&self, scope: crate::memory::MemoryScope) -> Option<&crate::memory::MemoryBinding> {
+        self.memory_bindings.iter().find(|b| b.scope == scope)
     }
 
     /// The mechanism the execution's requests are assembled by.
