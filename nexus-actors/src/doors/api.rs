@@ -4,6 +4,7 @@
 mod compaction;
 pub mod conversations;
 mod inputs;
+pub mod memory;
 mod repair;
 pub mod standing;
 mod watch;

@@ -17,6 +17,7 @@ mod fabric;
 mod hooks;
 mod http_executions;
 mod listing;
+mod memory;
 mod models;
 mod people;
 mod pressure;
