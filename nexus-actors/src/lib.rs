@@ -20,6 +20,7 @@ pub mod eligibility;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod json;
+pub mod memory;
 #[cfg(test)]
 mod layers;
 pub mod model;

@@ -17,6 +17,7 @@ mod executors;
 mod grants;
 mod history;
 pub mod lock;
+mod memory;
 mod members;
 mod profiles;
 pub mod queue;
@@ -46,6 +47,10 @@ pub use executions::TranscriptWrite;
 pub use grants::GrantRow;
 pub use history::HISTORY_TURNS_BOUND;
 pub use lock::{LockError, ServeLock};
+pub use memory::{
+    Expected as MemoryExpected, MemoryAuthor, MemoryChange, MemoryDocument, MemoryRevision, MemoryWritten,
+    REVISIONS_BOUND as MEMORY_REVISIONS_BOUND,
+};
 pub use rows::{
     EventRow, ExecutionRow, ExecutorRow, InputRow, MemberRow, NamedDefinitionRow, PresenceEvent, ProfileRow, TaskRow,
 };

@@ -161,6 +161,18 @@ error_codes! {
     RunnerNotEligible => ("runner_not_eligible", 422, InvalidArgument),
     ToolNotServed => ("tool_not_served", 422, InvalidArgument),
     ToolNotDeclared => ("tool_not_declared", 422, InvalidArgument),
+    // Memory (`docs/kernel-tools.md`, "memory"): the doors' and the memory tools' refusals.
+    // `stale_object` is a conditional write that lost a race; `memory_read_only`, `memory_bound`,
+    // `memory_edit_no_match` and `memory_edit_ambiguous` are ours (the spec names none).
+    StaleObject => ("stale_object", 409, FailedPrecondition),
+    MemoryNotFound => ("memory_not_found", 404, NotFound),
+    MemoryPathInvalid => ("memory_path_invalid", 422, InvalidArgument),
+    MemoryScopeUnavailable => ("memory_scope_unavailable", 422, InvalidArgument),
+    MemoryReservedPrefix => ("memory_reserved_prefix", 422, InvalidArgument),
+    MemoryReadOnly => ("memory_read_only", 403, PermissionDenied),
+    MemoryBound => ("memory_bound", 422, InvalidArgument),
+    MemoryEditNoMatch => ("memory_edit_no_match", 422, InvalidArgument),
+    MemoryEditAmbiguous => ("memory_edit_ambiguous", 422, InvalidArgument),
     // Server side.
     Unavailable => ("unavailable", 503, Unavailable),
     Internal => ("internal", 500, Internal),

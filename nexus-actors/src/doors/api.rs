@@ -5,6 +5,7 @@ mod ask;
 mod compaction;
 pub mod conversations;
 mod inputs;
+pub mod memory;
 mod repair;
 pub mod standing;
 mod watch;

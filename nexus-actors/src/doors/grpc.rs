@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use nexus_proto::agent::v1::agent_service_server::AgentService;
 use nexus_proto::agent::v1::{
+    MemoryRequest,
     CancelInputRequest, CompactExecutionRequest, CreateInputReply, CreateInputRequest, DeclareProfileRequest,
     EstimateContextRequest, Execution, ExecutionEvent, ExecutorRequest, GetConversationRequest, GetExecutionRequest,
     GetProfileRequest, JsonReply, JsonRequest, ListConversationsRequest, ListExecutionsRequest, NamedDefinitionRequest,
@@ -477,6 +478,63 @@ impl AgentService for AgentGrpc {
         let id = execution_arg(&request.get_ref().execution_public_id)?;
         let accepted = self.api.compact(&caller, id).await.map_err(|r| r.to_status())?;
         Ok(Response::new(JsonReply { body_json: accepted.to_string(), created: true }))
+    }
+
+    async fn get_memory(&self, request: Request<MemoryRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        empty_body(&body.body_json)?;
+        let mut query = memory_query(body);
+        query.revisions = body.revisions.then(|| "true".to_owned());
+        let document =
+            self.api.get_memory(&caller, &body.binding, &body.path, &query).await.map_err(|r| r.to_status())?;
+        Ok(reply(&document))
+    }
+
+    async fn put_memory(&self, request: Request<MemoryRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        let document = json_arg(&body.body_json, "body_json")?
+            .ok_or_else(|| Refusal::new(ErrorCode::ParameterMissing, "body_json is required").to_status())?;
+        let written = self
+            .api
+            .put_memory(&caller, &body.binding, &body.path, &memory_query(body), &document)
+            .await
+            .map_err(|r| r.to_status())?;
+        let created = written["created"] == true;
+        Ok(Response::new(JsonReply { body_json: written.to_string(), created }))
+    }
+
+    async fn delete_memory(&self, request: Request<MemoryRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        empty_body(&body.body_json)?;
+        let deleted = self
+            .api
+            .delete_memory(&caller, &body.binding, &body.path, &memory_query(body))
+            .await
+            .map_err(|r| r.to_status())?;
+        Ok(reply(&deleted))
+    }
+
+    async fn list_memory(&self, request: Request<MemoryRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let body = request.get_ref();
+        empty_body(&body.body_json)?;
+        let mut query = memory_query(body);
+        query.binding = Some(body.binding.clone()).filter(|b| !b.is_empty());
+        query.prefix = Some(body.prefix.clone()).filter(|p| !p.is_empty());
+        Ok(reply(&self.api.list_memory(&caller, &query).await.map_err(|r| r.to_status())?))
+    }
+}
+
+/// The root-naming fields of a memory request, as the HTTP doors' query carries them.
+fn memory_query(body: &MemoryRequest) -> crate::doors::api::memory::MemoryQuery {
+    let given = |text: &str| Some(text.to_owned()).filter(|text| !text.is_empty());
+    crate::doors::api::memory::MemoryQuery {
+        conversation: given(&body.conversation_public_id),
+        agent_public_id: given(&body.agent_public_id),
+        ..Default::default()
     }
 }
 

@@ -10,6 +10,7 @@ pub mod compaction;
 pub mod control;
 pub mod conversations;
 pub mod executions;
+pub mod memory;
 pub mod repair;
 
 use std::sync::Arc;
@@ -82,6 +83,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .merge(repair::routes())
         .merge(compaction::routes())
         .merge(conversations::routes())
+        .merge(memory::routes())
         // Inside the routes, where the matched path is known.
         .route_layer(axum::middleware::from_fn(request_rule))
         .fallback(not_found)
@@ -152,6 +154,8 @@ const QUERY_PARAMETERS: &[(&str, &[&str])] = &[
     ("/agent_api/v1/conversations", &["after", "limit"]),
     ("/agent_api/v1/conversations/{id}", &["turns_after"]),
     ("/agent_api/v1/executions", &["conversation", "status", "after", "limit"]),
+    ("/agent_api/v1/memory", &["binding", "prefix", "conversation", "agent_public_id"]),
+    ("/agent_api/v1/memory/{binding}/{*path}", &["conversation", "agent_public_id", "revisions"]),
 ];
 
 /// Refuses, with 400 `parameter_invalid`, a query string that names a parameter the door does not
@@ -194,6 +198,8 @@ fn route_matches(pattern: &str, path: &str) -> bool {
     loop {
         match (pattern.next(), path.next()) {
             (None, None) => return true,
+            // A `{*…}` segment matches the rest of the path, one segment or more.
+            (Some(want), Some(_)) if want.starts_with("{*") => return true,
             (Some(want), Some(got)) if want.starts_with('{') || want == got => {}
             _ => return false,
         }

@@ -18,6 +18,7 @@ mod fabric;
 mod hooks;
 mod http_executions;
 mod listing;
+mod memory;
 mod models;
 mod people;
 mod pressure;

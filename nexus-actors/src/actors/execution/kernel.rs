@@ -24,13 +24,14 @@ use nexus_proto::{ConversationId, ErrorCode, ExecutionId, InputId, MemberId, Tas
 use crate::actors::fabric::Fabric;
 use crate::declaration::tools::{FrozenSkill, SKILL_CANONICAL, provider_definition};
 use crate::declaration::{FrozenDeclaration, FrozenTool};
-use crate::store::TaskRow;
+use crate::store::{MemoryAuthor, TaskRow};
 
 use super::{ExecutionMsg, ExecutionState};
 
 /// The I/O kernel tools by wire name: their calls run in a task of the ExecutionActor
 /// ([`launch`]), never inside a handler.
-const IO_TOOLS: [&str; 0] = [];
+const IO_TOOLS: [&str; 6] =
+    ["memory_read", "memory_write", "memory_edit", "memory_ls", "memory_grep", "memory_delete"];
 
 /// Whether `wire_name` is an I/O kernel tool, run by [`launch`].
 pub fn runs_io(wire_name: &str) -> bool {
@@ -63,10 +64,17 @@ pub type KernelFailure = Box<dyn std::error::Error + Send + Sync>;
 /// Runs one I/O kernel call: `Ok(Some(Ok(result)))` is a result the model reads,
 /// `Ok(Some(Err(message)))` a call error envelope (the tool ran and refused its input), `Ok(None)`
 /// a tool this server does not run.
-#[allow(clippy::unused_async)]
 async fn run_io(call: &KernelCall) -> Result<Option<Result<Value, String>>, KernelFailure> {
-    let _ = call;
-    Ok(None)
+    let task = &call.task;
+    match task.tool_name.as_str() {
+        // Memory (`docs/kernel-tools.md`, "memory"): the writes record this task.
+        name @ ("memory_read" | "memory_write" | "memory_edit" | "memory_ls" | "memory_grep" | "memory_delete") => {
+            let author = MemoryAuthor::Task { execution: call.execution, task_key: task.task_key };
+            let store = &call.fabric.store;
+            Ok(crate::memory::tools::run(store, &call.declaration, author, name, &task.tool_input).await?)
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Settles `task` with `outcome` at `now`: `completed` with the result (or the call error
@@ -330,6 +338,7 @@ mod tests {
             compaction_policy: Value::Null,
             summarizer: None,
             skills: Vec::new(),
+            memory_bindings: Vec::new(),
             digest: String::new(),
         }
     }

@@ -81,11 +81,22 @@ pub async fn resolve(
         tool_names.as_deref(),
     )?
     .with_summarizer(summarizer)
-    .with_system_prompt_version(version);
+    .with_system_prompt_version(version)
+    .with_memory_bindings(memory_bindings(&configuration, input));
     if frozen.default_model.is_none() {
         return Err(Refusal::new(ErrorCode::ValidationFailed, "default_model: the declaration names no model to run"));
     }
     Ok(frozen)
+}
+
+/// The effective memory bindings of an execution of `input` under `configuration` (R36): the
+/// selected roots (conversation, workspace, and speaker when a Human other than the Agent posted
+/// the input) intersected with `memory_context_limit`, owners resolved (`docs/kernel-tools.md`,
+/// "memory").
+fn memory_bindings(configuration: &Value, input: &InputRow) -> Vec<crate::memory::MemoryBinding> {
+    let speaker = input.posted_by_public_id.filter(|poster| *poster != input.member_public_id);
+    let selected = crate::memory::selected_roots(input.member_public_id, input.conversation_public_id, speaker);
+    crate::memory::effective(selected, &configuration["memory_context_limit"])
 }
 
 /// The optional `execution_declaration` of a regenerate or estimate body: `null`, absent, `{}`,

@@ -293,6 +293,7 @@ pub fn freeze(
         prompt_template: Some(configuration["prompt_template"].clone()).filter(|t| !t.is_null()),
         system_prompt_version: None,
         skills,
+        memory_bindings: Vec::new(),
         digest: String::new(),
     };
     let bytes = serde_json::to_vec(&frozen).unwrap_or_default();

@@ -177,6 +177,11 @@ pub struct FrozenDeclaration {
     /// declarations frozen before skills were captured, and when there are none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skills: Vec<FrozenSkill>,
+    /// The effective memory bindings (selected roots ∩ `memory_context_limit`, R36) with their
+    /// owners resolved, frozen at materialization (R38; `docs/kernel-tools.md`, "memory"). Empty:
+    /// no memory (and in declarations frozen before it was captured).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory_bindings: Vec<crate::memory::MemoryBinding>,
     /// Digest of this declaration's canonical JSON (without this field), for display.
     pub digest: String,
 }
@@ -202,6 +207,20 @@ impl FrozenDeclaration {
     #[must_use]
     pub fn declares_skill(&self) -> bool {
         self.tools.iter().any(|tool| tool.canonical_name() == Some(SKILL_CANONICAL))
+    }
+
+    /// The declaration with its effective memory bindings frozen beside it, and its digest taken
+    /// again over the whole.
+    #[must_use]
+    pub fn with_memory_bindings(mut self, bindings: Vec<crate::memory::MemoryBinding>) -> Self {
+        self.memory_bindings = bindings;
+        self.redigest()
+    }
+
+    /// The frozen binding of `scope`, if the effective context holds it.
+    #[must_use]
+    pub fn memory_binding(&self, scope: crate::memory::MemoryScope) -> Option<&crate::memory::MemoryBinding> {
+        self.memory_bindings.iter().find(|b| b.scope == scope)
     }
 
     /// The mechanism the execution's requests are assembled by.
