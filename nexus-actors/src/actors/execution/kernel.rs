@@ -22,11 +22,11 @@ use crate::declaration::FrozenDeclaration;
 use crate::declaration::tools::provider_definition;
 use crate::store::TaskRow;
 
-use super::{ExecutionMsg, ExecutionState};
+use super::{ExecutionMsg, ExecutionState, sessions};
 
 /// The I/O kernel tools by wire name: their calls run in a task of the ExecutionActor
 /// ([`launch`]), never inside a handler.
-const IO_TOOLS: [&str; 0] = [];
+const IO_TOOLS: [&str; 2] = ["session_search", "session_read"];
 
 /// Whether `wire_name` is an I/O kernel tool, run by [`launch`].
 pub fn runs_io(wire_name: &str) -> bool {
@@ -59,10 +59,15 @@ pub type KernelFailure = Box<dyn std::error::Error + Send + Sync>;
 /// Runs one I/O kernel call: `Ok(Some(Ok(result)))` is a result the model reads,
 /// `Ok(Some(Err(message)))` a call error envelope (the tool ran and refused its input), `Ok(None)`
 /// a tool this server does not run.
-#[allow(clippy::unused_async)]
 async fn run_io(call: &KernelCall) -> Result<Option<Result<Value, String>>, KernelFailure> {
-    let _ = call;
-    Ok(None)
+    let store = &call.fabric.store;
+    match call.task.tool_name.as_str() {
+        "session_search" => {
+            Ok(Some(sessions::search(store, &sessions::reachable(call), call.input, &call.task.tool_input).await?))
+        }
+        "session_read" => Ok(Some(sessions::read(store, &sessions::reachable(call), &call.task.tool_input).await?)),
+        _ => Ok(None),
+    }
 }
 
 /// Settles `task` with `outcome` at `now`: `completed` with the result (or the call error
@@ -281,6 +286,7 @@ mod tests {
             lifecycle_hooks: Value::Null,
             compaction_policy: Value::Null,
             summarizer: None,
+            conversation_reach: crate::declaration::memory::ConversationReach::Workspace,
             digest: String::new(),
         }
     }

@@ -13,6 +13,7 @@ use nexus_proto::{ErrorCode, Refusal};
 
 use crate::declaration::announcement::is_model_visible;
 use crate::declaration::invalid;
+use crate::declaration::memory::ConversationReach;
 use crate::eligibility::not_eligible;
 
 use super::*;
@@ -287,6 +288,7 @@ pub fn freeze(
         prompt_mechanism: configuration["prompt_mechanism"].as_str().and_then(|word| word.parse().ok()),
         prompt_template: Some(configuration["prompt_template"].clone()).filter(|t| !t.is_null()),
         system_prompt_version: None,
+        conversation_reach: ConversationReach::declared(configuration),
         digest: String::new(),
     };
     let bytes = serde_json::to_vec(&frozen).unwrap_or_default();

@@ -8,6 +8,7 @@ use sha2::{Digest, Sha256};
 
 use nexus_kernel_tools::{ResolvedCall, lookup as kernel_lookup, resolve_call};
 
+use crate::declaration::memory::ConversationReach;
 use crate::declaration::template::Mechanism;
 
 /// Where a runner callable goes: its frozen target and the served name.
@@ -147,6 +148,11 @@ pub struct FrozenDeclaration {
     /// document (and for declarations frozen before it was captured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_prompt_version: Option<i64>,
+    /// `conversation_reach` captured at materialization (R37, R38): a later profile edit does not
+    /// change it, and a regeneration that reuses the declaration keeps it. Absent in declarations
+    /// frozen before it was captured: `workspace`, what null means.
+    #[serde(default)]
+    pub conversation_reach: ConversationReach,
     /// Digest of this declaration's canonical JSON (without this field), for display.
     pub digest: String,
 }
