@@ -50,8 +50,8 @@ pub use lock::{LockError, ServeLock};
 pub use rows::{
     EventRow, ExecutionRow, ExecutorRow, InputRow, MemberRow, NamedDefinitionRow, PresenceEvent, ProfileRow, TaskRow,
 };
-pub use sessions::{Reachable, SESSION_TEXT_CUT, TurnCursor, TurnText};
 pub use save_bytes::{RECENT_ROUNDS as SAVE_BYTES_RECENT_ROUNDS, SaveBytes};
+pub use sessions::{Reachable, SESSION_TEXT_CUT, TurnCursor, TurnText};
 pub use writer::{GroupCommitStats, MAX_BATCH as GROUP_COMMIT_MAX_BATCH};
 
 use save_bytes::SaveLedger;

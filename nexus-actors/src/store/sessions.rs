@@ -137,7 +137,9 @@ impl Store {
         };
         let next = 4 + reach.within.as_ref().map_or(0, Vec::len);
         let keyset = match before {
-            Some(_) => format!(" AND (i.created_at < ${0} OR (i.created_at = ${0} AND i.public_id < ${1}))", next, next + 1),
+            Some(_) => {
+                format!(" AND (i.created_at < ${0} OR (i.created_at = ${0} AND i.public_id < ${1}))", next, next + 1)
+            }
             None => String::new(),
         };
         let limit_at = if before.is_some() { next + 2 } else { next };

@@ -87,8 +87,9 @@ fn parameters<'a>(tool: &str, input: &'a Value, known: &[&str]) -> Result<&'a Ma
         return Err(Refused::ParameterInvalid.say(format!("{tool} takes an object of parameters")));
     };
     if let Some(unknown) = object.keys().find(|k| !known.contains(&k.as_str())) {
-        return Err(Refused::ParameterInvalid
-            .say(format!("{tool} has no parameter {unknown}; it takes {}", known.join(", "))));
+        return Err(
+            Refused::ParameterInvalid.say(format!("{tool} has no parameter {unknown}; it takes {}", known.join(", ")))
+        );
     }
     Ok(object)
 }
@@ -258,12 +259,13 @@ pub async fn read(store: &Store, reach: &Reachable, input: &Value) -> StoreResul
             .filter(|s| !s.trim().is_empty())
             .ok_or_else(|| Refused::ParameterMissing.say("session_id is required: a session_id session_search found"))?
             .to_owned();
-        let around = match text(object, "around_turn_id")? {
-            None => None,
-            Some(turn) => Some(turn.parse::<InputId>().map_err(|_| {
-                Refused::ParameterInvalid.say("around_turn_id must be a turn_id of this conversation")
-            })?),
-        };
+        let around =
+            match text(object, "around_turn_id")? {
+                None => None,
+                Some(turn) => Some(turn.parse::<InputId>().map_err(|_| {
+                    Refused::ParameterInvalid.say("around_turn_id must be a turn_id of this conversation")
+                })?),
+            };
         let after = position(object, "after_position")?;
         let before = position(object, "before_position")?;
         if around.is_some() && (after.is_some() || before.is_some()) {
