@@ -9,9 +9,10 @@
 //! through the in-process API, the door the HTTP and gRPC edges share.
 //!
 //! What no door can observe yet, so no test here asserts it:
-//! - the intersection of memory bindings and the freezing of bindings, speaker and reach: there
-//!   are no memory doors or memory tools in-process, so the effective context is invisible (the
-//!   stored limit is checked instead; `docs/declaration.md`, "Memory limits");
+//! - the intersection of memory bindings and the freezing of bindings and speaker: there are no
+//!   memory doors or memory tools in-process, so the effective context is invisible (the stored
+//!   limit is checked instead; `docs/declaration.md`, "Memory limits"). The reach is observed
+//!   through the history tools (`r37_subtree_...`, `r38_reach_...`);
 //! - `execution_declaration` on an input update: that door does not exist; regeneration and the
 //!   context estimate take one in the control suite (`control.rs`; `docs/executions.md`,
 //!   "Control");

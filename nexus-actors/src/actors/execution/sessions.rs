@@ -232,7 +232,7 @@ fn find_folded(text: &str, needle: &str) -> Option<usize> {
 fn snippet(text: &str, at: usize) -> String {
     let start = at.saturating_sub(SNIPPET_LEAD);
     let mut shown: String = text.chars().skip(start).take(SNIPPET_CHARS).collect();
-    if text.chars().skip(start + SNIPPET_CHARS).next().is_some() {
+    if text.chars().nth(start + SNIPPET_CHARS).is_some() {
         shown.push('…');
     }
     if start > 0 { format!("…{shown}") } else { shown }
