@@ -23,6 +23,7 @@ mod profiles;
 pub mod queue;
 mod rows;
 mod save_bytes;
+mod sessions;
 mod tasks;
 mod writer;
 
@@ -55,6 +56,7 @@ pub use rows::{
     EventRow, ExecutionRow, ExecutorRow, InputRow, MemberRow, NamedDefinitionRow, PresenceEvent, ProfileRow, TaskRow,
 };
 pub use save_bytes::{RECENT_ROUNDS as SAVE_BYTES_RECENT_ROUNDS, SaveBytes};
+pub use sessions::{Reachable, SESSION_TEXT_CUT, TurnCursor, TurnText};
 pub use writer::{GroupCommitStats, MAX_BATCH as GROUP_COMMIT_MAX_BATCH};
 
 use save_bytes::SaveLedger;

@@ -20,6 +20,7 @@ pub mod kernel;
 pub mod phase;
 pub mod queue;
 pub mod resolve;
+pub mod sessions;
 pub mod steer;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

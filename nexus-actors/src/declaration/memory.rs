@@ -7,6 +7,7 @@
 
 use std::collections::HashSet;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use nexus_proto::Refusal;
@@ -83,6 +84,30 @@ pub(super) fn validate_reach(value: Option<&Value>, field: &str) -> Result<(), R
         None | Some(Value::Null) => Ok(()),
         Some(Value::String(reach)) if CONVERSATION_REACHES.contains(&reach.as_str()) => Ok(()),
         Some(_) => Err(invalid(field, "must be workspace, subtree or null")),
+    }
+}
+
+/// The conversations an execution's history tools and conversation addressing reach (R37;
+/// `docs/kernel-tools.md`, "session_search and session_read"). Never another Agent's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConversationReach {
+    /// The Agent's own conversations (`workspace`, and what null or omission mean).
+    #[default]
+    Workspace,
+    /// The current conversation and its descendants (`subtree`).
+    Subtree,
+}
+
+impl ConversationReach {
+    /// The reach a validated configuration declares: `subtree` when it says so, else
+    /// `workspace` (null, omitted).
+    #[must_use]
+    pub fn declared(configuration: &Value) -> ConversationReach {
+        match configuration.get("conversation_reach").and_then(Value::as_str) {
+            Some("subtree") => ConversationReach::Subtree,
+            _ => ConversationReach::Workspace,
+        }
     }
 }
 

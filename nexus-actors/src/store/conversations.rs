@@ -108,7 +108,7 @@ fn placeholders(from: usize, count: usize) -> String {
 /// The candidate that answers the input `input` (a column), as a scalar subquery: its newest
 /// `completed` execution, else its newest, as the history reads it (`docs/prompt.md`,
 /// "History"): a regeneration that was stopped or failed leaves the earlier answer in place.
-fn answering_candidate(input: &str) -> String {
+pub(super) fn answering_candidate(input: &str) -> String {
     format!(
         "(SELECT n.public_id FROM executions n WHERE n.input_public_id = {input} \
          ORDER BY CASE WHEN n.status = 'completed' THEN 1 ELSE 0 END DESC, n.created_at DESC, n.public_id DESC LIMIT 1)"

@@ -9,9 +9,10 @@
 //! through the in-process API, the door the HTTP and gRPC edges share.
 //!
 //! What no door can observe yet, so no test here asserts it:
-//! - the intersection of memory bindings and the freezing of bindings, speaker and reach: there
-//!   are no memory doors or memory tools in-process, so the effective context is invisible (the
-//!   stored limit is checked instead; `docs/declaration.md`, "Memory limits");
+//! - the intersection of memory bindings and the freezing of bindings and speaker: there are no
+//!   memory doors or memory tools in-process, so the effective context is invisible (the stored
+//!   limit is checked instead; `docs/declaration.md`, "Memory limits"). The reach is observed
+//!   through the history tools (`r37_subtree_...`, `r38_reach_...`);
 //! - `execution_declaration` on an input update: that door does not exist; regeneration and the
 //!   context estimate take one in the control suite (`control.rs`; `docs/executions.md`,
 //!   "Control");
@@ -2487,4 +2488,209 @@ async fn r09_a_suspended_agent_is_not_authorized_at_the_lock() {
         .await
         .expect("reinstated");
     assert_eq!(d.http.declare(&json!({"configuration": {}})).await.status, 200);
+}
+
+// ---- conversation_reach at run time (`docs/kernel-tools.md`, "session_search and session_read") --
+
+/// A server whose `fake` provider is a [`nexus_tests::FakeProvider`] the history tools are called
+/// through, with two Agents.
+struct ReachBed {
+    fake: nexus_tests::FakeProvider,
+    server: TestServer,
+    ada: Minted,
+    bob: Minted,
+}
+
+impl ReachBed {
+    async fn start() -> ReachBed {
+        let fake = nexus_tests::FakeProvider::start().await;
+        let base_url = fake.openai_base_url();
+        let server = TestServer::start_with(&[], move |config| {
+            config.providers.providers.insert(
+                "fake".into(),
+                ProviderConfig {
+                    base_url: Some(base_url),
+                    allow_any_model: true,
+                    ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
+                },
+            );
+        })
+        .await;
+        let ada = server.agent("ada").await;
+        let bob = server.agent("bob").await;
+        ReachBed { fake, server, ada, bob }
+    }
+
+    fn http(&self) -> Http {
+        Http::new(&self.server.url(), Some(&self.ada.token))
+    }
+
+    /// Queues `acts` for `fake/<model>` and posts `text` for `agent`, inline-declared on it with
+    /// the history tools and `reach` (or, when `reach` is `None`, under the standing profile).
+    async fn post(
+        &self,
+        agent: &Minted,
+        conversation: Option<nexus_proto::ConversationId>,
+        text: &str,
+        model: &str,
+        reach: Option<Value>,
+        acts: Vec<nexus_tests::Act>,
+    ) -> nexus_actors::doors::api::Admitted {
+        self.fake.script(model, acts);
+        let caller = self.server.caller(agent).await;
+        let declaration = reach.map(|reach| {
+            json!({"approval_mode": "bypass", "default_model": format!("fake/{model}"), "conversation_reach": reach,
+                "kernel_tools": ["nexus.conversation.search", "nexus.conversation.read"]})
+        });
+        let input = CreateInput {
+            conversation_public_id: conversation,
+            text: text.to_owned(),
+            execution_declaration: declaration,
+            ..CreateInput::default()
+        };
+        self.server.server.api.create_input(&caller, input).await.expect("admitted")
+    }
+
+    async fn completed(&self, execution: ExecutionId) -> ExecutionRow {
+        let row = self.server.settled(execution, Duration::from_secs(30)).await;
+        assert_eq!(row.status, nexus_proto::RunStatus::Completed, "{row:?}");
+        row
+    }
+
+    /// The tool results request `index` of `model` carried, by call id.
+    fn read(&self, model: &str, index: usize) -> BTreeMap<String, Value> {
+        let requests = self.fake.requests_for(model);
+        let Some(request) = requests.get(index) else { panic!("no request {index} of {model}") };
+        request.body["messages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| {
+                let content = m["content"].as_str().unwrap_or_default();
+                let value = serde_json::from_str(content).unwrap_or_else(|_| json!(content));
+                (m["tool_call_id"].as_str().unwrap_or_default().to_owned(), value)
+            })
+            .collect()
+    }
+}
+
+fn history_calls(calls: &[(&str, &str, Value)]) -> nexus_tests::Act {
+    nexus_tests::Act::ToolCalls(
+        calls.iter().map(|(id, name, input)| ((*id).to_owned(), (*name).to_owned(), input.clone())).collect(),
+    )
+}
+
+/// The `(session_id, turn_id)` of each search hit.
+fn hits(result: &Value) -> Vec<(Value, Value)> {
+    let Some(results) = result["results"].as_array() else { panic!("a search result: {result}") };
+    results.iter().map(|r| (r["session_id"].clone(), r["turn_id"].clone())).collect()
+}
+
+#[tokio::test]
+async fn r37_subtree_restricts_the_history_tools_to_the_current_conversation_and_null_means_workspace() {
+    let bed = ReachBed::start().await;
+    let plain = || vec![nexus_tests::Act::Text("noted".into())];
+    let a1 = bed.post(&bed.ada, None, "alpha zebra", "seed", Some(Value::Null), plain()).await;
+    bed.completed(a1.execution_public_id).await;
+    let b1 = bed.post(&bed.ada, None, "beta zebra", "seed", Some(Value::Null), plain()).await;
+    bed.completed(b1.execution_public_id).await;
+    let x1 = bed.post(&bed.bob, None, "bob zebra", "seed", Some(Value::Null), plain()).await;
+    bed.completed(x1.execution_public_id).await;
+    let (a, b) = (a1.conversation_public_id, b1.conversation_public_id);
+    let probe = || {
+        vec![
+            history_calls(&[
+                ("s", "session_search", json!({"query": "zebra"})),
+                ("ra", "session_read", json!({"session_id": a})),
+                ("rb", "session_read", json!({"session_id": b})),
+                ("rx", "session_read", json!({"session_id": x1.conversation_public_id})),
+            ]),
+            nexus_tests::Act::Text("done".into()),
+        ]
+    };
+
+    // subtree, continuing conversation A: A's turns only; B reads as unknown.
+    let inside = bed.post(&bed.ada, Some(a), "look around", "subtree", Some(json!("subtree")), probe()).await;
+    bed.completed(inside.execution_public_id).await;
+    let read = bed.read("subtree", 1);
+    assert_eq!(hits(&read["s"]), [(json!(a), json!(a1.input_public_id))]);
+    assert_eq!(read["ra"]["turns"][0]["input"], "alpha zebra");
+    assert!(read["rb"].as_str().is_some_and(|m| m.starts_with("unknown_conversation")), "{}", read["rb"]);
+
+    // workspace and null alike: the Agent's other conversations, never bob's.
+    for (model, reach) in [("workspace", json!("workspace")), ("null", Value::Null)] {
+        let outside = bed.post(&bed.ada, None, "look around", model, Some(reach), probe()).await;
+        bed.completed(outside.execution_public_id).await;
+        let read = bed.read(model, 1);
+        let found = hits(&read["s"]);
+        assert_eq!(found, [(json!(b), json!(b1.input_public_id)), (json!(a), json!(a1.input_public_id))], "{model}");
+        assert_eq!(read["ra"]["turns"][0]["input"], "alpha zebra", "{model}");
+        assert_eq!(read["rb"]["turns"][0]["input"], "beta zebra", "{model}");
+        assert!(read["rx"].as_str().is_some_and(|m| m.starts_with("unknown_conversation")), "{model}: {}", read["rx"]);
+    }
+}
+
+#[tokio::test]
+async fn r38_reach_is_frozen_at_materialization_and_a_regeneration_keeps_it() {
+    let bed = ReachBed::start().await;
+    let seed = bed
+        .post(&bed.ada, None, "alpha zebra", "seed", Some(Value::Null), vec![nexus_tests::Act::Text("noted".into())])
+        .await;
+    bed.completed(seed.execution_public_id).await;
+    let profile = |reach: &str| {
+        json!({"configuration": {"approval_mode": "ask", "default_model": "fake/held", "conversation_reach": reach,
+            "kernel_tools": ["nexus.conversation.search"]}})
+    };
+    let declared = bed.http().declare(&profile("subtree")).await;
+    assert_eq!(declared.status, 200, "{:?}", declared.body);
+    let search = || {
+        vec![
+            history_calls(&[("s", "session_search", json!({"query": "zebra"}))]),
+            nexus_tests::Act::Text("done".into()),
+        ]
+    };
+    let held = bed.post(&bed.ada, None, "where is it", "held", None, search()).await;
+    let shared = &bed;
+    let approve = |execution: ExecutionId| async move {
+        let bed = shared;
+        bed.server.task_in(execution, "r1t0", nexus_proto::TaskStatus::NeedsApproval).await;
+        let path = format!("/agent_api/v1/executions/{execution}/tasks/r1t0/approve");
+        let approved = bed.http().post(&path, &json!({})).await;
+        assert_eq!(approved.status, 200, "{:?}", approved.body);
+    };
+
+    // Materialized under subtree and parked; the profile widens; the call still reads subtree.
+    bed.server.task_in(held.execution_public_id, "r1t0", nexus_proto::TaskStatus::NeedsApproval).await;
+    let widened = bed.http().declare(&profile("workspace")).await;
+    assert_eq!(widened.status, 200, "{:?}", widened.body);
+    approve(held.execution_public_id).await;
+    let row = bed.completed(held.execution_public_id).await;
+    assert_eq!(row.declaration.as_ref().map(|d| d["conversation_reach"].clone()), Some(json!("subtree")));
+    assert_eq!(
+        hits(&bed.read("held", 1)["s"]),
+        Vec::<(Value, Value)>::new(),
+        "the frozen subtree holds only this conversation"
+    );
+
+    // A regeneration reuses the captured declaration, reach included.
+    bed.fake.script("held", search());
+    let again =
+        bed.http().post(&format!("/agent_api/v1/executions/{}/regenerate", held.execution_public_id), &json!({})).await;
+    assert_eq!((again.status, again.body["declaration"].as_str()), (201, Some("reused")), "{:?}", again.body);
+    let regenerated: ExecutionId = again.body["execution_public_id"].as_str().expect("id").parse().expect("uuid");
+    approve(regenerated).await;
+    let row = bed.completed(regenerated).await;
+    assert_eq!(row.declaration.as_ref().map(|d| d["conversation_reach"].clone()), Some(json!("subtree")));
+    assert_eq!(
+        hits(&bed.read("held", 3)["s"]),
+        Vec::<(Value, Value)>::new(),
+        "the regeneration keeps the captured reach"
+    );
+
+    // New work takes the profile as it is now: workspace reaches the seed.
+    let fresh = bed.post(&bed.ada, None, "where is it now", "held", None, search()).await;
+    approve(fresh.execution_public_id).await;
+    bed.completed(fresh.execution_public_id).await;
+    assert_eq!(hits(&bed.read("held", 5)["s"]), [(json!(seed.conversation_public_id), json!(seed.input_public_id))]);
 }

@@ -28,6 +28,7 @@ mod refusals;
 mod resources;
 mod round_driver;
 mod runner_tools;
+mod sessions;
 mod store;
 mod tls;
 mod transcript;

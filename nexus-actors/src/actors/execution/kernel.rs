@@ -26,12 +26,20 @@ use crate::declaration::tools::{FrozenSkill, SKILL_CANONICAL, provider_definitio
 use crate::declaration::{FrozenDeclaration, FrozenTool};
 use crate::store::{MemoryAuthor, TaskRow};
 
-use super::{ExecutionMsg, ExecutionState};
+use super::{ExecutionMsg, ExecutionState, sessions};
 
 /// The I/O kernel tools by wire name: their calls run in a task of the ExecutionActor
 /// ([`launch`]), never inside a handler.
-const IO_TOOLS: [&str; 6] =
-    ["memory_read", "memory_write", "memory_edit", "memory_ls", "memory_grep", "memory_delete"];
+const IO_TOOLS: [&str; 8] = [
+    "memory_read",
+    "memory_write",
+    "memory_edit",
+    "memory_ls",
+    "memory_grep",
+    "memory_delete",
+    "session_search",
+    "session_read",
+];
 
 /// Whether `wire_name` is an I/O kernel tool, run by [`launch`].
 pub fn runs_io(wire_name: &str) -> bool {
@@ -66,13 +74,17 @@ pub type KernelFailure = Box<dyn std::error::Error + Send + Sync>;
 /// a tool this server does not run.
 async fn run_io(call: &KernelCall) -> Result<Option<Result<Value, String>>, KernelFailure> {
     let task = &call.task;
+    let store = &call.fabric.store;
     match task.tool_name.as_str() {
         // Memory (`docs/kernel-tools.md`, "memory"): the writes record this task.
         name @ ("memory_read" | "memory_write" | "memory_edit" | "memory_ls" | "memory_grep" | "memory_delete") => {
             let author = MemoryAuthor::Task { execution: call.execution, task_key: task.task_key };
-            let store = &call.fabric.store;
             Ok(crate::memory::tools::run(store, &call.declaration, author, name, &task.tool_input).await?)
         }
+        // History (`docs/kernel-tools.md`, "session_search and session_read"), within the frozen
+        // reach.
+        "session_search" => Ok(Some(sessions::search(store, &sessions::reachable(call), call.input, &task.tool_input).await?)),
+        "session_read" => Ok(Some(sessions::read(store, &sessions::reachable(call), &task.tool_input).await?)),
         _ => Ok(None),
     }
 }
@@ -339,6 +351,7 @@ mod tests {
             summarizer: None,
             skills: Vec::new(),
             memory_bindings: Vec::new(),
+            conversation_reach: crate::declaration::memory::ConversationReach::Workspace,
             digest: String::new(),
         }
     }

@@ -13,6 +13,7 @@ use nexus_proto::{ErrorCode, Refusal};
 
 use crate::declaration::announcement::is_model_visible;
 use crate::declaration::invalid;
+use crate::declaration::memory::ConversationReach;
 use crate::eligibility::not_eligible;
 
 use super::*;
@@ -294,6 +295,7 @@ pub fn freeze(
         system_prompt_version: None,
         skills,
         memory_bindings: Vec::new(),
+        conversation_reach: ConversationReach::declared(configuration),
         digest: String::new(),
     };
     let bytes = serde_json::to_vec(&frozen).unwrap_or_default();

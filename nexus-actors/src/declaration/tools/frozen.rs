@@ -8,6 +8,7 @@ use sha2::{Digest, Sha256};
 
 use nexus_kernel_tools::{ResolvedCall, lookup as kernel_lookup, resolve_call};
 
+use crate::declaration::memory::ConversationReach;
 use crate::declaration::template::Mechanism;
 
 /// The canonical name of the kernel's `skill` tool.
@@ -182,6 +183,11 @@ pub struct FrozenDeclaration {
     /// no memory (and in declarations frozen before it was captured).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub memory_bindings: Vec<crate::memory::MemoryBinding>,
+    /// `conversation_reach` captured at materialization (R37, R38): a later profile edit does not
+    /// change it, and a regeneration that reuses the declaration keeps it. Absent in declarations
+    /// frozen before it was captured: `workspace`, what null means.
+    #[serde(default)]
+    pub conversation_reach: ConversationReach,
     /// Digest of this declaration's canonical JSON (without this field), for display.
     pub digest: String,
 }
