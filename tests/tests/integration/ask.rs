@@ -184,7 +184,9 @@ async fn an_ask_with_options_is_answered_at_the_door_and_the_model_reads_the_ans
 #[tokio::test]
 async fn a_wrong_answer_is_refused_and_changes_nothing_a_viewer_cannot_answer_and_a_second_answer_is_refused() {
     let script = json!({"rounds": [
-        {"tool_calls": [{"id": "m", "name": "ask", "arguments": {"prompt": "Which?", "options": ["a", "b", "c"], "multi": true}}]},
+        {"tool_calls": [
+            {"id": "m", "name": "ask", "arguments": {"prompt": "Which?", "options": ["a", "b", "c"], "multi": true}},
+        ]},
         {"final": "chose {{tool:m}}"},
     ]});
     let f = Fixture::start(&[("multi", script)], None).await;

@@ -306,7 +306,9 @@ fn request(method: &str, field: Field<'_>, run: &str) -> Option<(Vec<u8>, Option
             declaration,
             true,
         ),
-        "ApproveTask" | "DenyTask" | "RetryTask" | "AbandonTask" => (decision().encode_to_vec(), body, true),
+        "ApproveTask" | "DenyTask" | "AnswerTask" | "RetryTask" | "AbandonTask" => {
+            (decision().encode_to_vec(), body, true)
+        }
         "CompactExecution" => (CompactExecutionRequest { execution_public_id: id.into() }.encode_to_vec(), None, true),
         "CancelInput" => (CancelInputRequest { input_public_id: id.into() }.encode_to_vec(), None, true),
         "GetPromptDocument" | "PutPromptDocument" => (

@@ -9,24 +9,25 @@
 //!
 //! **Clocks freeze.** While paused, neither a runner task's deadline (the park clock, held by its
 //! [`ExecutorActor`](crate::actors::executor::ExecutorActor)) nor an approval hold or the hold of a
-//! call of `ask` awaiting its answer (held here) runs out. A frozen deadline is stored as [`FROZEN_EPOCH_MS`] plus the milliseconds that were left, so
-//! it is durable (a nexus restart while paused stays paused, with its clocks frozen) and no expiry
-//! timer can reach it. Resume stores `resume time + what was left`: every open deadline moves
-//! forward by exactly the paused time, which `turn_status` reports as `paused_ms`. A runner that
-//! claims a task while its execution is paused starts a live clock for it, as any claim does
-//! (`docs/protocol.md`, "Claim"); resume leaves such a deadline where it is. Extending a frozen
-//! deadline is refused `not_extendable` (`docs/protocol.md`, "Extend"): it does not run.
+//! call of `ask` awaiting its answer (held here) runs out. A frozen deadline is stored as
+//! [`FROZEN_EPOCH_MS`] plus the milliseconds that were left, so it is durable (a nexus restart
+//! while paused stays paused, with its clocks frozen) and no expiry timer can reach it. Resume
+//! stores `resume time + what was left`: every open deadline moves forward by exactly the paused
+//! time, which `turn_status` reports as `paused_ms`. A runner that claims a task while its
+//! execution is paused starts a live clock for it, as any claim does (`docs/protocol.md`, "Claim");
+//! resume leaves such a deadline where it is. Extending a frozen deadline is refused
+//! `not_extendable` (`docs/protocol.md`, "Extend"): it does not run.
 //!
 //! **Resume** (a paused execution only, else 409 `not_paused`): thaw the clocks, turn `running`,
 //! then read the kept answer, or go on where the round stood (settled results go to the model).
 //!
 //! **Stop** `{force?}`, forced by default at the doors. Calls parked for approval, and calls of
-//! `ask` awaiting an answer, never reached a runner and settle `canceled` at once. A forced stop also cancels every task at the runners
-//! (a claimant gets `work_canceled`) and aborts a model call; a graceful stop lets dispatched
-//! tasks finish (each bounded by its own deadline) and asks the model nothing more. While runner
-//! tasks are open the run is `canceling`; it ends `canceled` (`run_canceled`) when they have
-//! settled, or, for a forced stop, when `[execution] stop_drain_ms` has passed. Stopping a
-//! finished execution answers it as it is.
+//! `ask` awaiting an answer, never reached a runner and settle `canceled` at once. A forced stop
+//! also cancels every task at the runners (a claimant gets `work_canceled`) and aborts a model
+//! call; a graceful stop lets dispatched tasks finish (each bounded by its own deadline) and asks
+//! the model nothing more. While runner tasks are open the run is `canceling`; it ends `canceled`
+//! (`run_canceled`) when they have settled, or, for a forced stop, when `[execution] stop_drain_ms`
+//! has passed. Stopping a finished execution answers it as it is.
 //!
 //! **Regeneration** makes a new execution of the same input. Without an `execution_declaration`
 //! it reuses the original's frozen declaration exactly (tools, environment, approval, models), so

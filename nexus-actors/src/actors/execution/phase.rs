@@ -37,7 +37,8 @@ pub enum Phase {
         /// The round.
         round: i64,
     },
-    /// Calls of round `round` are open: at runners, parked for approval, or running in-process.
+    /// Calls of round `round` are open: at runners, parked for approval, awaiting an answer (`ask`),
+    /// or running in-process.
     AwaitingTasks {
         /// The round.
         round: i64,
