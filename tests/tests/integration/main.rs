@@ -12,6 +12,7 @@ mod conformance;
 mod conformance_props;
 mod control;
 mod conversations;
+mod discovery;
 mod executions;
 mod fabric;
 mod hooks;
