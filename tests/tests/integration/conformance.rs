@@ -1488,7 +1488,7 @@ async fn r24_a_kernel_tool_the_server_cannot_run_is_refused_at_declaration() {
     }
     let unserved = json!({"approval_mode": "bypass", "kernel_tools": ["nexus.graph.delegate_task"]});
     // The preview, a named definition and an inline declaration refuse it too.
-    let preview = d.preview(&json!({"configuration": unserved})).await;
+    let preview = d.preview(&json!({"default_runner_executor_public_id": null, "configuration": unserved})).await;
     assert_eq!((preview.status, preview.code()), (422, Some("validation_failed")), "{:?}", preview.body);
     names(&preview, "configuration.kernel_tools[0]", "kernel_tool_unavailable");
     let named = d
