@@ -2459,7 +2459,10 @@ async fn r36_effective_memory_is_selected_intersect_limit_read_wins_no_root_adde
     // `{"bindings": []}` admits none.
     assert_eq!(http.declare(&memory_profile(&json!({"bindings": []}))).await.status, 200);
     let (_, answer) = memory_turn(&server, &http).await;
-    assert!(answer.starts_with("memory_scope_unavailable:") && answer.contains("| memory_scope_unavailable:"), "{answer}");
+    assert!(
+        answer.starts_with("memory_scope_unavailable:") && answer.contains("| memory_scope_unavailable:"),
+        "{answer}"
+    );
 }
 
 #[tokio::test]

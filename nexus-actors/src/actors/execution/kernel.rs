@@ -26,8 +26,7 @@ use super::{ExecutionMsg, ExecutionState};
 
 /// The I/O kernel tools by wire name: their calls run in a task of the ExecutionActor
 /// ([`launch`]), never inside a handler.
-const IO_TOOLS: [&str; 6] =
-    ["memory_read", "memory_write", "memory_edit", "memory_ls", "memory_grep", "memory_delete"];
+const IO_TOOLS: [&str; 6] = ["memory_read", "memory_write", "memory_edit", "memory_ls", "memory_grep", "memory_delete"];
 
 /// Whether `wire_name` is an I/O kernel tool, run by [`launch`].
 pub fn runs_io(wire_name: &str) -> bool {
