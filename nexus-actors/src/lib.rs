@@ -20,9 +20,9 @@ pub mod eligibility;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod json;
-pub mod memory;
 #[cfg(test)]
 mod layers;
+pub mod memory;
 pub mod model;
 pub mod store;
 

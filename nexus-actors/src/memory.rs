@@ -145,11 +145,7 @@ impl MemoryBinding {
 /// DEFAULT is the three roots", with `speaker` for `user`), the speaker root only when a Human
 /// other than the Agent posted the input.
 #[must_use]
-pub fn selected_roots(
-    agent: MemberId,
-    conversation: ConversationId,
-    speaker: Option<MemberId>,
-) -> Vec<MemoryBinding> {
+pub fn selected_roots(agent: MemberId, conversation: ConversationId, speaker: Option<MemberId>) -> Vec<MemoryBinding> {
     let binding = |scope, owner| MemoryBinding {
         scope,
         access: MemoryAccess::ReadWrite,
@@ -157,10 +153,8 @@ pub fn selected_roots(
         owner_public_id: owner,
         narrowed: false,
     };
-    let mut roots = vec![
-        binding(MemoryScope::Conversation, conversation.uuid()),
-        binding(MemoryScope::Workspace, agent.uuid()),
-    ];
+    let mut roots =
+        vec![binding(MemoryScope::Conversation, conversation.uuid()), binding(MemoryScope::Workspace, agent.uuid())];
     if let Some(speaker) = speaker.filter(|s| *s != agent) {
         roots.push(binding(MemoryScope::Speaker, speaker.uuid()));
     }
@@ -352,19 +346,19 @@ mod tests {
             {"name": "user", "scope": "user", "access": "read_write"},
         ]});
         let got = effective(selected, &limit);
-        assert_eq!(got.iter().map(|b| (b.scope, b.access)).collect::<Vec<_>>(), [
-            (MemoryScope::Conversation, MemoryAccess::ReadWrite),
-            (MemoryScope::Workspace, MemoryAccess::Read)
-        ]);
+        assert_eq!(
+            got.iter().map(|b| (b.scope, b.access)).collect::<Vec<_>>(),
+            [(MemoryScope::Conversation, MemoryAccess::ReadWrite), (MemoryScope::Workspace, MemoryAccess::Read)]
+        );
         assert!(got[1].narrowed);
         // No root is added: without a speaker, a limit naming speaker adds none.
         let limit = json!({"bindings": [{"name": "conversation", "scope": "conversation", "access": "read"},
                                          {"name": "speaker", "scope": "speaker", "access": "read_write"}]});
         let got = effective(selected_roots(agent, conversation, Some(agent)), &limit);
-        assert_eq!(got.iter().map(|b| (b.scope, b.access)).collect::<Vec<_>>(), [(
-            MemoryScope::Conversation,
-            MemoryAccess::Read
-        )]);
+        assert_eq!(
+            got.iter().map(|b| (b.scope, b.access)).collect::<Vec<_>>(),
+            [(MemoryScope::Conversation, MemoryAccess::Read)]
+        );
     }
 
     #[test]

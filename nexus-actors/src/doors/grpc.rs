@@ -13,12 +13,11 @@ use tonic::{Request, Response, Status, Streaming};
 
 use nexus_proto::agent::v1::agent_service_server::AgentService;
 use nexus_proto::agent::v1::{
-    MemoryRequest,
     CancelInputRequest, CompactExecutionRequest, CreateInputReply, CreateInputRequest, DeclareProfileRequest,
     EstimateContextRequest, Execution, ExecutionEvent, ExecutorRequest, GetConversationRequest, GetExecutionRequest,
-    GetProfileRequest, JsonReply, JsonRequest, ListConversationsRequest, ListExecutionsRequest, NamedDefinitionRequest,
-    PauseExecutionRequest, ProfileReply, PromptDocumentRequest, RegenerateExecutionRequest, ResumeExecutionRequest,
-    StopExecutionRequest, StreamEventsRequest, TaskDecisionRequest,
+    GetProfileRequest, JsonReply, JsonRequest, ListConversationsRequest, ListExecutionsRequest, MemoryRequest,
+    NamedDefinitionRequest, PauseExecutionRequest, ProfileReply, PromptDocumentRequest, RegenerateExecutionRequest,
+    ResumeExecutionRequest, StopExecutionRequest, StreamEventsRequest, TaskDecisionRequest,
 };
 use nexus_proto::runner::v1::runner_service_server::RunnerService;
 use nexus_proto::runner::v1::{NexusFrame, RunnerFrame};

@@ -71,7 +71,10 @@ pub async fn run(
 }
 
 fn string<'a>(input: &'a Value, key: &str) -> Result<&'a str, String> {
-    input.get(key).and_then(Value::as_str).ok_or_else(|| format!("parameter_missing: {key} is required and must be a string"))
+    input
+        .get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("parameter_missing: {key} is required and must be a string"))
 }
 
 /// The address a call names, with its binding from the effective context.
@@ -159,7 +162,9 @@ async fn write(
             true => json!({"path": address.to_string(), "deleted": true, "revision": revision}),
             false => json!({"path": address.to_string(), "revision": revision, "bytes": bytes}),
         }),
-        MemoryWritten::NotFound => Err(format!("memory_not_found: {address} does not exist; list documents with memory_ls")),
+        MemoryWritten::NotFound => {
+            Err(format!("memory_not_found: {address} does not exist; list documents with memory_ls"))
+        }
         MemoryWritten::NoMatch => Err(format!(
             "memory_edit_no_match: old_text does not occur in {address}; read it with memory_read and copy the passage exactly"
         )),

@@ -2693,4 +2693,82 @@ async fn r38_reach_is_frozen_at_materialization_and_a_regeneration_keeps_it() {
     approve(fresh.execution_public_id).await;
     bed.completed(fresh.execution_public_id).await;
     assert_eq!(hits(&bed.read("held", 5)["s"]), [(json!(seed.conversation_public_id), json!(seed.input_public_id))]);
+
+/// The standing profile of a memory Agent answered by `scripted/m`, with `limit` as its
+/// `memory_context_limit`.
+fn memory_profile(limit: &serde_json::Value) -> serde_json::Value {
+    json!({"configuration": {"default_model": "scripted/m", "approval_mode": "bypass",
+        "kernel_tools": ["nexus.memory.write", "nexus.memory.read"], "memory_context_limit": limit}})
+}
+
+/// A script writing `workspace/r.md` and `conversation/r.md`, answering both results.
+fn memory_script() -> serde_json::Value {
+    json!({"rounds": [
+        {"tool_calls": [
+            {"id": "w", "name": "memory_write", "arguments": {"path": "workspace/r.md", "content": "x"}},
+            {"id": "c", "name": "memory_write", "arguments": {"path": "conversation/r.md", "content": "x"}},
+        ]},
+        {"final": "{{tool:w}} | {{tool:c}}"},
+    ]})
+}
+
+async fn memory_turn(server: &TestServer, http: &Http) -> (nexus_proto::ExecutionId, String) {
+    let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "go"})).await;
+    assert_eq!(admitted.status, 201, "{:?}", admitted.body);
+    let id = admitted.body["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    let row = server.settled(id, std::time::Duration::from_secs(30)).await;
+    (id, row.final_text.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn r36_effective_memory_is_selected_intersect_limit_read_wins_no_root_added() {
+    let server = TestServer::start(&[("m", memory_script())]).await;
+    let agent = server.agent("agent").await;
+    let http = Http::new(&server.url(), Some(&agent.token));
+    // read beats read_write; the conversation root stays writable; `speaker` in the limit adds no
+    // root (the Agent posts its own input: no speaker is selected).
+    let limit = json!({"bindings": [
+        {"name": "conversation", "scope": "conversation", "access": "read_write"},
+        {"name": "workspace", "scope": "workspace", "access": "read"},
+        {"name": "speaker", "scope": "speaker", "access": "read_write"},
+    ]});
+    assert_eq!(http.declare(&memory_profile(&limit)).await.status, 200);
+    let (_, answer) = memory_turn(&server, &http).await;
+    let (workspace, conversation) = answer.split_once(" | ").expect("two results");
+    assert!(workspace.starts_with("memory_read_only:"), "{workspace}");
+    assert!(conversation.starts_with("{\"bytes\":1"), "{conversation}");
+    // `{"bindings": []}` admits none.
+    assert_eq!(http.declare(&memory_profile(&json!({"bindings": []}))).await.status, 200);
+    let (_, answer) = memory_turn(&server, &http).await;
+    assert!(
+        answer.starts_with("memory_scope_unavailable:") && answer.contains("| memory_scope_unavailable:"),
+        "{answer}"
+    );
+}
+
+#[tokio::test]
+async fn r38_a_limit_changed_after_materialization_changes_nothing_for_the_execution_or_its_regeneration() {
+    let server = TestServer::start(&[("m", memory_script())]).await;
+    let agent = server.agent("agent").await;
+    let http = Http::new(&server.url(), Some(&agent.token));
+    assert_eq!(http.declare(&memory_profile(&serde_json::Value::Null)).await.status, 200);
+    let (first, answer) = memory_turn(&server, &http).await;
+    assert!(!answer.contains("memory_"), "{answer}");
+    let read_only = json!({"bindings": [
+        {"name": "conversation", "scope": "conversation", "access": "read"},
+        {"name": "workspace", "scope": "workspace", "access": "read"},
+    ]});
+    assert_eq!(http.declare(&memory_profile(&read_only)).await.status, 200);
+    // The regeneration reuses the frozen declaration: its writes still land.
+    let regenerated = http.post(&format!("/agent_api/v1/executions/{first}/regenerate"), &json!({})).await;
+    assert!(regenerated.status < 300, "{:?}", regenerated.body);
+    let again: nexus_proto::ExecutionId =
+        regenerated.body["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    let row = server.settled(again, std::time::Duration::from_secs(30)).await;
+    let text = row.final_text.unwrap_or_default();
+    assert!(!text.contains("memory_read_only"), "the frozen context stands: {text}");
+    assert!(text.contains("\"revision\":2"), "{text}");
+    // A new execution freezes the new limit.
+    let (_, answer) = memory_turn(&server, &http).await;
+    assert!(answer.starts_with("memory_read_only:") && answer.contains("| memory_read_only:"), "{answer}");
 }

@@ -158,7 +158,11 @@ async fn edit_ls_grep_and_delete_each_do_what_they_say() {
         vec![
             vec![call("w", "memory_write", json!({"path": "workspace/todo.md", "content": "one\ntwo\none more\n"}))],
             vec![
-                call("missing", "memory_edit", json!({"path": "workspace/todo.md", "old_text": "three", "new_text": "3"})),
+                call(
+                    "missing",
+                    "memory_edit",
+                    json!({"path": "workspace/todo.md", "old_text": "three", "new_text": "3"}),
+                ),
                 call("twice", "memory_edit", json!({"path": "workspace/todo.md", "old_text": "one", "new_text": "1"})),
             ],
             vec![call("e", "memory_edit", json!({"path": "workspace/todo.md", "old_text": "two", "new_text": "TWO"}))],
@@ -245,7 +249,8 @@ async fn the_doors_put_get_list_delete_conditionally_and_judge_who_asks() {
         let refused = bed.http.put(doc, &body).await;
         assert_eq!((refused.status, refused.code()), (400, Some(code)), "{body}");
     }
-    let bad = bed.http.put("/agent_api/v1/memory/workspace/a%20b", &json!({"content": "x", "expected_revision": null})).await;
+    let bad =
+        bed.http.put("/agent_api/v1/memory/workspace/a%20b", &json!({"content": "x", "expected_revision": null})).await;
     assert_eq!((bad.status, bad.code()), (422, Some("memory_path_invalid")), "{:?}", bad.body);
     let unknown = bed.http.get("/agent_api/v1/memory/team/x.md").await;
     assert_eq!((unknown.status, unknown.code()), (422, Some("memory_scope_unavailable")));
@@ -311,8 +316,8 @@ async fn the_doors_put_get_list_delete_conditionally_and_judge_who_asks() {
 #[tokio::test]
 async fn memory_survives_a_sigkill() {
     use nexus_actors::store::StoreBackend;
-    use nexus_tests::{Act, FakeProvider};
     use nexus_tests::processes::{NexusProcess, StoreLocation, admin_agent, free_loopback_addr};
+    use nexus_tests::{Act, FakeProvider};
     use nexus_tests::{TestDatabase, test_store_backend};
 
     let fake = FakeProvider::start().await;

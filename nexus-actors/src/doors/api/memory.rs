@@ -256,12 +256,8 @@ impl Api {
             ));
         }
         let author = MemoryAuthor::Member(caller.member.public_id);
-        let written = self
-            .fabric
-            .store
-            .memory_write(resolved.root, path, change, expected, author)
-            .await
-            .map_err(internal)?;
+        let written =
+            self.fabric.store.memory_write(resolved.root, path, change, expected, author).await.map_err(internal)?;
         match written {
             MemoryWritten::Written { revision, bytes, .. } => Ok((revision, bytes)),
             MemoryWritten::NotFound if expected == MemoryExpected::Any => {

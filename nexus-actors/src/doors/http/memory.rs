@@ -40,10 +40,7 @@ async fn list(
     Ok(axum::Json(api.list_memory(&caller, &query).await?))
 }
 
-async fn read(
-    query: Result<Query<MemoryQuery>, QueryRejection>,
-    door: ExecutionDoor<(String, String)>,
-) -> HttpResult {
+async fn read(query: Result<Query<MemoryQuery>, QueryRejection>, door: ExecutionDoor<(String, String)>) -> HttpResult {
     let query = query_of(query)?;
     empty_body(door.body)?;
     let (binding, path) = &door.path;
