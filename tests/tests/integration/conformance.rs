@@ -2693,6 +2693,7 @@ async fn r38_reach_is_frozen_at_materialization_and_a_regeneration_keeps_it() {
     approve(fresh.execution_public_id).await;
     bed.completed(fresh.execution_public_id).await;
     assert_eq!(hits(&bed.read("held", 5)["s"]), [(json!(seed.conversation_public_id), json!(seed.input_public_id))]);
+}
 
 /// The standing profile of a memory Agent answered by `scripted/m`, with `limit` as its
 /// `memory_context_limit`.
