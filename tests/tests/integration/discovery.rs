@@ -139,7 +139,7 @@ async fn tool_call_runs_a_deferred_runner_tool_through_ask_approval() {
     assert_eq!((parked.callable_name.as_str(), parked.tool_name.as_str()), ("tool_call", "bash"));
     assert_eq!(parked.target_executor_public_id, Some(runner.runner()));
     assert_eq!(parked.tool_input, json!({"command": "echo ran > marker && echo wrote"}));
-    assert_eq!(parked.claimed, false);
+    assert!(!parked.claimed, "nothing claimed it");
     let marker = dirs.path().join("work/marker");
     assert!(!marker.exists(), "a parked call never reaches the worker");
     let events = bed.server.store().events_after(run, 0, i64::MAX).await.expect("events");
