@@ -16,7 +16,7 @@ use tonic::transport::{Channel, Endpoint};
 use nexus_proto::agent::v1::{
     CancelInputRequest, CompactExecutionRequest, CreateInputRequest, DeclareProfileRequest, EstimateContextRequest,
     ExecutorRequest, GetConversationRequest, GetExecutionRequest, GetProfileRequest, JsonRequest,
-    ListConversationsRequest, ListExecutionsRequest, NamedDefinitionRequest, PauseExecutionRequest,
+    ListConversationsRequest, ListExecutionsRequest, MemoryRequest, NamedDefinitionRequest, PauseExecutionRequest,
     PromptDocumentRequest, RegenerateExecutionRequest, ResumeExecutionRequest, StopExecutionRequest,
     StreamEventsRequest, TaskDecisionRequest,
 };
@@ -313,6 +313,17 @@ fn request(method: &str, field: Field<'_>, run: &str) -> Option<(Vec<u8>, Option
         "CancelInput" => (CancelInputRequest { input_public_id: id.into() }.encode_to_vec(), None, true),
         "GetPromptDocument" | "PutPromptDocument" => (
             PromptDocumentRequest { slot: "system_prompt".into(), body_json: json.into() }.encode_to_vec(),
+            body,
+            false,
+        ),
+        "GetMemory" | "PutMemory" | "DeleteMemory" | "ListMemory" => (
+            MemoryRequest {
+                binding: "workspace".into(),
+                path: "notes.md".into(),
+                body_json: json.into(),
+                ..MemoryRequest::default()
+            }
+            .encode_to_vec(),
             body,
             false,
         ),
