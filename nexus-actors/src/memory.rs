@@ -273,6 +273,55 @@ pub fn parse_prefix(full: &str) -> Result<(Option<MemoryScope>, String), Refusal
     Ok((Some(scope), rest.to_owned()))
 }
 
+/// The document path of skill `name` in a binding: `skills/<name>.md` (`docs/kernel-tools.md`,
+/// "skill").
+#[must_use]
+pub fn skill_path(name: &str) -> String {
+    format!("{SKILLS_PREFIX}{name}.md")
+}
+
+/// The skill a document at `path` (after its binding) holds: `skills/<name>.md` with `name` in the
+/// skill grammar (`^[a-z0-9](?:-?[a-z0-9])*$`, at most 64 characters), else `None`.
+#[must_use]
+pub fn skill_name(path: &str) -> Option<&str> {
+    let name = path.strip_prefix(SKILLS_PREFIX)?.strip_suffix(".md")?;
+    let grammar = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.contains("--")
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    grammar.then_some(name)
+}
+
+/// A skill document's one-line description: the `description:` line of a leading `---`
+/// front-matter block, else its first non-empty line (a leading `#` heading mark dropped), cut
+/// to 1,024 bytes at a character boundary; `None` for a document with no text.
+#[must_use]
+pub fn skill_description(content: &str) -> Option<String> {
+    let mut lines = content.lines();
+    let mut front = None;
+    if content.starts_with("---") {
+        lines.next();
+        for line in lines.by_ref() {
+            if line.trim() == "---" {
+                break;
+            }
+            if let Some(value) = line.strip_prefix("description:") {
+                front = Some(value.trim().trim_matches('"').to_owned());
+            }
+        }
+    }
+    let line = front.filter(|d| !d.is_empty()).or_else(|| {
+        lines.map(|l| l.trim().trim_start_matches('#').trim()).find(|l| !l.is_empty()).map(str::to_owned)
+    })?;
+    let mut end = line.len().min(1024);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(line[..end].to_owned())
+}
+
 /// Whether `path` lies under the reserved `skills/` prefix.
 #[must_use]
 pub fn reserved(path: &str) -> bool {

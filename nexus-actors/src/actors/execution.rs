@@ -863,7 +863,7 @@ async fn adopt(
 ) -> Result<bool, ActorProcessingErr> {
     // The macros' values (one member read, two when a Human posted) and the earlier turns (none
     // read for a first turn) are taken here, once (`docs/prompt.md`, "History").
-    let macros = context::macros_now(&state.fabric, input).await?;
+    let macros = context::taken_now(&state.fabric, &frozen, input).await?;
     let history = context::history_of(&state.fabric, &frozen, input).await?;
     state.context = context::ContextState::adopted(macros.clone(), history, input);
     state.transcript.push(ChatMessage::User { content: input.text.clone() });

@@ -147,6 +147,12 @@ pub struct Macros {
     pub date: String,
     /// `{{conversation_kind}}`: `conversation` for inputs posted to the input door.
     pub conversation_kind: String,
+    /// The `memory` block's text, taken with the macros at materialization
+    /// ([`crate::memory::render_block`]): what the effective memory context held then. Absent
+    /// when no memory tool is declared, the context is empty, or the execution was materialized
+    /// before the block was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
 }
 
 impl Macros {
@@ -635,7 +641,19 @@ pub fn assemble(request: &Request<'_>) -> Assembled {
                 });
                 parts.push(Some(vec![role_message(*role, render(text, request.macros, &variables))]));
             }
-            Block::Memory => empty("memory", EmptyReason::NoSource),
+            Block::Memory => match request.macros.memory.as_deref() {
+                Some(text) => {
+                    documents.push(DocumentRef {
+                        slot: "memory".into(),
+                        role: PromptRole::System,
+                        version: None,
+                        block: None,
+                        count: None,
+                    });
+                    parts.push(Some(vec![ChatMessage::System { content: text.to_owned() }]));
+                }
+                None => empty("memory", EmptyReason::NoSource),
+            },
             Block::Skills => match skills_block(request.skills) {
                 Some(text) => {
                     documents.push(DocumentRef {
@@ -731,6 +749,7 @@ mod tests {
             workspace: "lab".into(),
             date: "2026-12-01".into(),
             conversation_kind: "conversation".into(),
+            memory: None,
         }
     }
 
@@ -989,6 +1008,7 @@ mod tests {
             route: None,
             effect_profile: None,
             timeout_ms: None,
+            memory: None,
         }
     }
 

@@ -360,3 +360,94 @@ async fn memory_survives_a_sigkill() {
     assert_eq!(read.body["revision"], 1);
     drop(nexus);
 }
+
+#[tokio::test]
+async fn the_memory_block_lists_the_context_and_a_workspace_skill_is_listed_and_loaded() {
+    use nexus_actors::model::{ProviderConfig, ProviderKind};
+    use nexus_tests::{Act, FakeProvider};
+    let fake = FakeProvider::start().await;
+    let base_url = fake.openai_base_url();
+    let server = TestServer::start_with(&[], move |config| {
+        config.providers.providers.insert(
+            "fake".into(),
+            ProviderConfig {
+                base_url: Some(base_url),
+                allow_any_model: true,
+                ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
+            },
+        );
+    })
+    .await;
+    let agent = server.agent("mnemo").await;
+    let http = Http::new(&server.url(), Some(&agent.token));
+    // People write skills and documents through the doors; the model's memory verbs never reach
+    // `skills/`.
+    let skill =
+        "---\nname: triage\ndescription: Sort incoming bugs by severity\n---\n# Triage\nRead the report first.\n";
+    for (path, content) in [("skills/triage.md", skill), ("plan.md", "ship on friday")] {
+        let put = http
+            .put(
+                &format!("/agent_api/v1/memory/workspace/{path}"),
+                &json!({"content": content, "expected_revision": null}),
+            )
+            .await;
+        assert_eq!(put.status, 201, "{:?}", put.body);
+    }
+    let calls = |calls: &[(&str, &str, Value)]| {
+        Act::ToolCalls(
+            calls.iter().map(|(id, name, input)| ((*id).to_owned(), (*name).to_owned(), input.clone())).collect(),
+        )
+    };
+    fake.script(
+        "load",
+        vec![
+            calls(&[("s", "skill", json!({"name": "triage"})), ("u", "skill", json!({"name": "nope"}))]),
+            Act::Text("done".into()),
+        ],
+    );
+    let mut declared = json!({"default_model": "fake/load", "approval_mode": "bypass", "kernel_tools": MEMORY_TOOLS});
+    declared["kernel_tools"].as_array_mut().expect("list").push(json!("nexus.skill.load"));
+    let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "go", "execution_declaration": declared})).await;
+    assert_eq!(admitted.status, 201, "{:?}", admitted.body);
+    let id: ExecutionId = admitted.body["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    let row = server.settled(id, WAIT).await;
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
+
+    let requests = fake.requests_for("load");
+    let messages = |index: usize| requests[index].body["messages"].as_array().cloned().unwrap_or_default();
+    let text_of = |m: &Value| match &m["content"] {
+        Value::String(text) => text.clone(),
+        Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join("\n"),
+        _ => String::new(),
+    };
+    let documents: String = messages(0).iter().filter(|m| m["role"] == "system").map(text_of).collect();
+    assert!(documents.contains("Memory you can reach now"), "{documents}");
+    assert!(
+        documents.contains("- workspace/ (read_write)") && documents.contains("- conversation/ (read_write)"),
+        "{documents}"
+    );
+    assert!(documents.contains("- workspace/plan.md (14 bytes)"), "{documents}");
+    assert!(!documents.contains("workspace/skills/"), "the skills block lists those: {documents}");
+    assert!(
+        documents.contains("Skills available now.") && documents.contains("- triage: Sort incoming bugs by severity"),
+        "{documents}"
+    );
+    let results: Vec<String> = messages(1).iter().filter(|m| m["role"] == "tool").map(text_of).collect();
+    assert_eq!(results, [skill.to_owned(), "skill_unknown: nope".to_owned()], "the model read the document whole");
+
+    // Without a memory tool the block is left out.
+    fake.script("bare", vec![Act::Text("done".into())]);
+    let bare = json!({"default_model": "fake/bare", "approval_mode": "bypass", "kernel_tools": ["nexus.skill.load"]});
+    let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "go", "execution_declaration": bare})).await;
+    let id: ExecutionId = admitted.body["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    server.settled(id, WAIT).await;
+    let bare_documents: String = fake.requests_for("bare")[0].body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "system")
+        .map(text_of)
+        .collect();
+    assert!(!bare_documents.contains("Memory you can reach now"), "{bare_documents}");
+    assert!(bare_documents.contains("- triage:"), "the skills block still lists the workspace skill: {bare_documents}");
+}

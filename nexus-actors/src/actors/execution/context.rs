@@ -82,7 +82,41 @@ pub async fn macros_now(fabric: &Fabric, input: &InputRow) -> StoreResult<Macros
         workspace: fabric.config.execution.workspace_name.clone(),
         date: prompt::iso_date(fabric.clock.now_ms()),
         conversation_kind: CONVERSATION_KIND.to_owned(),
+        memory: None,
     })
+}
+
+/// The macro values for an execution of `input` under `declaration` materialized now, with the
+/// `memory` block's text ([`memory_block`]).
+///
+/// # Errors
+/// A store failure reading the members or the memory listing.
+pub async fn taken_now(fabric: &Fabric, declaration: &FrozenDeclaration, input: &InputRow) -> StoreResult<Macros> {
+    let mut macros = macros_now(fabric, input).await?;
+    macros.memory = memory_block(fabric, declaration).await?;
+    Ok(macros)
+}
+
+/// The `memory` block (`docs/kernel-tools.md`, "memory"): the effective context's bindings and
+/// their documents (the reserved `skills/` ones left out: the skills block lists those), read
+/// once at materialization. `None` when no memory tool is declared (the model could read
+/// nothing it lists) or the effective context is empty. One listing read per binding (at most
+/// three), each bounded by the documents-per-owner bound.
+///
+/// # Errors
+/// A store failure.
+pub async fn memory_block(fabric: &Fabric, declaration: &FrozenDeclaration) -> StoreResult<Option<String>> {
+    let declares_memory =
+        declaration.tools.iter().any(|t| t.canonical_name().is_some_and(|c| c.starts_with("nexus.memory.")));
+    if !declares_memory || declaration.memory_bindings.is_empty() {
+        return Ok(None);
+    }
+    let mut documents = Vec::with_capacity(declaration.memory_bindings.len());
+    for binding in &declaration.memory_bindings {
+        let listed = fabric.store.memory_list(&binding.root(), "").await?;
+        documents.push((binding.scope, listed.into_iter().filter(|d| !crate::memory::reserved(&d.path)).collect()));
+    }
+    Ok(crate::memory::render_block(&declaration.memory_bindings, &documents))
 }
 
 /// The template variables `input` sets, as admission validated them (an unreadable entry is

@@ -30,7 +30,8 @@ use super::{ExecutionMsg, ExecutionState, sessions};
 
 /// The I/O kernel tools by wire name: their calls run in a task of the ExecutionActor
 /// ([`launch`]), never inside a handler.
-const IO_TOOLS: [&str; 8] = [
+const IO_TOOLS: [&str; 9] = [
+    "skill",
     "memory_read",
     "memory_write",
     "memory_edit",
@@ -81,9 +82,13 @@ async fn run_io(call: &KernelCall) -> Result<Option<Result<Value, String>>, Kern
             let author = MemoryAuthor::Task { execution: call.execution, task_key: task.task_key };
             Ok(crate::memory::tools::run(store, &call.declaration, author, name, &task.tool_input).await?)
         }
+        // A skill from memory (a runner's goes to that runner).
+        "skill" => Ok(Some(skill(call).await?)),
         // History (`docs/kernel-tools.md`, "session_search and session_read"), within the frozen
         // reach.
-        "session_search" => Ok(Some(sessions::search(store, &sessions::reachable(call), call.input, &task.tool_input).await?)),
+        "session_search" => {
+            Ok(Some(sessions::search(store, &sessions::reachable(call), call.input, &task.tool_input).await?))
+        }
         "session_read" => Ok(Some(sessions::read(store, &sessions::reachable(call), &task.tool_input).await?)),
         _ => Ok(None),
     }
@@ -193,27 +198,29 @@ pub fn run(declaration: &FrozenDeclaration, wire_name: &str, input: &Value) -> O
     match wire_name {
         "runners_list" => Some(runners_list(declaration, input)),
         "tool_search" => Some(tool_search(declaration, input)),
-        "skill" => Some(skill(declaration, input)),
         _ => None,
     }
 }
 
 /// `skill {name}` in-process (`docs/kernel-tools.md`, "skill"): a runner's document never gets
-/// here (its call is dispatched to that runner, [`super::discovery::route_skill`]); any other name
-/// is looked up in the memory `skills/` sources ([`skill_from_memory`]). An unknown name answers
-/// `skill_unknown: <name>` as data, a completed result the model reads.
-fn skill(declaration: &FrozenDeclaration, input: &Value) -> Result<Value, String> {
-    let Some(name) = input["name"].as_str().filter(|name| !name.is_empty()) else {
-        return Err("name is required: the skill to load, as the skills block lists it".into());
+/// here (its call is dispatched to that runner, [`super::discovery::route_skill`]); a skill frozen
+/// from memory is read from its binding's `skills/<name>.md` as it is now. An unknown name, or a
+/// document deleted since the execution started, answers `skill_unknown: <name>` as data, a
+/// completed result the model reads.
+async fn skill(call: &KernelCall) -> Result<Result<Value, String>, KernelFailure> {
+    let Some(name) = call.task.tool_input["name"].as_str().filter(|name| !name.is_empty()) else {
+        return Ok(Err("name is required: the skill to load, as the skills block lists it".into()));
     };
-    Ok(Value::String(skill_from_memory(declaration, name).unwrap_or_else(|| format!("skill_unknown: {name}"))))
-}
-
-/// The content of skill `name` from the memory sources, in the spec's order: the workspace's
-/// `skills/<name>`, then the speaker's (`docs/kernel-tools.md`, "skill"). The memory store is not
-/// wired here yet: this answers `None`, and the call reads `skill_unknown`.
-pub fn skill_from_memory(_declaration: &FrozenDeclaration, _name: &str) -> Option<String> {
-    None
+    let unknown = || Ok(Ok(Value::String(format!("skill_unknown: {name}"))));
+    let Some(frozen) = call.declaration.skills.iter().find(|s| s.name == name) else { return unknown() };
+    let Some(binding) = frozen.memory.and_then(|scope| call.declaration.memory_binding(scope)) else {
+        return unknown();
+    };
+    let path = crate::memory::skill_path(name);
+    match call.fabric.store.memory_document(&binding.root(), &path).await? {
+        Some(document) => Ok(Ok(Value::String(document.content))),
+        None => unknown(),
+    }
 }
 
 /// `{current_runner_executor_public_id, runners:[{runner_executor_public_id, display_name,
@@ -402,6 +409,7 @@ mod tests {
             route: Some(RunnerRoute { runner_executor_public_id: runner, tool_name: "skill".into() }),
             effect_profile: None,
             timeout_ms: None,
+            memory: None,
         };
         frozen.skills = vec![skill("deploy-guide", "How to ship the service"), skill("triage", "Sort incoming bugs")];
         frozen
@@ -429,11 +437,8 @@ mod tests {
     }
 
     #[test]
-    fn skill_in_process_answers_skill_unknown_as_data() {
-        let frozen = with_skills();
-        let unknown = run(&frozen, "skill", &json!({"name": "nope"})).expect("in-process").expect("data");
-        assert_eq!(unknown, json!("skill_unknown: nope"));
-        assert!(run(&frozen, "skill", &json!({})).expect("in-process").is_err(), "name is required");
-        assert_eq!(skill_from_memory(&frozen, "triage"), None, "the memory sources are not wired yet");
+    fn skill_runs_as_an_io_tool() {
+        assert!(runs_io("skill"), "a memory skill is read from the store");
+        assert!(run(&with_skills(), "skill", &json!({"name": "triage"})).is_none());
     }
 }

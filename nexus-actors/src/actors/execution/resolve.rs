@@ -83,6 +83,7 @@ pub async fn resolve(
     .with_summarizer(summarizer)
     .with_system_prompt_version(version)
     .with_memory_bindings(memory_bindings(&configuration, input));
+    let frozen = with_memory_skills(&fabric.store, frozen).await?;
     if frozen.default_model.is_none() {
         return Err(Refusal::new(ErrorCode::ValidationFailed, "default_model: the declaration names no model to run"));
     }
@@ -97,6 +98,44 @@ fn memory_bindings(configuration: &Value, input: &InputRow) -> Vec<crate::memory
     let speaker = input.posted_by_public_id.filter(|poster| *poster != input.member_public_id);
     let selected = crate::memory::selected_roots(input.member_public_id, input.conversation_public_id, speaker);
     crate::memory::effective(selected, &configuration["memory_context_limit"])
+}
+
+/// `frozen` with the skills of its memory sources after the runner's, when `skill` is declared:
+/// each `skills/<name>.md` of the workspace binding, then of the speaker's (REFERENCE 12, "Skills
+/// block"), a name already frozen from an earlier source skipped (`docs/kernel-tools.md`,
+/// "skill"). Only the names and descriptions are frozen; a call reads the document as it is then.
+///
+/// # Errors
+/// `internal` on a store failure.
+async fn with_memory_skills(store: &Store, mut frozen: FrozenDeclaration) -> Result<FrozenDeclaration, Refusal> {
+    use crate::memory::MemoryScope;
+    if !frozen.declares_skill() {
+        return Ok(frozen);
+    }
+    let before = frozen.skills.len();
+    for scope in [MemoryScope::Workspace, MemoryScope::Speaker] {
+        let Some(root) = frozen.memory_binding(scope).map(crate::memory::MemoryBinding::root) else { continue };
+        for info in store.memory_list(&root, crate::memory::SKILLS_PREFIX).await.map_err(internal)? {
+            let Some(name) = crate::memory::skill_name(&info.path) else { continue };
+            if frozen.skills.iter().any(|s| s.name == name) {
+                continue;
+            }
+            let Some(document) = store.memory_document(&root, &info.path).await.map_err(internal)? else { continue };
+            let Some(description) = crate::memory::skill_description(&document.content) else { continue };
+            frozen.skills.push(crate::declaration::tools::FrozenSkill {
+                name: name.to_owned(),
+                description,
+                route: None,
+                effect_profile: None,
+                timeout_ms: None,
+                memory: Some(scope),
+            });
+        }
+    }
+    Ok(match frozen.skills.len() > before {
+        true => frozen.redigested(),
+        false => frozen,
+    })
 }
 
 /// The optional `execution_declaration` of a regenerate or estimate body: `null`, absent, `{}`,
@@ -261,7 +300,7 @@ pub async fn estimate(fabric: &Fabric, row: &ExecutionRow, supplied: Option<&Val
     };
     let macros = match recorded {
         Some(macros) => macros,
-        None => super::context::macros_now(fabric, &input).await.map_err(internal)?,
+        None => super::context::taken_now(fabric, &declaration, &input).await.map_err(internal)?,
     };
     let history = super::context::history_of(fabric, &declaration, &input).await.map_err(internal)?;
     let window = super::context::window_of(fabric, declaration.default_model.as_deref());

@@ -321,6 +321,7 @@ fn runner_skills(facts: &RunnerFacts) -> Vec<FrozenSkill> {
                 route: Some(RunnerRoute { runner_executor_public_id: facts.public_id, tool_name: "skill".into() }),
                 effect_profile: tool.get("effect_profile").cloned(),
                 timeout_ms: tool.get("timeout_ms").and_then(Value::as_u64),
+                memory: None,
             })
         })
         .collect()

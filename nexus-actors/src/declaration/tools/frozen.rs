@@ -97,6 +97,10 @@ pub struct FrozenSkill {
     /// The `timeout_ms` that runner announced for `skill`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// The memory binding whose `skills/<name>.md` holds it, for a skill the kernel loads
+    /// in-process (`docs/kernel-tools.md`, "skill").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<crate::memory::MemoryScope>,
 }
 
 /// What a runner looked like when it was selected: its id, display name, status and canonical
@@ -233,6 +237,12 @@ impl FrozenDeclaration {
     #[must_use]
     pub fn mechanism(&self) -> Mechanism {
         self.prompt_mechanism.unwrap_or(Mechanism::Default)
+    }
+
+    /// The declaration with its digest taken again over the whole, after a change made in place.
+    #[must_use]
+    pub fn redigested(self) -> Self {
+        self.redigest()
     }
 
     fn redigest(mut self) -> Self {
