@@ -109,6 +109,13 @@ impl Ask {
             Some(Value::Bool(multi)) => *multi,
             Some(_) => return Err("multi must be true or false.".into()),
         };
+        // `multi` chooses among options: without any it would ask for free text all the same.
+        if multi && options.is_empty() {
+            return Err(
+                "multi: true needs options to choose from; offer options, or leave multi out for a free-text answer"
+                    .into(),
+            );
+        }
         Ok(Ask { prompt, options, multi })
     }
 
@@ -180,6 +187,9 @@ impl Ask {
 
 /// The options of a call, validated.
 fn options(items: &[Value]) -> Result<Vec<String>, String> {
+    if items.is_empty() {
+        return Err("options is empty; offer at least one option, or leave options out for a free-text answer".into());
+    }
     if items.len() > OPTIONS_BOUND {
         return Err(format!("options has {} entries; offer at most {OPTIONS_BOUND}", items.len()));
     }
@@ -244,6 +254,8 @@ mod tests {
         assert!(refused(json!({"prompt": "x", "options": many})).contains("at most 32"));
         assert!(refused(json!({"prompt": "x", "options": ["o".repeat(OPTION_BOUND + 1)]})).contains("at most 256"));
         assert_eq!(refused(json!({"prompt": "x", "multi": "yes"})), "multi must be true or false.");
+        assert!(refused(json!({"prompt": "x", "options": []})).starts_with("options is empty"));
+        assert!(refused(json!({"prompt": "x", "multi": true})).starts_with("multi: true needs options"));
     }
 
     #[test]

@@ -50,6 +50,20 @@ pub async fn run(
     input: &Value,
 ) -> StoreResult<Option<Outcome>> {
     let context = &declaration.memory_bindings;
+    // The catalog's parameters and nothing else: a misspelt one would otherwise be dropped unseen.
+    let known: &[&str] = match wire_name {
+        "memory_read" => &["path", "offset", "limit"],
+        "memory_write" => &["path", "content"],
+        "memory_edit" => &["path", "old_text", "new_text"],
+        "memory_ls" => &["path"],
+        "memory_grep" => &["pattern", "path", "ignore_case", "limit"],
+        "memory_delete" => &["path"],
+        _ => return Ok(None),
+    };
+    if let Some(unknown) = input.as_object().and_then(|fields| fields.keys().find(|k| !known.contains(&k.as_str()))) {
+        let unknown: String = unknown.chars().take(64).collect();
+        return Ok(Some(Err(format!("parameter_invalid: {wire_name} takes {}; remove {unknown:?}", known.join(", ")))));
+    }
     Ok(Some(match wire_name {
         "memory_read" => read(store, context, input).await?,
         "memory_write" => match string(input, "content") {

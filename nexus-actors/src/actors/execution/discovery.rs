@@ -35,11 +35,29 @@ pub fn expand<'a>(
     if tool.canonical_name() != Some(TOOL_CALL_CANONICAL) || tool.route.is_some() {
         return Ok(None);
     }
-    let Some(name) = input.get("name").and_then(Value::as_str) else {
-        return Err((
-            "invalid_tool_input",
-            format!("{}: name is required: the exact name of a declared tool (find it with tool_search)", tool.name),
-        ));
+    if let Some(unknown) =
+        input.as_object().and_then(|fields| fields.keys().find(|k| !matches!(k.as_str(), "name" | "input")))
+    {
+        let unknown: String = unknown.chars().take(64).collect();
+        return Err(("invalid_tool_input", format!("{}: takes name and input; remove {unknown:?}", tool.name)));
+    }
+    let name = match input.get("name") {
+        Some(Value::String(name)) => name.as_str(),
+        Some(_) => {
+            return Err((
+                "invalid_tool_input",
+                format!("{}: name must be a string: the exact name of a declared tool", tool.name),
+            ));
+        }
+        None => {
+            return Err((
+                "invalid_tool_input",
+                format!(
+                    "{}: name is required: the exact name of a declared tool (find it with tool_search)",
+                    tool.name
+                ),
+            ));
+        }
     };
     let target_input = match input.get("input") {
         Some(object @ Value::Object(_)) => object,

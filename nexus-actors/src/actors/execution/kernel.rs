@@ -208,6 +208,10 @@ pub fn run(declaration: &FrozenDeclaration, wire_name: &str, input: &Value) -> O
 /// document deleted since the execution started, answers `skill_unknown: <name>` as data, a
 /// completed result the model reads.
 async fn skill(call: &KernelCall) -> Result<Result<Value, String>, KernelFailure> {
+    if let Some(unknown) = call.task.tool_input.as_object().and_then(|f| f.keys().find(|k| k.as_str() != "name")) {
+        let unknown: String = unknown.chars().take(64).collect();
+        return Ok(Err(format!("skill takes only name; remove {unknown:?}")));
+    }
     let Some(name) = call.task.tool_input["name"].as_str().filter(|name| !name.is_empty()) else {
         return Ok(Err("name is required: the skill to load, as the skills block lists it".into()));
     };

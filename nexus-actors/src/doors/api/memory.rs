@@ -198,6 +198,10 @@ impl Api {
         crate::declaration::known_fields(body, &["content", "expected_revision"])?;
         let content = match body.get("content") {
             None => return Err(missing("content is required (the whole document)")),
+            // Neither store holds U+0000 in text (`docs/executions.md`, "Text and NUL").
+            Some(Value::String(content)) if content.contains('\0') => {
+                return Err(invalid("content must not contain NUL (U+0000); remove it and send again"));
+            }
             Some(Value::String(content)) => content.clone(),
             Some(_) => return Err(invalid("content must be a string")),
         };
