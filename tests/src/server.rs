@@ -217,9 +217,22 @@ impl TestServer {
         let clock = self.clock().clone();
         let TestServer { server: running, data_dir, database } = self;
         running.shutdown().await.expect("clean shutdown");
-        let models = scripted_models(&config, scripts, env);
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let server = start_with_models(listener, config, Some(models), clock).await.expect("restarts");
+        // The data dir's flock goes with the old server's file; a process another test forks
+        // meanwhile holds a copy of every descriptor until it execs, so the lock can outlive the
+        // shutdown by the length of that window on a loaded machine: take it once it is free.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let server = loop {
+            let models = scripted_models(&config, scripts, &env);
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            match start_with_models(listener, config.clone(), Some(models), clock.clone()).await {
+                Err(nexus_actors::ServeError::StoreInUse(nexus_actors::store::LockError::DataDirInUse { .. }))
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                started => break started.expect("restarts"),
+            }
+        };
         TestServer { server, data_dir, database }
     }
 
