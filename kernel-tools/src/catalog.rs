@@ -60,7 +60,9 @@ pub const RESERVED_NAMESPACES: [&str; 5] =
     ["nexus.graph", "nexus.human", "nexus.conversation", "nexus.tools", "nexus.runners"];
 
 /// Every live kernel tool, in catalog order.
-pub const CATALOG: [KernelTool; 19] = [
+/// The first 19 are the origin's, byte for byte; `nexus.graph.join` is nexus's extension
+/// (`docs/delegation.md`, "Joins").
+pub const CATALOG: [KernelTool; 20] = [
     tool("nexus.graph.delegate_task", "delegate_task", Effect::GraphWrite),
     tool("nexus.graph.wait", "wait", Effect::GraphWrite),
     tool("nexus.human.ask", "ask", Effect::GraphWrite),
@@ -80,6 +82,7 @@ pub const CATALOG: [KernelTool; 19] = [
     tool("nexus.tools.search", "tool_search", Effect::ReadOnlyClosed),
     tool("nexus.tools.call", "tool_call", Effect::GraphWrite),
     tool("nexus.runners.list", "runners_list", Effect::ReadOnlyClosed),
+    tool("nexus.graph.join", "join", Effect::GraphWrite),
 ];
 
 /// Resolves a canonical name or a wire name to its kernel tool.
@@ -211,7 +214,14 @@ pub fn catalog_json() -> Value {
 /// (`docs/kernel-tools.md`): the one list every declaration door checks, so that nothing the
 /// server cannot run is ever offered to a model. The delegation tools (`delegate_task`, `wait`,
 /// `spawn`, `send`, `status`, `cancel`) are live in the catalog but not served yet.
-pub const SERVED: [&str; 13] = [
+pub const SERVED: [&str; 20] = [
+    "nexus.graph.delegate_task",
+    "nexus.graph.wait",
+    "nexus.graph.join",
+    "nexus.conversation.spawn",
+    "nexus.conversation.send",
+    "nexus.conversation.status",
+    "nexus.conversation.cancel",
     "nexus.human.ask",
     "nexus.conversation.search",
     "nexus.conversation.read",
@@ -297,14 +307,14 @@ mod tests {
             serde_json::json!({"type":"object","properties":{},"additionalProperties":false})
         );
         assert_eq!(live("skill"), None, "live resolves canonical names only");
-        assert_eq!(live_names().count(), 19);
+        assert_eq!(live_names().count(), 20);
     }
 
     #[test]
     fn catalog_endpoint_rows() {
         let rows = catalog_json();
         let rows = rows.as_array().expect("array");
-        assert_eq!(rows.len(), 19);
+        assert_eq!(rows.len(), 20);
         let first = rows[0].as_object().expect("object");
         let keys: Vec<&str> = first.keys().map(String::as_str).collect();
         assert_eq!(keys, ["canonical_name", "definition", "effect_profile", "name", "template"]);

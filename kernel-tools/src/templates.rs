@@ -63,7 +63,10 @@ const TOOL_CALL: &str = r#"{"type":"function","function":{"name":"tool_call","de
 const RUNNERS_LIST: &str = r#"{"type":"function","function":{"name":"runners_list","description":"List the Runner environments this work may use, with their display names and environment facts, and the current one. Pass a Runner's id to {{spawn}} to work in another environment.","parameters":{"type":"object","properties":{},"additionalProperties":false}}}"#;
 
 /// The definition sources in catalog order (the order of [`crate::catalog::CATALOG`]).
-pub(crate) const TEMPLATES: [&str; 19] = [
+/// `nexus.graph.join`: nexus's extension (not in the origin's catalog), `docs/delegation.md`.
+const JOIN: &str = r#"{"type":"function","function":{"name":"join","description":"Wait for several background tasks started with {{delegate_task}} or {{spawn}} under one policy and return each task's status and result. all_required: every task must succeed; the first failure ends the join and cancels the rest. first_success: the first task to succeed is the selection; the others are canceled, or detached with losers: detach. best_effort: ends when every task has ended, when min_successes have succeeded, or at the timeout, with whatever succeeded.","parameters":{"type":"object","properties":{"tasks":{"type":"array","items":{"type":"string"},"minItems":1,"maxItems":32,"description":"The keys of the tasks to join, as reported when they started."},"policy":{"type":"string","enum":["all_required","first_success","best_effort"],"description":"How the join decides."},"timeout_ms":{"type":"integer","minimum":1,"default":3600000,"description":"How long to wait, in milliseconds. Defaults to one hour; at most 24 hours."},"min_successes":{"type":"integer","minimum":1,"description":"best_effort: end once this many tasks have succeeded."},"losers":{"type":"string","enum":["cancel","detach"],"default":"cancel","description":"What happens to the tasks the join no longer needs: canceled (the default) or left running, their results arriving later as task_result messages."}},"required":["tasks","policy"],"additionalProperties":false}}}"#;
+
+pub(crate) const TEMPLATES: [&str; 20] = [
     DELEGATE_TASK,
     WAIT,
     ASK,
@@ -83,4 +86,5 @@ pub(crate) const TEMPLATES: [&str; 19] = [
     TOOL_SEARCH,
     TOOL_CALL,
     RUNNERS_LIST,
+    JOIN,
 ];

@@ -380,5 +380,8 @@ async fn recover(fabric: &Fabric, root: &RootHandle) -> Result<(), ServeError> {
         }
         actors::execution::queue::hand_off(fabric, root, conversation).await?;
     }
+    // A child's result nobody consumed, or an ended parent's children not disposed of (the node
+    // died in between), is looked at again (`docs/delegation.md`, "Durability").
+    actors::execution::delegation::reconcile_all(fabric, root).await?;
     Ok(())
 }

@@ -9,6 +9,7 @@
 
 mod assignments;
 mod backend;
+pub mod children;
 mod config;
 mod conversations;
 pub mod event;

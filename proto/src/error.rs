@@ -142,6 +142,19 @@ error_codes! {
     // for an answer; a hold that ran out settles the task `timed_out` with `ask_expired`.
     NotAwaitingInput => ("not_awaiting_input", 409, FailedPrecondition),
     AskExpired => ("ask_expired", 408, DeadlineExceeded),
+    // Delegation (`docs/delegation.md`): task error keys of `wait` and `join` (REFERENCE 7, "Error
+    // keys"), and the words of the conversation tools (REFERENCE 5, "send/status/cancel"). A call
+    // settles with them; the model reads them.
+    AwaitFailed => ("await_failed", 424, FailedPrecondition),
+    AwaitTimeout => ("await_timeout", 408, DeadlineExceeded),
+    JoinLoserCanceled => ("join_loser_canceled", 409, Aborted),
+    JoinStarved => ("join_starved", 424, FailedPrecondition),
+    QuorumUnreachable => ("quorum_unreachable", 424, FailedPrecondition),
+    ModelNotAuthorized => ("model_not_authorized", 403, PermissionDenied),
+    UnknownConversation => ("unknown_conversation", 404, NotFound),
+    AncestorConversation => ("ancestor_conversation", 409, FailedPrecondition),
+    ParentWaiting => ("parent_waiting", 409, FailedPrecondition),
+    PrincipalUnknown => ("principal_unknown", 404, NotFound),
     // The retry and abandon doors of a held task (`docs/executions.md`, "Lifecycle hooks").
     NotRetryable => ("not_retryable", 409, FailedPrecondition),
     NotAbandonable => ("not_abandonable", 409, FailedPrecondition),

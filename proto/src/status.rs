@@ -304,3 +304,68 @@ mod tests {
         assert_eq!(TaskKind::ModelTask.inbox_kind(), None);
     }
 }
+
+words! {
+    /// How a child execution was started (`docs/delegation.md`).
+    pub enum ChildKind("child kind") {
+        /// By `delegate_task`: a one-shot child on a self-contained prompt.
+        Delegate => "delegate",
+        /// By `spawn`: a child conversation that later `send`s may address.
+        Spawn => "spawn",
+    }
+}
+
+words! {
+    /// How long a child may outlive its parent's turn (`delegate_task`/`spawn` `lifetime`).
+    pub enum ChildLifetime("lifetime") {
+        /// The child ends with the parent's turn: canceled when the turn ends before it.
+        Turn => "turn",
+        /// The child may outlive the turn; its result then arrives as mail.
+        Conversation => "conversation",
+    }
+}
+
+words! {
+    /// What a background child's result does when it arrives after the parent's turn ended
+    /// (`delegate_task`/`spawn` `wake`).
+    pub enum ChildWake("wake") {
+        /// It starts a turn of the parent's conversation.
+        Auto => "auto",
+        /// It waits for the conversation's next turn, which reads it first.
+        Passive => "passive",
+    }
+}
+
+words! {
+    /// What became of a child its parent stopped waiting for: the end of the parent's turn, or
+    /// a join that no longer needs it.
+    pub enum ChildDisposition("child disposition") {
+        /// It was canceled.
+        Canceled => "canceled",
+        /// It runs on, answering to a named owner (the parent's conversation).
+        Detached => "detached",
+    }
+}
+
+words! {
+    /// A join's policy (the extension kernel tool `join`, `docs/delegation.md`).
+    pub enum JoinPolicy("join policy") {
+        /// Every child must succeed; the first failure fails the join and cancels the rest.
+        AllRequired => "all_required",
+        /// The first success is the selection; the others are canceled or detached.
+        FirstSuccess => "first_success",
+        /// Ends at its boundary (every child ended, `min_successes` reached, or the timeout) with
+        /// whatever succeeded.
+        BestEffort => "best_effort",
+    }
+}
+
+words! {
+    /// What a join does with the children it no longer needs.
+    pub enum JoinLosers("losers") {
+        /// Cancel them (`join_loser_canceled`).
+        Cancel => "cancel",
+        /// Let them run on, detached to the parent's conversation.
+        Detach => "detach",
+    }
+}

@@ -14,6 +14,8 @@ pub mod brake;
 pub mod compaction;
 pub mod context;
 pub mod control;
+pub mod conversation_tools;
+pub mod delegation;
 pub mod discovery;
 pub mod hooks;
 pub mod kernel;
@@ -167,6 +169,8 @@ pub enum ExecutionMsg {
     Compaction(compaction::CompactionMsg),
     /// Canceling a queued input or a waiting steer ([`queue`]).
     Inputs(queue::InputMsg),
+    /// Children started, ended, and waits' deadlines ([`delegation`]).
+    Delegation(delegation::DelegationMsg),
 }
 
 /// The typed handle on an execution's actor, found by id: a message reaches the live actor at
@@ -338,6 +342,8 @@ pub struct ExecutionState {
     flush_queued: bool,
     /// Steers being applied, and the hand-off to the conversation's next turn ([`queue`]).
     queue: queue::QueueState,
+    /// Waits on children, results to hand on, and the end's dispositions ([`delegation`]).
+    delegation: delegation::DelegationState,
 }
 
 /// The ExecutionActor.
@@ -410,6 +416,7 @@ impl Actor for ExecutionActor {
             declaration_stored,
             flush_queued: false,
             queue: queue::QueueState::loaded(),
+            delegation: delegation::DelegationState::default(),
         };
         for task in &unnarrated {
             narrate(&mut state, task);
@@ -457,6 +464,7 @@ impl Actor for ExecutionActor {
         for (_, call) in state.kernel_calls.drain() {
             call.abort();
         }
+        delegation::disarm_all(state);
         // Narrations gathered but not yet written (a Flush still queued) are written now.
         if !state.events.is_empty() {
             save(state, &[]).await?;
@@ -555,6 +563,7 @@ impl Actor for ExecutionActor {
             }
             ExecutionMsg::Compaction(msg) => compaction::handle(&myself, state, msg).await?,
             ExecutionMsg::Inputs(msg) => queue::handle(state, msg).await?,
+            ExecutionMsg::Delegation(msg) => delegation::handle(&myself, state, msg).await?,
         }
         sync(state);
         debug_assert!(
@@ -667,8 +676,14 @@ async fn save(state: &mut ExecutionState, new_tasks: &[TaskRow]) -> Result<(), A
     let events = std::mem::take(&mut state.events);
     // Steers applied since the last save are marked applied with it ([`steer`]).
     let applied = std::mem::take(&mut state.queue.applying);
-    let written =
-        state.fabric.store.save_execution_applying(&state.row, transcript, new_tasks, &events, &applied).await;
+    // Children's results handed to the model since the last save are consumed with it
+    // ([`delegation`]).
+    let consumed = std::mem::take(&mut state.delegation.consuming);
+    let written = state
+        .fabric
+        .store
+        .save_execution_applying(&state.row, transcript, new_tasks, &events, &applied, &consumed)
+        .await;
     if written.is_ok() {
         state.transcript_stored = state.transcript.len();
         state.transcript_rewritten = false;
@@ -687,6 +702,9 @@ async fn save(state: &mut ExecutionState, new_tasks: &[TaskRow]) -> Result<(), A
     // An end hands the conversation to its next turn ([`queue`]).
     if state.row.status.is_terminal() {
         queue::ended(state).await?;
+        // A child tells its parent; a parent hands on its children's results and disposes of
+        // the children still running ([`delegation`]).
+        delegation::ended(state).await?;
     }
     Ok(())
 }
@@ -803,6 +821,8 @@ async fn step(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Re
             }
             // The safe boundary: steers posted meanwhile join the history here ([`steer`]).
             steer::apply(state).await?;
+            // So do the results of children nobody waits for ([`delegation`]).
+            delegation::apply_mail(state);
             // Compaction runs at the boundary, before the next model request (`docs/executions.md`,
             // "Compaction").
             if hooks::gate(myself, state, hooks::HookEvent::TurnStart).await? == hooks::Gate::Open
@@ -821,13 +841,15 @@ async fn step(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState) -> Re
 async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessingErr> {
     // A regeneration is created with its declaration frozen already, reused or replaced
     // (`docs/executions.md`, "Control"): it is adopted as it is, never resolved again.
+    // One execution at a time per conversation: a queued input waits for its turn ([`queue`]);
+    // so does a turn created with its declaration frozen (a child's result mailed to its
+    // parent's conversation, [`delegation`]).
+    if !queue::may_start(state).await? {
+        return Ok(false);
+    }
     if let Some(frozen) = state.declaration.take() {
         let input = state.fabric.store.input(state.row.input_public_id).await?;
         return adopt(state, &input.ok_or("the execution's input is missing")?, frozen).await;
-    }
-    // One execution at a time per conversation: a queued input waits for its turn ([`queue`]).
-    if !queue::may_start(state).await? {
-        return Ok(false);
     }
     // A turn that waited for its turn starts no work for an Agent suspended meanwhile
     // (`docs/executions.md`, "People in the loop"): the doors refuse new work to a suspended
@@ -866,6 +888,8 @@ async fn adopt(
     let macros = context::taken_now(&state.fabric, &frozen, input).await?;
     let history = context::history_of(&state.fabric, &frozen, input).await?;
     state.context = context::ContextState::adopted(macros.clone(), history, input);
+    // Children's results left for this turn are read first ([`delegation`]).
+    delegation::read_passive_mail(state, &frozen).await?;
     state.transcript.push(ChatMessage::User { content: input.text.clone() });
     emit(
         state,
@@ -1282,6 +1306,8 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
     // A call of `ask` is budgeted its hold (`[execution] ask_hold_ms`), which starts once it is
     // granted ([`ask`]).
     ask::budget(state, &mut task);
+    // So is a wait on children, its timeout ([`delegation`]).
+    delegation::budget(&mut task);
     // `skill` goes where its argument comes from (`docs/kernel-tools.md`, "skill").
     discovery::route_skill(declaration, tool, &mut task);
     approval::admit(declaration, &mut task, CallOrigin::Model, now, approval::hold_ms(state));

@@ -160,8 +160,8 @@ impl Store {
         let mut snapshot = self.reader().begin_with(self.backend.snapshot_sql()).await?;
         let row = sqlx::query(
             "SELECT conversation_public_id, input_public_id, member_public_id, status, attention_reason, declaration, \
-             transcript, transcript_length, round, final_text, error_key, event_seq, created_at, updated_at \
-             FROM executions WHERE public_id = $1",
+             transcript, transcript_length, round, final_text, error_key, event_seq, created_at, updated_at, \
+             parent_execution_public_id FROM executions WHERE public_id = $1",
         )
         .bind(public_id.to_string())
         .fetch_optional(&mut *snapshot)
@@ -197,6 +197,7 @@ impl Store {
             event_seq: row.try_get("event_seq")?,
             created_at: row.try_get("created_at")?,
             updated_at: row.try_get("updated_at")?,
+            parent_execution_public_id: parse_opt(row.try_get("parent_execution_public_id")?)?,
         }))
     }
 
@@ -230,7 +231,7 @@ impl Store {
         new_tasks: &[TaskRow],
         new_events: &[EventRow],
     ) -> StoreResult<()> {
-        self.save_execution_applying(execution, transcript, new_tasks, new_events, &[]).await
+        self.save_execution_applying(execution, transcript, new_tasks, new_events, &[], &[]).await
     }
 
     /// [`Store::save_execution`], also marking the `steer` inputs `applied` (each with the round
@@ -247,22 +248,26 @@ impl Store {
         new_tasks: &[TaskRow],
         new_events: &[EventRow],
         applied: &[(InputId, i64)],
+        consumed: &[super::children::Consumption],
     ) -> StoreResult<()> {
         let transcript = TranscriptRows::of(transcript)?;
         let row = without_transcript(execution);
         // Group-committed: answered once the batch holding this write is durable.
-        let write = Arc::new((row, transcript, new_tasks.to_vec(), new_events.to_vec(), applied.to_vec()));
+        let write =
+            Arc::new((row, transcript, new_tasks.to_vec(), new_events.to_vec(), applied.to_vec(), consumed.to_vec()));
         let now = self.clock.now_ms();
         let bytes = self
             .writer
             .write(move |connection| {
                 let write = write.clone();
                 Box::pin(async move {
-                    let (execution, transcript, new_tasks, new_events, applied) = &*write;
+                    let (execution, transcript, new_tasks, new_events, applied, consumed) = &*write;
                     let bytes =
                         save_execution_in(connection, execution, transcript.as_ref(), new_tasks, new_events, now)
                             .await?;
                     super::queue::mark_applied(connection, applied, execution.public_id).await?;
+                    // Children whose results this save hands to the model ([`super::children`]).
+                    super::children::consume_in(connection, consumed, now).await?;
                     Ok(bytes)
                 })
             })
@@ -414,6 +419,7 @@ fn without_transcript(row: &ExecutionRow) -> ExecutionRow {
         event_seq: row.event_seq,
         created_at: row.created_at,
         updated_at: row.updated_at,
+        parent_execution_public_id: row.parent_execution_public_id,
     }
 }
 
@@ -449,7 +455,8 @@ async fn transcript_in(connection: &mut AnyConnection, execution: ExecutionId, l
 pub(super) async fn insert_execution_in(connection: &mut AnyConnection, execution: &ExecutionRow) -> StoreResult<()> {
     sqlx::query(
         "INSERT INTO executions (public_id, conversation_public_id, input_public_id, member_public_id, status, \
-         transcript, round, event_seq, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, '[]', 0, 0, $6, $7)",
+         transcript, round, event_seq, created_at, updated_at, parent_execution_public_id) \
+         VALUES ($1, $2, $3, $4, $5, '[]', 0, 0, $6, $7, $8)",
     )
     .bind(execution.public_id.to_string())
     .bind(execution.conversation_public_id.to_string())
@@ -458,6 +465,7 @@ pub(super) async fn insert_execution_in(connection: &mut AnyConnection, executio
     .bind(execution.status.as_str())
     .bind(execution.created_at)
     .bind(execution.created_at)
+    .bind(execution.parent_execution_public_id.map(|id| id.to_string()))
     .execute(&mut *connection)
     .await?;
     Ok(())

@@ -172,6 +172,9 @@ pub struct ExecutionRow {
     pub created_at: i64,
     /// Last update.
     pub updated_at: i64,
+    /// The execution that started this one as its child (`delegate_task` or `spawn`,
+    /// `docs/delegation.md`), or `None`. Written at creation, never changed.
+    pub parent_execution_public_id: Option<ExecutionId>,
 }
 
 /// A task: one inbox row (`docs/protocol.md`, "Inbox rows").

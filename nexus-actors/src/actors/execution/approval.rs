@@ -172,8 +172,9 @@ pub fn route(declaration: &FrozenDeclaration, task: &mut TaskRow, now: i64) {
         ask::park(task, now);
         return;
     }
-    // An I/O kernel tool runs in a task of the actor ([`kernel::launch`]) once this row is saved.
-    if kernel::runs_io(&task.tool_name) {
+    // An I/O kernel tool runs in a task of the actor ([`kernel::launch`]) once this row is saved;
+    // so does a delegation call, which may then wait on children ([`super::delegation`]).
+    if kernel::runs_io(&task.tool_name) || super::delegation::is_call(task) {
         task.status = TaskStatus::Running;
         task.deadline_at = deadline_after(now, task.timeout_ms);
         task.settled_at = None;

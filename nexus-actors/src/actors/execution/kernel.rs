@@ -139,6 +139,11 @@ pub(super) fn launch<'a>(
             && task.target_executor_public_id.is_none()
             && !task.task_key.is_hook()
             && !task.task_key.is_summary();
+        // A delegation call starts its child or reads its children ([`super::delegation`]).
+        if in_process && super::delegation::is_call(task) {
+            super::delegation::launch(myself, state, task);
+            continue;
+        }
         if !in_process || !runs_io(&task.tool_name) || state.kernel_calls.contains_key(&task.task_key) {
             continue;
         }
@@ -363,6 +368,7 @@ mod tests {
             skills: Vec::new(),
             memory_bindings: Vec::new(),
             conversation_reach: crate::declaration::memory::ConversationReach::Workspace,
+            delegation_catalog: Value::Null,
             digest: String::new(),
         }
     }

@@ -203,6 +203,7 @@ fn steer_execution(fabric: &Fabric, input: &crate::store::InputRow, status: RunS
         event_seq: 0,
         created_at: now,
         updated_at: now,
+        parent_execution_public_id: None,
     }
 }
 

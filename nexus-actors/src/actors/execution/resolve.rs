@@ -205,6 +205,7 @@ pub async fn regenerate(
         created_at: now,
         updated_at: now,
         declaration: Some(declaration),
+        parent_execution_public_id: None,
     };
     let event = EventRow {
         seq: 1,

@@ -296,6 +296,7 @@ pub fn freeze(
         skills,
         memory_bindings: Vec::new(),
         conversation_reach: ConversationReach::declared(configuration),
+        delegation_catalog: configuration["delegation_catalog"].clone(),
         digest: String::new(),
     };
     let bytes = serde_json::to_vec(&frozen).unwrap_or_default();

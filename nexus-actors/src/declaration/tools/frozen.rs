@@ -192,6 +192,12 @@ pub struct FrozenDeclaration {
     /// frozen before it was captured: `workspace`, what null means.
     #[serde(default)]
     pub conversation_reach: ConversationReach,
+    /// `delegation_catalog` as declared (null, or the array of entries `{name, description,
+    /// model_mode, declaration}`), captured at materialization so catalog edits affect only future
+    /// parents (R52; `docs/delegation.md`, "spawn"). Absent in declarations frozen before it was
+    /// captured: null.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub delegation_catalog: Value,
     /// Digest of this declaration's canonical JSON (without this field), for display.
     pub digest: String,
 }
