@@ -13,6 +13,7 @@ mod conformance;
 mod conformance_props;
 mod control;
 mod conversations;
+mod delegation;
 mod discovery;
 mod executions;
 mod fabric;

@@ -1,0 +1,185 @@
+//! Delegation end to end (`docs/delegation.md`): `delegate_task`, `wait`, `join`, `spawn`,
+//! `send`, `status`, `cancel`, with a local fake provider playing each model (one model name per
+//! child, so every answer is scripted in order) and real runner-agents serving the children's
+//! tools.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use nexus_actors::declaration::tools::qualified_name;
+use nexus_actors::model::{ProviderConfig, ProviderKind};
+use nexus_actors::store::children::ChildRow;
+use nexus_proto::{ChildDisposition, ExecutionId, RunStatus, TaskStatus};
+use nexus_tests::processes::RunnerAgentProcess;
+use nexus_tests::{Act, FakeProvider, Http, Minted, TestServer, wait_until};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A server whose `fake/<model>` models are answered by `fake`, one Agent, and its HTTP client.
+struct Bed {
+    fake: FakeProvider,
+    server: TestServer,
+    http: Http,
+}
+
+impl Bed {
+    async fn start() -> Bed {
+        let fake = FakeProvider::start().await;
+        let url = fake.openai_base_url();
+        let server = TestServer::start_with(&[], move |config| {
+            config.providers.providers.insert(
+                "fake".into(),
+                ProviderConfig {
+                    base_url: Some(url),
+                    allow_any_model: true,
+                    ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
+                },
+            );
+        })
+        .await;
+        let agent = server.agent("agent").await;
+        let http = Http::new(&server.url(), Some(&agent.token));
+        Bed { fake, server, http }
+    }
+
+    /// A real runner-agent for a fresh runner named `name`, announced before this answers.
+    async fn runner_agent(&self, dirs: &Path, name: &str) -> (Minted, tokio::process::Child) {
+        let runner = self.server.runner(name).await;
+        let (workdir, state_dir) = (dirs.join(name).join("work"), dirs.join(name).join("state"));
+        std::fs::create_dir_all(&workdir).expect("workdir");
+        let (child, _log) = RunnerAgentProcess {
+            nexus_url: self.server.url(),
+            runner: runner.clone(),
+            token_file: dirs.join(format!("{name}.token")),
+            workdir,
+            state_dir,
+            tool_timeout_ms: 120_000,
+        }
+        .spawn_logged(&[]);
+        wait_until("the runner announces its tools", WAIT, || async {
+            self.server.store().executor(runner.runner()).await.ok().flatten().and_then(|r| r.announced_at)
+        })
+        .await;
+        (runner, child)
+    }
+
+    async fn declare(&self, configuration: Value) {
+        let declared = self.http.declare(&json!({ "configuration": configuration })).await;
+        assert_eq!(declared.status, 200, "{declared:?}");
+    }
+
+    async fn post_input(&self, text: &str) -> ExecutionId {
+        let admitted = self.http.post("/agent_api/v1/inputs", &json!({ "text": text })).await;
+        assert_eq!(admitted.status, 201, "{admitted:?}");
+        admitted.body["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id")
+    }
+
+    async fn quiet(&self, run: ExecutionId) -> nexus_actors::store::ExecutionRow {
+        self.server.settled(run, WAIT).await
+    }
+
+    async fn children(&self, run: ExecutionId) -> Vec<ChildRow> {
+        self.server.store().children_of(run).await.expect("children")
+    }
+
+    /// The children of `run` once each has ended.
+    async fn children_ended(&self, run: ExecutionId, count: usize) -> Vec<ChildRow> {
+        wait_until("every child ends", WAIT, || async {
+            let children = self.children(run).await;
+            (children.len() == count && children.iter().all(ChildRow::ended)).then_some(children)
+        })
+        .await
+    }
+}
+
+fn calls(calls: &[(&str, &str, Value)]) -> Act {
+    Act::ToolCalls(
+        calls.iter().map(|(id, name, input)| ((*id).to_owned(), (*name).to_owned(), input.clone())).collect(),
+    )
+}
+
+fn delegation_tools() -> Value {
+    json!(["nexus.graph.delegate_task", "nexus.graph.wait", "nexus.graph.join"])
+}
+
+#[tokio::test]
+async fn a_background_child_is_waited_for_and_an_inline_one_answers_its_call() {
+    let bed = Bed::start().await;
+    bed.declare(json!({"default_model": "fake/p", "approval_mode": "bypass", "kernel_tools": delegation_tools()}))
+        .await;
+    bed.fake.script(
+        "p",
+        [
+            calls(&[("d", "delegate_task", json!({"prompt": "count the apples", "model": "fake/c1"}))]),
+            calls(&[("w", "wait", json!({"task": "r1t0"}))]),
+            calls(&[("i", "delegate_task", json!({"prompt": "count the pears", "model": "fake/c2", "wait": true}))]),
+            Act::EchoLastToolResult,
+        ],
+    );
+    bed.fake.script("c1", [Act::Text("seven apples".into())]);
+    bed.fake.script("c2", [Act::Text("three pears".into())]);
+    let run = bed.post_input("count the fruit").await;
+    let row = bed.quiet(run).await;
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
+    assert_eq!(row.final_text.as_deref(), Some("tool said: three pears"));
+    let requests = bed.fake.requests_for("p");
+    // The background call answered at once with its key; the wait read the child's answer.
+    assert!(requests[1].tool_results()[0].contains("Task r1t0 started in the background"), "{:?}", requests[1].tool_results());
+    assert_eq!(requests[2].tool_results().last().map(String::as_str), Some("seven apples"));
+    // The child started with an empty context: its only user message is the prompt.
+    let child_request = &bed.fake.requests_for("c1")[0].body;
+    let users: Vec<&Value> = child_request["messages"].as_array().expect("messages").iter().filter(|m| m["role"] == "user").collect();
+    assert_eq!(users.len(), 1, "{child_request}");
+    assert_eq!(users[0]["content"], "count the apples");
+    let children = bed.children_ended(run, 2).await;
+    assert_eq!(children[0].consumed_by.as_deref(), Some("task:r2t0"), "the wait consumed it");
+    assert_eq!(children[1].consumed_by.as_deref(), Some("task:r3t0"), "the inline call consumed it");
+    assert!(children.iter().all(|c| c.status == RunStatus::Completed && c.parent_conversation_public_id == row.conversation_public_id));
+}
+
+#[tokio::test]
+async fn a_result_after_the_turn_starts_a_turn_and_is_read_once() {
+    let bed = Bed::start().await;
+    bed.declare(json!({"default_model": "fake/p", "approval_mode": "bypass", "kernel_tools": delegation_tools()}))
+        .await;
+    // The parent answers before the child can: the child's model has no answer until the test
+    // gives it one.
+    bed.fake.script(
+        "p",
+        [
+            calls(&[("d", "delegate_task", json!({"prompt": "look it up", "model": "fake/slow"}))]),
+            Act::Text("I asked a helper".into()),
+            Act::Text("the helper said so".into()),
+        ],
+    );
+    let run = bed.post_input("find out").await;
+    let row = bed.quiet(run).await;
+    assert_eq!(row.final_text.as_deref(), Some("I asked a helper"));
+    let child = bed.children(run).await.remove(0);
+    assert_eq!(child.disposition, Some(ChildDisposition::Detached), "a conversation-lifetime child outlives the turn");
+    assert_eq!(child.owner.as_deref(), Some(format!("conversation:{}", row.conversation_public_id).as_str()));
+    // The child's model answers once it is scripted; its request is in by now or soon.
+    wait_until("the child asks its model", WAIT, || async { (bed.fake.count("slow") >= 1).then_some(()) }).await;
+    let child_row = bed.server.store().execution(child.child_execution_public_id).await.expect("read").expect("child");
+    // Unscripted, the child's first request was refused (400): it halted and waits for a person.
+    assert_eq!(child_row.status, RunStatus::NeedsAttention, "{child_row:?}");
+    // Stop it: its (canceled) result is mail, and wakes the parent's conversation.
+    let stopped = bed.http.post(&format!("/agent_api/v1/executions/{}/stop", child.child_execution_public_id), &json!({})).await;
+    assert_eq!(stopped.status, 200, "{stopped:?}");
+    let mail = wait_until("the mail turn ends", WAIT, || async {
+        let line = bed.server.store().latest_execution_of(row.conversation_public_id).await.ok().flatten()?;
+        (line.public_id != run && line.status.is_terminal()).then_some(line)
+    })
+    .await;
+    assert_eq!(mail.final_text.as_deref(), Some("the helper said so"), "{mail:?}");
+    let requests = bed.fake.requests_for("p");
+    assert_eq!(requests.len(), 3);
+    let last_user = requests[2].body["messages"].as_array().and_then(|m| m.iter().rev().find(|m| m["role"] == "user")).cloned().expect("user");
+    let text = last_user["content"].as_str().expect("text");
+    assert!(text.starts_with("<task_result task=\"r1t0\" status=\"canceled\">"), "{text}");
+    assert!(text.contains("<prompt>look it up</prompt>"), "{text}");
+    let child = bed.children(run).await.remove(0);
+    assert_eq!(child.consumed_by.as_deref().map(|s| s.starts_with("input:")), Some(true), "{child:?}");
+}
