@@ -168,9 +168,7 @@ pub fn parse_deliver_at(text: &str) -> Result<i64, Refusal> {
             if digits == 0 {
                 return Err(bad("has a malformed fraction of a second"));
             }
-            millis = bytes[at + 1..at + 1 + digits.min(3)]
-                .iter()
-                .fold(0, |n, d| n * 10 + i64::from(d - b'0'))
+            millis = bytes[at + 1..at + 1 + digits.min(3)].iter().fold(0, |n, d| n * 10 + i64::from(d - b'0'))
                 * 10_i64.pow(3 - u32::try_from(digits.min(3)).unwrap_or(3));
             at += 1 + digits;
         }
@@ -293,7 +291,10 @@ mod tests {
             code(delivery_time(NOW, Some("2025-12-02T09:20:00Z"), Some("20m"), queue)),
             Err(ErrorCode::DeliverAtAmbiguous)
         );
-        assert_eq!(code(delivery_time(NOW, None, Some("20m"), DeliveryMode::Steer)), Err(ErrorCode::DeliverAtNotSteerable));
+        assert_eq!(
+            code(delivery_time(NOW, None, Some("20m"), DeliveryMode::Steer)),
+            Err(ErrorCode::DeliverAtNotSteerable)
+        );
         assert_eq!(
             code(delivery_time(NOW, Some("2025-12-02T09:30:00Z"), None, DeliveryMode::Steer)),
             Err(ErrorCode::DeliverAtNotSteerable)
@@ -307,9 +308,18 @@ mod tests {
         // Ten years ahead is the bound, in both fields.
         assert_eq!(code(delivery_time(NOW, None, Some("3653d"), queue)), Ok(Some(NOW + AHEAD_BOUND_MS)));
         assert_eq!(code(delivery_time(NOW, None, Some("3654d"), queue)), Err(ErrorCode::DeliverAtTooFar));
-        assert_eq!(code(delivery_time(NOW, None, Some("99999999999999999999s"), queue)), Err(ErrorCode::DeliverAtTooFar));
+        assert_eq!(
+            code(delivery_time(NOW, None, Some("99999999999999999999s"), queue)),
+            Err(ErrorCode::DeliverAtTooFar)
+        );
         assert_eq!(code(delivery_time(NOW, Some("2035-12-03T09:20:00Z"), None, queue)), Ok(Some(NOW + AHEAD_BOUND_MS)));
-        assert_eq!(code(delivery_time(NOW, Some("2035-12-04T09:20:00Z"), None, queue)), Err(ErrorCode::DeliverAtTooFar));
-        assert_eq!(code(delivery_time(NOW, Some("2025-12-02T09:20:00"), None, queue)), Err(ErrorCode::ValidationFailed));
+        assert_eq!(
+            code(delivery_time(NOW, Some("2035-12-04T09:20:00Z"), None, queue)),
+            Err(ErrorCode::DeliverAtTooFar)
+        );
+        assert_eq!(
+            code(delivery_time(NOW, Some("2025-12-02T09:20:00"), None, queue)),
+            Err(ErrorCode::ValidationFailed)
+        );
     }
 }

@@ -122,7 +122,11 @@ async fn every_refusal_word_is_refused_and_writes_nothing() {
     let cases = [
         (json!({"deliver_at": iso(now + 10 * MINUTE_MS, 0), "deliver_in": "20m"}), 422, "deliver_at_ambiguous"),
         (json!({"deliver_in": "20m", "delivery_mode": "steer"}), 422, "deliver_at_not_steerable"),
-        (json!({"deliver_at": iso(now + 10 * MINUTE_MS, 60), "delivery_mode": "steer"}), 422, "deliver_at_not_steerable"),
+        (
+            json!({"deliver_at": iso(now + 10 * MINUTE_MS, 60), "delivery_mode": "steer"}),
+            422,
+            "deliver_at_not_steerable",
+        ),
         (json!({"deliver_at": iso(now - 3 * MINUTE_MS, 0)}), 422, "deliver_at_in_past"),
         (json!({"deliver_at": iso(now - 3 * MINUTE_MS, -300)}), 422, "deliver_at_in_past"),
         (json!({"deliver_in": "3654d"}), 422, "deliver_at_too_far"),
@@ -145,7 +149,8 @@ async fn every_refusal_word_is_refused_and_writes_nothing() {
             assert_eq!((answer.status, answer.code()), (status, Some(code)), "{body}: {answer:?}");
         }
     }
-    let no_offset = f.http().post("/agent_api/v1/inputs", &json!({"text": "x", "deliver_at": "2031-01-01T09:00:00"})).await;
+    let no_offset =
+        f.http().post("/agent_api/v1/inputs", &json!({"text": "x", "deliver_at": "2031-01-01T09:00:00"})).await;
     assert!(no_offset.message().contains("offset"), "the message says what is missing: {}", no_offset.message());
     // The gRPC twin refuses by the same words.
     let mut client = agent_client(&f.server).await;
@@ -190,7 +195,11 @@ async fn a_scheduled_input_waits_out_of_the_line_until_the_clock_reaches_it() {
     // An ordinary input posted after it is not held behind it: it runs first.
     fake.script(
         "chat",
-        [Act::Text("ordinary answered".into()), Act::Text("probe answered".into()), Act::Text("reminder answered".into())],
+        [
+            Act::Text("ordinary answered".into()),
+            Act::Text("probe answered".into()),
+            Act::Text("reminder answered".into()),
+        ],
     );
     let ordinary = f.post("ordinary", json!({"conversation_public_id": scheduled["conversation_public_id"]})).await;
     assert_eq!((ordinary["queue"].clone(), ordinary["deliver_at"].clone()), (Value::Null, Value::Null));
