@@ -24,6 +24,7 @@ pub mod json;
 mod layers;
 pub mod memory;
 pub mod model;
+pub mod schedule;
 pub mod store;
 
 use std::future::Future;
@@ -348,7 +349,7 @@ pub async fn serve(
 }
 
 /// Brings back live work after a restart: each runner inbox with open tasks (their park clocks
-/// resume), and each execution that had not ended.
+/// resume), each execution that had not ended, and each scheduled input's delivery timer.
 async fn recover(fabric: &Fabric, root: &RootHandle) -> Result<(), ServeError> {
     let closing = || *fabric.closing.borrow();
     for runner in fabric.store.executors_with_open_tasks().await? {
@@ -379,6 +380,20 @@ async fn recover(fabric: &Fabric, root: &RootHandle) -> Result<(), ServeError> {
             return Ok(());
         }
         actors::execution::queue::hand_off(fabric, root, conversation).await?;
+    }
+    // Every held input's delivery timer is armed again from the store; one whose time passed
+    // while nexus was down is delivered now (`docs/executions.md`, "Scheduled inputs").
+    let held = fabric.store.held_inputs().await?;
+    if !held.is_empty() {
+        tracing::info!(count = held.len(), "re-arming scheduled inputs");
+    }
+    for (input, deliver_at) in held {
+        if closing() {
+            return Ok(());
+        }
+        if let Err(error) = root.schedule_delivery(input, deliver_at) {
+            tracing::error!(%input, %error, "could not re-arm a scheduled input");
+        }
     }
     // A child's result nobody consumed, or an ended parent's children not disposed of (the node
     // died in between), is looked at again (`docs/delegation.md`, "Durability").

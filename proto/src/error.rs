@@ -131,6 +131,13 @@ error_codes! {
     // (named after compaction's `task_not_queued`).
     InputQueueFull => ("input_queue_full", 409, FailedPrecondition),
     InputNotQueued => ("input_not_queued", 409, FailedPrecondition),
+    // Scheduled inputs (`docs/executions.md`, "Scheduled inputs"): the spec's four refusals of
+    // `deliver_at` / `deliver_in` (REFERENCE 9). The spec gives no statuses; each is a
+    // well-formed request the server will not take as it stands, so 422.
+    DeliverAtInPast => ("deliver_at_in_past", 422, InvalidArgument),
+    DeliverAtTooFar => ("deliver_at_too_far", 422, InvalidArgument),
+    DeliverAtAmbiguous => ("deliver_at_ambiguous", 422, InvalidArgument),
+    DeliverAtNotSteerable => ("deliver_at_not_steerable", 422, InvalidArgument),
     // Approval (`docs/executions.md`, "Approval"): the approve and deny doors.
     NotAwaitingApproval => ("not_awaiting_approval", 409, FailedPrecondition),
     NotAdjudicable => ("not_adjudicable", 409, FailedPrecondition),

@@ -213,10 +213,26 @@ impl TestServer {
     /// As [`TestServer::restart`], with `env` standing for the process environment (see
     /// [`TestServer::start_with_env`]).
     pub async fn restart_with_env(self, scripts: &[(&str, Value)], env: impl Fn(&str) -> Option<String>) -> TestServer {
+        self.restart_after(scripts, env, Duration::ZERO).await
+    }
+
+    /// As [`TestServer::restart`], the clock moved `down_for` while no server runs: whatever fell
+    /// due meanwhile is due at the next start.
+    pub async fn restart_down_for(self, scripts: &[(&str, Value)], down_for: Duration) -> TestServer {
+        self.restart_after(scripts, |_| None, down_for).await
+    }
+
+    async fn restart_after(
+        self,
+        scripts: &[(&str, Value)],
+        env: impl Fn(&str) -> Option<String>,
+        down_for: Duration,
+    ) -> TestServer {
         let config = self.config();
         let clock = self.clock().clone();
         let TestServer { server: running, data_dir, database } = self;
         running.shutdown().await.expect("clean shutdown");
+        clock.advance(down_for);
         // The data dir's flock goes with the old server's file; a process another test forks
         // meanwhile holds a copy of every descriptor until it execs, so the lock can outlive the
         // shutdown by the length of that window on a loaded machine: take it once it is free.

@@ -11,6 +11,11 @@
 //! live actor goes straight to it from the sender, read off the shared [`Registry`], so the hot
 //! path never passes through Root's mailbox. Messages from one sender to one actor keep their
 //! order either way: while an actor loads, every message for it queues behind the first.
+//!
+//! Root also owns the delivery timer of every scheduled input (`docs/executions.md`, "Scheduled
+//! inputs"): one task per held input, sleeping on the fabric clock until its `deliver_at`, then
+//! delivering it ([`crate::actors::execution::queue::deliver_scheduled`]). The hold itself is in
+//! the store; a timer only says when to look, so recovery arms them again from the store.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,7 +24,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, ActorStatus, RpcReplyPort, SupervisionEvent};
 use tokio::task::JoinHandle;
 
-use nexus_proto::{ErrorCode, ExecutionId, MemberId, Refusal, RunnerId};
+use nexus_proto::{ErrorCode, ExecutionId, InputId, MemberId, Refusal, RunnerId};
 
 use crate::actors::execution::{ExecutionActor, ExecutionArgs, ExecutionHandle, ExecutionMsg};
 use crate::actors::executor::{ExecutorActor, ExecutorArgs, ExecutorHandle, ExecutorMsg};
@@ -72,7 +77,15 @@ pub enum RootMsg {
     Profile(MemberId, RpcReplyPort<Result<ActorRef<ProfileMsg>, Refusal>>),
     /// Counts the live actors.
     Census(RpcReplyPort<Census>),
+    /// Arm (or arm again) the delivery timer of a held input: at `deliver_at` (Unix ms, on the
+    /// fabric clock) it is delivered; a time already come delivers it at once.
+    Schedule(InputId, i64),
+    /// Drop the delivery timer of an input that is not held any more (canceled).
+    Unschedule(InputId),
 }
+
+/// How long a delivery that failed on the store waits before it tries again, in milliseconds.
+const DELIVERY_RETRY_MS: u64 = 5_000;
 
 /// Root's arguments.
 pub struct RootArgs {
@@ -130,6 +143,9 @@ pub struct RootState {
     profiles: HashMap<MemberId, ActorRef<ProfileMsg>>,
     loading_executors: HashMap<RunnerId, Loading<ExecutorMsg>>,
     loading_executions: HashMap<ExecutionId, Loading<ExecutionMsg>>,
+    /// The delivery timer of each held input ([`RootMsg::Schedule`]). A timer that has fired
+    /// leaves its finished handle here until the next schedule sweeps it.
+    deliveries: HashMap<InputId, JoinHandle<()>>,
 }
 
 /// The Root actor.
@@ -190,6 +206,26 @@ impl RootHandle {
     /// [`ActorError`] during shutdown, or when Root does not answer in time.
     pub async fn census(&self) -> Result<Census, ActorError> {
         handle::call(&self.actor, "server", self.deadline, RootMsg::Census).await
+    }
+
+    /// Arms the delivery timer of the held input `input`, due at `deliver_at` (Unix ms): at that
+    /// time it joins its conversation's line (`docs/executions.md`, "Scheduled inputs"). Call it
+    /// after the admission that held it is in the store ([`crate::store::queue::Admission::Scheduled`]);
+    /// were the node to die first, recovery arms it from the store. Never waits.
+    ///
+    /// # Errors
+    /// [`ActorError::Stopped`] during shutdown (recovery arms it at the next start).
+    pub fn schedule_delivery(&self, input: InputId, deliver_at: i64) -> Result<(), ActorError> {
+        handle::cast(&self.actor, "server", RootMsg::Schedule(input, deliver_at))
+    }
+
+    /// Drops the delivery timer of `input`, canceled while held. Only tidies: a timer that fires
+    /// for an input that is not held any more does nothing. Never waits.
+    ///
+    /// # Errors
+    /// [`ActorError::Stopped`] during shutdown.
+    pub fn unschedule_delivery(&self, input: InputId) -> Result<(), ActorError> {
+        handle::cast(&self.actor, "server", RootMsg::Unschedule(input))
     }
 
     /// Stops Root and, through supervision, every actor.
@@ -418,6 +454,25 @@ fn spawn_loader(
     ))
 }
 
+/// The delivery timer of one held input: sleeps on the fabric clock (so a test that moves the
+/// clock fires it) until `deliver_at`, then delivers the input, trying again after
+/// [`DELIVERY_RETRY_MS`] while the store fails. Owned by Root, aborted when Root stops.
+fn spawn_delivery(fabric: Arc<Fabric>, root: RootHandle, input: InputId, deliver_at: i64) -> JoinHandle<()> {
+    tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            fabric.clock.sleep_until(deliver_at).await;
+            while let Err(error) = crate::actors::execution::queue::deliver_scheduled(&fabric, &root, input).await {
+                if *fabric.closing.borrow() {
+                    return;
+                }
+                tracing::warn!(%error, "cannot deliver a scheduled input now; trying again");
+                fabric.clock.sleep(Duration::from_millis(DELIVERY_RETRY_MS)).await;
+            }
+        },
+        tracing::debug_span!("delivery", %input, deliver_at),
+    ))
+}
+
 /// Hands a loaded actor its queue, in order, and answers its waiters; or, when it could not be
 /// loaded, drops the queue with a warning (what it said is in the store, and the actor rereads
 /// it when it next loads) and answers the waiters with the reason.
@@ -462,6 +517,7 @@ impl Actor for RootActor {
             profiles: HashMap::new(),
             loading_executors: HashMap::new(),
             loading_executions: HashMap::new(),
+            deliveries: HashMap::new(),
         })
     }
 
@@ -471,6 +527,9 @@ impl Actor for RootActor {
         }
         for task in state.loading_executions.values().filter_map(|loading| loading.task.as_ref()) {
             task.abort();
+        }
+        for (_, timer) in state.deliveries.drain() {
+            timer.abort();
         }
         Ok(())
     }
@@ -503,6 +562,18 @@ impl Actor for RootActor {
                     write(&state.registry.executions).insert(execution, actor.clone());
                 }
                 finish_loading(state.loading_executions.remove(&execution), &result, "execution", execution);
+            }
+            RootMsg::Schedule(input, deliver_at) => {
+                state.deliveries.retain(|_, timer| !timer.is_finished());
+                let timer = spawn_delivery(state.fabric.clone(), state.root(&myself), input, deliver_at);
+                if let Some(old) = state.deliveries.insert(input, timer) {
+                    old.abort();
+                }
+            }
+            RootMsg::Unschedule(input) => {
+                if let Some(timer) = state.deliveries.remove(&input) {
+                    timer.abort();
+                }
             }
             RootMsg::Census(reply) => {
                 let _ = reply.send(Census {

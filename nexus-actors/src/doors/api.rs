@@ -134,6 +134,11 @@ pub struct CreateInput {
     /// `variables` `{name: text}`: the answering template's variables for this turn
     /// ([`crate::declaration::template::input_variables`]).
     pub variables: Option<Value>,
+    /// `deliver_at`: an ISO 8601 date-time with its offset; the input is held until then
+    /// (`docs/executions.md`, "Scheduled inputs"; [`crate::schedule::delivery_time`]).
+    pub deliver_at: Option<String>,
+    /// `deliver_in`: `<n>s|m|h|d` from now on the server's clock; as `deliver_at`.
+    pub deliver_in: Option<String>,
 }
 
 /// What an admission created, and where the input stands in its conversation
@@ -157,12 +162,16 @@ pub struct Admitted {
     pub queue_position: usize,
     /// The execution just before it in the conversation's line, while it waits.
     pub waits_for_execution_public_id: Option<ExecutionId>,
+    /// When a scheduled input is delivered, in Unix milliseconds (`docs/executions.md`,
+    /// "Scheduled inputs"); `None` for one delivered at once.
+    pub deliver_at: Option<i64>,
 }
 
 impl Admitted {
     /// The admission as the HTTP door answers it: `{conversation_public_id, input_public_id,
-    /// execution_public_id, turn, delivery_mode, status, queue}`, `queue` being `{position,
-    /// waits_for_execution_public_id}` while the input waits its turn, else null.
+    /// execution_public_id, turn, delivery_mode, status, queue, deliver_at}`, `queue` being
+    /// `{position, waits_for_execution_public_id}` while the input waits its turn, else null, and
+    /// `deliver_at` the Unix milliseconds a scheduled input is delivered at, else null.
     pub fn json(&self) -> Value {
         let queue = self
             .waits_for_execution_public_id
@@ -175,6 +184,7 @@ impl Admitted {
             "delivery_mode": self.delivery_mode,
             "status": self.status,
             "queue": queue,
+            "deliver_at": self.deliver_at,
         })
     }
 }
@@ -500,7 +510,9 @@ impl Api {
     /// 422 `runner_not_declared` or `runner_not_eligible` for a `runner_executor_public_id` that is
     /// not a candidate or not eligible for the Agent (`docs/protocol.md`, "Assignment");
     /// 400 `parameter_invalid` or 422 `variable_undeclared` for `variables` the answering template
-    /// does not take.
+    /// does not take; 422 `deliver_at_ambiguous`, `deliver_at_not_steerable`, `deliver_at_in_past`,
+    /// `deliver_at_too_far` or `validation_failed` for a `deliver_at` / `deliver_in` that
+    /// [`crate::schedule::delivery_time`] refuses.
     pub async fn create_input(&self, caller: &Caller, input: CreateInput) -> Result<Admitted, Refusal> {
         caller.require_active("admit inputs")?;
         if input.text.trim().is_empty() {
@@ -524,6 +536,14 @@ impl Api {
         if input.delivery_mode == Some(nexus_proto::DeliveryMode::Steer) {
             inputs::steer_carries_text_only(&input)?;
         }
+        let mode = input.delivery_mode.unwrap_or(nexus_proto::DeliveryMode::Queue);
+        // On the fabric clock, so tests move it (`docs/executions.md`, "Scheduled inputs").
+        let deliver_at = crate::schedule::delivery_time(
+            self.fabric.clock.now_ms(),
+            input.deliver_at.as_deref(),
+            input.deliver_in.as_deref(),
+            mode,
+        )?;
         let store = &self.fabric.store;
         let agent = self.answering_agent(caller, input.conversation_public_id, input.agent_public_id).await?;
         if agent != caller.member.public_id {
@@ -592,8 +612,8 @@ impl Api {
             variables: input.variables,
             posted_by_public_id: (poster != agent).then_some(poster),
             turn: 0,
+            deliver_at,
         };
-        let mode = input.delivery_mode.unwrap_or(nexus_proto::DeliveryMode::Queue);
         self.admit(caller, &row, new_conversation, mode).await
     }
 
@@ -624,7 +644,10 @@ impl Api {
         let store = &self.fabric.store;
         let row = self.execution_for(caller, id, Need::Read).await?;
         // Who posted the input: a Human steward, or the Agent itself.
-        let poster = store.input(row.input_public_id).await.map_err(internal)?.map(|input| input.poster());
+        let input = store.input(row.input_public_id).await.map_err(internal)?;
+        let poster = input.as_ref().map(InputRow::poster);
+        // A scheduled input's delivery time, in Unix ms (`docs/executions.md`, "Scheduled inputs").
+        let deliver_at = input.as_ref().and_then(|input| input.deliver_at);
         let tasks = store.tasks_of(id).await.map_err(internal)?;
         let start =
             match tasks_after {
@@ -654,6 +677,7 @@ impl Api {
             "default_runner_executor_public_id": row.declaration.as_ref().map(|d| d["default_runner_executor_public_id"].clone()),
             "event_cursor": format!("{CURSOR_PREFIX}{}", row.event_seq),
             "queue": self.queue_view(&row).await?,
+            "deliver_at": deliver_at,
             "created_at": row.created_at,
             "updated_at": row.updated_at,
             "tasks": page,

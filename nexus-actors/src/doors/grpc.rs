@@ -201,6 +201,8 @@ impl AgentService for AgentGrpc {
                 word => Some(crate::doors::http::executions::delivery_mode(word).map_err(|r| r.to_status())?),
             },
             variables: json_arg(&body.variables_json, "variables_json")?,
+            deliver_at: Some(body.deliver_at.clone()).filter(|text| !text.is_empty()),
+            deliver_in: Some(body.deliver_in.clone()).filter(|text| !text.is_empty()),
         };
         let admitted = self.api.create_input(&caller, input).await.map_err(|r| r.to_status())?;
         Ok(Response::new(CreateInputReply {
@@ -215,6 +217,7 @@ impl AgentService for AgentGrpc {
                 .waits_for_execution_public_id
                 .map(|e| e.to_string())
                 .unwrap_or_default(),
+            deliver_at_ms: admitted.deliver_at.unwrap_or_default(),
         }))
     }
 

@@ -128,7 +128,7 @@ impl Store {
     pub async fn input(&self, public_id: InputId) -> StoreResult<Option<InputRow>> {
         let row = sqlx::query(
             "SELECT conversation_public_id, member_public_id, text, execution_declaration, runner_executor_public_id, \
-             tool_names, posted_by_public_id, turn, variables FROM inputs WHERE public_id = $1",
+             tool_names, posted_by_public_id, turn, variables, deliver_at FROM inputs WHERE public_id = $1",
         )
         .bind(public_id.to_string())
         .fetch_optional(self.reader())
@@ -145,6 +145,7 @@ impl Store {
                 posted_by_public_id: parse_opt(row.try_get("posted_by_public_id")?)?,
                 turn: row.try_get("turn")?,
                 variables: json_opt(row.try_get("variables")?)?,
+                deliver_at: row.try_get("deliver_at")?,
             })
         })
         .transpose()
@@ -508,8 +509,9 @@ pub(super) async fn admit_delivered_in(
     // writer that read the same maximum.
     sqlx::query(
         "INSERT INTO inputs (public_id, conversation_public_id, member_public_id, text, execution_declaration, \
-         runner_executor_public_id, tool_names, created_at, posted_by_public_id, delivery_mode, steer_outcome, variables, turn) \
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, COALESCE(MAX(turn), 0) + 1 FROM inputs \
+         runner_executor_public_id, tool_names, created_at, posted_by_public_id, delivery_mode, steer_outcome, variables, \
+         deliver_at, delivered_at, turn) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, COALESCE(MAX(turn), 0) + 1 FROM inputs \
          WHERE conversation_public_id = $2",
     )
     .bind(input.public_id.to_string())
@@ -524,6 +526,10 @@ pub(super) async fn admit_delivered_in(
     .bind(mode.as_str())
     .bind(outcome.map(SteerOutcome::as_str))
     .bind(input.variables.as_ref().map(Value::to_string))
+    .bind(input.deliver_at)
+    // A time already come is delivered at admission: it joins the line at once
+    // (`docs/executions.md`, "Scheduled inputs").
+    .bind(input.deliver_at.filter(|at| *at <= now).map(|_| now))
     .execute(&mut *connection)
     .await?;
     let Some(execution_public_id) = execution_public_id else { return Ok(()) };

@@ -75,6 +75,17 @@ pub enum Admission {
         /// The live executions before it, in order: empty when it may start now.
         ahead: Vec<LiveExecution>,
     },
+    /// A turn of its own with a pending execution, held out of the conversation's line until
+    /// `deliver_at` (`docs/executions.md`, "Scheduled inputs"): the caller arms its delivery
+    /// ([`crate::actors::root::RootHandle::schedule_delivery`]).
+    Scheduled {
+        /// Its execution.
+        execution: ExecutionId,
+        /// Its turn at admission; it takes the conversation's next turn when it is delivered.
+        turn: i64,
+        /// When it is delivered, in Unix milliseconds.
+        deliver_at: i64,
+    },
     /// A steer recorded for the conversation's live execution to apply.
     Steer {
         /// Its turn.
@@ -107,6 +118,7 @@ async fn line_in(connection: &mut AnyConnection, conversation: ConversationId) -
         "SELECT e.public_id, e.input_public_id, e.status, e.event_seq, i.turn FROM executions e \
          JOIN inputs i ON i.public_id = e.input_public_id \
          WHERE e.conversation_public_id = $1 AND e.status NOT IN ('completed', 'canceled') \
+         AND (i.deliver_at IS NULL OR i.delivered_at IS NOT NULL) \
          ORDER BY i.turn, e.created_at, e.public_id",
     )
     .bind(conversation.to_string())
@@ -146,6 +158,26 @@ async fn steers_in(connection: &mut AnyConnection, conversation: ConversationId)
         .collect()
 }
 
+/// How many inputs of `conversation` are held for a later delivery with their execution still
+/// waiting (a canceled one no longer waits).
+async fn held_in(connection: &mut AnyConnection, conversation: ConversationId) -> StoreResult<usize> {
+    let held: i64 = sqlx::query(
+        "SELECT COUNT(*) AS held FROM inputs i JOIN executions e ON e.input_public_id = i.public_id \
+         WHERE i.conversation_public_id = $1 AND i.deliver_at IS NOT NULL AND i.delivered_at IS NULL \
+         AND e.status = 'pending'",
+    )
+    .bind(conversation.to_string())
+    .fetch_one(&mut *connection)
+    .await?
+    .try_get("held")?;
+    Ok(usize::try_from(held).unwrap_or(usize::MAX))
+}
+
+/// Whether `input` is held: admitted with a `deliver_at` still to come, and not delivered.
+fn held_at(input: &InputRow, now: i64) -> Option<i64> {
+    input.deliver_at.filter(|at| *at > now)
+}
+
 /// Marks the `applied` steers (each with its round) applied by `execution`, on the writer's
 /// transaction (a compare-and-set from unapplied each).
 pub(super) async fn mark_applied(
@@ -170,9 +202,13 @@ pub(super) async fn mark_applied(
 impl Store {
     /// Admits an input delivered as `mode` in one transaction, after counting what its
     /// conversation holds waiting: refused ([`Admission::Full`], nothing written) at
-    /// [`INPUT_QUEUE_BOUND`]; a `steer` while the conversation has a live execution is recorded
-    /// for it to apply ([`Admission::Steer`]); anything else is a turn with the pending execution
-    /// `execution` ([`Admission::Turn`]).
+    /// [`INPUT_QUEUE_BOUND`]; an input whose [`InputRow::deliver_at`] is still to come is held out
+    /// of the line with its pending execution `execution` ([`Admission::Scheduled`]; as a queued
+    /// turn whatever `mode` says: [`crate::schedule::delivery_time`] refuses a scheduled steer);
+    /// a `steer` while the conversation has a live execution is recorded for it to apply
+    /// ([`Admission::Steer`]); anything else is a turn with the pending execution `execution`
+    /// ([`Admission::Turn`]). Held inputs count toward the bound: each waits, and delivery only
+    /// moves it into the line.
     ///
     /// # Errors
     /// [`super::StoreError`] on a database failure; nothing is written then.
@@ -190,16 +226,23 @@ impl Store {
                 let input = input.clone();
                 Box::pin(async move {
                     let conversation = input.conversation_public_id;
-                    let (line, steers) = match new_conversation {
-                        true => (Vec::new(), Vec::new()),
-                        false => (line_in(connection, conversation).await?, steers_in(connection, conversation).await?),
+                    let (line, steers, held) = match new_conversation {
+                        true => (Vec::new(), Vec::new(), 0),
+                        false => (
+                            line_in(connection, conversation).await?,
+                            steers_in(connection, conversation).await?,
+                            held_in(connection, conversation).await?,
+                        ),
                     };
-                    // Behind a live execution the input waits, as every unapplied steer and every
-                    // queued turn after the running one does.
-                    let waiting = waiting_count(&line, steers.len());
-                    if !line.is_empty() && waiting >= INPUT_QUEUE_BOUND {
+                    let scheduled = held_at(&input, now);
+                    // Behind a live execution the input waits, as every unapplied steer, every
+                    // queued turn after the running one and every held input does; a held input
+                    // waits whatever the line holds.
+                    let waiting = waiting_count(&line, steers.len()) + held;
+                    if (!line.is_empty() || scheduled.is_some()) && waiting >= INPUT_QUEUE_BOUND {
                         return Ok(Admission::Full { waiting });
                     }
+                    let mode = if scheduled.is_some() { DeliveryMode::Queue } else { mode };
                     let into = line.first().copied();
                     let own = match (mode, into) {
                         (DeliveryMode::Steer, Some(_)) => None,
@@ -211,13 +254,88 @@ impl Store {
                         .fetch_one(&mut *connection)
                         .await?
                         .try_get("turn")?;
-                    Ok(match (own, into) {
-                        (None, Some(into)) => Admission::Steer { turn, into },
+                    Ok(match (scheduled, own, into) {
+                        (Some(deliver_at), _, _) => Admission::Scheduled { execution, turn, deliver_at },
+                        (None, None, Some(into)) => Admission::Steer { turn, into },
                         _ => Admission::Turn { execution, turn, ahead: line },
                     })
                 })
             })
             .await
+    }
+
+    /// Delivers the held input `input` now (`docs/executions.md`, "Scheduled inputs"): it joins
+    /// its conversation's line as its next turn (its turn number is kept when it is the last
+    /// already). A compare-and-set, from held and its execution still waiting: answers the
+    /// conversation to hand off, or `None`, writing nothing, when the input is not held any more
+    /// (delivered already, or canceled).
+    ///
+    /// # Errors
+    /// [`super::StoreError`] on a database failure; nothing is written then.
+    pub async fn deliver_scheduled(&self, input: InputId) -> StoreResult<Option<ConversationId>> {
+        let now = self.clock.now_ms();
+        self.writer
+            .write(move |connection| {
+                Box::pin(async move {
+                    let Some(row) = sqlx::query("SELECT conversation_public_id FROM inputs WHERE public_id = $1")
+                        .bind(input.to_string())
+                        .fetch_optional(&mut *connection)
+                        .await?
+                    else {
+                        return Ok(None);
+                    };
+                    let conversation: ConversationId = parse(&row.try_get::<String, _>("conversation_public_id")?)?;
+                    let delivered = sqlx::query(
+                        "UPDATE inputs SET delivered_at = $2, turn = CASE \
+                           WHEN turn = (SELECT MAX(l.turn) FROM inputs l WHERE l.conversation_public_id = $3) THEN turn \
+                           ELSE (SELECT MAX(l.turn) FROM inputs l WHERE l.conversation_public_id = $3) + 1 END \
+                         WHERE public_id = $1 AND deliver_at IS NOT NULL AND delivered_at IS NULL \
+                         AND EXISTS (SELECT 1 FROM executions e WHERE e.input_public_id = $1 \
+                           AND e.status = 'pending' AND e.event_seq = 0)",
+                    )
+                    .bind(input.to_string())
+                    .bind(now)
+                    .bind(conversation.to_string())
+                    .execute(&mut *connection)
+                    .await?
+                    .rows_affected();
+                    Ok((delivered > 0).then_some(conversation))
+                })
+            })
+            .await
+    }
+
+    /// The held inputs whose execution still waits, each with its `deliver_at` (Unix ms), soonest
+    /// first: recovery re-arms a timer for each.
+    ///
+    /// # Errors
+    /// [`super::StoreError`] on a database failure.
+    pub async fn held_inputs(&self) -> StoreResult<Vec<(InputId, i64)>> {
+        let rows = sqlx::query(
+            "SELECT i.public_id, i.deliver_at FROM inputs i JOIN executions e ON e.input_public_id = i.public_id \
+             WHERE i.deliver_at IS NOT NULL AND i.delivered_at IS NULL AND e.status = 'pending' \
+             ORDER BY i.deliver_at, i.public_id",
+        )
+        .fetch_all(self.reader())
+        .await?;
+        rows.iter()
+            .map(|row| Ok((parse(&row.try_get::<String, _>("public_id")?)?, row.try_get("deliver_at")?)))
+            .collect()
+    }
+
+    /// When the held `input` is to be delivered (Unix ms), or `None` when it is not held (never
+    /// scheduled, or delivered).
+    ///
+    /// # Errors
+    /// [`super::StoreError`] on a database failure.
+    pub async fn held_until(&self, input: InputId) -> StoreResult<Option<i64>> {
+        let row = sqlx::query(
+            "SELECT deliver_at FROM inputs WHERE public_id = $1 AND deliver_at IS NOT NULL AND delivered_at IS NULL",
+        )
+        .bind(input.to_string())
+        .fetch_optional(self.reader())
+        .await?;
+        row.map(|row| row.try_get("deliver_at")).transpose().map_err(Into::into)
     }
 
     /// The executions of `conversation` that have not ended, in turn order.

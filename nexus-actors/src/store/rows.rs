@@ -125,8 +125,14 @@ pub struct InputRow {
     /// Agent posted it itself.
     pub posted_by_public_id: Option<MemberId>,
     /// Its place in the conversation, 1-based, in the order of admission; assigned by
-    /// [`crate::store::Store::admit_input`] (0 until then).
+    /// [`crate::store::Store::admit_input`] (0 until then). A scheduled input takes the
+    /// conversation's next turn again when it is delivered.
     pub turn: i64,
+    /// When a scheduled input is delivered, in Unix milliseconds (`docs/executions.md`, "Scheduled
+    /// inputs"); `None` for an input delivered at once. Admitted with it set, the input is held
+    /// out of its conversation's line until then ([`crate::store::Store::admit_to_conversation`]).
+    /// The stored value stays after delivery.
+    pub deliver_at: Option<i64>,
 }
 
 impl InputRow {

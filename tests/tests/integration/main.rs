@@ -30,6 +30,7 @@ mod refusals;
 mod resources;
 mod round_driver;
 mod runner_tools;
+mod scheduled;
 mod sessions;
 mod store;
 mod tls;

@@ -70,6 +70,7 @@ async fn a_claim_is_granted_once_across_nodes_sharing_the_store() {
         posted_by_public_id: None,
         variables: None,
         turn: 0,
+        deliver_at: None,
     };
     let run = ExecutionId::new_v4();
     store.admit_input(&input, true, run).await.expect("admit");
@@ -233,6 +234,7 @@ async fn a_transcript_written_whole_reads_back_and_saves_move_it_to_rows() {
         posted_by_public_id: None,
         variables: None,
         turn: 0,
+        deliver_at: None,
     };
     let run = ExecutionId::new_v4();
     store.admit_input(&input, true, run).await.expect("admit");

@@ -59,7 +59,7 @@ pub async fn run(
     let Some(input) = task.tool_input.as_object() else { return refused("the input must be an object") };
     match name {
         "spawn" => spawn(fabric, root, declaration, execution, current_model, task, input).await,
-        "send" => send(fabric, root, execution, task, input).await,
+        "send" => send(fabric, root, execution, input).await,
         "status" => status(fabric, execution, input).await,
         "cancel" => cancel(fabric, root, execution, task, input).await,
         _ => Ok(Outcome::Result(Err(format!("{name} is not a conversation tool")))),
@@ -307,7 +307,6 @@ async fn send(
     fabric: &Fabric,
     root: &RootHandle,
     execution: &ExecutionRow,
-    task: &TaskRow,
     input: &Map<String, Value>,
 ) -> Result<Outcome, KernelFailure> {
     let known = ["to", "message", "agent", "steer", "deliver_in", "deliver_at", "wake", "model"];
@@ -322,10 +321,11 @@ async fn send(
     if message.len() > MESSAGE_BOUND || message.contains('\0') {
         return refused("message must be at most 1048576 bytes, without NUL");
     }
-    for unsupported in ["agent", "model", "deliver_in", "deliver_at", "wake"] {
+    for unsupported in ["agent", "model", "wake"] {
         if input.get(unsupported).is_some_and(|v| !v.is_null()) {
             return refused(format!(
-                "{unsupported} is not supported by this server's send yet; send without it (the child answers with its own declaration, now)"
+                "{unsupported} is not supported by this server's send yet: the child answers under its own \
+                 declaration and model; send without it"
             ));
         }
     }
@@ -333,6 +333,15 @@ async fn send(
         None | Some(Value::Null) => false,
         Some(Value::Bool(steer)) => *steer,
         Some(_) => return refused("steer must be true or false"),
+    };
+    let mode = if steer { DeliveryMode::Steer } else { DeliveryMode::Queue };
+    let (deliver_at, deliver_in) = match (text(input, "deliver_at"), text(input, "deliver_in")) {
+        (Ok(at), Ok(within)) => (at, within),
+        (Err(m), _) | (_, Err(m)) => return refused(m),
+    };
+    let deliver_at = match crate::schedule::delivery_time(fabric.clock.now_ms(), deliver_at, deliver_in, mode) {
+        Ok(at) => at,
+        Err(refusal) => return refused(format!("{}: {}", refusal.code, refusal.message)),
     };
     let child = match addressed(fabric, execution, to).await? {
         Ok(child) => child,
@@ -351,31 +360,27 @@ async fn send(
         variables: None,
         posted_by_public_id: first.as_ref().and_then(|i| i.posted_by_public_id),
         turn: 0,
+        deliver_at,
     };
-    let mode = if steer { DeliveryMode::Steer } else { DeliveryMode::Queue };
-    let new_execution = ExecutionId::new_v4();
-    let admission = fabric.store.admit_to_conversation(&row, false, mode, new_execution).await?;
-    let _ = task;
+    // Held until its time when scheduled, durably (`docs/executions.md`, "Scheduled inputs").
+    let admission =
+        super::queue::admit(fabric, root, &row, false, mode, ExecutionId::new_v4()).await?;
     Ok(Outcome::Result(match admission {
         Admission::Full { waiting } => Err(format!(
             "{}: the child conversation already holds {waiting} waiting inputs; wait for it first",
             ErrorCode::InputQueueFull.as_str()
         )),
+        Admission::Scheduled { execution, turn, deliver_at } => Ok(json!({
+            "conversation_public_id": child.child_conversation_public_id, "label": child.label,
+            "delivered": "scheduled", "turn": turn, "execution_public_id": execution, "deliver_at": deliver_at,
+        })),
         Admission::Steer { turn, into } => {
-            if let Err(error) = root.execution(into.public_id).steer_posted() {
-                tracing::warn!(execution_id = %into.public_id, %error, "cannot tell the child of its steer now");
-            }
             Ok(json!({
                 "conversation_public_id": child.child_conversation_public_id, "label": child.label,
                 "delivered": "steer", "turn": turn, "execution_public_id": into.public_id,
             }))
         }
         Admission::Turn { execution, turn, ahead } => {
-            if ahead.is_empty()
-                && let Err(refusal) = root.execution(execution).load().await
-            {
-                tracing::warn!(execution_id = %execution, code = %refusal.code, "cannot start the child's turn now; recovery does");
-            }
             Ok(json!({
                 "conversation_public_id": child.child_conversation_public_id, "label": child.label,
                 "delivered": "queued", "turn": turn, "execution_public_id": execution, "queue_position": ahead.len(),

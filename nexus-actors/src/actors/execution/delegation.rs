@@ -573,6 +573,7 @@ pub(super) fn child_input(
         variables: None,
         posted_by_public_id: parent_input.and_then(|input| input.posted_by_public_id),
         turn: 0,
+        deliver_at: None,
     }
 }
 
@@ -1054,6 +1055,7 @@ async fn mail_after_end(state: &mut ExecutionState, child: &ChildRow) -> Result<
         variables: None,
         posted_by_public_id: None,
         turn: 0,
+        deliver_at: None,
     };
     let execution = ExecutionRow {
         public_id: ExecutionId::new_v4(),

@@ -17,6 +17,7 @@ use nexus_proto::{ConversationId, ErrorCode, ExecutionId, InputId, Refusal, RunS
 use crate::actors::fabric::Fabric;
 use crate::actors::root::RootHandle;
 use crate::store::event::TurnStatus;
+use crate::store::queue::Admission;
 use crate::store::{Event, EventRow, ExecutionRow, StoreError};
 
 use super::phase::{End, Phase};
@@ -127,17 +128,76 @@ pub(super) async fn handle(state: &mut ExecutionState, msg: InputMsg) -> Result<
 }
 
 /// Whether the execution may materialize now: nothing before it in its conversation's line is
-/// live. A regeneration (created with its declaration) never waits.
+/// live, and its input is not held for a later delivery (a held input is out of the line until
+/// its time: [`deliver_scheduled`]). A regeneration (created with its declaration) never waits.
 ///
 /// # Errors
 /// A store failure.
 pub(super) async fn may_start(state: &ExecutionState) -> Result<bool, StoreError> {
     let line = state.fabric.store.conversation_line(state.row.conversation_public_id).await?;
+    if !line.iter().any(|e| e.public_id == state.row.public_id) {
+        // Out of the line: held, or (as before) no longer live. Only then is the hold read, so
+        // an ordinary turn pays no read for it.
+        let held = state.fabric.store.held_until(state.row.input_public_id).await?;
+        if let Some(deliver_at) = held {
+            tracing::debug!(execution_id = %state.row.public_id, deliver_at, "held until its delivery time");
+        }
+        return Ok(held.is_none());
+    }
     let ahead = line.iter().take_while(|e| e.public_id != state.row.public_id).count();
     if ahead > 0 {
         tracing::debug!(execution_id = %state.row.public_id, ahead, "waiting for its turn");
     }
-    Ok(ahead == 0 || !line.iter().any(|e| e.public_id == state.row.public_id))
+    Ok(ahead == 0)
+}
+
+/// Admits `input` to its conversation ([`crate::store::Store::admit_to_conversation`]) and tells
+/// whom it concerns, never waiting on an actor: a held input's delivery timer is armed
+/// ([`Admission::Scheduled`]: set [`crate::store::InputRow::deliver_at`], resolved by
+/// [`crate::schedule::delivery_time`], to schedule it), a steer's execution hears of it, a turn
+/// that may start now is woken. The `send` kernel tool and any other in-process admitter call
+/// this; the input doors do the same through [`crate::doors::api::Api::create_input`].
+///
+/// # Errors
+/// A store failure; nothing is written then.
+pub async fn admit(
+    fabric: &Fabric,
+    root: &RootHandle,
+    input: &crate::store::InputRow,
+    new_conversation: bool,
+    mode: nexus_proto::DeliveryMode,
+    execution: ExecutionId,
+) -> Result<Admission, StoreError> {
+    let admission = fabric.store.admit_to_conversation(input, new_conversation, mode, execution).await?;
+    let told = match &admission {
+        Admission::Full { .. } => Ok(()),
+        Admission::Scheduled { deliver_at, .. } => root.schedule_delivery(input.public_id, *deliver_at),
+        Admission::Steer { into, .. } => root.execution(into.public_id).steer_posted(),
+        Admission::Turn { execution, ahead, .. } if ahead.is_empty() => root.execution(*execution).wake(),
+        Admission::Turn { .. } => Ok(()),
+    };
+    if let Err(error) = told {
+        // The store holds the admission: the hand-off, or recovery, moves it on.
+        tracing::warn!(input = %input.public_id, %error, "cannot tell of an admitted input now");
+    }
+    Ok(admission)
+}
+
+/// Delivers the held input `input` at its time (`docs/executions.md`, "Scheduled inputs"): it
+/// joins its conversation's line as the next turn ([`crate::store::Store::deliver_scheduled`])
+/// and the line moves on ([`hand_off`]): it starts at once when the conversation is idle, else it
+/// waits its turn. Idempotent: an input delivered already, or canceled, is left alone. Root's
+/// delivery timer calls it ([`crate::actors::root::RootHandle::schedule_delivery`]).
+///
+/// # Errors
+/// A store failure; the timer tries again.
+pub async fn deliver_scheduled(fabric: &Fabric, root: &RootHandle, input: InputId) -> Result<(), StoreError> {
+    let Some(conversation) = fabric.store.deliver_scheduled(input).await? else {
+        tracing::debug!(%input, "a scheduled input was not held any more at its time");
+        return Ok(());
+    };
+    tracing::info!(%input, %conversation, "a scheduled input was delivered");
+    hand_off(fabric, root, conversation).await
 }
 
 /// After the save that ended the execution: the hand-off to the next turn, once.

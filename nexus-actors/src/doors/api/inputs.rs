@@ -78,6 +78,7 @@ impl Api {
             status,
             queue_position,
             waits_for_execution_public_id,
+            deliver_at: row.deliver_at,
         };
         match admission {
             Admission::Full { waiting } => Err(Refusal::new(
@@ -88,6 +89,14 @@ impl Api {
                     row.conversation_public_id
                 ),
             )),
+            Admission::Scheduled { execution, turn, deliver_at } => {
+                tracing::info!(execution_id = %execution, member = %row.member_public_id, posted_by = %caller.member.public_id, deliver_at, "input admitted for a later delivery");
+                // Held in the store: were the timer not armed now, recovery arms it.
+                if let Err(error) = self.root.schedule_delivery(row.public_id, deliver_at) {
+                    tracing::warn!(execution_id = %execution, %error, "cannot arm the delivery timer now");
+                }
+                Ok(admitted(execution, turn, RunStatus::Pending, 0, None))
+            }
             Admission::Steer { turn, into } => {
                 tracing::info!(execution_id = %into.public_id, input = %row.public_id, member = %row.member_public_id, posted_by = %caller.member.public_id, "steer admitted");
                 // The execution's next boundary reads it; were the notice lost, the steer
@@ -144,7 +153,15 @@ impl Api {
             }
             _ => {
                 let execution = store.first_execution_of(id).await.map_err(internal)?.ok_or_else(missing)?;
-                self.root.execution(execution).cancel_queued().await?
+                let canceled = self.root.execution(execution).cancel_queued().await?;
+                // A held input's timer would find nothing to deliver; drop it now
+                // (`docs/executions.md`, "Scheduled inputs").
+                if input.deliver_at.is_some()
+                    && let Err(error) = self.root.unschedule_delivery(id)
+                {
+                    tracing::debug!(%error, "cannot drop the delivery timer of a canceled input");
+                }
+                canceled
             }
         };
         self.execution(caller, canceled.public_id).await
@@ -170,6 +187,10 @@ impl Api {
             return Ok(Value::Null);
         }
         let line = self.fabric.store.conversation_line(row.conversation_public_id).await.map_err(internal)?;
+        // Out of the line (held for a later delivery): it waits for its time, not its turn.
+        if !line.iter().any(|e| e.public_id == row.public_id) {
+            return Ok(Value::Null);
+        }
         let ahead: Vec<_> = line.iter().take_while(|e| e.public_id != row.public_id).collect();
         Ok(match ahead.last() {
             Some(before) => json!({"position": ahead.len(), "waits_for_execution_public_id": before.public_id}),

@@ -5,9 +5,10 @@
 //!
 //! - `POST /agent_api/v1/inputs` `{text, conversation_public_id?, execution_declaration?,
 //!   runner_executor_public_id?, tool_names?, agent_public_id?, delivery_mode?: queue|steer,
-//!   variables?}` →
+//!   variables?, deliver_at?: ISO 8601 with offset, deliver_in?: 90s|20m|2h|1d}` →
 //!   201 `{conversation_public_id, input_public_id, execution_public_id, turn, delivery_mode,
-//!   status, queue}` ([`crate::doors::api::Admitted::json`]); 409 `input_queue_full`.
+//!   status, queue, deliver_at}` ([`crate::doors::api::Admitted::json`]); 409 `input_queue_full`;
+//!   422 `deliver_at_*` ([`crate::schedule::delivery_time`]).
 //!   `agent_public_id` names the Agent that answers: a Human steward starting a conversation must
 //!   give it (`docs/executions.md`, "People in the loop").
 //! - `POST /agent_api/v1/inputs/{id}/cancel` (body empty or `{}`) → 200 the canceled execution;
@@ -83,6 +84,8 @@ fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
             "agent_public_id",
             "delivery_mode",
             "variables",
+            "deliver_at",
+            "deliver_in",
         ],
     )?;
     let text = match &body["text"] {
@@ -103,7 +106,18 @@ fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
             Value::String(word) => Some(delivery_mode(word)?),
             _ => return Err(Refusal::new(ErrorCode::ParameterInvalid, "delivery_mode must be a string")),
         },
+        deliver_at: optional_text(body, "deliver_at")?,
+        deliver_in: optional_text(body, "deliver_in")?,
     })
+}
+
+/// A text field that may be absent or null: 400 `parameter_invalid` for any other kind.
+fn optional_text(body: &Value, field: &str) -> Result<Option<String>, Refusal> {
+    match &body[field] {
+        Value::Null => Ok(None),
+        Value::String(text) => Ok(Some(text.clone())),
+        _ => Err(Refusal::new(ErrorCode::ParameterInvalid, format!("{field} must be a string"))),
+    }
 }
 
 /// Reads a `delivery_mode` word: 422 `validation_failed` for anything but `queue` and `steer`.
