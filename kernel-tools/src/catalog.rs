@@ -212,8 +212,8 @@ pub fn catalog_json() -> Value {
 
 /// The kernel tools this server runs when a model calls them, by canonical name
 /// (`docs/kernel-tools.md`): the one list every declaration door checks, so that nothing the
-/// server cannot run is ever offered to a model. The delegation tools (`delegate_task`, `wait`,
-/// `spawn`, `send`, `status`, `cancel`) are live in the catalog but not served yet.
+/// server cannot run is ever offered to a model. Every live tool is served today; a tool added to
+/// the catalog before it runs stays out of this list, and the doors refuse it.
 pub const SERVED: [&str; 20] = [
     "nexus.graph.delegate_task",
     "nexus.graph.wait",
@@ -258,13 +258,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn catalog_has_nineteen_unique_tools() {
+    fn catalog_has_the_origins_nineteen_and_join_unique() {
         let mut names = std::collections::HashSet::new();
         for tool in CATALOG {
             assert!(names.insert(tool.name));
             assert!(names.insert(tool.canonical_name));
         }
-        assert_eq!(names.len(), 38);
+        assert_eq!(names.len(), 40);
+        assert_eq!(CATALOG[19].canonical_name, "nexus.graph.join");
     }
 
     #[test]
@@ -325,22 +326,12 @@ mod tests {
     }
 
     #[test]
-    fn the_served_set_is_the_catalog_without_delegation() {
+    fn every_live_tool_is_served() {
         for name in SERVED {
             assert!(live(name).is_some(), "{name} is a live canonical name");
         }
         let unserved: Vec<&str> = live_names().filter(|name| !served(name)).collect();
-        assert_eq!(
-            unserved,
-            [
-                "nexus.graph.delegate_task",
-                "nexus.graph.wait",
-                "nexus.conversation.spawn",
-                "nexus.conversation.send",
-                "nexus.conversation.status",
-                "nexus.conversation.cancel",
-            ]
-        );
+        assert!(unserved.is_empty(), "{unserved:?}");
         assert!(!served("tool_call"), "canonical names only");
         assert!(!served("nexus.graph.compose"));
     }
