@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use nexus_actors::declaration::tools::qualified_name;
 use nexus_actors::model::{ProviderConfig, ProviderKind};
 use nexus_actors::store::children::ChildRow;
 use nexus_proto::{ChildDisposition, ExecutionId, RunStatus, TaskStatus};
@@ -22,6 +21,7 @@ struct Bed {
     fake: FakeProvider,
     server: TestServer,
     http: Http,
+    token: String,
 }
 
 impl Bed {
@@ -41,7 +41,15 @@ impl Bed {
         .await;
         let agent = server.agent("agent").await;
         let http = Http::new(&server.url(), Some(&agent.token));
-        Bed { fake, server, http }
+        Bed { fake, server, http, token: agent.token }
+    }
+
+    /// The same server restarted on its store (a new port).
+    async fn restart(self) -> Bed {
+        let Bed { fake, server, token, .. } = self;
+        let server = server.restart(&[]).await;
+        let http = Http::new(&server.url(), Some(&token));
+        Bed { fake, server, http, token }
     }
 
     /// A real runner-agent for a fresh runner named `name`, announced before this answers.
@@ -80,8 +88,11 @@ impl Bed {
         self.server.settled(run, WAIT).await
     }
 
+    /// The children of `run`, in the order of the keys of the calls that started them.
     async fn children(&self, run: ExecutionId) -> Vec<ChildRow> {
-        self.server.store().children_of(run).await.expect("children")
+        let mut children = self.server.store().children_of(run).await.expect("children");
+        children.sort_by_key(|c| c.task_key);
+        children
     }
 
     /// The children of `run` once each has ended.
@@ -182,4 +193,150 @@ async fn a_result_after_the_turn_starts_a_turn_and_is_read_once() {
     assert!(text.contains("<prompt>look it up</prompt>"), "{text}");
     let child = bed.children(run).await.remove(0);
     assert_eq!(child.consumed_by.as_deref().map(|s| s.starts_with("input:")), Some(true), "{child:?}");
+}
+
+/// The `join` task's structured result, once it settled.
+async fn join_result(bed: &Bed, run: ExecutionId, key: &str) -> (TaskStatus, Value) {
+    let task = wait_until("the join settles", WAIT, || async {
+        bed.server.task(run, key).await.filter(nexus_actors::store::TaskRow::is_settled)
+    })
+    .await;
+    let result = task.result.clone().unwrap_or_default();
+    (task.status, result["structured_content"].clone())
+}
+
+fn statuses(result: &Value) -> Vec<String> {
+    result["tasks"].as_array().into_iter().flatten().map(|t| t["status"].as_str().unwrap_or("?").to_owned()).collect()
+}
+
+/// Issue 14's acceptance: a parent spawns three children onto three runners (each child's own
+/// selection, so each reaches only its runner) and joins them under each policy.
+#[tokio::test]
+async fn each_join_policy_over_three_children_on_three_runners() {
+    let bed = Bed::start().await;
+    let dirs = tempfile::tempdir().expect("dirs");
+    let (w1, _a) = bed.runner_agent(dirs.path(), "w1").await;
+    let (w2, _b) = bed.runner_agent(dirs.path(), "w2").await;
+    let (w3, _c) = bed.runner_agent(dirs.path(), "w3").await;
+    let runners = [&w1, &w2, &w3];
+    bed.declare(json!({
+        "default_model": "fake/p", "approval_mode": "bypass",
+        "runner_executor_public_ids": [w1.id, w2.id, w3.id],
+        "kernel_tools": ["nexus.conversation.spawn", "nexus.graph.join"],
+    }))
+    .await;
+    // One conversation per policy; child i of policy P runs on model P-i and on runner i.
+    let plans: [(&str, Value, [&str; 3]); 3] = [
+        ("all_required", json!({}), ["echo one", "echo two", "echo three"]),
+        ("first_success", json!({}), ["echo fast", "sleep 120", "sleep 120"]),
+        ("best_effort", json!({"min_successes": 2}), ["echo one", "echo two", "sleep 120"]),
+    ];
+    for (policy, extra, commands) in plans {
+        let spawns: Vec<(String, String, Value)> = (0..3)
+            .map(|i| {
+                (
+                    format!("s{i}"),
+                    "spawn".to_owned(),
+                    json!({"prompt": format!("part {i}"), "label": format!("part-{i}"), "model": format!("fake/{policy}-{i}"),
+                           "default_runner_executor_public_id": runners[i].id}),
+                )
+            })
+            .collect();
+        let mut join = json!({"tasks": ["r1t0", "r1t1", "r1t2"], "policy": policy});
+        for (key, value) in extra.as_object().expect("object") {
+            join[key] = value.clone();
+        }
+        bed.fake.script("p", [Act::ToolCalls(spawns), calls(&[("j", "join", join)]), Act::EchoLastToolResult]);
+        for (i, command) in commands.iter().enumerate() {
+            bed.fake.script(
+                &format!("{policy}-{i}"),
+                [calls(&[("b", "bash", json!({"command": command}))]), Act::EchoLastToolResult],
+            );
+        }
+        let run = bed.post_input(&format!("split the work ({policy})")).await;
+        let (status, result) = join_result(&bed, run, "r2t0").await;
+        let row = bed.quiet(run).await;
+        assert_eq!(row.status, RunStatus::Completed, "{policy}: {row:?}");
+        let children = bed.children(run).await;
+        assert_eq!(children.len(), 3, "{policy}");
+        // Each child ran on its own runner only.
+        for (i, child) in children.iter().enumerate() {
+            let tasks = bed.server.store().tasks_of(child.child_execution_public_id).await.expect("tasks");
+            assert!(tasks.iter().all(|t| t.target_executor_public_id == Some(runners[i].runner())), "{policy} child {i}: {tasks:?}");
+        }
+        match policy {
+            "all_required" => {
+                assert_eq!(status, TaskStatus::Completed, "{result}");
+                assert_eq!(statuses(&result), ["completed", "completed", "completed"], "{result}");
+                assert!(result["tasks"][1]["result"].as_str().is_some_and(|r| r.contains("two")), "{result}");
+            }
+            "first_success" => {
+                assert_eq!(status, TaskStatus::Completed, "{result}");
+                assert_eq!(result["selection"], "r1t0", "{result}");
+                assert_eq!(statuses(&result), ["completed", "canceled", "canceled"], "{result}");
+                for loser in &children[1..] {
+                    assert_eq!(loser.disposition, Some(ChildDisposition::Canceled), "{loser:?}");
+                }
+                let ended = bed.children_ended(run, 3).await;
+                assert!(ended[1..].iter().all(|c| c.status == RunStatus::Canceled), "{ended:?}");
+            }
+            _ => {
+                assert_eq!(status, TaskStatus::Completed, "{result}");
+                assert_eq!(statuses(&result), ["completed", "completed", "canceled"], "{result}");
+                bed.children_ended(run, 3).await;
+            }
+        }
+        // Every child's result was consumed once, by the join.
+        let ended = bed.children_ended(run, 3).await;
+        assert!(ended.iter().all(|c| c.consumed_by.as_deref() == Some("task:r2t0")), "{policy}: {ended:?}");
+        // The parent read the join's result.
+        assert!(row.final_text.as_deref().is_some_and(|t| t.contains(policy)), "{row:?}");
+    }
+}
+
+/// A restart while a join waits: the join resumes from the store and ends as it would have; each
+/// child's result is consumed once, and no model is asked twice.
+#[tokio::test]
+async fn a_join_survives_a_restart_and_ends_as_it_would_have() {
+    let bed = Bed::start().await;
+    bed.declare(json!({"default_model": "fake/p", "approval_mode": "bypass",
+        "kernel_tools": ["nexus.graph.delegate_task", "nexus.graph.join", "nexus.human.ask"]}))
+    .await;
+    let delegates: Vec<(String, String, Value)> = (0..3)
+        .map(|i| (format!("d{i}"), "delegate_task".to_owned(), json!({"prompt": format!("part {i}"), "model": format!("fake/c{i}")})))
+        .collect();
+    bed.fake.script(
+        "p",
+        [
+            Act::ToolCalls(delegates),
+            calls(&[("j", "join", json!({"tasks": ["r1t0", "r1t1", "r1t2"], "policy": "first_success"}))]),
+            Act::EchoLastToolResult,
+        ],
+    );
+    for i in 0..3 {
+        bed.fake.script(&format!("c{i}"), [calls(&[("q", "ask", json!({"prompt": format!("go on with {i}?")}))]), Act::EchoLastToolResult]);
+    }
+    let run = bed.post_input("three parts, the first that finishes wins").await;
+    bed.server.task_in(run, "r2t0", TaskStatus::Running).await;
+    let children = bed.children(run).await;
+    for child in &children {
+        bed.server.task_in(child.child_execution_public_id, "r1t0", TaskStatus::AwaitingInput).await;
+    }
+    let bed = bed.restart().await;
+    // The second child answers first: it is the selection; the others are canceled.
+    let answered = bed
+        .http
+        .post(&format!("/agent_api/v1/executions/{}/tasks/r1t0/answer", children[1].child_execution_public_id), &json!({"answer": "yes"}))
+        .await;
+    assert_eq!(answered.status, 200, "{answered:?}");
+    let (status, result) = join_result(&bed, run, "r2t0").await;
+    assert_eq!(status, TaskStatus::Completed, "{result}");
+    assert_eq!(result["selection"], "r1t1", "{result}");
+    assert_eq!(statuses(&result), ["canceled", "completed", "canceled"], "{result}");
+    let row = bed.quiet(run).await;
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
+    let ended = bed.children_ended(run, 3).await;
+    assert!(ended.iter().all(|c| c.consumed_by.as_deref() == Some("task:r2t0")), "{ended:?}");
+    assert_eq!([bed.fake.count("c0"), bed.fake.count("c1"), bed.fake.count("c2")], [1, 2, 1], "no model was asked twice");
+    assert_eq!(bed.fake.count("p"), 3);
 }

@@ -216,24 +216,6 @@ async fn tool_call_outside_the_frozen_set_reads_tool_not_declared() {
 }
 
 #[tokio::test]
-async fn a_delegation_tool_is_refused_at_the_profile_door() {
-    let bed = Bed::start().await;
-    for configuration in [
-        json!({"approval_mode": "bypass", "kernel_tools": ["nexus.graph.delegate_task"]}),
-        json!({"approval_mode": "bypass", "tool_definitions": [{"name": "Agent", "canonical": "nexus.graph.delegate_task"}]}),
-    ] {
-        let refused = bed.http.declare(&json!({ "configuration": configuration })).await;
-        assert_eq!((refused.status, refused.code()), (422, Some("validation_failed")), "{refused:?}");
-        assert!(refused.message().contains("kernel_tool_unavailable"), "{}", refused.message());
-        assert!(refused.message().contains("nexus.graph.delegate_task"), "{}", refused.message());
-    }
-    let profile = bed.http.profile().await;
-    let stored = &profile.body["configuration"];
-    assert!(stored["kernel_tools"].as_array().is_none_or(Vec::is_empty), "nothing was stored: {profile:?}");
-    assert!(stored["tool_definitions"].as_array().is_none_or(Vec::is_empty), "nothing was stored: {profile:?}");
-}
-
-#[tokio::test]
 async fn a_runner_agent_skill_is_listed_and_loaded_by_name() {
     let bed = Bed::start().await;
     let dirs = tempfile::tempdir().expect("dirs");
