@@ -134,6 +134,9 @@ pub struct CreateInput {
     /// `variables` `{name: text}`: the answering template's variables for this turn
     /// ([`crate::declaration::template::input_variables`]).
     pub variables: Option<Value>,
+    /// `budget {deadline_ms?, max_model_tokens?, max_cost_usd?, max_tool_calls?, max_children?}`
+    /// for this turn's execution (`docs/executions.md`, "Budgets"), or `None`.
+    pub budget: Option<Value>,
 }
 
 /// What an admission created, and where the input stands in its conversation
@@ -537,6 +540,7 @@ impl Api {
                 ));
             }
         }
+        let budget = input.budget.as_ref().map(|b| crate::budget::BudgetLimits::parse(b, "budget")).transpose()?;
         let models = &self.fabric.models;
         let check = |reference: &str| models.check(reference);
         let configuration = match &input.execution_declaration {
@@ -590,6 +594,7 @@ impl Api {
             runner_executor_public_id: input.runner_executor_public_id,
             tool_names: input.tool_names,
             variables: input.variables,
+            budget,
             posted_by_public_id: (poster != agent).then_some(poster),
             turn: 0,
         };
@@ -654,6 +659,8 @@ impl Api {
             "default_runner_executor_public_id": row.declaration.as_ref().map(|d| d["default_runner_executor_public_id"].clone()),
             "event_cursor": format!("{CURSOR_PREFIX}{}", row.event_seq),
             "queue": self.queue_view(&row).await?,
+            // `docs/executions.md`, "Budgets": null for an execution without one.
+            "budget": row.budget.as_ref().map(crate::budget::BudgetLedger::view),
             "created_at": row.created_at,
             "updated_at": row.updated_at,
             "tasks": page,

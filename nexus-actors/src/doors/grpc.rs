@@ -201,6 +201,7 @@ impl AgentService for AgentGrpc {
                 word => Some(crate::doors::http::executions::delivery_mode(word).map_err(|r| r.to_status())?),
             },
             variables: json_arg(&body.variables_json, "variables_json")?,
+            budget: json_arg(&body.budget_json, "budget_json")?,
         };
         let admitted = self.api.create_input(&caller, input).await.map_err(|r| r.to_status())?;
         Ok(Response::new(CreateInputReply {

@@ -143,6 +143,30 @@ pub struct ResolvedModel {
     pub client: Arc<dyn ModelProvider>,
     /// The model's context window, in tokens ([`ProviderConfig::context_window_tokens`]).
     pub context_window_tokens: u64,
+    /// The model's prices, `None` when unpriced ([`ProviderConfig::prices`]).
+    pub prices: Option<ModelPrices>,
+    /// The output limit the adapter sends with each call, in tokens
+    /// ([`ProviderConfig::output_cap_tokens`]); `None` when it sends none.
+    pub output_cap_tokens: Option<u64>,
+}
+
+/// What a model's provider charges, in USD per million tokens (`docs/executions.md`, "Budgets").
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ModelPrices {
+    /// USD per million input tokens.
+    pub input_per_mtok: f64,
+    /// USD per million output tokens.
+    pub output_per_mtok: f64,
+}
+
+impl ModelPrices {
+    /// The price of `input_tokens` in and `output_tokens` out, in USD.
+    #[must_use]
+    pub fn cost_usd(&self, input_tokens: u64, output_tokens: u64) -> f64 {
+        // Token counts stay far below 2^53, where f64 is exact.
+        let (input, output) = (input_tokens as f64, output_tokens as f64);
+        (input * self.input_per_mtok + output * self.output_per_mtok) / 1_000_000.0
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -226,6 +250,8 @@ impl ModelRegistry {
             model: model.to_owned(),
             client: Arc::clone(&entry.client),
             context_window_tokens: config.context_window_tokens(model),
+            prices: config.prices(model),
+            output_cap_tokens: config.output_cap_tokens(),
         })
     }
 
@@ -299,6 +325,15 @@ fn build_entry(
     }
     if config.context_window_tokens == Some(0) || config.models.values().any(|m| m.context_window_tokens == Some(0)) {
         return Err(invalid("context_window_tokens must be > 0 (tokens; omit it for 128000)"));
+    }
+    let price_ok = |price: Option<f64>| price.is_none_or(|p| p.is_finite() && p >= 0.0);
+    if !price_ok(config.input_price_per_mtok)
+        || !price_ok(config.output_price_per_mtok)
+        || config.models.values().any(|m| !price_ok(m.input_price_per_mtok) || !price_ok(m.output_price_per_mtok))
+    {
+        return Err(invalid(
+            "input_price_per_mtok and output_price_per_mtok must be finite numbers >= 0 (USD per million tokens)",
+        ));
     }
     if config.anthropic_version.is_some() && config.kind != ProviderKind::Anthropic {
         return Err(invalid("anthropic_version is for kind = \"anthropic\" only; remove it"));
