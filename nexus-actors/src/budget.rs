@@ -1,6 +1,5 @@
 //! Execution budgets: the limits an input or an inline declaration sets, and the ledger an
-//! execution keeps of them (`docs/executions.md`, "Budgets"; SPEC-004 "budgets and
-//! observability", R75).
+//! execution keeps of them (`docs/executions.md`, "Budgets"; R75).
 //!
 //! Owns the grammar of `budget {deadline_ms?, max_model_tokens?, max_cost_usd?, max_tool_calls?,
 //! max_children?}` and the ledger's arithmetic: every dimension keeps what is `reserved` (held for
