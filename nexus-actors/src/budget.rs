@@ -31,7 +31,8 @@ pub const CHILDREN_BOUND: u64 = 10_000;
 /// call may overrun its reservation (`docs/executions.md`, "Budgets").
 pub const ASSUMED_OUTPUT_TOKENS: u64 = 4_096;
 /// The fields of a budget object.
-pub const BUDGET_FIELDS: [&str; 5] = ["deadline_ms", "max_model_tokens", "max_cost_usd", "max_tool_calls", "max_children"];
+pub const BUDGET_FIELDS: [&str; 5] =
+    ["deadline_ms", "max_model_tokens", "max_cost_usd", "max_tool_calls", "max_children"];
 
 /// A budget's limits (`budget {...}`); `None` is unlimited in that dimension. Serialized with
 /// every field present (`null` when unlimited).
@@ -471,7 +472,10 @@ mod tests {
         }
         let limits = BudgetLimits::parse(&json!({"max_cost_usd": 0.5, "max_tool_calls": 3, "deadline_ms": null}), "b")
             .expect("valid");
-        assert_eq!(limits, BudgetLimits { max_cost_usd: Some(0.5), max_tool_calls: Some(3), ..BudgetLimits::default() });
+        assert_eq!(
+            limits,
+            BudgetLimits { max_cost_usd: Some(0.5), max_tool_calls: Some(3), ..BudgetLimits::default() }
+        );
     }
 
     #[test]
@@ -487,8 +491,7 @@ mod tests {
 
     #[test]
     fn a_model_call_reserves_its_worst_case_and_usage_replaces_it() {
-        let mut ledger =
-            BudgetLedger::new(BudgetLimits { max_model_tokens: Some(1_000), ..BudgetLimits::default() });
+        let mut ledger = BudgetLedger::new(BudgetLimits { max_model_tokens: Some(1_000), ..BudgetLimits::default() });
         ledger.started_at = Some(0);
         let ask = ModelAsk { input_tokens: 300, output_tokens: 200, prices: None };
         ledger.reserve_model_call(&ask, "p/m", 1).expect("fits");
@@ -508,7 +511,10 @@ mod tests {
     fn cost_needs_a_price_and_must_fit() {
         let mut ledger = BudgetLedger::new(BudgetLimits { max_cost_usd: Some(0.01), ..BudgetLimits::default() });
         let unpriced = ModelAsk { input_tokens: 10, output_tokens: 10, prices: None };
-        assert_eq!(ledger.reserve_model_call(&unpriced, "p/m", 0).expect_err("unpriced").code, ErrorCode::BudgetExhausted);
+        assert_eq!(
+            ledger.reserve_model_call(&unpriced, "p/m", 0).expect_err("unpriced").code,
+            ErrorCode::BudgetExhausted
+        );
         let prices = Some(ModelPrices { input_per_mtok: 1.0, output_per_mtok: 4.0 });
         // 1000 in + 1000 out = 0.001 + 0.004 USD.
         let priced = ModelAsk { input_tokens: 1_000, output_tokens: 1_000, prices };

@@ -12,7 +12,8 @@ use crate::model::ChatMessage;
 use super::save_bytes::counted;
 use super::tasks::insert_tasks;
 use super::{
-    Event, EventRow, ExecutionRow, InputRow, Store, StoreError, StoreResult, TaskRow, json_opt, json_typed, parse, parse_opt,
+    Event, EventRow, ExecutionRow, InputRow, Store, StoreError, StoreResult, TaskRow, json_opt, json_typed, parse,
+    parse_opt,
 };
 
 /// What a save writes of an execution's transcript, which the store holds one message per row

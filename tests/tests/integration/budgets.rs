@@ -168,7 +168,8 @@ async fn max_tool_calls_refuses_the_second_call_of_a_round() {
     let budget = bed.budget(run).await;
     assert_eq!(budget["used"]["tool_calls"], 1);
     assert_eq!(budget["remaining"]["tool_calls"], 0);
-    let purposes: Vec<Value> = of_type(&bed.events(run).await, EventType::Budget).iter().map(|b| b["for"].clone()).collect();
+    let purposes: Vec<Value> =
+        of_type(&bed.events(run).await, EventType::Budget).iter().map(|b| b["for"].clone()).collect();
     assert!(purposes.contains(&json!("tool_call")) && purposes.contains(&json!("refused")), "{purposes:?}");
 }
 
@@ -199,7 +200,9 @@ async fn max_cost_usd_prices_calls_and_refuses_unpriced_models() {
     // A model entry's price overrides its provider's: output at 0 USD.
     bed.fake.script("cheap", [Act::Text("fine".into())]);
     let run = bed
-        .post(json!({"text": "go", "execution_declaration": declaration("paid/cheap"), "budget": {"max_cost_usd": 0.5}}))
+        .post(
+            json!({"text": "go", "execution_declaration": declaration("paid/cheap"), "budget": {"max_cost_usd": 0.5}}),
+        )
         .await;
     assert_eq!(bed.settled(run).await.status, RunStatus::Completed);
     let used = bed.budget(run).await["used"]["cost_usd"].as_f64().expect("cost");
@@ -229,12 +232,32 @@ async fn budgets_are_validated_and_combined() {
         declaration
     };
     let refused = [
-        ("unknown_key", json!({"text": "x", "execution_declaration": declaration("oa/m5"), "budget": {"tokens": 5}}), "budget.tokens"),
-        ("negative", json!({"text": "x", "execution_declaration": declaration("oa/m5"), "budget": {"max_tool_calls": -1}}), "budget.max_tool_calls"),
-        ("fraction", json!({"text": "x", "execution_declaration": declaration("oa/m5"), "budget": {"max_model_tokens": 2.5}}), "budget.max_model_tokens"),
+        (
+            "unknown_key",
+            json!({"text": "x", "execution_declaration": declaration("oa/m5"), "budget": {"tokens": 5}}),
+            "budget.tokens",
+        ),
+        (
+            "negative",
+            json!({"text": "x", "execution_declaration": declaration("oa/m5"), "budget": {"max_tool_calls": -1}}),
+            "budget.max_tool_calls",
+        ),
+        (
+            "fraction",
+            json!({"text": "x", "execution_declaration": declaration("oa/m5"), "budget": {"max_model_tokens": 2.5}}),
+            "budget.max_model_tokens",
+        ),
         ("not_an_object", json!({"text": "x", "execution_declaration": declaration("oa/m5"), "budget": 7}), "budget"),
-        ("inline_negative_cost", json!({"text": "x", "execution_declaration": inline(json!({"max_cost_usd": -1}))}), "execution_declaration.budget.max_cost_usd"),
-        ("inline_unknown", json!({"text": "x", "execution_declaration": inline(json!({"deadline": 5}))}), "execution_declaration.budget.deadline"),
+        (
+            "inline_negative_cost",
+            json!({"text": "x", "execution_declaration": inline(json!({"max_cost_usd": -1}))}),
+            "execution_declaration.budget.max_cost_usd",
+        ),
+        (
+            "inline_unknown",
+            json!({"text": "x", "execution_declaration": inline(json!({"deadline": 5}))}),
+            "execution_declaration.budget.deadline",
+        ),
     ];
     for (name, body, field) in refused {
         let answer = http.post("/agent_api/v1/inputs", &body).await;
@@ -243,19 +266,30 @@ async fn budgets_are_validated_and_combined() {
         assert!(answer.message().starts_with(field), "{name}: {}", answer.message());
     }
     let conversations = http.get("/agent_api/v1/conversations").await;
-    assert_eq!(conversations.body["conversations"].as_array().map(Vec::len), Some(0), "nothing was admitted: {:?}", conversations.body);
-    let put = http.declare(&json!({"configuration": {"default_model": "oa/m5", "budget": {"max_tool_calls": 1}}})).await;
+    assert_eq!(
+        conversations.body["conversations"].as_array().map(Vec::len),
+        Some(0),
+        "nothing was admitted: {:?}",
+        conversations.body
+    );
+    let put =
+        http.declare(&json!({"configuration": {"default_model": "oa/m5", "budget": {"max_tool_calls": 1}}})).await;
     assert_eq!(put.status, 422, "{:?}", put.body);
     assert!(put.message().starts_with("configuration.budget"), "{}", put.message());
 
     bed.fake.script("m5", [Act::Text("a".into()), Act::Text("b".into())]);
     let both = bed
-        .post(json!({"text": "x", "execution_declaration": inline(json!({"max_model_tokens": 900, "max_tool_calls": 3})),
-            "budget": {"max_model_tokens": 5000, "max_children": 2}}))
+        .post(
+            json!({"text": "x", "execution_declaration": inline(json!({"max_model_tokens": 900, "max_tool_calls": 3})),
+            "budget": {"max_model_tokens": 5000, "max_children": 2}}),
+        )
         .await;
     assert_eq!(bed.settled(both).await.status, RunStatus::Completed);
     let limits = bed.budget(both).await["limits"].clone();
-    assert_eq!(limits, json!({"deadline_ms": null, "max_model_tokens": 900, "max_cost_usd": null, "max_tool_calls": 3, "max_children": 2}));
+    assert_eq!(
+        limits,
+        json!({"deadline_ms": null, "max_model_tokens": 900, "max_cost_usd": null, "max_tool_calls": 3, "max_children": 2})
+    );
     let none = bed.post(json!({"text": "x", "execution_declaration": declaration("oa/m5")})).await;
     assert_eq!(bed.settled(none).await.status, RunStatus::Completed);
     assert_eq!(bed.budget(none).await, Value::Null);
@@ -274,7 +308,9 @@ async fn a_restart_keeps_the_usage() {
         }],
     );
     let run = bed
-        .post(json!({"text": "go", "execution_declaration": declaration("oa/m6"), "budget": {"max_model_tokens": 3100}}))
+        .post(
+            json!({"text": "go", "execution_declaration": declaration("oa/m6"), "budget": {"max_model_tokens": 3100}}),
+        )
         .await;
     bed.server.task_in(run, "r1t0", TaskStatus::AwaitingInput).await;
     let before = bed.budget(run).await;
