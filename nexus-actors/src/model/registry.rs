@@ -681,6 +681,19 @@ mod tests {
                 ProviderConfig { base_url: Some("api.anthropic.com".into()), ..anthropic() },
             ),
             ("anthropic_empty_version", "p", ProviderConfig { anthropic_version: Some(" ".into()), ..anthropic() }),
+            ("negative_input_price", "p", ProviderConfig { input_price_per_mtok: Some(-1.0), ..openai() }),
+            ("infinite_output_price", "p", ProviderConfig { output_price_per_mtok: Some(f64::INFINITY), ..openai() }),
+            (
+                "nan_model_price",
+                "p",
+                ProviderConfig {
+                    models: BTreeMap::from([(
+                        "m".into(),
+                        ModelConfig { input_price_per_mtok: Some(f64::NAN), ..ModelConfig::default() },
+                    )]),
+                    ..openai()
+                },
+            ),
         ];
         for (name, provider, config) in rows {
             let table = ProviderTable { providers: BTreeMap::from([(provider.to_owned(), config)]) };
@@ -716,5 +729,42 @@ mod tests {
         assert_eq!(window("w/small"), 4_000, "the model's own window");
         assert_eq!(window("w/any-other"), 32_000, "the provider's window");
         assert_eq!(window("scripted/default"), crate::model::config::DEFAULT_CONTEXT_WINDOW_TOKENS);
+    }
+
+    /// `docs/executions.md`, "Budgets": each price from the model's entry, else the provider's;
+    /// priced only when both are known. The output cap is what the adapter sends.
+    #[test]
+    fn prices_come_from_the_model_then_the_provider() {
+        let mut table = ProviderTable::default();
+        table.providers.insert(
+            "w".into(),
+            ProviderConfig {
+                base_url: Some("http://127.0.0.1:9/v1".into()),
+                allow_any_model: true,
+                input_price_per_mtok: Some(3.0),
+                max_tokens: Some(512),
+                models: BTreeMap::from([
+                    ("priced".into(), ModelConfig { output_price_per_mtok: Some(15.0), ..ModelConfig::default() }),
+                    (
+                        "own".into(),
+                        ModelConfig {
+                            input_price_per_mtok: Some(1.0),
+                            output_price_per_mtok: Some(2.0),
+                            ..ModelConfig::default()
+                        },
+                    ),
+                ]),
+                ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
+            },
+        );
+        let registry = ModelRegistry::new(table, no_env).expect("valid");
+        let prices = |reference: &str| registry.resolve(reference).expect("resolves").prices;
+        assert_eq!(prices("w/priced"), Some(ModelPrices { input_per_mtok: 3.0, output_per_mtok: 15.0 }));
+        assert_eq!(prices("w/own"), Some(ModelPrices { input_per_mtok: 1.0, output_per_mtok: 2.0 }));
+        assert_eq!(prices("w/any-other"), None, "no output price: unpriced");
+        assert_eq!(registry.resolve("w/own").expect("resolves").output_cap_tokens, Some(512));
+        assert_eq!(registry.resolve("scripted/default").expect("resolves").output_cap_tokens, None);
+        let own = prices("w/own").expect("priced");
+        assert!((own.cost_usd(1_000_000, 500_000) - 2.0).abs() < 1e-12);
     }
 }
