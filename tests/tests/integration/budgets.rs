@@ -11,8 +11,9 @@ use serde_json::{Value, json};
 
 use nexus_actors::model::{ModelConfig, ProviderConfig, ProviderKind};
 use nexus_actors::store::{EventRow, EventType};
-use nexus_proto::{ExecutionId, RunStatus, TaskStatus};
-use nexus_tests::{Act, FakeProvider, Http, Minted, TestServer, wait_until};
+use nexus_proto::agent::v1::{CreateInputRequest, GetExecutionRequest};
+use nexus_proto::{ErrorCode, ExecutionId, Refusal, RunStatus, TaskStatus};
+use nexus_tests::{Act, FakeProvider, Http, Minted, TestServer, agent_client, authed, wait_until};
 
 const SETTLE: Duration = Duration::from_secs(30);
 /// The output cap every provider of the bed sends, in tokens: each call reserves it.
@@ -349,4 +350,45 @@ async fn the_deadline_refuses_calls_after_it() {
     let row = bed.settled(run).await;
     assert_eq!(row.error_key.as_deref(), Some("budget_exhausted"));
     assert_eq!(bed.fake.count("m7"), 1);
+}
+
+/// The gRPC twins: `CreateInput.budget_json` is validated as the HTTP field is, and
+/// `GetExecution`'s `execution_json` carries the ledger.
+#[tokio::test]
+async fn the_grpc_doors_take_and_show_the_budget() {
+    let bed = Bed::start().await;
+    let mut client = agent_client(&bed.server).await;
+    let declaration = json!({"default_model": "oa/g1"}).to_string();
+    let request = |budget: &str| CreateInputRequest {
+        text: "go".into(),
+        execution_declaration_json: declaration.clone(),
+        budget_json: budget.into(),
+        ..CreateInputRequest::default()
+    };
+    let status = client.create_input(authed(request(r#"{"max_children": 0}"#), &bed.agent)).await.expect_err("zero");
+    let refusal = Refusal::from_status(&status);
+    assert_eq!(refusal.code, ErrorCode::ValidationFailed);
+    assert!(refusal.message.contains("budget.max_children"), "{}", refusal.message);
+
+    bed.fake.script("g1", [Act::Text("done".into())]);
+    let admitted = client
+        .create_input(authed(request(r#"{"max_model_tokens": 100000}"#), &bed.agent))
+        .await
+        .expect("admitted")
+        .into_inner();
+    let run: ExecutionId = admitted.execution_public_id.parse().expect("uuid");
+    assert_eq!(bed.settled(run).await.status, RunStatus::Completed);
+    let reply = client
+        .get_execution(authed(
+            GetExecutionRequest { execution_public_id: run.to_string(), tasks_after: String::new() },
+            &bed.agent,
+        ))
+        .await
+        .expect("read")
+        .into_inner();
+    let detail: Value = serde_json::from_str(&reply.execution_json).expect("json");
+    assert_eq!(detail["budget"]["limits"]["max_model_tokens"], 100_000);
+    assert_eq!(detail["budget"]["used"]["model_tokens"], 18, "11 in and 7 out, as the fake reports");
+    assert_eq!(detail["budget"]["reserved"]["model_tokens"], 0);
+    assert_eq!(detail["budget"]["remaining"]["model_tokens"], 100_000 - 18);
 }
