@@ -150,6 +150,14 @@ pub fn validate_profile_put(body: &Value, check_model: ModelCheck<'_>) -> Result
             }
         }
     }
+    // A budget belongs to one input or inline declaration, never to the standing profile
+    // (`docs/executions.md`, "Budgets").
+    if configuration.contains_key("budget") {
+        return Err(invalid(
+            "configuration.budget",
+            "the standing profile takes no budget; give one per input (`budget`) or in an inline execution_declaration",
+        ));
+    }
     let (configuration, variables) = validate_fields(configuration, "configuration", check_model, false)?;
     let mut documents = Vec::with_capacity(PromptSlot::ALL.len());
     for slot in shaped {
@@ -194,6 +202,11 @@ pub fn validate_execution_declaration(
     declaration: &Map<String, Value>,
     check_model: ModelCheck<'_>,
 ) -> Result<ValidatedProfile, Refusal> {
+    // An inline declaration may carry a budget (`docs/executions.md`, "Budgets"); it stays in the
+    // authored object the input keeps, and is frozen at materialization.
+    if let Some(budget) = declaration.get("budget").filter(|b| !b.is_null()) {
+        crate::budget::BudgetLimits::parse(budget, "execution_declaration.budget")?;
+    }
     validate_inline(declaration, "execution_declaration", check_model, false)
 }
 

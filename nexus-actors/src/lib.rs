@@ -11,6 +11,7 @@
 
 pub mod actors;
 pub mod auth;
+pub mod budget;
 pub mod cli;
 pub mod clock;
 pub mod config;

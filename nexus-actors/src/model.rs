@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 pub use self::config::{ModelConfig, ProviderConfig, ProviderKind, ProviderTable};
-pub use self::registry::{ConfigError, ModelRegistry, ResolveError, ResolvedModel};
+pub use self::registry::{ConfigError, ModelPrices, ModelRegistry, ResolveError, ResolvedModel};
 pub use self::retry::{ModelFailure, RetryPolicy};
 pub use self::scripted::{Script, ScriptError};
 

@@ -167,6 +167,11 @@ fn json_opt(text: Option<String>) -> StoreResult<Option<Value>> {
     text.map(|t| serde_json::from_str(&t)).transpose().map_err(StoreError::from)
 }
 
+/// Reads an optional JSON text column into its type.
+fn json_typed<T: serde::de::DeserializeOwned>(text: Option<String>) -> StoreResult<Option<T>> {
+    text.map(|t| serde_json::from_str(&t)).transpose().map_err(StoreError::from)
+}
+
 /// Reads a stored word (an id, a status, a kind, a task key) back into its type.
 fn parse<T>(text: &str) -> StoreResult<T>
 where

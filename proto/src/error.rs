@@ -193,6 +193,9 @@ error_codes! {
     MemoryBound => ("memory_bound", 422, InvalidArgument),
     MemoryEditNoMatch => ("memory_edit_no_match", 422, InvalidArgument),
     MemoryEditAmbiguous => ("memory_edit_ambiguous", 422, InvalidArgument),
+    // Budgets (`docs/executions.md`, "Budgets"): a reservation that does not fit the execution's
+    // remaining budget (a model call, a tool call, a child); the word is ours, the spec names none.
+    BudgetExhausted => ("budget_exhausted", 409, ResourceExhausted),
     // Server side.
     Unavailable => ("unavailable", 503, Unavailable),
     Internal => ("internal", 500, Internal),

@@ -18,9 +18,9 @@ pub mod words;
 pub use error::{ErrorCode, Refusal};
 pub use ids::{ConversationId, ExecutionId, InputId, MalformedId, MemberId, RunnerId};
 pub use status::{
-    AssignmentScope, AttentionReason, ChildDisposition, ChildKind, ChildLifetime, ChildWake, DeliveryMode, ExecutorKind,
-    ExecutorStatus, GrantRole, InboxKind, JoinLosers, JoinPolicy, LifecycleEvent, MemberKind, MemberStatus, Presence,
-    RunStatus, SteerOutcome, TaskKind, TaskStatus,
+    AssignmentScope, AttentionReason, ChildDisposition, ChildKind, ChildLifetime, ChildWake, DeliveryMode,
+    ExecutorKind, ExecutorStatus, GrantRole, InboxKind, JoinLosers, JoinPolicy, LifecycleEvent, MemberKind,
+    MemberStatus, Presence, RunStatus, SteerOutcome, TaskKind, TaskStatus,
 };
 pub use task_key::{InvalidTaskKey, TaskKey};
 pub use words::UnknownWord;

@@ -11,6 +11,7 @@
 pub mod approval;
 pub mod ask;
 pub mod brake;
+pub mod budget;
 pub mod compaction;
 pub mod context;
 pub mod control;
@@ -421,6 +422,8 @@ impl Actor for ExecutionActor {
         for task in &unnarrated {
             narrate(&mut state, task);
         }
+        // A model call in flight when the process stopped keeps its whole reservation.
+        budget::restarted(&mut state);
         hooks::rebuild(&mut state, hook_tasks, &history);
         compaction::rebuild(&myself, &mut state, summary_tasks, &history);
         // Parked tasks keep their durable holds across a restart.
@@ -888,6 +891,8 @@ async fn adopt(
     let macros = context::taken_now(&state.fabric, &frozen, input).await?;
     let history = context::history_of(&state.fabric, &frozen, input).await?;
     state.context = context::ContextState::adopted(macros.clone(), history, input);
+    // The budget is frozen with the declaration (`docs/executions.md`, "Budgets").
+    budget::adopt(state, input);
     // Children's results left for this turn are read first ([`delegation`]).
     delegation::read_passive_mail(state, &frozen).await?;
     state.transcript.push(ChatMessage::User { content: input.text.clone() });
@@ -977,6 +982,11 @@ async fn start_round(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState
         return halt(state, "provider_model_unavailable", "no model in the declaration's chain is available").await;
     };
     let assembled = context::assemble(state, model.context_window_tokens, &tools).await?;
+    // The call's worst case is reserved before anything is sent (`docs/executions.md`, "Budgets").
+    if let Err(refusal) = budget::reserve_model_call(state, &model, assembled.manifest.estimated_tokens) {
+        end_refused(state, &refusal).await?;
+        return Ok(());
+    }
     state.row.round += 1;
     let round = state.row.round;
     emit(
@@ -1042,6 +1052,9 @@ async fn model_done(
     model: &str,
     result: Result<ModelResponse, ModelFailure>,
 ) -> Result<(), ActorProcessingErr> {
+    // Real usage replaces the reservation; a failure or an answer without usage keeps it whole.
+    let usage = result.as_ref().ok().and_then(|r| r.usage.as_ref()).map(|u| (u.input_tokens, u.output_tokens));
+    budget::settle_model_call(state, usage);
     let response = match result {
         Ok(response) => response,
         Err(failure) => return model_failed(myself, state, model, failure).await,
@@ -1214,7 +1227,7 @@ fn holds_nul(value: &Value) -> bool {
 /// Turns one model tool call into a task row: settled at once with a per-call failure word, or
 /// resolved to its target and passed through the approval stage ([`approval::admit`]), which
 /// dispatches it, runs it in-process, parks it in `needs_approval` or denies it.
-fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCall, truncated: bool) -> TaskRow {
+fn task_for_call(state: &mut ExecutionState, round: i64, index: usize, call: &ToolCall, truncated: bool) -> TaskRow {
     let now = state.fabric.clock.now_ms();
     let default_timeout = i64::try_from(state.fabric.config.execution.default_task_timeout_ms).unwrap_or(i64::MAX);
     // Settled `failed` until the call passes every check below.
@@ -1239,8 +1252,9 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
         task.result = Some(json!({"content": message, "is_error": true, "outcome": "failed"}));
         task
     };
-    let declared = state
-        .declaration
+    // The frozen declaration is shared, so the budget below may be written while a tool is read.
+    let frozen = state.declaration.clone();
+    let declared = frozen
         .as_ref()
         .and_then(|d| d.tools.iter().find(|t| t.name == call.name))
         .filter(|_| call.name.len() <= TOOL_NAME_BOUND);
@@ -1282,7 +1296,7 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
     let resolved = tool.resolve_call(&input);
     // `tool_call` expands into its frozen target, built from here on as a direct call of it; the
     // row keeps `tool_call` as its callable name (`docs/kernel-tools.md`, "tool_call").
-    let Some(declaration) = state.declaration.as_deref() else { return task };
+    let Some(declaration) = frozen.as_deref() else { return task };
     let (tool, resolved) = match discovery::expand(declaration, tool, &resolved.input) {
         Ok(None) => (tool, resolved),
         Ok(Some((target, target_input))) => (target, target.resolve_call(target_input)),
@@ -1310,6 +1324,16 @@ fn task_for_call(state: &ExecutionState, round: i64, index: usize, call: &ToolCa
     delegation::budget(&mut task);
     // `skill` goes where its argument comes from (`docs/kernel-tools.md`, "skill").
     discovery::route_skill(declaration, tool, &mut task);
+    // One call is reserved before the approval stage; a spent budget dispatches nothing
+    // (`docs/executions.md`, "Budgets").
+    if let Err(refusal) = budget::reserve_tool_call(state, &task.callable_name) {
+        return fail(task, ErrorCode::BudgetExhausted.as_str(), refusal.message);
+    }
+    // So is a child's allocation, out of the remainder, before the child can start
+    // ([`delegation`], `docs/delegation.md`, "Budgets").
+    if let Err(refusal) = delegation::reserve_allocation(state, &task) {
+        return fail(task, ErrorCode::BudgetExhausted.as_str(), refusal.message);
+    }
     approval::admit(declaration, &mut task, CallOrigin::Model, now, approval::hold_ms(state));
     task
 }

@@ -139,6 +139,9 @@ pub struct CreateInput {
     pub deliver_at: Option<String>,
     /// `deliver_in`: `<n>s|m|h|d` from now on the server's clock; as `deliver_at`.
     pub deliver_in: Option<String>,
+    /// `budget {deadline_ms?, max_model_tokens?, max_cost_usd?, max_tool_calls?, max_children?}`
+    /// for this turn's execution (`docs/executions.md`, "Budgets"), or `None`.
+    pub budget: Option<Value>,
 }
 
 /// What an admission created, and where the input stands in its conversation
@@ -557,6 +560,7 @@ impl Api {
                 ));
             }
         }
+        let budget = input.budget.as_ref().map(|b| crate::budget::BudgetLimits::parse(b, "budget")).transpose()?;
         let models = &self.fabric.models;
         let check = |reference: &str| models.check(reference);
         let configuration = match &input.execution_declaration {
@@ -610,6 +614,7 @@ impl Api {
             runner_executor_public_id: input.runner_executor_public_id,
             tool_names: input.tool_names,
             variables: input.variables,
+            budget,
             posted_by_public_id: (poster != agent).then_some(poster),
             turn: 0,
             deliver_at,
@@ -678,6 +683,8 @@ impl Api {
             "event_cursor": format!("{CURSOR_PREFIX}{}", row.event_seq),
             "queue": self.queue_view(&row).await?,
             "deliver_at": deliver_at,
+            // `docs/executions.md`, "Budgets": null for an execution without one.
+            "budget": row.budget.as_ref().map(crate::budget::BudgetLedger::view),
             "created_at": row.created_at,
             "updated_at": row.updated_at,
             "tasks": page,

@@ -203,6 +203,7 @@ impl AgentService for AgentGrpc {
             variables: json_arg(&body.variables_json, "variables_json")?,
             deliver_at: Some(body.deliver_at.clone()).filter(|text| !text.is_empty()),
             deliver_in: Some(body.deliver_in.clone()).filter(|text| !text.is_empty()),
+            budget: json_arg(&body.budget_json, "budget_json")?,
         };
         let admitted = self.api.create_input(&caller, input).await.map_err(|r| r.to_status())?;
         Ok(Response::new(CreateInputReply {

@@ -182,6 +182,16 @@ pub struct ProviderConfig {
     /// [`DEFAULT_CONTEXT_WINDOW_TOKENS`] (128 000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_window_tokens: Option<u64>,
+    /// `input_price_per_mtok`: what the provider charges per million input tokens, in USD
+    /// (finite, >= 0), unless a model's own entry names a price. Execution budgets price model
+    /// calls with it (`docs/executions.md`, "Budgets"). Default none (unpriced: a budget with
+    /// `max_cost_usd` refuses a call of an unpriced model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_price_per_mtok: Option<f64>,
+    /// `output_price_per_mtok`: what the provider charges per million output tokens, in USD
+    /// (finite, >= 0), unless a model's own entry names a price. Default none (unpriced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_price_per_mtok: Option<f64>,
 }
 
 impl ProviderConfig {
@@ -200,6 +210,33 @@ impl ProviderConfig {
             max_tokens: None,
             anthropic_version: None,
             context_window_tokens: None,
+            input_price_per_mtok: None,
+            output_price_per_mtok: None,
+        }
+    }
+
+    /// The prices of `model` (`docs/executions.md`, "Budgets"): each of the input and output
+    /// price from the model's entry, else from the provider's; `None` unless both are known.
+    #[must_use]
+    pub fn prices(&self, model: &str) -> Option<super::ModelPrices> {
+        let entry = self.models.get(model);
+        let input = entry.and_then(|m| m.input_price_per_mtok).or(self.input_price_per_mtok)?;
+        let output = entry.and_then(|m| m.output_price_per_mtok).or(self.output_price_per_mtok)?;
+        Some(super::ModelPrices { input_per_mtok: input, output_per_mtok: output })
+    }
+
+    /// The most output tokens one call of this provider may answer with, when the adapter sends a
+    /// limit: `max_tokens`, or the `anthropic` default ([`super::anthropic::DEFAULT_ANTHROPIC_MAX_TOKENS`]);
+    /// `None` for an `openai_compatible` provider without `max_tokens` (the server's own limit)
+    /// and for `scripted`.
+    #[must_use]
+    pub fn output_cap_tokens(&self) -> Option<u64> {
+        match self.kind {
+            ProviderKind::Anthropic => {
+                Some(u64::from(self.max_tokens.unwrap_or(super::anthropic::DEFAULT_ANTHROPIC_MAX_TOKENS)))
+            }
+            ProviderKind::OpenAiCompatible => self.max_tokens.map(u64::from),
+            ProviderKind::Scripted => None,
         }
     }
 
@@ -216,7 +253,7 @@ impl ProviderConfig {
 }
 
 /// Options of one model (`[providers.<name>.models.<model>]`).
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// `hidden`: a hidden model is listed with `visible: false` and resolves to `model_hidden`.
@@ -233,6 +270,14 @@ pub struct ModelConfig {
     /// provider's. Default none (the provider's, else [`DEFAULT_CONTEXT_WINDOW_TOKENS`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_window_tokens: Option<u64>,
+    /// `input_price_per_mtok`: USD per million input tokens (finite, >= 0); overrides the
+    /// provider's. Default none (the provider's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_price_per_mtok: Option<f64>,
+    /// `output_price_per_mtok`: USD per million output tokens (finite, >= 0); overrides the
+    /// provider's. Default none (the provider's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_price_per_mtok: Option<f64>,
 }
 
 fn default_true() -> bool {

@@ -143,6 +143,30 @@ pub struct ResolvedModel {
     pub client: Arc<dyn ModelProvider>,
     /// The model's context window, in tokens ([`ProviderConfig::context_window_tokens`]).
     pub context_window_tokens: u64,
+    /// The model's prices, `None` when unpriced ([`ProviderConfig::prices`]).
+    pub prices: Option<ModelPrices>,
+    /// The output limit the adapter sends with each call, in tokens
+    /// ([`ProviderConfig::output_cap_tokens`]); `None` when it sends none.
+    pub output_cap_tokens: Option<u64>,
+}
+
+/// What a model's provider charges, in USD per million tokens (`docs/executions.md`, "Budgets").
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ModelPrices {
+    /// USD per million input tokens.
+    pub input_per_mtok: f64,
+    /// USD per million output tokens.
+    pub output_per_mtok: f64,
+}
+
+impl ModelPrices {
+    /// The price of `input_tokens` in and `output_tokens` out, in USD.
+    #[must_use]
+    pub fn cost_usd(&self, input_tokens: u64, output_tokens: u64) -> f64 {
+        // Token counts stay far below 2^53, where f64 is exact.
+        let (input, output) = (input_tokens as f64, output_tokens as f64);
+        (input * self.input_per_mtok + output * self.output_per_mtok) / 1_000_000.0
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -226,6 +250,8 @@ impl ModelRegistry {
             model: model.to_owned(),
             client: Arc::clone(&entry.client),
             context_window_tokens: config.context_window_tokens(model),
+            prices: config.prices(model),
+            output_cap_tokens: config.output_cap_tokens(),
         })
     }
 
@@ -299,6 +325,15 @@ fn build_entry(
     }
     if config.context_window_tokens == Some(0) || config.models.values().any(|m| m.context_window_tokens == Some(0)) {
         return Err(invalid("context_window_tokens must be > 0 (tokens; omit it for 128000)"));
+    }
+    let price_ok = |price: Option<f64>| price.is_none_or(|p| p.is_finite() && p >= 0.0);
+    if !price_ok(config.input_price_per_mtok)
+        || !price_ok(config.output_price_per_mtok)
+        || config.models.values().any(|m| !price_ok(m.input_price_per_mtok) || !price_ok(m.output_price_per_mtok))
+    {
+        return Err(invalid(
+            "input_price_per_mtok and output_price_per_mtok must be finite numbers >= 0 (USD per million tokens)",
+        ));
     }
     if config.anthropic_version.is_some() && config.kind != ProviderKind::Anthropic {
         return Err(invalid("anthropic_version is for kind = \"anthropic\" only; remove it"));
@@ -646,6 +681,19 @@ mod tests {
                 ProviderConfig { base_url: Some("api.anthropic.com".into()), ..anthropic() },
             ),
             ("anthropic_empty_version", "p", ProviderConfig { anthropic_version: Some(" ".into()), ..anthropic() }),
+            ("negative_input_price", "p", ProviderConfig { input_price_per_mtok: Some(-1.0), ..openai() }),
+            ("infinite_output_price", "p", ProviderConfig { output_price_per_mtok: Some(f64::INFINITY), ..openai() }),
+            (
+                "nan_model_price",
+                "p",
+                ProviderConfig {
+                    models: BTreeMap::from([(
+                        "m".into(),
+                        ModelConfig { input_price_per_mtok: Some(f64::NAN), ..ModelConfig::default() },
+                    )]),
+                    ..openai()
+                },
+            ),
         ];
         for (name, provider, config) in rows {
             let table = ProviderTable { providers: BTreeMap::from([(provider.to_owned(), config)]) };
@@ -681,5 +729,42 @@ mod tests {
         assert_eq!(window("w/small"), 4_000, "the model's own window");
         assert_eq!(window("w/any-other"), 32_000, "the provider's window");
         assert_eq!(window("scripted/default"), crate::model::config::DEFAULT_CONTEXT_WINDOW_TOKENS);
+    }
+
+    /// `docs/executions.md`, "Budgets": each price from the model's entry, else the provider's;
+    /// priced only when both are known. The output cap is what the adapter sends.
+    #[test]
+    fn prices_come_from_the_model_then_the_provider() {
+        let mut table = ProviderTable::default();
+        table.providers.insert(
+            "w".into(),
+            ProviderConfig {
+                base_url: Some("http://127.0.0.1:9/v1".into()),
+                allow_any_model: true,
+                input_price_per_mtok: Some(3.0),
+                max_tokens: Some(512),
+                models: BTreeMap::from([
+                    ("priced".into(), ModelConfig { output_price_per_mtok: Some(15.0), ..ModelConfig::default() }),
+                    (
+                        "own".into(),
+                        ModelConfig {
+                            input_price_per_mtok: Some(1.0),
+                            output_price_per_mtok: Some(2.0),
+                            ..ModelConfig::default()
+                        },
+                    ),
+                ]),
+                ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
+            },
+        );
+        let registry = ModelRegistry::new(table, no_env).expect("valid");
+        let prices = |reference: &str| registry.resolve(reference).expect("resolves").prices;
+        assert_eq!(prices("w/priced"), Some(ModelPrices { input_per_mtok: 3.0, output_per_mtok: 15.0 }));
+        assert_eq!(prices("w/own"), Some(ModelPrices { input_per_mtok: 1.0, output_per_mtok: 2.0 }));
+        assert_eq!(prices("w/any-other"), None, "no output price: unpriced");
+        assert_eq!(registry.resolve("w/own").expect("resolves").output_cap_tokens, Some(512));
+        assert_eq!(registry.resolve("scripted/default").expect("resolves").output_cap_tokens, None);
+        let own = prices("w/own").expect("priced");
+        assert!((own.cost_usd(1_000_000, 500_000) - 2.0).abs() < 1e-12);
     }
 }

@@ -12,7 +12,8 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use nexus_proto::{
-    ChildDisposition, ChildKind, ChildLifetime, ChildWake, ConversationId, DeliveryMode, ExecutionId, RunStatus, TaskKey,
+    ChildDisposition, ChildKind, ChildLifetime, ChildWake, ConversationId, DeliveryMode, ExecutionId, RunStatus,
+    TaskKey,
 };
 
 use super::executions::{admit_delivered_in, insert_execution_in, save_execution_in};
@@ -63,6 +64,8 @@ pub struct ChildRow {
     pub final_text: Option<String>,
     /// Its failure key, when it ended on one.
     pub error_key: Option<String>,
+    /// Its budget ledger, when it has one (`docs/delegation.md`, "Budgets").
+    pub budget: Option<crate::budget::BudgetLedger>,
 }
 
 impl ChildRow {
@@ -105,7 +108,7 @@ pub struct Consumption {
 
 const COLUMNS: &str = "c.parent_execution_public_id, c.task_key, c.parent_conversation_public_id, c.kind, \
      c.child_conversation_public_id, c.child_execution_public_id, c.lifetime, c.wake, c.label, c.prompt_head, \
-     c.consumed_by, c.consumed_at, c.disposition, c.owner, c.created_at, e.status, e.final_text, e.error_key \
+     c.consumed_by, c.consumed_at, c.disposition, c.owner, c.created_at, e.status, e.final_text, e.error_key, e.budget \
      FROM children c JOIN executions e ON e.public_id = c.child_execution_public_id";
 
 fn child_of(row: &AnyRow) -> StoreResult<ChildRow> {
@@ -128,6 +131,7 @@ fn child_of(row: &AnyRow) -> StoreResult<ChildRow> {
         status: parse(&row.try_get::<String, _>("status")?)?,
         final_text: row.try_get("final_text")?,
         error_key: row.try_get("error_key")?,
+        budget: row.try_get::<Option<String>, _>("budget")?.map(|text| serde_json::from_str(&text)).transpose()?,
     })
 }
 
@@ -180,13 +184,12 @@ impl Store {
                 let write = write.clone();
                 Box::pin(async move {
                     let (child, input, execution, events) = &*write;
-                    let exists = sqlx::query(
-                        "SELECT 1 FROM children WHERE parent_execution_public_id = $1 AND task_key = $2",
-                    )
-                    .bind(child.parent_execution_public_id.to_string())
-                    .bind(child.task_key.to_string())
-                    .fetch_optional(&mut *connection)
-                    .await?;
+                    let exists =
+                        sqlx::query("SELECT 1 FROM children WHERE parent_execution_public_id = $1 AND task_key = $2")
+                            .bind(child.parent_execution_public_id.to_string())
+                            .bind(child.task_key.to_string())
+                            .fetch_optional(&mut *connection)
+                            .await?;
                     if exists.is_some() {
                         return Ok(false);
                     }
@@ -238,11 +241,13 @@ impl Store {
     /// # Errors
     /// [`StoreError`](super::StoreError) on a database failure.
     pub async fn child(&self, parent: ExecutionId, task_key: TaskKey) -> StoreResult<Option<ChildRow>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {COLUMNS} WHERE c.parent_execution_public_id = $1 AND c.task_key = $2")))
-            .bind(parent.to_string())
-            .bind(task_key.to_string())
-            .fetch_optional(self.reader())
-            .await?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {COLUMNS} WHERE c.parent_execution_public_id = $1 AND c.task_key = $2"
+        )))
+        .bind(parent.to_string())
+        .bind(task_key.to_string())
+        .fetch_optional(self.reader())
+        .await?;
         row.as_ref().map(child_of).transpose()
     }
 

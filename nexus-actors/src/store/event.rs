@@ -44,6 +44,8 @@ nexus_proto::words! {
         InputRequired => "input_required",
         /// A compaction replaced part of the transcript.
         ContextCompacted => "context_compacted",
+        /// The budget ledger changed, or refused a reservation.
+        Budget => "budget",
     }
 }
 
@@ -80,6 +82,8 @@ pub enum Event {
     InputRequired(Box<InputRequired>),
     /// `context_compacted`.
     ContextCompacted(ContextCompacted),
+    /// `budget`.
+    Budget(Box<BudgetEvent>),
 }
 
 impl Event {
@@ -98,6 +102,7 @@ impl Event {
             Event::ApprovalRequired(_) => EventType::ApprovalRequired,
             Event::InputRequired(_) => EventType::InputRequired,
             Event::ContextCompacted(_) => EventType::ContextCompacted,
+            Event::Budget(_) => EventType::Budget,
         }
     }
 
@@ -377,6 +382,41 @@ pub struct RoundCall {
     pub input: Value,
     /// The runner it is addressed to.
     pub runner_executor_public_id: Option<RunnerId>,
+}
+
+nexus_proto::words! {
+    /// What a `budget` event is for (`docs/executions.md`, "Budgets").
+    pub enum BudgetFor("budget purpose") {
+        /// A model call was reserved, or its usage replaced its reservation.
+        ModelCall => "model_call",
+        /// A tool call was reserved.
+        ToolCall => "tool_call",
+        /// A child's allocation was reserved, or its usage replaced it.
+        Child => "child",
+        /// A reservation did not fit: nothing was dispatched.
+        Refused => "refused",
+    }
+}
+
+/// `budget`: the ledger after a reservation, a settlement or a refusal.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BudgetEvent {
+    /// What it was for.
+    #[serde(rename = "for")]
+    pub purpose: BudgetFor,
+    /// The round it belongs to.
+    pub round: i64,
+    /// The frozen limits.
+    pub limits: crate::budget::BudgetLimits,
+    /// Held for work that is out.
+    pub reserved: crate::budget::BudgetUsage,
+    /// Known usage, plus whole reservations of work whose outcome is unknown.
+    pub used: crate::budget::BudgetUsage,
+    /// What is left in each limited dimension.
+    pub remaining: crate::budget::BudgetRemaining,
+    /// The refusal's message; absent unless `for` is `refused`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// `usage`.

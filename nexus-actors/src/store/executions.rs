@@ -12,7 +12,8 @@ use crate::model::ChatMessage;
 use super::save_bytes::counted;
 use super::tasks::insert_tasks;
 use super::{
-    Event, EventRow, ExecutionRow, InputRow, Store, StoreError, StoreResult, TaskRow, json_opt, parse, parse_opt,
+    Event, EventRow, ExecutionRow, InputRow, Store, StoreError, StoreResult, TaskRow, json_opt, json_typed, parse,
+    parse_opt,
 };
 
 /// What a save writes of an execution's transcript, which the store holds one message per row
@@ -78,10 +79,10 @@ fn position(index: usize) -> StoreResult<i64> {
 /// the transcript is written.
 const UPDATE_EXECUTION: &str = "UPDATE executions SET status = $1, attention_reason = $2, \
     declaration = COALESCE($3, declaration), round = $4, final_text = $5, error_key = $6, event_seq = $7, \
-    updated_at = $8 WHERE public_id = $9";
+    budget = $8, updated_at = $9 WHERE public_id = $10";
 const UPDATE_EXECUTION_AND_TRANSCRIPT: &str = "UPDATE executions SET status = $1, attention_reason = $2, \
     declaration = COALESCE($3, declaration), round = $4, final_text = $5, error_key = $6, event_seq = $7, \
-    updated_at = $8, transcript = '[]', transcript_length = $9 WHERE public_id = $10";
+    budget = $8, updated_at = $9, transcript = '[]', transcript_length = $10 WHERE public_id = $11";
 
 impl Store {
     /// Admits an input: creates the conversation when new, the input and its pending execution,
@@ -128,7 +129,7 @@ impl Store {
     pub async fn input(&self, public_id: InputId) -> StoreResult<Option<InputRow>> {
         let row = sqlx::query(
             "SELECT conversation_public_id, member_public_id, text, execution_declaration, runner_executor_public_id, \
-             tool_names, posted_by_public_id, turn, variables, deliver_at FROM inputs WHERE public_id = $1",
+             tool_names, posted_by_public_id, turn, variables, deliver_at, budget FROM inputs WHERE public_id = $1",
         )
         .bind(public_id.to_string())
         .fetch_optional(self.reader())
@@ -146,6 +147,7 @@ impl Store {
                 turn: row.try_get("turn")?,
                 variables: json_opt(row.try_get("variables")?)?,
                 deliver_at: row.try_get("deliver_at")?,
+                budget: json_typed(row.try_get("budget")?)?,
             })
         })
         .transpose()
@@ -161,7 +163,7 @@ impl Store {
         let mut snapshot = self.reader().begin_with(self.backend.snapshot_sql()).await?;
         let row = sqlx::query(
             "SELECT conversation_public_id, input_public_id, member_public_id, status, attention_reason, declaration, \
-             transcript, transcript_length, round, final_text, error_key, event_seq, created_at, updated_at, \
+             transcript, transcript_length, round, final_text, error_key, event_seq, budget, created_at, updated_at, \
              parent_execution_public_id FROM executions WHERE public_id = $1",
         )
         .bind(public_id.to_string())
@@ -196,6 +198,7 @@ impl Store {
             final_text: row.try_get("final_text")?,
             error_key: row.try_get("error_key")?,
             event_seq: row.try_get("event_seq")?,
+            budget: json_typed(row.try_get("budget")?)?,
             created_at: row.try_get("created_at")?,
             updated_at: row.try_get("updated_at")?,
             parent_execution_public_id: parse_opt(row.try_get("parent_execution_public_id")?)?,
@@ -339,6 +342,7 @@ pub(super) async fn save_execution_in(
     let mut bytes = 0;
     let public_id = execution.public_id.to_string();
     let declaration = execution.declaration.as_ref().map(Value::to_string);
+    let budget = execution.budget.as_ref().map(serde_json::to_string).transpose()?;
     let update = match transcript {
         Some(_) => UPDATE_EXECUTION_AND_TRANSCRIPT,
         None => UPDATE_EXECUTION,
@@ -351,6 +355,7 @@ pub(super) async fn save_execution_in(
         .bind(counted(&mut bytes, &execution.final_text))
         .bind(counted(&mut bytes, &execution.error_key))
         .bind(execution.event_seq)
+        .bind(counted(&mut bytes, &budget))
         .bind(now);
     if let Some(transcript) = transcript {
         update = update.bind(transcript.length()?);
@@ -418,6 +423,7 @@ fn without_transcript(row: &ExecutionRow) -> ExecutionRow {
         final_text: row.final_text.clone(),
         error_key: row.error_key.clone(),
         event_seq: row.event_seq,
+        budget: row.budget.clone(),
         created_at: row.created_at,
         updated_at: row.updated_at,
         parent_execution_public_id: row.parent_execution_public_id,
@@ -456,14 +462,15 @@ async fn transcript_in(connection: &mut AnyConnection, execution: ExecutionId, l
 pub(super) async fn insert_execution_in(connection: &mut AnyConnection, execution: &ExecutionRow) -> StoreResult<()> {
     sqlx::query(
         "INSERT INTO executions (public_id, conversation_public_id, input_public_id, member_public_id, status, \
-         transcript, round, event_seq, created_at, updated_at, parent_execution_public_id) \
-         VALUES ($1, $2, $3, $4, $5, '[]', 0, 0, $6, $7, $8)",
+         transcript, round, event_seq, budget, created_at, updated_at, parent_execution_public_id) \
+         VALUES ($1, $2, $3, $4, $5, '[]', 0, 0, $6, $7, $8, $9)",
     )
     .bind(execution.public_id.to_string())
     .bind(execution.conversation_public_id.to_string())
     .bind(execution.input_public_id.to_string())
     .bind(execution.member_public_id.to_string())
     .bind(execution.status.as_str())
+    .bind(execution.budget.as_ref().map(serde_json::to_string).transpose()?)
     .bind(execution.created_at)
     .bind(execution.created_at)
     .bind(execution.parent_execution_public_id.map(|id| id.to_string()))
@@ -510,8 +517,8 @@ pub(super) async fn admit_delivered_in(
     sqlx::query(
         "INSERT INTO inputs (public_id, conversation_public_id, member_public_id, text, execution_declaration, \
          runner_executor_public_id, tool_names, created_at, posted_by_public_id, delivery_mode, steer_outcome, variables, \
-         deliver_at, delivered_at, turn) \
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, COALESCE(MAX(turn), 0) + 1 FROM inputs \
+         deliver_at, delivered_at, budget, turn) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, COALESCE(MAX(turn), 0) + 1 FROM inputs \
          WHERE conversation_public_id = $2",
     )
     .bind(input.public_id.to_string())
@@ -530,6 +537,7 @@ pub(super) async fn admit_delivered_in(
     // A time already come is delivered at admission: it joins the line at once
     // (`docs/executions.md`, "Scheduled inputs").
     .bind(input.deliver_at.filter(|at| *at <= now).map(|_| now))
+    .bind(input.budget.as_ref().map(serde_json::to_string).transpose()?)
     .execute(&mut *connection)
     .await?;
     let Some(execution_public_id) = execution_public_id else { return Ok(()) };

@@ -121,6 +121,8 @@ pub struct InputRow {
     /// The template variables the input sets (`{name: text}`), if any (`docs/prompt.md`,
     /// "Macros").
     pub variables: Option<Value>,
+    /// The input's own `budget`, if any (`docs/executions.md`, "Budgets").
+    pub budget: Option<crate::budget::BudgetLimits>,
     /// The Human who posted it for the Agent ([`InputRow::member_public_id`]), or `None` when the
     /// Agent posted it itself.
     pub posted_by_public_id: Option<MemberId>,
@@ -174,6 +176,10 @@ pub struct ExecutionRow {
     pub error_key: Option<String>,
     /// The last event sequence number written.
     pub event_seq: i64,
+    /// The budget ledger (`docs/executions.md`, "Budgets"), `None` without a budget. Written with
+    /// every save; a child's row is created with its allocation
+    /// ([`crate::budget::BudgetLedger::for_child`]).
+    pub budget: Option<crate::budget::BudgetLedger>,
     /// Creation time.
     pub created_at: i64,
     /// Last update.

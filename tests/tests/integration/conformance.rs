@@ -1462,9 +1462,15 @@ async fn r24_every_catalog_tool_is_served_and_declarable() {
     let agent = json!({"name": "Agent", "canonical": "nexus.graph.delegate_task",
         "params": {"run_in_background": {"maps_to": "wait", "invert": true, "description": "Run it in the background."}}});
     let rows: Vec<(&str, Value)> = vec![
-        ("a plain import", json!({"approval_mode": "bypass", "kernel_tools": ["nexus.memory.read", "nexus.graph.delegate_task", "nexus.graph.join"]})),
+        (
+            "a plain import",
+            json!({"approval_mode": "bypass", "kernel_tools": ["nexus.memory.read", "nexus.graph.delegate_task", "nexus.graph.join"]}),
+        ),
         ("the catalog's bytes", json!({"approval_mode": "bypass", "tool_definitions": [function("first"), delegate]})),
-        ("a compact identity entry", json!({"approval_mode": "bypass", "tool_definitions": [{"name": "wait", "canonical": "nexus.graph.wait"}]})),
+        (
+            "a compact identity entry",
+            json!({"approval_mode": "bypass", "tool_definitions": [{"name": "wait", "canonical": "nexus.graph.wait"}]}),
+        ),
         ("an alias", json!({"approval_mode": "bypass", "tool_definitions": [agent]})),
     ];
     for (row, configuration) in rows {

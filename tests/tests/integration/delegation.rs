@@ -137,17 +137,26 @@ async fn a_background_child_is_waited_for_and_an_inline_one_answers_its_call() {
     assert_eq!(row.final_text.as_deref(), Some("tool said: three pears"));
     let requests = bed.fake.requests_for("p");
     // The background call answered at once with its key; the wait read the child's answer.
-    assert!(requests[1].tool_results()[0].contains("Task r1t0 started in the background"), "{:?}", requests[1].tool_results());
+    assert!(
+        requests[1].tool_results()[0].contains("Task r1t0 started in the background"),
+        "{:?}",
+        requests[1].tool_results()
+    );
     assert_eq!(requests[2].tool_results().last().map(String::as_str), Some("seven apples"));
     // The child started with an empty context: its only user message is the prompt.
     let child_request = &bed.fake.requests_for("c1")[0].body;
-    let users: Vec<&Value> = child_request["messages"].as_array().expect("messages").iter().filter(|m| m["role"] == "user").collect();
+    let users: Vec<&Value> =
+        child_request["messages"].as_array().expect("messages").iter().filter(|m| m["role"] == "user").collect();
     assert_eq!(users.len(), 1, "{child_request}");
     assert_eq!(users[0]["content"], "count the apples");
     let children = bed.children_ended(run, 2).await;
     assert_eq!(children[0].consumed_by.as_deref(), Some("task:r2t0"), "the wait consumed it");
     assert_eq!(children[1].consumed_by.as_deref(), Some("task:r3t0"), "the inline call consumed it");
-    assert!(children.iter().all(|c| c.status == RunStatus::Completed && c.parent_conversation_public_id == row.conversation_public_id));
+    assert!(
+        children
+            .iter()
+            .all(|c| c.status == RunStatus::Completed && c.parent_conversation_public_id == row.conversation_public_id)
+    );
 }
 
 #[tokio::test]
@@ -177,7 +186,8 @@ async fn a_result_after_the_turn_starts_a_turn_and_is_read_once() {
     // Unscripted, the child's first request was refused (400): it halted and waits for a person.
     assert_eq!(child_row.status, RunStatus::NeedsAttention, "{child_row:?}");
     // Stop it: its (canceled) result is mail, and wakes the parent's conversation.
-    let stopped = bed.http.post(&format!("/agent_api/v1/executions/{}/stop", child.child_execution_public_id), &json!({})).await;
+    let stopped =
+        bed.http.post(&format!("/agent_api/v1/executions/{}/stop", child.child_execution_public_id), &json!({})).await;
     assert_eq!(stopped.status, 200, "{stopped:?}");
     let mail = wait_until("the mail turn ends", WAIT, || async {
         let line = bed.server.store().latest_execution_of(row.conversation_public_id).await.ok().flatten()?;
@@ -187,7 +197,11 @@ async fn a_result_after_the_turn_starts_a_turn_and_is_read_once() {
     assert_eq!(mail.final_text.as_deref(), Some("the helper said so"), "{mail:?}");
     let requests = bed.fake.requests_for("p");
     assert_eq!(requests.len(), 3);
-    let last_user = requests[2].body["messages"].as_array().and_then(|m| m.iter().rev().find(|m| m["role"] == "user")).cloned().expect("user");
+    let last_user = requests[2].body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .cloned()
+        .expect("user");
     let text = last_user["content"].as_str().expect("text");
     assert!(text.starts_with("<task_result task=\"r1t0\" status=\"canceled\">"), "{text}");
     assert!(text.contains("<prompt>look it up</prompt>"), "{text}");
@@ -262,7 +276,10 @@ async fn each_join_policy_over_three_children_on_three_runners() {
         // Each child ran on its own runner only.
         for (i, child) in children.iter().enumerate() {
             let tasks = bed.server.store().tasks_of(child.child_execution_public_id).await.expect("tasks");
-            assert!(tasks.iter().all(|t| t.target_executor_public_id == Some(runners[i].runner())), "{policy} child {i}: {tasks:?}");
+            assert!(
+                tasks.iter().all(|t| t.target_executor_public_id == Some(runners[i].runner())),
+                "{policy} child {i}: {tasks:?}"
+            );
         }
         match policy {
             "all_required" => {
@@ -301,9 +318,15 @@ async fn a_join_survives_a_restart_and_ends_as_it_would_have() {
     let bed = Bed::start().await;
     bed.declare(json!({"default_model": "fake/p", "approval_mode": "bypass",
         "kernel_tools": ["nexus.graph.delegate_task", "nexus.graph.join", "nexus.human.ask"]}))
-    .await;
+        .await;
     let delegates: Vec<(String, String, Value)> = (0..3)
-        .map(|i| (format!("d{i}"), "delegate_task".to_owned(), json!({"prompt": format!("part {i}"), "model": format!("fake/c{i}")})))
+        .map(|i| {
+            (
+                format!("d{i}"),
+                "delegate_task".to_owned(),
+                json!({"prompt": format!("part {i}"), "model": format!("fake/c{i}")}),
+            )
+        })
         .collect();
     bed.fake.script(
         "p",
@@ -314,7 +337,10 @@ async fn a_join_survives_a_restart_and_ends_as_it_would_have() {
         ],
     );
     for i in 0..3 {
-        bed.fake.script(&format!("c{i}"), [calls(&[("q", "ask", json!({"prompt": format!("go on with {i}?")}))]), Act::EchoLastToolResult]);
+        bed.fake.script(
+            &format!("c{i}"),
+            [calls(&[("q", "ask", json!({"prompt": format!("go on with {i}?")}))]), Act::EchoLastToolResult],
+        );
     }
     let run = bed.post_input("three parts, the first that finishes wins").await;
     bed.server.task_in(run, "r2t0", TaskStatus::Running).await;
@@ -326,7 +352,10 @@ async fn a_join_survives_a_restart_and_ends_as_it_would_have() {
     // The second child answers first: it is the selection; the others are canceled.
     let answered = bed
         .http
-        .post(&format!("/agent_api/v1/executions/{}/tasks/r1t0/answer", children[1].child_execution_public_id), &json!({"answer": "yes"}))
+        .post(
+            &format!("/agent_api/v1/executions/{}/tasks/r1t0/answer", children[1].child_execution_public_id),
+            &json!({"answer": "yes"}),
+        )
         .await;
     assert_eq!(answered.status, 200, "{answered:?}");
     let (status, result) = join_result(&bed, run, "r2t0").await;
@@ -337,6 +366,10 @@ async fn a_join_survives_a_restart_and_ends_as_it_would_have() {
     assert_eq!(row.status, RunStatus::Completed, "{row:?}");
     let ended = bed.children_ended(run, 3).await;
     assert!(ended.iter().all(|c| c.consumed_by.as_deref() == Some("task:r2t0")), "{ended:?}");
-    assert_eq!([bed.fake.count("c0"), bed.fake.count("c1"), bed.fake.count("c2")], [1, 2, 1], "no model was asked twice");
+    assert_eq!(
+        [bed.fake.count("c0"), bed.fake.count("c1"), bed.fake.count("c2")],
+        [1, 2, 1],
+        "no model was asked twice"
+    );
     assert_eq!(bed.fake.count("p"), 3);
 }

@@ -8,6 +8,7 @@ mod ask;
 mod assignment;
 mod batches;
 mod bounds;
+mod budgets;
 mod compaction;
 mod conformance;
 mod conformance_props;

@@ -69,6 +69,7 @@ async fn a_claim_is_granted_once_across_nodes_sharing_the_store() {
         tool_names: None,
         posted_by_public_id: None,
         variables: None,
+        budget: None,
         turn: 0,
         deliver_at: None,
     };
@@ -233,6 +234,7 @@ async fn a_transcript_written_whole_reads_back_and_saves_move_it_to_rows() {
         tool_names: None,
         posted_by_public_id: None,
         variables: None,
+        budget: None,
         turn: 0,
         deliver_at: None,
     };

@@ -47,18 +47,20 @@ fn refused(message: impl Into<String>) -> Result<Outcome, KernelFailure> {
 ///
 /// # Errors
 /// A store failure.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     fabric: &Fabric,
     root: &RootHandle,
     declaration: &FrozenDeclaration,
     execution: &ExecutionRow,
     current_model: Option<&str>,
+    allocation: Option<crate::budget::BudgetLimits>,
     task: &TaskRow,
     name: &str,
 ) -> Result<Outcome, KernelFailure> {
     let Some(input) = task.tool_input.as_object() else { return refused("the input must be an object") };
     match name {
-        "spawn" => spawn(fabric, root, declaration, execution, current_model, task, input).await,
+        "spawn" => spawn(fabric, root, declaration, execution, current_model, allocation, task, input).await,
         "send" => send(fabric, root, execution, input).await,
         "status" => status(fabric, execution, input).await,
         "cancel" => cancel(fabric, root, execution, task, input).await,
@@ -93,13 +95,14 @@ fn candidates(declaration: &FrozenDeclaration) -> Vec<RunnerId> {
         .collect()
 }
 
-#[allow(clippy::too_many_lines)]
+#[allow(clippy::too_many_lines, clippy::too_many_arguments)]
 async fn spawn(
     fabric: &Fabric,
     root: &RootHandle,
     declaration: &FrozenDeclaration,
     execution: &ExecutionRow,
     current_model: Option<&str>,
+    allocation: Option<crate::budget::BudgetLimits>,
     task: &TaskRow,
     input: &Map<String, Value>,
 ) -> Result<Outcome, KernelFailure> {
@@ -163,7 +166,10 @@ async fn spawn(
             };
             let Some(found) = entries.iter().find(|e| e["name"] == name) else {
                 let names: Vec<&str> = entries.iter().filter_map(|e| e["name"].as_str()).collect();
-                return refused(format!("declaration: {name} is not a delegation_catalog entry (entries: {})", names.join(", ")));
+                return refused(format!(
+                    "declaration: {name} is not a delegation_catalog entry (entries: {})",
+                    names.join(", ")
+                ));
             };
             let mut leaf = found["declaration"].as_object().cloned().unwrap_or_default();
             // R51: `caller` runs on the caller's actual current model; `default` on the leaf's.
@@ -242,10 +248,9 @@ async fn spawn(
     };
     let check = |reference: &str| fabric.models.check(reference);
     let authored = Value::Object(authored);
-    if let Err(refusal) = crate::declaration::validate_execution_declaration(
-        authored.as_object().unwrap_or(&Map::new()),
-        &check,
-    ) {
+    if let Err(refusal) =
+        crate::declaration::validate_execution_declaration(authored.as_object().unwrap_or(&Map::new()), &check)
+    {
         return refused(format!("declaration: {}: {}", refusal.code, refusal.message));
     }
     let now = fabric.clock.now_ms();
@@ -253,7 +258,8 @@ async fn spawn(
     let parent_input = fabric.store.input(execution.input_public_id).await?;
     let child = new_child(&at, ChildKind::Spawn, prompt, lifetime, wake, label.map(str::to_owned), now);
     let row = child_input(&child, &at, prompt, parent_input.as_ref(), Some(authored), runner);
-    let child_row = child_execution(&child, &at, row.public_id, None, now);
+    let mut child_row = child_execution(&child, &at, row.public_id, None, now);
+    child_row.budget = allocation.map(|a| crate::budget::BudgetLedger::for_child(a, now));
     let (child, created) = fabric.store.start_child(&child, &row, &child_row, &[]).await?;
     if created {
         tracing::info!(child = %child.child_execution_public_id, task_key = %child.task_key, "child conversation spawned");
@@ -287,7 +293,10 @@ async fn addressed(
     let conversation = execution.conversation_public_id;
     let by_id = to.parse::<ConversationId>().ok();
     if by_id == Some(conversation) {
-        return Ok(Err(format!("{}: {to} is this conversation; address a child conversation", ErrorCode::AncestorConversation.as_str())));
+        return Ok(Err(format!(
+            "{}: {to} is this conversation; address a child conversation",
+            ErrorCode::AncestorConversation.as_str()
+        )));
     }
     let spawned = fabric.store.spawned_children(conversation).await?;
     let found = spawned.into_iter().find(|child| match by_id {
@@ -361,10 +370,10 @@ async fn send(
         posted_by_public_id: first.as_ref().and_then(|i| i.posted_by_public_id),
         turn: 0,
         deliver_at,
+        budget: None,
     };
     // Held until its time when scheduled, durably (`docs/executions.md`, "Scheduled inputs").
-    let admission =
-        super::queue::admit(fabric, root, &row, false, mode, ExecutionId::new_v4()).await?;
+    let admission = super::queue::admit(fabric, root, &row, false, mode, ExecutionId::new_v4()).await?;
     Ok(Outcome::Result(match admission {
         Admission::Full { waiting } => Err(format!(
             "{}: the child conversation already holds {waiting} waiting inputs; wait for it first",
@@ -374,22 +383,22 @@ async fn send(
             "conversation_public_id": child.child_conversation_public_id, "label": child.label,
             "delivered": "scheduled", "turn": turn, "execution_public_id": execution, "deliver_at": deliver_at,
         })),
-        Admission::Steer { turn, into } => {
-            Ok(json!({
-                "conversation_public_id": child.child_conversation_public_id, "label": child.label,
-                "delivered": "steer", "turn": turn, "execution_public_id": into.public_id,
-            }))
-        }
-        Admission::Turn { execution, turn, ahead } => {
-            Ok(json!({
-                "conversation_public_id": child.child_conversation_public_id, "label": child.label,
-                "delivered": "queued", "turn": turn, "execution_public_id": execution, "queue_position": ahead.len(),
-            }))
-        }
+        Admission::Steer { turn, into } => Ok(json!({
+            "conversation_public_id": child.child_conversation_public_id, "label": child.label,
+            "delivered": "steer", "turn": turn, "execution_public_id": into.public_id,
+        })),
+        Admission::Turn { execution, turn, ahead } => Ok(json!({
+            "conversation_public_id": child.child_conversation_public_id, "label": child.label,
+            "delivered": "queued", "turn": turn, "execution_public_id": execution, "queue_position": ahead.len(),
+        })),
     }))
 }
 
-async fn status(fabric: &Fabric, execution: &ExecutionRow, input: &Map<String, Value>) -> Result<Outcome, KernelFailure> {
+async fn status(
+    fabric: &Fabric,
+    execution: &ExecutionRow,
+    input: &Map<String, Value>,
+) -> Result<Outcome, KernelFailure> {
     let to = match text(input, "to") {
         Ok(Some(to)) => to,
         Ok(None) => return refused("to is required"),

@@ -29,8 +29,8 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use nexus_proto::{
-    ChildDisposition, ChildKind, ChildLifetime, ChildWake, ConversationId, ErrorCode, ExecutionId, InputId,
-    JoinLosers, JoinPolicy, RunStatus, TaskKey, TaskStatus,
+    ChildDisposition, ChildKind, ChildLifetime, ChildWake, ConversationId, ErrorCode, ExecutionId, InputId, JoinLosers,
+    JoinPolicy, RunStatus, TaskKey, TaskStatus,
 };
 
 use crate::actors::fabric::Fabric;
@@ -60,9 +60,9 @@ pub fn is_call(task: &TaskRow) -> bool {
 pub fn delegates(declaration: &FrozenDeclaration) -> bool {
     declaration.tools.iter().any(|tool| {
         tool.route.is_none()
-            && tool.canonical_name().is_some_and(|name| {
-                nexus_kernel_tools::lookup(name).is_some_and(|kernel| TOOLS.contains(&kernel.name))
-            })
+            && tool
+                .canonical_name()
+                .is_some_and(|name| nexus_kernel_tools::lookup(name).is_some_and(|kernel| TOOLS.contains(&kernel.name)))
     })
 }
 
@@ -80,6 +80,64 @@ pub(super) fn budget(task: &mut TaskRow) {
             task.timeout_ms = WAIT_TIMEOUT_MS.0;
         }
         _ => {}
+    }
+}
+
+/// Whether `task` starts a child (`delegate_task`, `spawn`).
+fn starts_child(task: &TaskRow) -> bool {
+    is_call(task) && matches!(task.tool_name.as_str(), "delegate_task" | "spawn")
+}
+
+/// Reserves the allocation of the child `task` will start, out of the execution's remainder,
+/// when the execution has a budget (`docs/delegation.md`, "Budgets"): before the approval stage,
+/// so a child that does not fit is never started. The allocation is kept in the ledger under the
+/// call's key, written with the round's save, until the child ends or will never start.
+///
+/// # Errors
+/// `budget_exhausted` ([`super::budget::reserve_child`]); nothing is held then.
+pub(super) fn reserve_allocation(state: &mut ExecutionState, task: &TaskRow) -> Result<(), nexus_proto::Refusal> {
+    if !starts_child(task) || state.row.budget.is_none() {
+        return Ok(());
+    }
+    if let Some(allocation) = super::budget::reserve_child(state, None)?
+        && let Some(ledger) = &mut state.row.budget
+    {
+        ledger.children.insert(task.task_key.to_string(), allocation);
+    }
+    Ok(())
+}
+
+/// The budget of the children that ended (what each spent replaces its allocation) and of the
+/// allocations no child will use: those of calls that settled without a child, and all of them
+/// once the turn has ended.
+fn settle_budgets(state: &mut ExecutionState, children: &[ChildRow]) {
+    let Some(ledger) = &state.row.budget else { return };
+    if ledger.children.is_empty() {
+        return;
+    }
+    let held: Vec<(String, crate::budget::BudgetLimits)> =
+        ledger.children.iter().map(|(key, limits)| (key.clone(), *limits)).collect();
+    let ended_turn = state.row.status.is_terminal();
+    for (key, allocation) in held {
+        let child = children.iter().find(|c| c.task_key.to_string() == key);
+        let call_open = key.parse::<TaskKey>().ok().is_some_and(|k| is_open(state, k));
+        match child {
+            Some(child) if child.ended() => {
+                let spent = child.budget.as_ref().map(crate::budget::BudgetLedger::spent).unwrap_or_default();
+                super::budget::child_settled(state, &allocation, &spent);
+            }
+            // A child still running keeps its allocation, after the turn too.
+            Some(_) => continue,
+            None if call_open && !ended_turn => continue,
+            None => {
+                if let Some(ledger) = &mut state.row.budget {
+                    ledger.release_child(&allocation);
+                }
+            }
+        }
+        if let Some(ledger) = &mut state.row.budget {
+            ledger.children.remove(&key);
+        }
     }
 }
 
@@ -182,7 +240,7 @@ impl Join {
                 .ok_or("losers must be cancel or detach")?,
         };
         if let Some(timeout) = object.get("timeout_ms")
-            && !timeout.as_i64().is_some_and(|ms| ms >= 1)
+            && timeout.as_i64().is_none_or(|ms| ms < 1)
         {
             return Err("timeout_ms must be an integer ≥ 1 (milliseconds)".into());
         }
@@ -315,6 +373,8 @@ struct Call {
     execution: ExecutionRow,
     /// The model the caller runs on now (its chain's current route).
     current_model: Option<String>,
+    /// The child's allocation, when the caller has a budget ([`reserve_allocation`]).
+    allocation: Option<crate::budget::BudgetLimits>,
     task: TaskRow,
 }
 
@@ -331,6 +391,7 @@ pub(super) fn launch(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState
         fabric: Arc::clone(&state.fabric),
         root: state.root.clone(),
         current_model: chain.get(state.model_index).or(chain.first()).cloned(),
+        allocation: state.row.budget.as_ref().and_then(|l| l.children.get(&task.task_key.to_string()).copied()),
         declaration,
         execution: ExecutionRow { transcript: Value::Null, declaration: None, ..state.row.clone() },
         task: task.clone(),
@@ -395,7 +456,18 @@ async fn start(call: &Call) -> Result<Started, kernel::KernelFailure> {
             },
             Err(message) => settled(Err(message)),
         }),
-        name => match super::conversation_tools::run(&call.fabric, &call.root, &call.declaration, &call.execution, call.current_model.as_deref(), &call.task, name).await? {
+        name => match super::conversation_tools::run(
+            &call.fabric,
+            &call.root,
+            &call.declaration,
+            &call.execution,
+            call.current_model.as_deref(),
+            call.allocation,
+            &call.task,
+            name,
+        )
+        .await?
+        {
             super::conversation_tools::Outcome::Result(outcome) => Ok(settled(outcome)),
             super::conversation_tools::Outcome::Child { child, wait } => Ok(started(call, &child, wait, now)),
         },
@@ -442,7 +514,7 @@ async fn parse_wait(call: &Call) -> Result<Result<Waiter, String>, kernel::Kerne
         return Ok(Err("task must be the key of a task this run started (r<round>t<index>)".into()));
     };
     if let Some(timeout) = object.get("timeout_ms")
-        && !timeout.as_i64().is_some_and(|ms| ms >= 1)
+        && timeout.as_i64().is_none_or(|ms| ms < 1)
     {
         return Ok(Err("timeout_ms must be an integer ≥ 1 (milliseconds)".into()));
     }
@@ -454,7 +526,7 @@ async fn parse_wait(call: &Call) -> Result<Result<Waiter, String>, kernel::Kerne
                 return Ok(Err("run_public_id must be an execution id".into()));
             };
             let other = call.fabric.store.execution(id).await?;
-            if !other.is_some_and(|other| other.conversation_public_id == call.execution.conversation_public_id) {
+            if other.is_none_or(|other| other.conversation_public_id != call.execution.conversation_public_id) {
                 return Ok(Err(format!("run_public_id: {id} is not a run of this conversation")));
             }
             id
@@ -504,7 +576,8 @@ async fn delegate_child(
     let at = call.as_ref();
     let child = new_child(&at, ChildKind::Delegate, &delegate.prompt, delegate.lifetime, delegate.wake, None, now);
     let input = child_input(&child, &at, &delegate.prompt, parent_input.as_ref(), None, None);
-    let execution = child_execution(&child, &at, input.public_id, Some(declaration), now);
+    let mut execution = child_execution(&child, &at, input.public_id, Some(declaration), now);
+    execution.budget = call.allocation.map(|a| crate::budget::BudgetLedger::for_child(a, now));
     let (child, created) = call.fabric.store.start_child(&child, &input, &execution, &[]).await?;
     if created {
         tracing::info!(child = %child.child_execution_public_id, task_key = %child.task_key, "child delegated");
@@ -549,6 +622,7 @@ pub(super) fn new_child(
         status: RunStatus::Pending,
         final_text: None,
         error_key: None,
+        budget: None,
     }
 }
 
@@ -574,6 +648,7 @@ pub(super) fn child_input(
         posted_by_public_id: parent_input.and_then(|input| input.posted_by_public_id),
         turn: 0,
         deliver_at: None,
+        budget: None,
     }
 }
 
@@ -602,6 +677,7 @@ pub(super) fn child_execution(
         created_at: now,
         updated_at: now,
         parent_execution_public_id: Some(call.execution.public_id),
+        budget: None,
     }
 }
 
@@ -653,6 +729,11 @@ pub(super) async fn handle(
                 arm(myself, state, task_key);
             }
         }
+    }
+    // What the children changed (the budget's ledger and its narration) is written now, also
+    // for a parent whose turn has ended.
+    if !state.events.is_empty() {
+        super::save(state, &[]).await?;
     }
     Ok(())
 }
@@ -714,7 +795,12 @@ struct Decision {
 }
 
 /// The children `waiter` names, by key (a missing one is `None`).
-fn targets<'a>(waiter: &Waiter, mine: &'a [ChildRow], others: &'a BTreeMap<ExecutionId, Vec<ChildRow>>, me: ExecutionId) -> Vec<(TaskKey, Option<&'a ChildRow>)> {
+fn targets<'a>(
+    waiter: &Waiter,
+    mine: &'a [ChildRow],
+    others: &'a BTreeMap<ExecutionId, Vec<ChildRow>>,
+    me: ExecutionId,
+) -> Vec<(TaskKey, Option<&'a ChildRow>)> {
     let find = |parent: ExecutionId, key: TaskKey| {
         let rows = if parent == me { mine } else { others.get(&parent).map_or(&[][..], Vec::as_slice) };
         rows.iter().find(|child| child.task_key == key)
@@ -751,7 +837,12 @@ fn child_entry(key: TaskKey, child: Option<&ChildRow>, loser: Option<JoinLosers>
 }
 
 /// Decides `waiter` on its children as they stand; `None` while it waits on.
-fn decide(waiter: &Waiter, children: &[(TaskKey, Option<&ChildRow>)], timed_out: bool, timeout_ms: i64) -> Option<Decision> {
+fn decide(
+    waiter: &Waiter,
+    children: &[(TaskKey, Option<&ChildRow>)],
+    timed_out: bool,
+    timeout_ms: i64,
+) -> Option<Decision> {
     let ended: Vec<ChildRow> = children.iter().filter_map(|(_, c)| c.filter(|c| c.ended()).cloned()).collect();
     let live: Vec<ChildRow> = children.iter().filter_map(|(_, c)| c.filter(|c| !c.ended()).cloned()).collect();
     match waiter {
@@ -770,7 +861,14 @@ fn decide(waiter: &Waiter, children: &[(TaskKey, Option<&ChildRow>)], timed_out:
                     )
                 };
                 let result = child_entry(key, Some(child), None);
-                return Some(Decision { status, error_key, content, result, consume: vec![child.clone()], losers: Vec::new() });
+                return Some(Decision {
+                    status,
+                    error_key,
+                    content,
+                    result,
+                    consume: vec![child.clone()],
+                    losers: Vec::new(),
+                });
             }
             if timed_out {
                 let result = child_entry(key, Some(child), None);
@@ -779,7 +877,14 @@ fn decide(waiter: &Waiter, children: &[(TaskKey, Option<&ChildRow>)], timed_out:
                      <task_result task=\"{key}\"> message",
                     child.status
                 );
-                return Some(Decision { status: TaskStatus::Completed, error_key: None, content, result, consume: Vec::new(), losers: Vec::new() });
+                return Some(Decision {
+                    status: TaskStatus::Completed,
+                    error_key: None,
+                    content,
+                    result,
+                    consume: Vec::new(),
+                    losers: Vec::new(),
+                });
             }
             None
         }
@@ -788,25 +893,33 @@ fn decide(waiter: &Waiter, children: &[(TaskKey, Option<&ChildRow>)], timed_out:
             let failed = ended.iter().any(|c| !c.succeeded());
             let all_ended = live.is_empty();
             let (status, error_key, selection) = match join.policy {
-                JoinPolicy::AllRequired if failed => (TaskStatus::Failed, Some(ErrorCode::QuorumUnreachable.as_str()), None),
+                JoinPolicy::AllRequired if failed => {
+                    (TaskStatus::Failed, Some(ErrorCode::QuorumUnreachable.as_str()), None)
+                }
                 JoinPolicy::AllRequired if all_ended => (TaskStatus::Completed, None, None),
-                JoinPolicy::FirstSuccess => match children.iter().find_map(|(key, c)| c.filter(|c| c.succeeded()).map(|_| *key)) {
-                    Some(key) => (TaskStatus::Completed, None, Some(key)),
-                    None if all_ended => (TaskStatus::Failed, Some(ErrorCode::JoinStarved.as_str()), None),
-                    None if timed_out => (TaskStatus::TimedOut, Some(ErrorCode::AwaitTimeout.as_str()), None),
-                    None => return None,
-                },
+                JoinPolicy::FirstSuccess => {
+                    match children.iter().find_map(|(key, c)| c.filter(|c| c.succeeded()).map(|_| *key)) {
+                        Some(key) => (TaskStatus::Completed, None, Some(key)),
+                        None if all_ended => (TaskStatus::Failed, Some(ErrorCode::JoinStarved.as_str()), None),
+                        None if timed_out => (TaskStatus::TimedOut, Some(ErrorCode::AwaitTimeout.as_str()), None),
+                        None => return None,
+                    }
+                }
                 JoinPolicy::BestEffort => {
                     let reached = join.min_successes.is_some_and(|n| successes.len() >= n);
                     if !(reached || all_ended || timed_out) {
                         return None;
                     }
                     match join.min_successes {
-                        Some(n) if successes.len() < n => (TaskStatus::Failed, Some(ErrorCode::QuorumUnreachable.as_str()), None),
+                        Some(n) if successes.len() < n => {
+                            (TaskStatus::Failed, Some(ErrorCode::QuorumUnreachable.as_str()), None)
+                        }
                         _ => (TaskStatus::Completed, None, None),
                     }
                 }
-                JoinPolicy::AllRequired if timed_out => (TaskStatus::TimedOut, Some(ErrorCode::AwaitTimeout.as_str()), None),
+                JoinPolicy::AllRequired if timed_out => {
+                    (TaskStatus::TimedOut, Some(ErrorCode::AwaitTimeout.as_str()), None)
+                }
                 JoinPolicy::AllRequired => return None,
             };
             let losers: Vec<(ChildRow, JoinLosers)> = live.iter().map(|c| (c.clone(), join.losers)).collect();
@@ -880,8 +993,8 @@ pub(super) async fn evaluate(
     let waited: BTreeSet<(ExecutionId, TaskKey)> = state
         .delegation
         .waiters
-        .iter()
-        .flat_map(|(_, waiter)| match waiter {
+        .values()
+        .flat_map(|waiter| match waiter {
             Waiter::One { parent, child } => vec![(*parent, *child)],
             Waiter::Join(join) => join.tasks.iter().map(|key| (me, *key)).collect(),
         })
@@ -897,6 +1010,7 @@ pub(super) async fn evaluate(
             state.delegation.mail.insert(at, child.clone());
         }
     }
+    settle_budgets(state, &children);
     if state.row.status.is_terminal() {
         dispose_at_end(state, &children).await?;
     }
@@ -1014,7 +1128,10 @@ pub(super) fn apply_mail(state: &mut ExecutionState) {
 ///
 /// # Errors
 /// A store failure.
-pub(super) async fn read_passive_mail(state: &mut ExecutionState, frozen: &FrozenDeclaration) -> Result<(), ActorProcessingErr> {
+pub(super) async fn read_passive_mail(
+    state: &mut ExecutionState,
+    frozen: &FrozenDeclaration,
+) -> Result<(), ActorProcessingErr> {
     if !delegates(frozen) {
         return Ok(());
     }
@@ -1056,6 +1173,7 @@ async fn mail_after_end(state: &mut ExecutionState, child: &ChildRow) -> Result<
         posted_by_public_id: None,
         turn: 0,
         deliver_at: None,
+        budget: None,
     };
     let execution = ExecutionRow {
         public_id: ExecutionId::new_v4(),
@@ -1074,6 +1192,7 @@ async fn mail_after_end(state: &mut ExecutionState, child: &ChildRow) -> Result<
         created_at: now,
         updated_at: now,
         parent_execution_public_id: None,
+        budget: None,
     };
     if state.fabric.store.mail_child(child, &input, &execution).await? {
         tracing::info!(execution_id = %state.row.public_id, task_key = %child.task_key, mail = %execution.public_id, "a child's result arrived after its turn; it starts a turn");
@@ -1094,13 +1213,21 @@ async fn dispose_at_end(state: &mut ExecutionState, children: &[ChildRow]) -> Re
         match child.lifetime {
             ChildLifetime::Turn => {
                 let by = format!("end:{me}");
-                state.fabric.store.dispose_child(me, child.task_key, ChildDisposition::Canceled, None, Some(by)).await?;
+                state
+                    .fabric
+                    .store
+                    .dispose_child(me, child.task_key, ChildDisposition::Canceled, None, Some(by))
+                    .await?;
                 state.delegation.handed.insert((me, child.task_key));
                 stop_child(&state.root, child.child_execution_public_id);
             }
             ChildLifetime::Conversation => {
                 let owner = format!("conversation:{}", state.row.conversation_public_id);
-                state.fabric.store.dispose_child(me, child.task_key, ChildDisposition::Detached, Some(owner), None).await?;
+                state
+                    .fabric
+                    .store
+                    .dispose_child(me, child.task_key, ChildDisposition::Detached, Some(owner), None)
+                    .await?;
             }
         }
     }

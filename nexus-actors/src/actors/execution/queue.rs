@@ -261,6 +261,7 @@ fn steer_execution(fabric: &Fabric, input: &crate::store::InputRow, status: RunS
         final_text: None,
         error_key: None,
         event_seq: 0,
+        budget: None,
         created_at: now,
         updated_at: now,
         parent_execution_public_id: None,

@@ -202,6 +202,7 @@ pub async fn regenerate(
         final_text: None,
         error_key: None,
         event_seq: 1,
+        budget: None,
         created_at: now,
         updated_at: now,
         declaration: Some(declaration),

@@ -26,6 +26,7 @@ pub(super) fn steer_carries_text_only(input: &CreateInput) -> Result<(), Refusal
         ("runner_executor_public_id", input.runner_executor_public_id.is_some()),
         ("tool_names", input.tool_names.is_some()),
         ("variables", input.variables.is_some()),
+        ("budget", input.budget.is_some()),
     ];
     match per_turn.iter().find(|(_, given)| *given) {
         None => Ok(()),
@@ -63,6 +64,7 @@ impl Api {
                 runner_executor_public_id: row.runner_executor_public_id,
                 tool_names: row.tool_names.clone(),
                 variables: row.variables.clone(),
+                budget: row.budget.map(|_| Value::Null),
                 ..CreateInput::default()
             })?;
         }

@@ -86,6 +86,7 @@ fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
             "variables",
             "deliver_at",
             "deliver_in",
+            "budget",
         ],
     )?;
     let text = match &body["text"] {
@@ -100,6 +101,7 @@ fn create_input(body: &Value) -> Result<CreateInput, Refusal> {
         runner_executor_public_id: optional_uuid(body, "runner_executor_public_id")?,
         tool_names: body.get("tool_names").filter(|v| !v.is_null()).cloned(),
         variables: body.get("variables").filter(|v| !v.is_null()).cloned(),
+        budget: body.get("budget").filter(|v| !v.is_null()).cloned(),
         agent_public_id: optional_uuid(body, "agent_public_id")?,
         delivery_mode: match &body["delivery_mode"] {
             Value::Null => None,
