@@ -2,6 +2,7 @@
 //! call the same functions here, so a door's semantics cannot drift between transports.
 
 mod ask;
+pub mod children;
 mod compaction;
 pub mod conversations;
 mod inputs;
@@ -654,6 +655,11 @@ impl Api {
         // A scheduled input's delivery time, in Unix ms (`docs/executions.md`, "Scheduled inputs").
         let deliver_at = input.as_ref().and_then(|input| input.deliver_at);
         let tasks = store.tasks_of(id).await.map_err(internal)?;
+        // The execution that started this one, when it is a child (`docs/delegation.md`).
+        let parent = match row.parent_execution_public_id {
+            Some(_) => store.parent_of(id).await.map_err(internal)?.as_ref().map(children::parent_view),
+            None => None,
+        };
         let start =
             match tasks_after {
                 None => 0,
@@ -683,6 +689,7 @@ impl Api {
             "event_cursor": format!("{CURSOR_PREFIX}{}", row.event_seq),
             "queue": self.queue_view(&row).await?,
             "deliver_at": deliver_at,
+            "parent": parent,
             // `docs/executions.md`, "Budgets": null for an execution without one.
             "budget": row.budget.as_ref().map(crate::budget::BudgetLedger::view),
             "created_at": row.created_at,

@@ -238,6 +238,13 @@ impl AgentService for AgentGrpc {
         Ok(Response::new(execution_message(execution)))
     }
 
+    async fn list_children(&self, request: Request<GetExecutionRequest>) -> Result<Response<JsonReply>, Status> {
+        let caller = self.caller(&request).await?;
+        let id = required_uuid(&request.get_ref().execution_public_id, "execution_public_id")?;
+        let listed = self.api.children(&caller, id).await.map_err(|r| r.to_status())?;
+        Ok(reply(&listed))
+    }
+
     async fn stream_events(
         &self,
         request: Request<StreamEventsRequest>,

@@ -373,3 +373,162 @@ async fn a_join_survives_a_restart_and_ends_as_it_would_have() {
     );
     assert_eq!(bed.fake.count("p"), 3);
 }
+
+/// R49–R52 and the conversation tools: `spawn` from catalog entries runs on the model R51 says
+/// (the caller's actual model for `caller`, the leaf's for `default`, an explicit one over both),
+/// refuses what the catalog rules refuse, and `send`, `status` and `cancel` address the children
+/// by label; the children door lists them and each child shows its parent.
+#[tokio::test]
+async fn spawn_follows_the_catalog_and_send_status_cancel_address_the_children() {
+    let bed = Bed::start().await;
+    bed.declare(json!({
+        "default_model": "fake/p", "approval_mode": "bypass",
+        "kernel_tools": ["nexus.conversation.spawn", "nexus.conversation.send", "nexus.conversation.status", "nexus.conversation.cancel"],
+        "delegation_catalog": [
+            {"name": "researcher", "description": "Digs things up.", "model_mode": "caller",
+             "declaration": {"default_model": "fake/leafr", "approval_mode": "bypass"}},
+            {"name": "writer", "description": "Writes them down.", "model_mode": "default",
+             "declaration": {"default_model": "fake/leafw", "approval_mode": "bypass"}},
+        ],
+    }))
+    .await;
+    bed.fake.script(
+        "p",
+        [
+            calls(&[("a", "spawn", json!({"prompt": "research it", "declaration": "researcher", "label": "res", "wait": true}))]),
+            // The researcher runs on the caller's model: this is its answer.
+            Act::Text("found it".into()),
+            calls(&[("b", "spawn", json!({"prompt": "write it", "declaration": "writer", "label": "wri", "wait": true}))]),
+            calls(&[
+                ("c", "spawn", json!({"prompt": "x", "agent": "@someone"})),
+                ("d", "spawn", json!({"prompt": "x", "declaration": "nope"})),
+                ("e", "spawn", json!({"prompt": "y", "declaration": "writer", "model": "fake/explicit", "wake": "passive", "label": "exp"})),
+                ("f", "spawn", json!({"prompt": "z", "declaration": "writer", "model": "fake/never", "label": "stuck"})),
+                ("g", "spawn", json!({"prompt": "again", "declaration": "writer", "label": "res"})),
+            ]),
+            calls(&[
+                ("h", "send", json!({"to": "wri", "message": "and again"})),
+                ("i", "status", json!({"to": "res"})),
+                ("j", "cancel", json!({"to": "stuck"})),
+                ("k", "status", json!({"to": "nobody"})),
+            ]),
+            Act::Text("done".into()),
+        ],
+    );
+    bed.fake.script("leafw", [Act::Text("written".into()), Act::Text("written again".into())]);
+    bed.fake.script("explicit", [Act::Text("explicit".into())]);
+    let run = bed.post_input("research and write").await;
+    let row = bed.quiet(run).await;
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
+    let requests = bed.fake.requests_for("p");
+    assert_eq!(requests.len(), 6, "five parent rounds and the researcher's one");
+    let researcher_users: Vec<&Value> =
+        requests[1].body["messages"].as_array().expect("messages").iter().filter(|m| m["role"] == "user").collect();
+    assert_eq!(
+        researcher_users.last().map(|m| m["content"].clone()),
+        Some(json!("research it")),
+        "caller mode: the caller's model"
+    );
+    assert_eq!(requests[2].tool_results().last().map(String::as_str), Some("found it"));
+    assert_eq!(
+        requests[3].tool_results().last().map(String::as_str),
+        Some("written"),
+        "default mode: the leaf's model"
+    );
+    let refused = requests[4].tool_results();
+    let round3 = &refused[refused.len() - 5..];
+    assert!(round3[0].contains("names a catalog entry with declaration instead of an agent"), "{}", round3[0]);
+    assert!(round3[1].contains("nope is not a delegation_catalog entry"), "{}", round3[1]);
+    assert!(round3[2].contains("started in the background"), "{}", round3[2]);
+    assert!(round3[3].contains("started in the background"), "{}", round3[3]);
+    assert!(round3[4].contains("label res already names a child"), "{}", round3[4]);
+    let last = bed.fake.requests_for("p").pop().expect("last").tool_results();
+    let round4 = &last[last.len() - 4..];
+    assert!(round4[0].contains("\"delivered\":\"queued\""), "{}", round4[0]);
+    assert!(round4[1].contains("\"status\":\"completed\"") && round4[1].contains("found it"), "{}", round4[1]);
+    assert!(round4[2].contains("\"canceled\":true"), "{}", round4[2]);
+    assert!(round4[3].starts_with("unknown_conversation"), "{}", round4[3]);
+    // The sent message is a second turn of the writer's conversation, under its own declaration.
+    wait_until("the writer answers the message", WAIT, || async { (bed.fake.count("leafw") == 2).then_some(()) }).await;
+    wait_until("the explicit child answers", WAIT, || async { (bed.fake.count("explicit") == 1).then_some(()) }).await;
+    assert_eq!(bed.fake.count("leafr"), 0, "caller mode never asks the leaf's model");
+    // The children door lists the four children; each child shows its parent.
+    let listed = bed.http.get(&format!("/agent_api/v1/executions/{run}/children")).await;
+    assert_eq!(listed.status, 200, "{listed:?}");
+    let children = listed.body["children"].as_array().cloned().expect("children");
+    let labels: Vec<&str> = children.iter().filter_map(|c| c["label"].as_str()).collect();
+    assert_eq!(labels.len(), 4, "{children:?}");
+    for label in ["res", "wri", "exp", "stuck"] {
+        assert!(labels.contains(&label), "{label}: {labels:?}");
+    }
+    let stuck = children.iter().find(|c| c["label"] == "stuck").expect("stuck");
+    assert_eq!(stuck["disposition"], "canceled", "{stuck}");
+    let child_id = children[0]["execution_public_id"].as_str().expect("id");
+    let child = bed.http.get(&format!("/agent_api/v1/executions/{child_id}")).await;
+    assert_eq!(child.body["parent"]["execution_public_id"], json!(run), "{:?}", child.body);
+    assert_eq!(child.body["parent"]["task_key"], children[0]["task_key"]);
+    let top = bed.http.get(&format!("/agent_api/v1/executions/{run}")).await;
+    assert_eq!(top.body["parent"], Value::Null);
+}
+
+/// Budgets over children (R75): a child's allocation is reserved before its call is dispatched,
+/// a child that does not fit is refused with `budget_exhausted` and never started, and the
+/// children's allocations never add up past the parent's remainder.
+#[tokio::test]
+async fn a_budget_refuses_a_child_and_allocations_never_exceed_it() {
+    let bed = Bed::start().await;
+    bed.declare(json!({"default_model": "fake/p", "approval_mode": "bypass", "kernel_tools": delegation_tools()}))
+        .await;
+    bed.fake.script(
+        "p",
+        [
+            Act::ToolCalls(
+                (0..3)
+                    .map(|i| {
+                        (
+                            format!("d{i}"),
+                            "delegate_task".to_owned(),
+                            json!({"prompt": format!("part {i}"), "model": format!("fake/b{i}"), "wait": true}),
+                        )
+                    })
+                    .collect(),
+            ),
+            Act::Text("done".into()),
+        ],
+    );
+    for i in 0..3 {
+        bed.fake.script(&format!("b{i}"), [Act::Text(format!("part {i} done"))]);
+    }
+    let admitted = bed
+        .http
+        .post(
+            "/agent_api/v1/inputs",
+            &json!({"text": "three parts", "budget": {"max_model_tokens": 200000, "max_children": 2}}),
+        )
+        .await;
+    assert_eq!(admitted.status, 201, "{admitted:?}");
+    let run: ExecutionId = admitted.body["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    let row = bed.quiet(run).await;
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
+    let refused = bed.server.task(run, "r1t2").await.expect("third call");
+    assert_eq!(
+        (refused.status, refused.error_key.as_deref()),
+        (TaskStatus::Failed, Some("budget_exhausted")),
+        "{refused:?}"
+    );
+    assert_eq!(bed.fake.count("b2"), 0, "the refused child was never started");
+    let children = bed.children_ended(run, 2).await;
+    let allocated: u64 = children
+        .iter()
+        .map(|c| c.budget.as_ref().and_then(|b| b.limits.max_model_tokens).expect("each child has an allocation"))
+        .sum();
+    assert!(allocated <= 200_000, "the children's allocations fit the parent's budget: {allocated}");
+    let view = bed.http.get(&format!("/agent_api/v1/executions/{run}")).await.body["budget"].clone();
+    assert_eq!(view["used"]["children"], 2, "{view}");
+    assert_eq!(view["reserved"]["children"], 0, "every allocation was settled: {view}");
+    let used = view["used"]["model_tokens"].as_u64().expect("used tokens");
+    assert!(used <= 200_000, "{view}");
+    // What the children spent is counted in the parent's usage.
+    let spent: u64 = children.iter().map(|c| c.budget.as_ref().map_or(0, |b| b.spent().model_tokens)).sum();
+    assert!(used >= spent && spent > 0, "used {used}, children spent {spent}");
+}

@@ -179,7 +179,9 @@ async fn spawn(
                 leaf.insert("default_model".into(), json!(current));
             }
             // The catalog is carried to the child for nested delegation.
-            leaf.entry("delegation_catalog").or_insert_with(|| catalog.clone());
+            if leaf.get("delegation_catalog").is_none_or(Value::is_null) {
+                leaf.insert("delegation_catalog".into(), catalog.clone());
+            }
             leaf
         }
         None => {

@@ -55,6 +55,7 @@ pub fn routes() -> Router<Arc<Api>> {
         .route("/agent_api/v1/inputs", post(post_input))
         .route("/agent_api/v1/inputs/{id}/cancel", post(post_cancel_input))
         .route("/agent_api/v1/executions/{id}", get(get_execution))
+        .route("/agent_api/v1/executions/{id}/children", get(get_children))
         .route("/agent_api/v1/executions/{id}/events", get(get_events))
         .route("/agent_api/v1/executions/{id}/events/stream", get(get_event_stream))
 }
@@ -170,6 +171,18 @@ async fn get_execution(
     let caller = caller(&api, &headers, peer).await?;
     let id = uuid_param("id", &id)?;
     Ok(axum::Json(api.execution_page(&caller, id, query.tasks_after.as_deref()).await?))
+}
+
+/// `GET /agent_api/v1/executions/{id}/children` ([`Api::children`]).
+async fn get_children(
+    State(api): State<Arc<Api>>,
+    Path(id): Path<String>,
+    Peer(peer): Peer,
+    headers: HeaderMap,
+) -> HttpResult {
+    let caller = caller(&api, &headers, peer).await?;
+    let id = uuid_param("id", &id)?;
+    Ok(axum::Json(api.children(&caller, id).await?))
 }
 
 #[derive(Debug, serde::Deserialize)]
