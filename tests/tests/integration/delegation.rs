@@ -532,3 +532,40 @@ async fn a_budget_refuses_a_child_and_allocations_never_exceed_it() {
     let spent: u64 = children.iter().map(|c| c.budget.as_ref().map_or(0, |b| b.spent().model_tokens)).sum();
     assert!(used >= spent && spent > 0, "used {used}, children spent {spent}");
 }
+
+/// R37: a `subtree` reach covers the current conversation and its descendants, the child
+/// conversations delegation started, and nothing else of the Agent's.
+#[tokio::test]
+async fn a_subtree_reach_covers_the_children_and_nothing_beside() {
+    let bed = Bed::start().await;
+    bed.declare(json!({"default_model": "fake/p", "approval_mode": "bypass", "conversation_reach": "subtree",
+        "kernel_tools": ["nexus.graph.delegate_task", "nexus.conversation.search"]}))
+        .await;
+    // Another conversation of the Agent says the word too.
+    bed.fake.script("p", [Act::Text("noted".into())]);
+    let beside = bed.post_input("the word is plum, beside").await;
+    bed.quiet(beside).await;
+    bed.fake.script(
+        "p",
+        [
+            calls(&[(
+                "d",
+                "delegate_task",
+                json!({"prompt": "the word is plum, below", "model": "fake/k", "wait": true}),
+            )]),
+            calls(&[("s", "session_search", json!({"query": "plum"}))]),
+            Act::EchoLastToolResult,
+        ],
+    );
+    bed.fake.script("k", [Act::Text("ok".into())]);
+    let run = bed.post_input("find the word").await;
+    let row = bed.quiet(run).await;
+    let child = bed.children(run).await.remove(0);
+    let found = row.final_text.unwrap_or_default();
+    assert!(
+        found.contains(&child.child_conversation_public_id.to_string()),
+        "the child's conversation is reached: {found}"
+    );
+    assert!(found.contains("below"), "{found}");
+    assert!(!found.contains("beside"), "a conversation outside the subtree is not: {found}");
+}

@@ -208,6 +208,10 @@ async fn spawn(
             }
         }
     };
+    // A `subtree` reach is inherited and never widened (R37).
+    if declaration.conversation_reach == crate::declaration::memory::ConversationReach::Subtree {
+        authored.insert("conversation_reach".into(), json!("subtree"));
+    }
     // An explicit model wins (R51).
     if let Some(model) = model {
         if let Err(error) = fabric.models.resolve(model) {
@@ -401,6 +405,9 @@ async fn status(
     execution: &ExecutionRow,
     input: &Map<String, Value>,
 ) -> Result<Outcome, KernelFailure> {
+    if let Some(key) = input.keys().find(|key| key.as_str() != "to") {
+        return refused(format!("{key} is not a parameter of status; it takes to"));
+    }
     let to = match text(input, "to") {
         Ok(Some(to)) => to,
         Ok(None) => return refused("to is required"),
@@ -435,6 +442,9 @@ async fn cancel(
     task: &TaskRow,
     input: &Map<String, Value>,
 ) -> Result<Outcome, KernelFailure> {
+    if let Some(key) = input.keys().find(|key| key.as_str() != "to") {
+        return refused(format!("{key} is not a parameter of cancel; it takes to"));
+    }
     let to = match text(input, "to") {
         Ok(Some(to)) => to,
         Ok(None) => return refused("to is required"),

@@ -87,9 +87,9 @@ async fn run_io(call: &KernelCall) -> Result<Option<Result<Value, String>>, Kern
         // History (`docs/kernel-tools.md`, "session_search and session_read"), within the frozen
         // reach.
         "session_search" => {
-            Ok(Some(sessions::search(store, &sessions::reachable(call), call.input, &task.tool_input).await?))
+            Ok(Some(sessions::search(store, &sessions::reachable(call).await?, call.input, &task.tool_input).await?))
         }
-        "session_read" => Ok(Some(sessions::read(store, &sessions::reachable(call), &task.tool_input).await?)),
+        "session_read" => Ok(Some(sessions::read(store, &sessions::reachable(call).await?, &task.tool_input).await?)),
         _ => Ok(None),
     }
 }

@@ -70,15 +70,26 @@ impl Refused {
 /// What a tool answers the model: a result, or a call error envelope's message.
 pub type Answer = Result<Value, String>;
 
-/// The conversations `call` reaches under its frozen `conversation_reach`.
-#[must_use]
-pub fn reachable(call: &KernelCall) -> Reachable {
+/// The most descendant conversations a `subtree` reach covers beside the current one; deeper or
+/// wider trees are cut there, breadth first (`docs/delegation.md`).
+pub const SUBTREE_BOUND: usize = 1_000;
+
+/// The conversations `call` reaches under its frozen `conversation_reach`: every one of the
+/// Agent's (`workspace`), or the current conversation and its descendants, the child
+/// conversations delegation started (`subtree`, R37).
+///
+/// # Errors
+/// A store failure.
+pub async fn reachable(call: &KernelCall) -> Result<Reachable, crate::store::StoreError> {
     let within = match call.declaration.conversation_reach {
         ConversationReach::Workspace => None,
-        // Issue 14 (spawn) adds the descendants of the current conversation here.
-        ConversationReach::Subtree => Some(vec![call.conversation]),
+        ConversationReach::Subtree => {
+            let mut within = vec![call.conversation];
+            within.extend(call.fabric.store.descendant_conversations(call.conversation, SUBTREE_BOUND).await?);
+            Some(within)
+        }
     };
-    Reachable { agent: call.agent, within }
+    Ok(Reachable { agent: call.agent, within })
 }
 
 /// The object of `input`, refusing a parameter outside `known`.
