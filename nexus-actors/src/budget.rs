@@ -375,8 +375,8 @@ impl BudgetLedger {
 
     /// Reserves a child's allocation and returns it: in each limited dimension (model tokens,
     /// cost, tool calls) the `requested` limit when it fits the remainder, else (none requested)
-    /// the remainder divided by the child slots left when `max_children` is set, else half the
-    /// remainder; unlimited dimensions stay unlimited unless requested. The deadline is the
+    /// the remainder divided by the child slots left plus one (the parent's own share) when
+    /// `max_children` is set, else half the remainder; unlimited dimensions stay unlimited unless requested. The deadline is the
     /// requested one, capped at the time left. A child's own `max_children` is the requested one
     /// (its children draw on its allocation). The allocation is held as reserved until
     /// [`BudgetLedger::settle_child`].
@@ -394,7 +394,9 @@ impl BudgetLedger {
                 self.limits.max_children.unwrap_or(0)
             )));
         }
-        let slots = remaining.children.unwrap_or(2).max(1);
+        // The parent keeps a share for its own calls: the remainder is divided among the child
+        // slots left and the parent itself, or halved without `max_children`.
+        let slots = remaining.children.map_or(2, |left| left.saturating_add(1)).max(1);
         let share_u = |left: u64| left / slots;
         let share_f = |left: f64| left / slots as f64;
         let over = |name: &str, asked: String, left: String| {
@@ -615,14 +617,14 @@ mod tests {
             ..BudgetLimits::default()
         });
         let first = parent.reserve_child(None, 0).expect("a slot");
-        assert_eq!(first.max_model_tokens, Some(300), "900 over 3 slots");
+        assert_eq!(first.max_model_tokens, Some(225), "900 over 3 slots and the parent's share");
         assert_eq!(first.max_tool_calls, None, "unlimited stays unlimited");
         let asked = BudgetLimits { max_model_tokens: Some(700), ..BudgetLimits::default() };
-        assert!(parent.reserve_child(Some(&asked), 0).is_err(), "700 > 600 left");
+        assert!(parent.reserve_child(Some(&asked), 0).is_err(), "700 > 675 left");
         let second = parent.reserve_child(None, 0).expect("a slot");
-        assert_eq!(second.max_model_tokens, Some(300), "600 over 2 slots");
+        assert_eq!(second.max_model_tokens, Some(225), "675 over 2 slots and the parent's share");
         parent.settle_child(&first, &BudgetUsage { model_tokens: 100, ..BudgetUsage::default() });
-        assert_eq!(parent.remaining().model_tokens, Some(500));
+        assert_eq!(parent.remaining().model_tokens, Some(575));
         assert_eq!(parent.remaining().children, Some(1));
         let unlimited = BudgetLedger::new(BudgetLimits { max_tool_calls: Some(4), ..BudgetLimits::default() })
             .reserve_child(None, 0)

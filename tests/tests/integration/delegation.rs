@@ -569,3 +569,67 @@ async fn a_subtree_reach_covers_the_children_and_nothing_beside() {
     assert!(found.contains("below"), "{found}");
     assert!(!found.contains("beside"), "a conversation outside the subtree is not: {found}");
 }
+
+/// README's worked example, as written (budget included): `scripted/lead` delegates three counts
+/// to `scripted/helper` children that run `bash` on the runner, and joins them `all_required`.
+#[tokio::test]
+async fn the_readme_example_delegates_and_joins() {
+    let read = |name: &str| -> Value {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples").join(name);
+        serde_json::from_str(&std::fs::read_to_string(path).expect("example script")).expect("json")
+    };
+    let server = TestServer::start(&[("lead", read("lead.json")), ("helper", read("helper.json"))]).await;
+    let agent = server.agent("agent").await;
+    let http = Http::new(&server.url(), Some(&agent.token));
+    let dirs = tempfile::tempdir().expect("dirs");
+    let runner = server.runner("worker-1").await;
+    let workdir = dirs.path().join("work");
+    std::fs::create_dir_all(workdir.join("src")).expect("workdir");
+    std::fs::write(workdir.join("src/a.rs"), "").expect("file");
+    let (_child, _log) = RunnerAgentProcess {
+        nexus_url: server.url(),
+        runner: runner.clone(),
+        token_file: dirs.path().join("token"),
+        workdir,
+        state_dir: dirs.path().join("state"),
+        tool_timeout_ms: 60_000,
+    }
+    .spawn_logged(&[]);
+    wait_until("the runner announces its tools", WAIT, || async {
+        server.store().executor(runner.runner()).await.ok().flatten().and_then(|r| r.announced_at)
+    })
+    .await;
+    let declared = http
+        .declare(&json!({"configuration": {"runner_executor_public_ids": [runner.id], "approval_mode": "bypass",
+            "default_model": "scripted/lead", "kernel_tools": ["nexus.graph.delegate_task", "nexus.graph.join"]}}))
+        .await;
+    assert_eq!(declared.status, 200, "{declared:?}");
+    let admitted = http
+        .post(
+            "/agent_api/v1/inputs",
+            &json!({"text": "How many Rust files are there?", "budget": {"max_children": 3, "max_tool_calls": 50}}),
+        )
+        .await;
+    let run: ExecutionId = admitted.body["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    let row = server.settled(run, WAIT).await;
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
+    let text = row.final_text.unwrap_or_default();
+    assert!(text.starts_with("The three helpers reported: "), "{text}");
+    assert!(
+        text.contains("\"outcome\":\"completed\"") && text.contains("1 files (Count the Rust files under"),
+        "{text}"
+    );
+    let children = http.get(&format!("/agent_api/v1/executions/{run}/children")).await;
+    assert_eq!(children.body["children"].as_array().map(Vec::len), Some(3), "{:?}", children.body);
+    assert_eq!(children.body["joins"][0]["policy"], "all_required");
+    let allocations: Vec<u64> = children.body["children"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["budget"]["limits"]["max_tool_calls"].as_u64())
+        .collect();
+    assert_eq!(allocations.len(), 3, "each child ran on an allocation: {:?}", children.body);
+    let budget = http.get(&format!("/agent_api/v1/executions/{run}")).await.body["budget"].clone();
+    assert_eq!(budget["used"]["children"], 3, "{budget}");
+    assert!(budget["used"]["tool_calls"].as_u64().is_some_and(|n| n <= 50), "{budget}");
+}
