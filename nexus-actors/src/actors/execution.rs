@@ -663,6 +663,10 @@ fn narrate(state: &mut ExecutionState, task: &TaskRow) {
 /// Writes the row, the transcript's new messages, new tasks and pending events in one
 /// transaction, then wakes followers.
 async fn save(state: &mut ExecutionState, new_tasks: &[TaskRow]) -> Result<(), ActorProcessingErr> {
+    // An ending turn gives back the child allocations no child will use ([`delegation`]).
+    if state.row.status.is_terminal() {
+        delegation::before_end(state).await?;
+    }
     // The frozen declaration never changes once stored: it is written once, not on every save.
     state.row.declaration = match state.declaration_stored {
         true => None,

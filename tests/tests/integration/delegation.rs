@@ -469,6 +469,27 @@ async fn spawn_follows_the_catalog_and_send_status_cancel_address_the_children()
     assert_eq!(child.body["parent"]["task_key"], children[0]["task_key"]);
     let top = bed.http.get(&format!("/agent_api/v1/executions/{run}")).await;
     assert_eq!(top.body["parent"], Value::Null);
+    // The gRPC twin lists the same children; another Agent learns nothing.
+    let mut client = nexus_tests::agent_client(&bed.server).await;
+    // Only the token reaches the wire.
+    let agent = Minted { id: uuid::Uuid::nil(), token: bed.token.clone() };
+    let request = nexus_proto::agent::v1::GetExecutionRequest {
+        execution_public_id: run.to_string(),
+        tasks_after: String::new(),
+    };
+    let twin = client.list_children(nexus_tests::authed(request.clone(), &agent)).await.expect("listed").into_inner();
+    let twin: Value = serde_json::from_str(&twin.body_json).expect("json");
+    let keys = |body: &Value| -> Vec<Value> {
+        body["children"].as_array().into_iter().flatten().map(|c| c["task_key"].clone()).collect()
+    };
+    assert_eq!(keys(&twin), keys(&listed.body));
+    let stranger = bed.server.agent("stranger").await;
+    let hidden = Http::new(&bed.server.url(), Some(&stranger.token))
+        .get(&format!("/agent_api/v1/executions/{run}/children"))
+        .await;
+    assert_eq!(hidden.status, 404, "{hidden:?}");
+    let refused = client.list_children(nexus_tests::authed(request, &stranger)).await.expect_err("hidden");
+    assert_eq!(refused.code(), tonic::Code::NotFound);
 }
 
 /// Budgets over children (R75): a child's allocation is reserved before its call is dispatched,

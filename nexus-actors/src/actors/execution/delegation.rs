@@ -1234,6 +1234,21 @@ async fn dispose_at_end(state: &mut ExecutionState, children: &[ChildRow]) -> Re
     Ok(())
 }
 
+/// Before the save that ends the execution: the budget of its children is settled as it stands
+/// (the allocations no child will use are given back; a child still running keeps its own until
+/// it ends), so the ended row shows what is really held.
+///
+/// # Errors
+/// A store failure.
+pub(super) async fn before_end(state: &mut ExecutionState) -> Result<(), ActorProcessingErr> {
+    if state.row.budget.as_ref().is_none_or(|ledger| ledger.children.is_empty()) {
+        return Ok(());
+    }
+    let children = state.fabric.store.children_of(state.row.public_id).await?;
+    settle_budgets(state, &children);
+    Ok(())
+}
+
 /// After the save that ended the execution: a child tells its parent; a parent hands on the
 /// results nobody consumed and disposes of its children still running.
 ///
