@@ -381,6 +381,8 @@ async fn a_join_survives_a_restart_and_ends_as_it_would_have() {
 #[tokio::test]
 async fn spawn_follows_the_catalog_and_send_status_cancel_address_the_children() {
     let bed = Bed::start().await;
+    // A runner the Agent may use, which the parent does not declare.
+    let outside = bed.server.runner("outside").await;
     bed.declare(json!({
         "default_model": "fake/p", "approval_mode": "bypass",
         "kernel_tools": ["nexus.conversation.spawn", "nexus.conversation.send", "nexus.conversation.status", "nexus.conversation.cancel"],
@@ -389,6 +391,8 @@ async fn spawn_follows_the_catalog_and_send_status_cancel_address_the_children()
              "declaration": {"default_model": "fake/leafr", "approval_mode": "bypass"}},
             {"name": "writer", "description": "Writes them down.", "model_mode": "default",
              "declaration": {"default_model": "fake/leafw", "approval_mode": "bypass"}},
+            {"name": "outsider", "description": "Works elsewhere.", "model_mode": "default",
+             "declaration": {"default_model": "fake/leafo", "approval_mode": "bypass", "runner_executor_public_ids": [outside.id]}},
         ],
     }))
     .await;
@@ -405,6 +409,7 @@ async fn spawn_follows_the_catalog_and_send_status_cancel_address_the_children()
                 ("e", "spawn", json!({"prompt": "y", "declaration": "writer", "model": "fake/explicit", "wake": "passive", "label": "exp"})),
                 ("f", "spawn", json!({"prompt": "z", "declaration": "writer", "model": "fake/never", "label": "stuck"})),
                 ("g", "spawn", json!({"prompt": "again", "declaration": "writer", "label": "res"})),
+                ("o", "spawn", json!({"prompt": "elsewhere", "declaration": "outsider"})),
             ]),
             calls(&[
                 ("h", "send", json!({"to": "wri", "message": "and again"})),
@@ -436,12 +441,19 @@ async fn spawn_follows_the_catalog_and_send_status_cancel_address_the_children()
         "default mode: the leaf's model"
     );
     let refused = requests[4].tool_results();
-    let round3 = &refused[refused.len() - 5..];
+    let round3 = &refused[refused.len() - 6..];
     assert!(round3[0].contains("names a catalog entry with declaration instead of an agent"), "{}", round3[0]);
     assert!(round3[1].contains("nope is not a delegation_catalog entry"), "{}", round3[1]);
     assert!(round3[2].contains("started in the background"), "{}", round3[2]);
     assert!(round3[3].contains("started in the background"), "{}", round3[3]);
     assert!(round3[4].contains("label res already names a child"), "{}", round3[4]);
+    // R33: a child never reaches a runner its parent lacks.
+    assert!(
+        round3[5].starts_with("runner_not_declared") && round3[5].contains(&outside.id.to_string()),
+        "{}",
+        round3[5]
+    );
+    assert_eq!(bed.fake.count("leafo"), 0);
     let last = bed.fake.requests_for("p").pop().expect("last").tool_results();
     let round4 = &last[last.len() - 4..];
     assert!(round4[0].contains("\"delivered\":\"queued\""), "{}", round4[0]);
@@ -653,4 +665,93 @@ async fn the_readme_example_delegates_and_joins() {
     let budget = http.get(&format!("/agent_api/v1/executions/{run}")).await.body["budget"].clone();
     assert_eq!(budget["used"]["children"], 3, "{budget}");
     assert!(budget["used"]["tool_calls"].as_u64().is_some_and(|n| n <= 50), "{budget}");
+}
+
+/// `wake: passive`: a result that arrives after the turn starts nothing; the conversation's next
+/// turn reads it first, before its own input, and consumes it.
+#[tokio::test]
+async fn a_passive_result_waits_for_the_next_turn() {
+    let bed = Bed::start().await;
+    bed.declare(json!({"default_model": "fake/p", "approval_mode": "bypass", "kernel_tools": delegation_tools()}))
+        .await;
+    bed.fake.script(
+        "p",
+        [
+            calls(&[("d", "delegate_task", json!({"prompt": "think slowly", "model": "fake/q", "wake": "passive"}))]),
+            Act::Text("later".into()),
+        ],
+    );
+    let run = bed.post_input("start it").await;
+    let row = bed.quiet(run).await;
+    let child = bed.children(run).await.remove(0);
+    // The child halts (its model was never scripted); stopping it ends it.
+    wait_until("the child asks", WAIT, || async { (bed.fake.count("q") >= 1).then_some(()) }).await;
+    let stopped =
+        bed.http.post(&format!("/agent_api/v1/executions/{}/stop", child.child_execution_public_id), &json!({})).await;
+    assert_eq!(stopped.status, 200, "{stopped:?}");
+    bed.children_ended(run, 1).await;
+    // Nothing started: the conversation's only execution is the first turn.
+    let latest = bed.server.store().latest_execution_of(row.conversation_public_id).await.expect("read").expect("one");
+    assert_eq!(latest.public_id, run, "a passive result starts no turn");
+    bed.fake.script("p", [Act::Text("read it".into())]);
+    let next = bed
+        .http
+        .post(
+            "/agent_api/v1/inputs",
+            &json!({"text": "and now?", "conversation_public_id": row.conversation_public_id}),
+        )
+        .await;
+    assert_eq!(next.status, 201, "{next:?}");
+    let second: ExecutionId = next.body["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    bed.quiet(second).await;
+    let request = bed.fake.requests_for("p").pop().expect("the second turn's request");
+    let users: Vec<String> = request.body["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| m["content"].as_str().map(str::to_owned))
+        .collect();
+    let n = users.len();
+    assert!(users[n - 2].starts_with("<task_result task=\"r1t0\" status=\"canceled\">"), "{users:?}");
+    assert_eq!(users[n - 1], "and now?");
+    let child = bed.children(run).await.remove(0);
+    assert_eq!(child.consumed_by, Some(format!("execution:{second}")));
+}
+
+/// `send` with `deliver_in` holds the message durably until its time (`docs/executions.md`,
+/// "Scheduled inputs"), across a restart.
+#[tokio::test]
+async fn a_scheduled_send_is_held_until_its_time_across_a_restart() {
+    let bed = Bed::start().await;
+    bed.declare(json!({"default_model": "fake/p", "approval_mode": "bypass",
+        "kernel_tools": ["nexus.conversation.spawn", "nexus.conversation.send"]}))
+        .await;
+    bed.fake.script(
+        "p",
+        [
+            calls(&[("s", "spawn", json!({"prompt": "stand by", "label": "later", "model": "fake/w", "wait": true}))]),
+            calls(&[("m", "send", json!({"to": "later", "message": "now go", "deliver_in": "20m"}))]),
+            Act::Text("scheduled".into()),
+        ],
+    );
+    bed.fake.script("w", [Act::Text("standing by".into()), Act::Text("going".into())]);
+    let run = bed.post_input("schedule it").await;
+    let row = bed.quiet(run).await;
+    assert_eq!(row.final_text.as_deref(), Some("scheduled"));
+    let sent = bed.fake.requests_for("p").pop().expect("last").tool_results().pop().expect("result");
+    assert!(sent.contains("\"delivered\":\"scheduled\""), "{sent}");
+    assert_eq!(bed.fake.count("w"), 1, "held: the child was not asked again");
+    let bed = bed.restart().await;
+    bed.server.clock().advance(Duration::from_secs(19 * 60));
+    assert_eq!(bed.fake.count("w"), 1, "still held before its time");
+    bed.server.clock().advance(Duration::from_secs(2 * 60));
+    wait_until("the held message is delivered once", WAIT, || async { (bed.fake.count("w") == 2).then_some(()) }).await;
+    let child = bed.children(run).await.remove(0);
+    let latest = wait_until("the child's second turn ends", WAIT, || async {
+        let latest = bed.server.store().latest_execution_of(child.child_conversation_public_id).await.ok().flatten()?;
+        (latest.public_id != child.child_execution_public_id && latest.status.is_terminal()).then_some(latest)
+    })
+    .await;
+    assert_eq!(latest.final_text.as_deref(), Some("going"));
 }
