@@ -189,6 +189,40 @@ pub struct ExecutionRow {
     pub parent_execution_public_id: Option<ExecutionId>,
 }
 
+impl ExecutionRow {
+    /// A new `pending` execution of `input` in `conversation` for `member`: no transcript, round 0,
+    /// no events, its declaration frozen already when given, no parent and no budget.
+    #[must_use]
+    pub fn pending(
+        public_id: ExecutionId,
+        conversation: ConversationId,
+        input: InputId,
+        member: MemberId,
+        declaration: Option<Value>,
+        now: i64,
+    ) -> ExecutionRow {
+        ExecutionRow {
+            public_id,
+            conversation_public_id: conversation,
+            input_public_id: input,
+            member_public_id: member,
+            status: RunStatus::Pending,
+            attention_reason: None,
+            declaration,
+            transcript: Value::Array(Vec::new()),
+            transcript_stored: 0,
+            round: 0,
+            final_text: None,
+            error_key: None,
+            event_seq: 0,
+            created_at: now,
+            updated_at: now,
+            parent_execution_public_id: None,
+            budget: None,
+        }
+    }
+}
+
 /// A task: one inbox row (`docs/protocol.md`, "Inbox rows").
 #[derive(Clone, Debug, PartialEq)]
 pub struct TaskRow {

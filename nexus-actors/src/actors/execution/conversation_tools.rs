@@ -318,6 +318,23 @@ async fn addressed(
     }
 }
 
+/// The child conversation that `to` names, for `tool`, which takes `to` alone.
+async fn addressed_by_to(
+    fabric: &Fabric,
+    execution: &ExecutionRow,
+    tool: &str,
+    input: &Map<String, Value>,
+) -> Result<Result<ChildRow, String>, KernelFailure> {
+    if let Some(key) = input.keys().find(|key| key.as_str() != "to") {
+        return Ok(Err(format!("{key} is not a parameter of {tool}; it takes to")));
+    }
+    match text(input, "to") {
+        Ok(Some(to)) => addressed(fabric, execution, to).await,
+        Ok(None) => Ok(Err("to is required".into())),
+        Err(message) => Ok(Err(message)),
+    }
+}
+
 async fn send(
     fabric: &Fabric,
     root: &RootHandle,
@@ -405,15 +422,7 @@ async fn status(
     execution: &ExecutionRow,
     input: &Map<String, Value>,
 ) -> Result<Outcome, KernelFailure> {
-    if let Some(key) = input.keys().find(|key| key.as_str() != "to") {
-        return refused(format!("{key} is not a parameter of status; it takes to"));
-    }
-    let to = match text(input, "to") {
-        Ok(Some(to)) => to,
-        Ok(None) => return refused("to is required"),
-        Err(m) => return refused(m),
-    };
-    let child = match addressed(fabric, execution, to).await? {
+    let child = match addressed_by_to(fabric, execution, "status", input).await? {
         Ok(child) => child,
         Err(message) => return refused(message),
     };
@@ -442,15 +451,7 @@ async fn cancel(
     task: &TaskRow,
     input: &Map<String, Value>,
 ) -> Result<Outcome, KernelFailure> {
-    if let Some(key) = input.keys().find(|key| key.as_str() != "to") {
-        return refused(format!("{key} is not a parameter of cancel; it takes to"));
-    }
-    let to = match text(input, "to") {
-        Ok(Some(to)) => to,
-        Ok(None) => return refused("to is required"),
-        Err(m) => return refused(m),
-    };
-    let child = match addressed(fabric, execution, to).await? {
+    let child = match addressed_by_to(fabric, execution, "cancel", input).await? {
         Ok(child) => child,
         Err(message) => return refused(message),
     };

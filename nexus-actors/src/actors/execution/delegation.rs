@@ -661,23 +661,15 @@ pub(super) fn child_execution(
     now: i64,
 ) -> ExecutionRow {
     ExecutionRow {
-        public_id: child.child_execution_public_id,
-        conversation_public_id: child.child_conversation_public_id,
-        input_public_id: input,
-        member_public_id: call.execution.member_public_id,
-        status: RunStatus::Pending,
-        attention_reason: None,
-        declaration,
-        transcript: json!([]),
-        transcript_stored: 0,
-        round: 0,
-        final_text: None,
-        error_key: None,
-        event_seq: 0,
-        created_at: now,
-        updated_at: now,
         parent_execution_public_id: Some(call.execution.public_id),
-        budget: None,
+        ..ExecutionRow::pending(
+            child.child_execution_public_id,
+            child.child_conversation_public_id,
+            input,
+            call.execution.member_public_id,
+            declaration,
+            now,
+        )
     }
 }
 
@@ -1175,25 +1167,14 @@ async fn mail_after_end(state: &mut ExecutionState, child: &ChildRow) -> Result<
         deliver_at: None,
         budget: None,
     };
-    let execution = ExecutionRow {
-        public_id: ExecutionId::new_v4(),
-        conversation_public_id: state.row.conversation_public_id,
-        input_public_id: input.public_id,
-        member_public_id: state.row.member_public_id,
-        status: RunStatus::Pending,
-        attention_reason: None,
-        declaration: Some(serde_json::to_value(frozen)?),
-        transcript: json!([]),
-        transcript_stored: 0,
-        round: 0,
-        final_text: None,
-        error_key: None,
-        event_seq: 0,
-        created_at: now,
-        updated_at: now,
-        parent_execution_public_id: None,
-        budget: None,
-    };
+    let execution = ExecutionRow::pending(
+        ExecutionId::new_v4(),
+        state.row.conversation_public_id,
+        input.public_id,
+        state.row.member_public_id,
+        Some(serde_json::to_value(frozen)?),
+        now,
+    );
     if state.fabric.store.mail_child(child, &input, &execution).await? {
         tracing::info!(execution_id = %state.row.public_id, task_key = %child.task_key, mail = %execution.public_id, "a child's result arrived after its turn; it starts a turn");
         super::queue::hand_off(&state.fabric, &state.root, state.row.conversation_public_id).await?;
