@@ -277,7 +277,7 @@ fn request(method: &str, field: Field<'_>, run: &str) -> Option<(Vec<u8>, Option
             declaration,
             true,
         ),
-        "GetExecution" => (
+        "GetExecution" | "ListChildren" => (
             GetExecutionRequest { execution_public_id: id.into(), tasks_after: String::new() }.encode_to_vec(),
             None,
             true,
