@@ -204,6 +204,23 @@ impl TestServer {
         TestServer { server, data_dir, database }
     }
 
+    /// A server whose `fake/<model>` models are answered by `fake` (its OpenAI-compatible
+    /// wire, any model name), with no scripted models.
+    pub async fn start_with_fake(fake: &crate::FakeProvider) -> TestServer {
+        let url = fake.openai_base_url();
+        TestServer::start_with(&[], move |config| {
+            config.providers.providers.insert(
+                "fake".into(),
+                nexus_actors::model::ProviderConfig {
+                    base_url: Some(url),
+                    allow_any_model: true,
+                    ..nexus_actors::model::ProviderConfig::new(nexus_actors::model::ProviderKind::OpenAiCompatible)
+                },
+            );
+        })
+        .await
+    }
+
     /// Stops this server cleanly and starts another on the same store and configuration, its
     /// `scripted/<name>` models following `scripts` again.
     pub async fn restart(self, scripts: &[(&str, Value)]) -> TestServer {

@@ -2472,18 +2472,7 @@ struct ReachBed {
 impl ReachBed {
     async fn start() -> ReachBed {
         let fake = nexus_tests::FakeProvider::start().await;
-        let base_url = fake.openai_base_url();
-        let server = TestServer::start_with(&[], move |config| {
-            config.providers.providers.insert(
-                "fake".into(),
-                ProviderConfig {
-                    base_url: Some(base_url),
-                    allow_any_model: true,
-                    ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
-                },
-            );
-        })
-        .await;
+        let server = TestServer::start_with_fake(&fake).await;
         let ada = server.agent("ada").await;
         let bob = server.agent("bob").await;
         ReachBed { fake, server, ada, bob }

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use nexus_actors::model::{ProviderConfig, ProviderKind};
 use nexus_actors::store::{Event, EventType};
 use nexus_proto::{ExecutionId, RunStatus, TaskStatus};
 use nexus_tests::processes::RunnerAgentProcess;
@@ -25,18 +24,7 @@ struct Bed {
 impl Bed {
     async fn start() -> Bed {
         let fake = FakeProvider::start().await;
-        let url = fake.openai_base_url();
-        let server = TestServer::start_with(&[], move |config| {
-            config.providers.providers.insert(
-                "fake".into(),
-                ProviderConfig {
-                    base_url: Some(url),
-                    allow_any_model: true,
-                    ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
-                },
-            );
-        })
-        .await;
+        let server = TestServer::start_with_fake(&fake).await;
         let agent = server.agent("agent").await;
         let http = Http::new(&server.url(), Some(&agent.token));
         Bed { fake, server, http }

@@ -363,21 +363,9 @@ async fn memory_survives_a_sigkill() {
 
 #[tokio::test]
 async fn the_memory_block_lists_the_context_and_a_workspace_skill_is_listed_and_loaded() {
-    use nexus_actors::model::{ProviderConfig, ProviderKind};
     use nexus_tests::{Act, FakeProvider};
     let fake = FakeProvider::start().await;
-    let base_url = fake.openai_base_url();
-    let server = TestServer::start_with(&[], move |config| {
-        config.providers.providers.insert(
-            "fake".into(),
-            ProviderConfig {
-                base_url: Some(base_url),
-                allow_any_model: true,
-                ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
-            },
-        );
-    })
-    .await;
+    let server = TestServer::start_with_fake(&fake).await;
     let agent = server.agent("mnemo").await;
     let http = Http::new(&server.url(), Some(&agent.token));
     // People write skills and documents through the doors; the model's memory verbs never reach

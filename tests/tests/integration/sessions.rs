@@ -12,7 +12,6 @@ use serde_json::{Value, json};
 
 use nexus_actors::actors::execution::sessions;
 use nexus_actors::doors::api::{Admitted, CreateInput};
-use nexus_actors::model::{ProviderConfig, ProviderKind};
 use nexus_actors::store::Reachable;
 use nexus_proto::{ConversationId, InputId, RunStatus};
 use nexus_tests::{Act, FakeProvider, FakeRequest, Minted, TestServer};
@@ -30,18 +29,7 @@ struct Bed {
 impl Bed {
     async fn start() -> Bed {
         let fake = FakeProvider::start().await;
-        let base_url = fake.openai_base_url();
-        let server = TestServer::start_with(&[], move |config| {
-            config.providers.providers.insert(
-                "fake".into(),
-                ProviderConfig {
-                    base_url: Some(base_url),
-                    allow_any_model: true,
-                    ..ProviderConfig::new(ProviderKind::OpenAiCompatible)
-                },
-            );
-        })
-        .await;
+        let server = TestServer::start_with_fake(&fake).await;
         let ada = server.agent("ada").await;
         let bob = server.agent("bob").await;
         Bed { fake, server, ada, bob }
