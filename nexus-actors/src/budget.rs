@@ -430,6 +430,17 @@ impl BudgetLedger {
             max_tool_calls,
             max_children: requested.max_children,
         };
+        // A share too small to do anything is no allocation: the child is refused rather than
+        // started with nothing (`docs/delegation.md`, "Budgets").
+        if let Some(name) = [("max_model_tokens", max_model_tokens), ("max_tool_calls", max_tool_calls)]
+            .iter()
+            .find_map(|(name, limit)| (*limit == Some(0)).then_some(*name))
+            .or_else(|| max_cost_usd.is_some_and(|c| c <= 0.0).then_some("max_cost_usd"))
+        {
+            return Err(exhausted(format!(
+                "the budget's remaining {name} is too small to share with another child; the child was not started"
+            )));
+        }
         self.reserved = self.reserved.plus(exposure(&allocation));
         Ok(allocation)
     }
@@ -440,6 +451,19 @@ impl BudgetLedger {
         self.reserved = self.reserved.minus(exposure(allocation));
         let spent = BudgetUsage { children: 1, ..*spent };
         self.used = self.used.plus(spent);
+    }
+
+    /// The limits of work that may spend nothing more: each dimension this ledger limits at 0
+    /// (and a deadline already past); the unlimited ones stay unlimited.
+    #[must_use]
+    pub fn exhausted_limits(&self) -> BudgetLimits {
+        BudgetLimits {
+            deadline_ms: self.limits.deadline_ms.map(|_| 0),
+            max_model_tokens: self.limits.max_model_tokens.map(|_| 0),
+            max_cost_usd: self.limits.max_cost_usd.map(|_| 0.0),
+            max_tool_calls: self.limits.max_tool_calls.map(|_| 0),
+            max_children: self.limits.max_children.map(|_| 0),
+        }
     }
 
     /// A child's allocation that no child will use (its call was refused, denied, or its turn
@@ -630,5 +654,19 @@ mod tests {
             .reserve_child(None, 0)
             .expect("no max_children");
         assert_eq!(unlimited.max_tool_calls, Some(2), "half the remainder");
+    }
+
+    #[test]
+    fn a_share_that_rounds_to_nothing_is_refused() {
+        let mut parent = BudgetLedger::new(BudgetLimits {
+            max_tool_calls: Some(2),
+            max_children: Some(3),
+            ..BudgetLimits::default()
+        });
+        let refused = parent.reserve_child(None, 0).expect_err("2 calls over 3 slots and the parent's share is 0");
+        assert_eq!(refused.code, ErrorCode::BudgetExhausted);
+        assert_eq!(parent.reserved, BudgetUsage::default(), "nothing is held");
+        let exhausted = parent.exhausted_limits();
+        assert_eq!((exhausted.max_tool_calls, exhausted.max_model_tokens), (Some(0), None));
     }
 }

@@ -898,7 +898,7 @@ async fn adopt(
     // The budget is frozen with the declaration (`docs/executions.md`, "Budgets").
     budget::adopt(state, input);
     // Children's results left for this turn are read first ([`delegation`]).
-    delegation::read_passive_mail(state, &frozen).await?;
+    delegation::read_passive_mail(state).await?;
     state.transcript.push(ChatMessage::User { content: input.text.clone() });
     emit(
         state,

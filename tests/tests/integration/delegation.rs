@@ -165,7 +165,11 @@ async fn a_result_after_the_turn_starts_a_turn_and_is_read_once() {
     let run = bed.post_input("find out").await;
     let row = bed.quiet(run).await;
     assert_eq!(row.final_text.as_deref(), Some("I asked a helper"));
-    let child = bed.children(run).await.remove(0);
+    // The end's dispositions are recorded right after the save that ended the turn.
+    let child = wait_until("the end disposes of the child", WAIT, || async {
+        bed.children(run).await.into_iter().next().filter(|c| c.disposition.is_some())
+    })
+    .await;
     assert_eq!(child.disposition, Some(ChildDisposition::Detached), "a conversation-lifetime child outlives the turn");
     assert_eq!(child.owner.as_deref(), Some(format!("conversation:{}", row.conversation_public_id).as_str()));
     // The child's model answers once it is scripted; its request is in by now or soon.
@@ -686,7 +690,9 @@ async fn a_passive_result_waits_for_the_next_turn() {
         .http
         .post(
             "/agent_api/v1/inputs",
-            &json!({"text": "and now?", "conversation_public_id": row.conversation_public_id}),
+            // A turn under a declaration without delegation tools reads it too.
+            &json!({"text": "and now?", "conversation_public_id": row.conversation_public_id,
+                "execution_declaration": {"default_model": "fake/p", "approval_mode": "bypass"}}),
         )
         .await;
     assert_eq!(next.status, 201, "{next:?}");
@@ -742,4 +748,58 @@ async fn a_scheduled_send_is_held_until_its_time_across_a_restart() {
     })
     .await;
     assert_eq!(latest.final_text.as_deref(), Some("going"));
+}
+
+/// nexus's guard against runaway recursion: a child nested 16 levels deep may not start another;
+/// the refusal is a call error envelope and the tree unwinds normally.
+#[tokio::test]
+async fn nesting_stops_at_the_delegation_depth() {
+    const DEPTH: usize = 16;
+    let bed = Bed::start().await;
+    bed.declare(json!({"default_model": "fake/p", "approval_mode": "bypass", "kernel_tools": delegation_tools()}))
+        .await;
+    let deeper = || calls(&[("d", "delegate_task", json!({"prompt": "go deeper", "model": "fake/r", "wait": true}))]);
+    bed.fake.script("p", [deeper(), Act::EchoLastToolResult]);
+    bed.fake.script("r", (0..DEPTH).map(|_| deeper()).chain((0..DEPTH).map(|_| Act::EchoLastToolResult)));
+    let run = bed.post_input("recurse").await;
+    let row = bed.quiet(run).await;
+    assert_eq!(row.status, RunStatus::Completed, "{row:?}");
+    let text = row.final_text.unwrap_or_default();
+    assert!(text.contains("delegation bound: this run is nested 16 levels deep"), "{text}");
+    assert_eq!(bed.fake.count("r"), 2 * DEPTH, "sixteen levels of children, each asked twice");
+}
+
+/// A budgeted turn's mail turn draws on what the turn left (a child's share), not on nothing.
+#[tokio::test]
+async fn a_mail_turn_of_a_budgeted_turn_keeps_a_budget() {
+    let bed = Bed::start().await;
+    bed.declare(json!({"default_model": "fake/p", "approval_mode": "bypass", "kernel_tools": delegation_tools()}))
+        .await;
+    bed.fake.script(
+        "p",
+        [
+            calls(&[("d", "delegate_task", json!({"prompt": "take your time", "model": "fake/slow2"}))]),
+            Act::Text("asked".into()),
+            Act::Text("read the result".into()),
+        ],
+    );
+    let admitted = bed
+        .http
+        .post("/agent_api/v1/inputs", &json!({"text": "go", "budget": {"max_tool_calls": 40, "max_children": 4}}))
+        .await;
+    let run: ExecutionId = admitted.body["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("id");
+    let row = bed.quiet(run).await;
+    let child = bed.children(run).await.remove(0);
+    wait_until("the child asks", WAIT, || async { (bed.fake.count("slow2") >= 1).then_some(()) }).await;
+    let stopped =
+        bed.http.post(&format!("/agent_api/v1/executions/{}/stop", child.child_execution_public_id), &json!({})).await;
+    assert_eq!(stopped.status, 200, "{stopped:?}");
+    let mail = wait_until("the mail turn ends", WAIT, || async {
+        let line = bed.server.store().latest_execution_of(row.conversation_public_id).await.ok().flatten()?;
+        (line.public_id != run && line.status.is_terminal()).then_some(line)
+    })
+    .await;
+    let ledger = mail.budget.expect("the mail turn has a budget");
+    let calls_allowed = ledger.limits.max_tool_calls.expect("a tool-call limit");
+    assert!(calls_allowed > 0 && calls_allowed < 40, "a share of what the turn left: {ledger:?}");
 }

@@ -114,6 +114,9 @@ async fn spawn(
     if let Some(existing) = fabric.store.child(execution.public_id, task.task_key).await? {
         return Ok(Outcome::Child { child: existing, wait });
     }
+    if let Err(message) = super::delegation::within_bounds(&fabric.store, execution).await? {
+        return refused(message);
+    }
     let known = [
         "prompt",
         "agent",

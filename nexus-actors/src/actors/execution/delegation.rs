@@ -51,6 +51,45 @@ pub const WAIT_TIMEOUT_MS: (i64, i64) = (3_600_000, 86_400_000);
 /// The most tasks one `join` names.
 pub const JOIN_WIDTH: usize = 32;
 
+/// The most children one execution starts (nexus's guard against runaway fan-out; the origin
+/// sets no ceiling): a starting call beyond it is refused as a call error envelope.
+pub const CHILDREN_PER_EXECUTION: usize = 256;
+
+/// The deepest a child may be nested: a child of a child ... of a top-level execution, this many
+/// levels down (nexus's guard against runaway recursion; the origin sets no ceiling).
+pub const DELEGATION_DEPTH: usize = 16;
+
+/// Whether `execution` may start one more child: within [`CHILDREN_PER_EXECUTION`] and
+/// [`DELEGATION_DEPTH`]; `Err` is the call error envelope's text.
+///
+/// # Errors
+/// A store failure.
+pub(super) async fn within_bounds(
+    store: &crate::store::Store,
+    execution: &ExecutionRow,
+) -> Result<Result<(), String>, kernel::KernelFailure> {
+    if store.children_of(execution.public_id).await?.len() >= CHILDREN_PER_EXECUTION {
+        return Ok(Err(format!(
+            "delegation bound: this run started {CHILDREN_PER_EXECUTION} children already, the most one run may; \
+             join or wait for the ones it has"
+        )));
+    }
+    // The run's depth is the number of parents above it; its child would be one deeper.
+    let mut depth = 0;
+    let mut above = execution.parent_execution_public_id;
+    while let Some(parent) = above {
+        depth += 1;
+        if depth >= DELEGATION_DEPTH {
+            return Ok(Err(format!(
+                "delegation bound: this run is nested {DELEGATION_DEPTH} levels deep, the deepest that may start \
+                 another child; do the work here"
+            )));
+        }
+        above = store.parent_of(parent).await?.map(|row| row.parent_execution_public_id);
+    }
+    Ok(Ok(()))
+}
+
 /// Whether `task` is a call of a delegation tool: its served name, with no runner target.
 pub fn is_call(task: &TaskRow) -> bool {
     task.target_executor_public_id.is_none() && TOOLS.contains(&task.tool_name.as_str())
@@ -214,11 +253,13 @@ impl Join {
             }
             keys.push(key);
         }
-        let policy = object
-            .get("policy")
-            .and_then(Value::as_str)
-            .and_then(|word| word.parse::<JoinPolicy>().ok())
-            .ok_or("policy must be all_required, first_success or best_effort")?;
+        let policy =
+            object.get("policy").and_then(Value::as_str).and_then(|word| word.parse::<JoinPolicy>().ok()).ok_or(
+                match object.get("policy") {
+                    None | Some(Value::Null) => "policy is required: all_required, first_success or best_effort",
+                    Some(_) => "policy must be all_required, first_success or best_effort",
+                },
+            )?;
         let min_successes = match object.get("min_successes") {
             None | Some(Value::Null) => None,
             Some(value) => {
@@ -227,7 +268,7 @@ impl Join {
                     return Err("min_successes is read by best_effort only".into());
                 }
                 if n > keys.len() as u64 {
-                    return Err(format!("min_successes is {n}, but the join names {} tasks", keys.len()));
+                    return Err(format!("min_successes is {n}, but the join names only {} of them", keys.len()));
                 }
                 Some(usize::try_from(n).unwrap_or(usize::MAX))
             }
@@ -548,6 +589,9 @@ async fn delegate_child(
 ) -> Result<Result<ChildRow, String>, kernel::KernelFailure> {
     if let Some(existing) = call.fabric.store.child(call.execution.public_id, call.task.task_key).await? {
         return Ok(Ok(existing));
+    }
+    if let Err(message) = within_bounds(&call.fabric.store, &call.execution).await? {
+        return Ok(Err(message));
     }
     let mut frozen = (*call.declaration).clone();
     if let Some(names) = &delegate.tools {
@@ -1116,17 +1160,12 @@ pub(super) fn apply_mail(state: &mut ExecutionState) {
 }
 
 /// At a turn's start (materialization): the `passive` results of the conversation's earlier
-/// turns that nobody consumed are read first, before the input.
+/// turns that nobody consumed are read first, before the input, whatever this turn declares
+/// (one indexed read per turn).
 ///
 /// # Errors
 /// A store failure.
-pub(super) async fn read_passive_mail(
-    state: &mut ExecutionState,
-    frozen: &FrozenDeclaration,
-) -> Result<(), ActorProcessingErr> {
-    if !delegates(frozen) {
-        return Ok(());
-    }
+pub(super) async fn read_passive_mail(state: &mut ExecutionState) -> Result<(), ActorProcessingErr> {
     for child in state.fabric.store.passive_mail(state.row.conversation_public_id).await? {
         let at = (child.parent_execution_public_id, child.task_key);
         if !state.delegation.handed.insert(at) {
@@ -1167,19 +1206,34 @@ async fn mail_after_end(state: &mut ExecutionState, child: &ChildRow) -> Result<
         deliver_at: None,
         budget: None,
     };
-    let execution = ExecutionRow::pending(
+    let declaration = Some(serde_json::to_value(frozen)?);
+    let mut execution = ExecutionRow::pending(
         ExecutionId::new_v4(),
         state.row.conversation_public_id,
         input.public_id,
         state.row.member_public_id,
-        Some(serde_json::to_value(frozen)?),
+        declaration,
         now,
     );
+    // A budgeted turn's mail turn draws on what the turn left, as a child would: a share of the
+    // remainder, or nothing once it is spent (`docs/delegation.md`, "Budgets").
+    execution.budget = mail_budget(state, now);
     if state.fabric.store.mail_child(child, &input, &execution).await? {
         tracing::info!(execution_id = %state.row.public_id, task_key = %child.task_key, mail = %execution.public_id, "a child's result arrived after its turn; it starts a turn");
         super::queue::hand_off(&state.fabric, &state.root, state.row.conversation_public_id).await?;
     }
     Ok(())
+}
+
+/// The ledger of a mail turn of this (ended, budgeted) execution: a child's share of the
+/// remainder, held by this execution for good; when no share is left, limits that spend nothing.
+fn mail_budget(state: &mut ExecutionState, now: i64) -> Option<crate::budget::BudgetLedger> {
+    state.row.budget.as_ref()?;
+    let allocation = match super::budget::reserve_child(state, None) {
+        Ok(Some(allocation)) => allocation,
+        _ => state.row.budget.as_ref().map(crate::budget::BudgetLedger::exhausted_limits)?,
+    };
+    Some(crate::budget::BudgetLedger::for_child(allocation, now))
 }
 
 /// After the parent's turn ended: each child still running is canceled (`lifetime: turn`) or
