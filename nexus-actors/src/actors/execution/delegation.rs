@@ -743,8 +743,22 @@ pub(super) async fn handle(
     match msg {
         DelegationMsg::Started { task, outcome } => {
             state.kernel_calls.remove(&task.task_key);
-            // A stop may have settled the call meanwhile: it stays settled.
+            // A stop may have settled the call meanwhile: it stays settled, and a child it started
+            // late is canceled (its result is nobody's mail).
             if !is_open(state, task.task_key) {
+                if starts_child(&task)
+                    && let Some(child) = state.fabric.store.child(state.row.public_id, task.task_key).await?
+                    && !child.ended()
+                {
+                    let by = format!("task:{}", task.task_key);
+                    state
+                        .fabric
+                        .store
+                        .dispose_child(state.row.public_id, task.task_key, ChildDisposition::Canceled, None, Some(by))
+                        .await?;
+                    state.delegation.handed.insert((state.row.public_id, task.task_key));
+                    stop_child(&state.root, child.child_execution_public_id);
+                }
                 return Ok(());
             }
             match outcome {
