@@ -1947,6 +1947,33 @@ async fn recovered(tag: &str, nexus: &NexusProcess) {
     .await;
 }
 
+/// What every tree stands at: each parent's and child's status with its tasks, and each child's
+/// consumption and disposition; for a failing scenario's message.
+async fn trees_now(store: &Store, trees: &[Tree]) -> String {
+    let mut out = String::new();
+    let tasks_of = |run: ExecutionId| async move {
+        let tasks = store.tasks_of(run).await.unwrap_or_default();
+        tasks.iter().map(|t| format!("{}:{}", t.task_key, t.status)).collect::<Vec<_>>().join(" ")
+    };
+    for tree in trees {
+        let row = store.execution(tree.run).await.ok().flatten();
+        let status = row.as_ref().map(|r| format!("{} {:?}", r.status, r.attention_reason));
+        out.push_str(&format!("\n  {} {} {status:?} [{}]", tree.name, tree.run, tasks_of(tree.run).await));
+        for child in store.children_of(tree.run).await.unwrap_or_default() {
+            out.push_str(&format!(
+                "\n    {} {} {} consumed_by={:?} disposition={:?} [{}]",
+                child.task_key,
+                child.child_execution_public_id,
+                child.status,
+                child.consumed_by,
+                child.disposition,
+                tasks_of(child.child_execution_public_id).await
+            ));
+        }
+    }
+    out
+}
+
 /// SIGKILLs `nexus` and starts it again on the same store and address; answers once its
 /// recovery is done.
 async fn kill_and_restart(tag: &str, nexus: NexusProcess, at: &StoreLocation, config: &Path) -> NexusProcess {
@@ -1969,7 +1996,7 @@ async fn kill_and_restart(tag: &str, nexus: NexusProcess, at: &StoreLocation, co
 /// and the gate parent's first child ended while the parent's bash waits (no join call yet).
 /// After the restart the gate opens (its first child's result is read at the parent's next
 /// boundary, as without a kill), `first_success`'s third child answers first (the selection; the
-/// others are canceled), `all_required`'s second child answers; kill 2 comes with that join
+/// others are canceled; its parent ends), `all_required`'s second child answers; kill 2 comes with that join
 /// holding two unconsumed results, `best_effort` still one short of its `min_successes: 2`, and
 /// the gate's join waiting. After the second restart the rest answer. Then: each join's outcome,
 /// every child consumed once by its join (the gate's first child by the parent's boundary), each
@@ -2152,6 +2179,12 @@ async fn nexus_sigkill_in_the_middle_of_each_join() {
     answer_ask(&tag, &http, first_success.children[2]).await;
     answer_ask(&tag, &http, all_required.children[1]).await;
     wait_task(&tag, &store, first_success.run, "r2t0", "(the join) settles", TaskRow::is_settled).await;
+    // Its parent's next model call and its losers' cancellations land before kill 2: a model call
+    // lost to a kill is asked again, and this scenario kills only while joins wait.
+    for child in &first_success.children {
+        ended(&tag, &store, *child).await;
+    }
+    ended(&tag, &store, first_success.run).await;
     let second = ended(&tag, &store, all_required.children[1]).await;
     assert_eq!(second.status, RunStatus::Completed, "{tag} all_required-1: {second:?}");
     wait_task(&tag, &store, gated.run, "r3t0", "(the join) waits", |t| t.status == TaskStatus::Running).await;
@@ -2179,9 +2212,25 @@ async fn nexus_sigkill_in_the_middle_of_each_join() {
         answer_ask(&tag, &http, *child).await;
     }
     let parents: Vec<ExecutionId> = trees.iter().map(|t| t.run).collect();
-    let rows = wait_runs_quiet(&tag, &store, &parents, TREE_WAIT).await;
+    let deadline = Instant::now() + TREE_WAIT;
+    let rows = loop {
+        let mut rows = Vec::new();
+        for run in &parents {
+            rows.push(store.execution(*run).await.expect("store").expect("execution row"));
+        }
+        if rows.iter().all(|r| r.status.is_quiescent()) {
+            break rows;
+        }
+        if Instant::now() >= deadline {
+            let log: Vec<String> =
+                nexus.log().into_iter().filter(|l| l.contains("WARN") || l.contains("ERROR")).collect();
+            panic!("{tag} a parent is still live after {TREE_WAIT:?}:{}\nlog:\n{}", trees_now(&store, &trees).await, log.join("\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let now = trees_now(&store, &trees).await;
     for (tree, row) in trees.iter().zip(&rows) {
-        assert_eq!(row.status, RunStatus::Completed, "{tag} {}: {row:?}", tree.name);
+        assert_eq!(row.status, RunStatus::Completed, "{tag} {}: {row:?}{now}", tree.name);
         assert!(row.final_text.as_deref().is_some_and(|t| t.starts_with("tool said:")), "{tag} {}: {row:?}", tree.name);
     }
     let mut everyone = parents.clone();
@@ -2236,7 +2285,7 @@ async fn nexus_sigkill_in_the_middle_of_each_join() {
             } else {
                 (RunStatus::Completed, None)
             };
-            assert_eq!((child.status, child.disposition), (status, disposition), "{tag} {} child {i}", tree.name);
+            assert_eq!((child.status, child.disposition), (status, disposition), "{tag} {} child {i}{now}", tree.name);
             let door = listed.body["children"]
                 .as_array()
                 .and_then(|all| all.iter().find(|c| c["task_key"] == child.task_key.to_string()))
