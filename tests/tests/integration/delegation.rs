@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use nexus_actors::model::{ProviderConfig, ProviderKind};
 use nexus_actors::store::children::ChildRow;
-use nexus_proto::{ChildDisposition, ExecutionId, RunStatus, TaskStatus};
+use nexus_proto::{ChildDisposition, ExecutionId, RunStatus, TaskKey, TaskStatus};
 use nexus_tests::processes::RunnerAgentProcess;
 use nexus_tests::{Act, FakeProvider, Http, Minted, TestServer, wait_until};
 
@@ -531,4 +531,48 @@ async fn a_budget_refuses_a_child_and_allocations_never_exceed_it() {
     // What the children spent is counted in the parent's usage.
     let spent: u64 = children.iter().map(|c| c.budget.as_ref().map_or(0, |b| b.spent().model_tokens)).sum();
     assert!(used >= spent && spent > 0, "used {used}, children spent {spent}");
+}
+
+/// A loser recorded canceled whose stop never landed (the node died between the join's record
+/// and the child's cancellation) is stopped by recovery: a canceled child never runs on. The
+/// crash's durable state is made directly: the child's row says `canceled` while the child still
+/// waits on its `ask`.
+#[tokio::test]
+async fn a_child_recorded_canceled_is_stopped_after_a_restart() {
+    let bed = Bed::start().await;
+    bed.declare(json!({"default_model": "fake/p", "approval_mode": "bypass",
+        "kernel_tools": ["nexus.graph.delegate_task", "nexus.human.ask"]}))
+        .await;
+    bed.fake.script(
+        "p",
+        [
+            calls(&[("d", "delegate_task", json!({"prompt": "wait for a person", "model": "fake/loser"}))]),
+            calls(&[("q", "ask", json!({"prompt": "parent waits"}))]),
+        ],
+    );
+    bed.fake.script("loser", [calls(&[("q", "ask", json!({"prompt": "child waits"}))])]);
+    let run = bed.post_input("start a child that loses").await;
+    bed.server.task_in(run, "r2t0", TaskStatus::AwaitingInput).await;
+    let child = bed.children(run).await.remove(0);
+    bed.server.task_in(child.child_execution_public_id, "r1t0", TaskStatus::AwaitingInput).await;
+    let key: TaskKey = "r1t0".parse().expect("key");
+    let recorded = bed
+        .server
+        .store()
+        .dispose_child(run, key, ChildDisposition::Canceled, None, Some("task:r2t0".into()))
+        .await
+        .expect("dispose");
+    assert!(recorded);
+    let bed = bed.restart().await;
+    let stopped = wait_until("recovery stops the canceled child", WAIT, || async {
+        let row = bed.server.store().execution(child.child_execution_public_id).await.ok().flatten()?;
+        row.status.is_terminal().then_some(row)
+    })
+    .await;
+    assert_eq!(stopped.status, RunStatus::Canceled, "{stopped:?}");
+    let ask = bed.server.task(child.child_execution_public_id, "r1t0").await.expect("ask");
+    assert_eq!(ask.status, TaskStatus::Canceled, "{ask:?}");
+    let row = bed.children(run).await.remove(0);
+    assert_eq!(row.consumed_by.as_deref(), Some("task:r2t0"), "its first consumer keeps it: {row:?}");
+    assert_eq!(bed.fake.count("loser"), 1, "the canceled child never asked its model again");
 }
