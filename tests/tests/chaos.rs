@@ -2031,11 +2031,8 @@ async fn nexus_sigkill_in_the_middle_of_each_join() {
     let gate = work.join("gate.open");
 
     // The scripts: one model per parent and per child, so every answer is scripted in order.
-    let policies: [(&'static str, Value); 3] = [
-        ("all_required", json!({})),
-        ("first_success", json!({})),
-        ("best_effort", json!({"min_successes": 2})),
-    ];
+    let policies: [(&'static str, Value); 3] =
+        [("all_required", json!({})), ("first_success", json!({})), ("best_effort", json!({"min_successes": 2}))];
     for (policy, extra) in &policies {
         let mut join = json!({"tasks": ["r1t0", "r1t1", "r1t2"], "policy": policy});
         for (field, value) in extra.as_object().expect("object") {
@@ -2169,7 +2166,10 @@ async fn nexus_sigkill_in_the_middle_of_each_join() {
         let row = store.child(tree.run, key("r1t0")).await.expect("store").expect("child");
         assert_eq!(row.consumed_by, None, "{tag} {}: the ended child's result waits for its consumer", tree.name);
     }
-    assert!(store.task(gated.run, key("r3t0")).await.expect("store").is_none(), "{tag} the gate's join is not called yet");
+    assert!(
+        store.task(gated.run, key("r3t0")).await.expect("store").is_none(),
+        "{tag} the gate's join is not called yet"
+    );
     eprintln!("{tag} SIGKILL 1: every join waits; the gate parent's first child ended before its join");
     let nexus = kill_and_restart(&tag, nexus, &at, &config).await;
 
@@ -2224,7 +2224,11 @@ async fn nexus_sigkill_in_the_middle_of_each_join() {
         if Instant::now() >= deadline {
             let log: Vec<String> =
                 nexus.log().into_iter().filter(|l| l.contains("WARN") || l.contains("ERROR")).collect();
-            panic!("{tag} a parent is still live after {TREE_WAIT:?}:{}\nlog:\n{}", trees_now(&store, &trees).await, log.join("\n"));
+            panic!(
+                "{tag} a parent is still live after {TREE_WAIT:?}:{}\nlog:\n{}",
+                trees_now(&store, &trees).await,
+                log.join("\n")
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
@@ -2301,7 +2305,9 @@ async fn nexus_sigkill_in_the_middle_of_each_join() {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|m| m["role"] == "user" && m["content"].as_str().is_some_and(|t| t.contains("<task_result task=\"r1t0\"")))
+        .filter(|m| {
+            m["role"] == "user" && m["content"].as_str().is_some_and(|t| t.contains("<task_result task=\"r1t0\""))
+        })
         .count();
     assert_eq!(envelopes, 1, "{tag} {}", last.body);
 
@@ -2318,7 +2324,7 @@ async fn nexus_sigkill_in_the_middle_of_each_join() {
                 _ => 3,
             };
             assert_eq!(fake.count(&name), asked, "{tag} {name}");
-            assert_eq!(lines_of(work, &name), [name.clone()], "{tag} {name}'s bash ran once");
+            assert_eq!(lines_of(work, &name), std::slice::from_ref(&name), "{tag} {name}'s bash ran once");
         }
     }
     assert_eq!(lines_of(work, "gate"), ["gate"], "{tag} the gate's bash ran once");
