@@ -9,6 +9,7 @@
 //! | `runner_agent_sigkill_mid_task_and_restart` | SIGKILL of runner-agent processes mid-task, restart on the same state dir |
 //! | `nexus_sigkill_and_restart_on_the_same_data_dir` | SIGKILL of the `nexus` binary mid-execution, restart on the same data dir and port |
 //! | `nexus_sigkill_with_a_turn_queued_and_between_turns` | SIGKILL of `nexus` while turn 1 runs with turn 2 queued, and again between the two turns (or during turn 2) |
+//! | `nexus_sigkill_in_the_middle_of_each_join` | SIGKILL of `nexus` while a join waits under each policy (children parked on `ask`, some ended with their results unconsumed) and before a join exists; then again mid-join |
 //! | `duplicated_reordered_and_stale_frames_change_nothing` | duplicated claims and commits, reordered frames, stale, forged and foreign tokens |
 //! | `soak_20_runners_2000_tasks_under_random_faults` | 20 fast runners, 2,000 tasks, random cuts, drops, duplicate and stale commits |
 //!
@@ -1875,4 +1876,470 @@ async fn soak_20_runners_2000_tasks_under_random_faults() {
     for word in ["stale_claim", "already_claimed"] {
         assert!(refusals.contains_key(word), "{tag} no {word} seen: {refusals:?}");
     }
+}
+
+// ---- SIGKILL of nexus in the middle of each join (issue 14) ------------------------------------
+
+/// The bound on one wait in the delegation scenario: three trees of four executions each on a
+/// loaded 2-core machine.
+const TREE_WAIT: Duration = Duration::from_secs(90);
+
+/// One parent of the delegation scenario: its policy (or `gate`), execution and children.
+struct Tree {
+    name: &'static str,
+    run: ExecutionId,
+    /// The children's executions, by the key of the call that started each (`r1t0`..`r1t2`).
+    children: Vec<ExecutionId>,
+}
+
+/// A `delegate_task` round starting three children of `name`, child `i` on model `fake/<name>-i`.
+fn delegate_three(name: &str) -> nexus_tests::Act {
+    nexus_tests::Act::ToolCalls(
+        (0..3)
+            .map(|i| {
+                let input = json!({"prompt": format!("part {i} of {name}"), "model": format!("fake/{name}-{i}")});
+                (format!("d{i}"), "delegate_task".to_owned(), input)
+            })
+            .collect(),
+    )
+}
+
+fn one_call(id: &str, name: &str, input: Value) -> nexus_tests::Act {
+    nexus_tests::Act::ToolCalls(vec![(id.to_owned(), name.to_owned(), input)])
+}
+
+/// A bash call that appends `line` to `<workdir>/<line>.log`: the record of every run of the tool.
+fn append_line(workdir: &Path, line: &str) -> nexus_tests::Act {
+    let file = workdir.join(format!("{line}.log"));
+    one_call("b", "bash", json!({"command": format!("echo {line} >> {}; echo wrote {line}", file.display())}))
+}
+
+/// The lines of `<workdir>/<name>.log`.
+fn lines_of(workdir: &Path, name: &str) -> Vec<String> {
+    std::fs::read_to_string(workdir.join(format!("{name}.log")))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Answers the child `child`'s `ask` (its round-2 call) through the door.
+async fn answer_ask(tag: &str, http: &nexus_tests::Http, child: ExecutionId) {
+    let answered =
+        http.post(&format!("/agent_api/v1/executions/{child}/tasks/r2t0/answer"), &json!({"answer": "yes"})).await;
+    assert_eq!(answered.status, 200, "{tag} answering {child}: {answered:?}");
+}
+
+/// Waits until the execution `run` has ended, and returns its row.
+async fn ended(tag: &str, store: &Store, run: ExecutionId) -> ExecutionRow {
+    wait_until(&format!("{tag} {run} ends"), TREE_WAIT, || async {
+        store.execution(run).await.ok().flatten().filter(|r| r.status.is_terminal())
+    })
+    .await
+}
+
+/// Waits until `nexus` logs that its recovery is done: every recovered execution is loaded and
+/// every parent with a result nobody consumed has been told to look at its children again.
+async fn recovered(tag: &str, nexus: &NexusProcess) {
+    wait_until(&format!("{tag} recovery is done"), TREE_WAIT, || async {
+        nexus.log().iter().any(|line| line.contains("recovery done")).then_some(())
+    })
+    .await;
+}
+
+/// What every tree stands at: each parent's and child's status with its tasks, and each child's
+/// consumption and disposition; for a failing scenario's message.
+async fn trees_now(store: &Store, trees: &[Tree]) -> String {
+    let mut out = String::new();
+    let tasks_of = |run: ExecutionId| async move {
+        let tasks = store.tasks_of(run).await.unwrap_or_default();
+        tasks.iter().map(|t| format!("{}:{}", t.task_key, t.status)).collect::<Vec<_>>().join(" ")
+    };
+    for tree in trees {
+        let row = store.execution(tree.run).await.ok().flatten();
+        let status = row.as_ref().map(|r| format!("{} {:?}", r.status, r.attention_reason));
+        out.push_str(&format!("\n  {} {} {status:?} [{}]", tree.name, tree.run, tasks_of(tree.run).await));
+        for child in store.children_of(tree.run).await.unwrap_or_default() {
+            out.push_str(&format!(
+                "\n    {} {} {} consumed_by={:?} disposition={:?} [{}]",
+                child.task_key,
+                child.child_execution_public_id,
+                child.status,
+                child.consumed_by,
+                child.disposition,
+                tasks_of(child.child_execution_public_id).await
+            ));
+        }
+    }
+    out
+}
+
+/// SIGKILLs `nexus` and starts it again on the same store and address; answers once its
+/// recovery is done.
+async fn kill_and_restart(tag: &str, nexus: NexusProcess, at: &StoreLocation, config: &Path) -> NexusProcess {
+    let addr = nexus.addr;
+    nexus.sigkill().await;
+    let nexus = NexusProcess::serve(at, addr, config).await;
+    recovered(tag, &nexus).await;
+    nexus
+}
+
+/// Issue 14's acceptance: a SIGKILL of the real `nexus` in the middle of each join, then a
+/// restart, and every join ends as it would have. Three parents delegate three children each and
+/// join them, one per policy; each child calls bash on a real runner-agent (appending a line to
+/// its own file) and then asks a person. A fourth parent (`gate`) delegates three children, then
+/// calls a bash that waits for a gate file, and only then joins: its first child ends before the
+/// join exists.
+///
+/// Kill 1 comes with every join waiting: `first_success`'s children all parked on their ask,
+/// `all_required`'s and `best_effort`'s first child already ended with its result unconsumed,
+/// and the gate parent's first child ended while the parent's bash waits (no join call yet).
+/// After the restart the gate opens (its first child's result is read at the parent's next
+/// boundary, as without a kill), `first_success`'s third child answers first (the selection; the
+/// others are canceled; its parent ends), `all_required`'s second child answers; kill 2 comes with that join
+/// holding two unconsumed results, `best_effort` still one short of its `min_successes: 2`, and
+/// the gate's join waiting. After the second restart the rest answer. Then: each join's outcome,
+/// every child consumed once by its join (the gate's first child by the parent's boundary), each
+/// model asked exactly as scripted, each bash file holding one line, and the invariant checker
+/// over the parents and all the children.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nexus_sigkill_in_the_middle_of_each_join() {
+    use nexus_tests::Act;
+    let sc = Scenario::begin("nexus_sigkill_in_the_middle_of_each_join").await;
+    let tag = sc.tag();
+    let dir = tempfile::tempdir().expect("dir");
+    let data_dir = dir.path().join("data");
+    std::fs::create_dir(&data_dir).expect("data dir");
+    let database = match test_store_backend() {
+        StoreBackend::Postgres => Some(TestDatabase::create().await),
+        _ => None,
+    };
+    let at = StoreLocation { data_dir, database_url: database.as_ref().map(|d| d.url().to_owned()) };
+    let fake = nexus_tests::FakeProvider::start().await;
+    let config = dir.path().join("nexus.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[runner]\nping_interval_ms = 300\nliveness_timeout_ms = 1500\n\n[providers.fake]\nkind = \"openai_compatible\"\n\
+             base_url = {:?}\nallow_any_model = true\n",
+            fake.openai_base_url()
+        ),
+    )
+    .expect("config");
+    let workdir = tempfile::tempdir().expect("workdir");
+    let work = workdir.path();
+    let gate = work.join("gate.open");
+
+    // The scripts: one model per parent and per child, so every answer is scripted in order.
+    let policies: [(&'static str, Value); 3] =
+        [("all_required", json!({})), ("first_success", json!({})), ("best_effort", json!({"min_successes": 2}))];
+    for (policy, extra) in &policies {
+        let mut join = json!({"tasks": ["r1t0", "r1t1", "r1t2"], "policy": policy});
+        for (field, value) in extra.as_object().expect("object") {
+            join[field] = value.clone();
+        }
+        fake.script(policy, [delegate_three(policy), one_call("j", "join", join), Act::EchoLastToolResult]);
+        for i in 0..3 {
+            let name = format!("{policy}-{i}");
+            fake.script(
+                &name,
+                [
+                    append_line(work, &name),
+                    one_call("q", "ask", json!({"prompt": format!("go on with {name}?")})),
+                    Act::Text(format!("{name} done")),
+                ],
+            );
+        }
+    }
+    let wait_for_gate = format!(
+        "echo gate >> {}; while [ ! -f {} ]; do sleep 0.1; done; echo the gate is open",
+        work.join("gate.log").display(),
+        gate.display()
+    );
+    fake.script(
+        "gate",
+        [
+            delegate_three("gate"),
+            one_call("g", "bash", json!({"command": wait_for_gate})),
+            one_call("j", "join", json!({"tasks": ["r1t0", "r1t1", "r1t2"], "policy": "all_required"})),
+            Act::EchoLastToolResult,
+        ],
+    );
+    fake.script("gate-0", [append_line(work, "gate-0"), Act::Text("gate-0 done".into())]);
+    for i in 1..3 {
+        let name = format!("gate-{i}");
+        fake.script(
+            &name,
+            [
+                append_line(work, &name),
+                one_call("q", "ask", json!({"prompt": format!("go on with {name}?")})),
+                Act::Text(format!("{name} done")),
+            ],
+        );
+    }
+
+    let addr = free_loopback_addr();
+    let nexus = NexusProcess::serve(&at, addr, &config).await;
+    let agent = admin_agent(&at, "agent").await;
+    let runner = admin_runner(&at, "worker").await;
+    let state = tempfile::tempdir().expect("state");
+    let spec = RunnerAgentProcess {
+        nexus_url: format!("http://{addr}"),
+        token_file: dir.path().join("runner.token"),
+        runner: runner.clone(),
+        workdir: work.to_owned(),
+        state_dir: state.path().to_owned(),
+        tool_timeout_ms: 120_000,
+    };
+    let mut runner_child = spec.spawn();
+    let store_config =
+        StoreConfig { database_url: at.database_url.clone(), max_connections: Some(2), ..StoreConfig::default() };
+    let store = Store::connect_existing(&at.data_dir, &store_config).await.expect("open the store beside nexus");
+    wait_until(&format!("{tag} the announcement"), TREE_WAIT, || async {
+        store.executor(runner.runner()).await.ok().flatten().and_then(|r| r.announced_at)
+    })
+    .await;
+    let http = nexus_tests::Http::new(&format!("http://{addr}"), Some(&agent.token));
+    let mut trees = Vec::new();
+    for name in ["all_required", "first_success", "best_effort", "gate"] {
+        let declaration = json!({
+            "approval_mode": "bypass", "default_model": format!("fake/{name}"),
+            "runner_executor_public_ids": [runner.id],
+            "kernel_tools": ["nexus.graph.delegate_task", "nexus.graph.join", "nexus.human.ask"],
+        });
+        let admitted = http
+            .post(
+                "/agent_api/v1/inputs",
+                &json!({"text": format!("split the work ({name})"), "execution_declaration": declaration,
+                        "runner_executor_public_id": runner.id}),
+            )
+            .await;
+        assert_eq!(admitted.status, 201, "{tag} {name}: {admitted:?}");
+        let run: ExecutionId =
+            admitted.body["execution_public_id"].as_str().and_then(|s| s.parse().ok()).expect("execution id");
+        trees.push(Tree { name, run, children: Vec::new() });
+    }
+    for tree in &mut trees {
+        let children = wait_until(&format!("{tag} {} starts three children", tree.name), TREE_WAIT, || async {
+            let mut children = store.children_of(tree.run).await.ok()?;
+            children.sort_by_key(|c| c.task_key);
+            (children.len() == 3).then_some(children)
+        })
+        .await;
+        assert_eq!(
+            children.iter().map(|c| c.task_key.to_string()).collect::<Vec<_>>(),
+            ["r1t0", "r1t1", "r1t2"],
+            "{tag} {}",
+            tree.name
+        );
+        tree.children = children.iter().map(|c| c.child_execution_public_id).collect();
+    }
+    let [all_required, first_success, best_effort, gated] = &trees[..] else { unreachable!("four trees") };
+    let parked = |run: ExecutionId| {
+        let store = &store;
+        let tag = &tag;
+        async move {
+            wait_task(tag, store, run, "r2t0", "awaits its answer", |t| t.status == TaskStatus::AwaitingInput).await;
+        }
+    };
+
+    // Before kill 1: every join waits; two have a child that ended with its result unconsumed;
+    // the gate parent's first child ended while no join exists yet.
+    for tree in [all_required, first_success, best_effort] {
+        wait_task(&tag, &store, tree.run, "r2t0", "(the join) waits", |t| t.status == TaskStatus::Running).await;
+        for child in &tree.children {
+            parked(*child).await;
+        }
+    }
+    for tree in [all_required, best_effort] {
+        answer_ask(&tag, &http, tree.children[0]).await;
+        let row = ended(&tag, &store, tree.children[0]).await;
+        assert_eq!(row.status, RunStatus::Completed, "{tag} {}: {row:?}", tree.name);
+    }
+    wait_task(&tag, &store, gated.run, "r2t0", "(the gate's bash) runs", |t| t.claimed).await;
+    let first = ended(&tag, &store, gated.children[0]).await;
+    assert_eq!(first.status, RunStatus::Completed, "{tag} gate-0: {first:?}");
+    for child in &gated.children[1..] {
+        parked(*child).await;
+    }
+    for tree in [all_required, best_effort, gated] {
+        let row = store.child(tree.run, key("r1t0")).await.expect("store").expect("child");
+        assert_eq!(row.consumed_by, None, "{tag} {}: the ended child's result waits for its consumer", tree.name);
+    }
+    assert!(
+        store.task(gated.run, key("r3t0")).await.expect("store").is_none(),
+        "{tag} the gate's join is not called yet"
+    );
+    eprintln!("{tag} SIGKILL 1: every join waits; the gate parent's first child ended before its join");
+    let nexus = kill_and_restart(&tag, nexus, &at, &config).await;
+
+    // Between the kills: the gate opens; first_success's third child answers first;
+    // all_required's second child answers.
+    std::fs::write(&gate, "open").expect("the gate");
+    answer_ask(&tag, &http, first_success.children[2]).await;
+    answer_ask(&tag, &http, all_required.children[1]).await;
+    wait_task(&tag, &store, first_success.run, "r2t0", "(the join) settles", TaskRow::is_settled).await;
+    // Its parent's next model call and its losers' cancellations land before kill 2: a model call
+    // lost to a kill is asked again, and this scenario kills only while joins wait.
+    for child in &first_success.children {
+        ended(&tag, &store, *child).await;
+    }
+    ended(&tag, &store, first_success.run).await;
+    let second = ended(&tag, &store, all_required.children[1]).await;
+    assert_eq!(second.status, RunStatus::Completed, "{tag} all_required-1: {second:?}");
+    wait_task(&tag, &store, gated.run, "r3t0", "(the join) waits", |t| t.status == TaskStatus::Running).await;
+    let read = store.child(gated.run, key("r1t0")).await.expect("store").expect("child");
+    assert_eq!(
+        read.consumed_by,
+        Some(format!("execution:{}", gated.run)),
+        "{tag} the gate's first result is read at the parent's boundary, as without a kill"
+    );
+    for at_key in ["r1t0", "r1t1"] {
+        let row = store.child(all_required.run, key(at_key)).await.expect("store").expect("child");
+        assert_eq!(row.consumed_by, None, "{tag} all_required {at_key} waits for its join");
+    }
+    assert!(
+        !store.task(all_required.run, key("r2t0")).await.expect("store").expect("join").is_settled(),
+        "{tag} all_required still waits for its third child"
+    );
+    eprintln!("{tag} SIGKILL 2: all_required holds two results, best_effort one, the gate's join waits");
+    let nexus = kill_and_restart(&tag, nexus, &at, &config).await;
+
+    // After kill 2: the rest answer.
+    answer_ask(&tag, &http, all_required.children[2]).await;
+    answer_ask(&tag, &http, best_effort.children[2]).await;
+    for child in &gated.children[1..] {
+        answer_ask(&tag, &http, *child).await;
+    }
+    let parents: Vec<ExecutionId> = trees.iter().map(|t| t.run).collect();
+    let deadline = Instant::now() + TREE_WAIT;
+    let rows = loop {
+        let mut rows = Vec::new();
+        for run in &parents {
+            rows.push(store.execution(*run).await.expect("store").expect("execution row"));
+        }
+        if rows.iter().all(|r| r.status.is_quiescent()) {
+            break rows;
+        }
+        if Instant::now() >= deadline {
+            let log: Vec<String> =
+                nexus.log().into_iter().filter(|l| l.contains("WARN") || l.contains("ERROR")).collect();
+            panic!(
+                "{tag} a parent is still live after {TREE_WAIT:?}:{}\nlog:\n{}",
+                trees_now(&store, &trees).await,
+                log.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let now = trees_now(&store, &trees).await;
+    for (tree, row) in trees.iter().zip(&rows) {
+        assert_eq!(row.status, RunStatus::Completed, "{tag} {}: {row:?}{now}", tree.name);
+        assert!(row.final_text.as_deref().is_some_and(|t| t.starts_with("tool said:")), "{tag} {}: {row:?}", tree.name);
+    }
+    let mut everyone = parents.clone();
+    for tree in &trees {
+        for child in &tree.children {
+            ended(&tag, &store, *child).await;
+            everyone.push(*child);
+        }
+    }
+
+    // Each join ended as it would have.
+    let join_of = |tree: &Tree| if tree.name == "gate" { "r3t0" } else { "r2t0" };
+    for tree in &trees {
+        let join = task(&store, tree.run, join_of(tree)).await;
+        assert_eq!(join.status, TaskStatus::Completed, "{tag} {}: {join:?}", tree.name);
+        let result = join.result.clone().unwrap_or_default()["structured_content"].clone();
+        let statuses: Vec<&str> =
+            result["tasks"].as_array().into_iter().flatten().filter_map(|t| t["status"].as_str()).collect();
+        let expected: [&str; 3] = match tree.name {
+            "first_success" => ["canceled", "canceled", "completed"],
+            "best_effort" => ["completed", "canceled", "completed"],
+            _ => ["completed", "completed", "completed"],
+        };
+        assert_eq!(statuses, expected, "{tag} {}: {result}", tree.name);
+        if tree.name == "first_success" {
+            assert_eq!(result["selection"], "r1t2", "{tag} the first to answer is the selection: {result}");
+        }
+        for (i, entry) in result["tasks"].as_array().expect("tasks").iter().enumerate() {
+            if expected[i] == "completed" {
+                assert_eq!(entry["result"], format!("{}-{i} done", tree.name), "{tag} {}: {result}", tree.name);
+            }
+        }
+    }
+
+    // Every child's result was consumed once, by its join (the gate's first by the boundary),
+    // and the losers were canceled and recorded; the children door says the same.
+    for tree in &trees {
+        let mut children = store.children_of(tree.run).await.expect("children");
+        children.sort_by_key(|c| c.task_key);
+        let listed = http.get(&format!("/agent_api/v1/executions/{}/children", tree.run)).await;
+        assert_eq!(listed.status, 200, "{tag} {listed:?}");
+        for (i, child) in children.iter().enumerate() {
+            let consumer = if tree.name == "gate" && i == 0 {
+                format!("execution:{}", tree.run)
+            } else {
+                format!("task:{}", join_of(tree))
+            };
+            assert_eq!(child.consumed_by.as_ref(), Some(&consumer), "{tag} {} child {i}: {child:?}", tree.name);
+            let loser = matches!((tree.name, i), ("first_success", 0 | 1) | ("best_effort", 1));
+            let (status, disposition) = if loser {
+                (RunStatus::Canceled, Some(nexus_proto::ChildDisposition::Canceled))
+            } else {
+                (RunStatus::Completed, None)
+            };
+            assert_eq!((child.status, child.disposition), (status, disposition), "{tag} {} child {i}{now}", tree.name);
+            let door = listed.body["children"]
+                .as_array()
+                .and_then(|all| all.iter().find(|c| c["task_key"] == child.task_key.to_string()))
+                .cloned()
+                .unwrap_or_else(|| panic!("{tag} the door lists {}", child.task_key));
+            assert_eq!(door["consumed_by"], json!(consumer), "{tag} {door}");
+            assert_eq!(door["disposition"], json!(disposition.map(|d| d.as_str())), "{tag} {door}");
+        }
+    }
+    // The gate parent read its first child's result once, as a task_result message.
+    let last = fake.requests_for("gate").pop().expect("the gate's requests");
+    let envelopes = last.body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| {
+            m["role"] == "user" && m["content"].as_str().is_some_and(|t| t.contains("<task_result task=\"r1t0\""))
+        })
+        .count();
+    assert_eq!(envelopes, 1, "{tag} {}", last.body);
+
+    // No model was asked more than scripted, and no tool ran twice.
+    for tree in &trees {
+        let parent = if tree.name == "gate" { 4 } else { 3 };
+        assert_eq!(fake.count(tree.name), parent, "{tag} {}", tree.name);
+        for i in 0..3 {
+            let name = format!("{}-{i}", tree.name);
+            let loser = matches!((tree.name, i), ("first_success", 0 | 1) | ("best_effort", 1));
+            let asked = match (tree.name, i) {
+                ("gate", 0) => 2,
+                _ if loser => 2,
+                _ => 3,
+            };
+            assert_eq!(fake.count(&name), asked, "{tag} {name}");
+            assert_eq!(lines_of(work, &name), std::slice::from_ref(&name), "{tag} {name}'s bash ran once");
+        }
+    }
+    assert_eq!(lines_of(work, "gate"), ["gate"], "{tag} the gate's bash ran once");
+    wait_until(&format!("{tag} the journal to empty"), TREE_WAIT, || async {
+        (unacknowledged(state.path(), runner.id) == 0).then_some(())
+    })
+    .await;
+    let exit = nexus.sigterm(Duration::from_secs(20)).await;
+    assert!(exit.success(), "{tag} nexus exited {exit} after SIGTERM");
+    sigkill(&mut runner_child).await;
+
+    let mut history = invariants::collect(&store, &everyone, Observations::default()).await;
+    history.targets = everyone.iter().map(|run| (*run, runner.id)).collect();
+    history.deadline_slack_ms = DEFAULT_DEADLINE_SLACK_MS + 5_000;
+    assert_holds(&tag, &check(&history));
+    eprintln!("{tag} statuses {:?}", status_counts(&history));
+    store.close().await;
 }

@@ -406,6 +406,23 @@ impl Store {
         rows.iter().map(|row| parse(&row.try_get::<String, _>("parent_execution_public_id")?)).collect()
     }
 
+    /// The children recorded `canceled` (a join's loser, a `lifetime: turn` child at its parent's
+    /// end) whose executions have not ended: the node died between the record and the child's
+    /// stop, which recovery therefore makes again (`docs/delegation.md`, "Durability").
+    ///
+    /// # Errors
+    /// [`StoreError`](super::StoreError) on a database failure.
+    pub async fn canceled_children_still_live(&self) -> StoreResult<Vec<ExecutionId>> {
+        let rows = sqlx::query(
+            "SELECT c.child_execution_public_id FROM children c \
+             JOIN executions e ON e.public_id = c.child_execution_public_id \
+             WHERE c.disposition = 'canceled' AND e.status NOT IN ('completed', 'canceled')",
+        )
+        .fetch_all(self.reader())
+        .await?;
+        rows.iter().map(|row| parse(&row.try_get::<String, _>("child_execution_public_id")?)).collect()
+    }
+
     /// Whether `label` names a child conversation of `conversation` already.
     ///
     /// # Errors

@@ -1325,7 +1325,8 @@ pub(super) async fn ended(state: &mut ExecutionState) -> Result<(), ActorProcess
 }
 
 /// Recovery: every parent with a result nobody consumed, or an end whose children were not
-/// disposed of, looks at its children again.
+/// disposed of, looks at its children again; every child recorded canceled that has not ended
+/// (the node died between the record and the stop, [`apply`], [`dispose_at_end`]) is stopped.
 ///
 /// # Errors
 /// A store failure.
@@ -1334,6 +1335,10 @@ pub async fn reconcile_all(fabric: &Fabric, root: &RootHandle) -> Result<(), cra
         if let Err(error) = root.execution(parent).child_ended(None) {
             tracing::warn!(%parent, %error, "cannot reconcile a parent's children now");
         }
+    }
+    for child in fabric.store.canceled_children_still_live().await? {
+        tracing::info!(%child, "a child recorded canceled had not stopped; stopping it");
+        stop_child(root, child);
     }
     Ok(())
 }
