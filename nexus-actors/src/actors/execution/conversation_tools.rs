@@ -1,4 +1,4 @@
-//! The conversation tools of delegation (`docs/delegation.md`, "spawn, send, status, cancel"):
+//! The conversation tools of delegation (`docs/delegation.md`, "The tools" and "spawn"):
 //! `spawn` starts a child conversation under an inline declaration (a `delegation_catalog` entry's
 //! leaf, a named definition, or the caller's own declaration), `send` posts to a child
 //! conversation, `status` reads one, `cancel` stops its running work. They run off the actor, in
