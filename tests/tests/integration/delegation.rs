@@ -178,11 +178,14 @@ async fn a_result_after_the_turn_starts_a_turn_and_is_read_once() {
     .await;
     assert_eq!(child.disposition, Some(ChildDisposition::Detached), "a conversation-lifetime child outlives the turn");
     assert_eq!(child.owner.as_deref(), Some(format!("conversation:{}", row.conversation_public_id).as_str()));
-    // The child's model answers once it is scripted; its request is in by now or soon.
-    wait_until("the child asks its model", WAIT, || async { (bed.fake.count("slow") >= 1).then_some(()) }).await;
-    let child_row = bed.server.store().execution(child.child_execution_public_id).await.expect("read").expect("child");
-    // Unscripted, the child's first request was refused (400): it halted and waits for a person.
-    assert_eq!(child_row.status, RunStatus::NeedsAttention, "{child_row:?}");
+    // Unscripted, the child's first request is refused (400): it halts and waits for a person,
+    // still live, so the turn's end detached it.
+    wait_until("the child halts", WAIT, || async {
+        let row = bed.server.store().execution(child.child_execution_public_id).await.ok().flatten()?;
+        (row.status == RunStatus::NeedsAttention).then_some(())
+    })
+    .await;
+    assert_eq!(bed.fake.count("slow"), 1, "asked once");
     // Stop it: its (canceled) result is mail, and wakes the parent's conversation.
     let stopped =
         bed.http.post(&format!("/agent_api/v1/executions/{}/stop", child.child_execution_public_id), &json!({})).await;
