@@ -14,6 +14,7 @@ mod bash;
 pub(crate) mod blocking;
 mod files;
 mod paths;
+mod process;
 pub(crate) mod reap;
 mod skills;
 

@@ -1,48 +1,19 @@
-//! `bash {command, timeout_ms?}`: `bash -c` in the workdir, in its own process group, stdin
-//! null. It clamps itself: when its timeout (or the claim deadline) comes, or the task is
-//! canceled, the whole group gets SIGKILL. It never extends its claim.
-//!
-//! Nothing it starts outlives the call: when the shell exits (or is killed) its process group is
-//! killed, and then every process that carries the call's mark in its environment, which finds
-//! what left the group with `setsid` (see [`super::reap`]). Output is read as it comes, and only
-//! the first [`OUTPUT_CAP_BYTES`] of each stream are kept.
+//! `bash {command, timeout_ms?}`: `bash -c` in the workdir, stdin null, as one child process of
+//! [`super::process`]: its own process group, killed whole at its timeout (or the claim
+//! deadline) or when the task is canceled, and nothing it starts outlives the call. Only the
+//! first [`OUTPUT_CAP_BYTES`](super::process::OUTPUT_CAP_BYTES) of each stream are kept. It never extends its claim.
 
 use std::os::unix::process::ExitStatusExt;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use serde_json::{Map, Value, json};
-use tokio::io::AsyncReadExt;
 use tokio::process::Command;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 
 use super::args::{optional_positive, required_str};
-use super::reap::{CALL_VAR, OWNER_VAR, kill_marked};
+use super::process::{self, Capture, Exited, Killed, NotStarted};
 use super::{StopReason, ToolContext, ToolOutcome};
-use crate::sleep_until_opt;
-
-/// Each of stdout and stderr keeps at most this many leading bytes.
-pub(super) const OUTPUT_CAP_BYTES: usize = 256 * 1024;
-/// Once the shell has exited, output still in the pipes is read for at most this long: a
-/// background process that keeps the pipes open does not hold the result back.
-const PIPE_DRAIN_GRACE: Duration = Duration::from_millis(200);
-/// Progress frames (`{"text_tail", "bytes"}`) go out at most this often, and only when the command
-/// wrote something since the last one: nexus shows one per task and second on the execution's
-/// feed (and the spec drops frames under 250 ms apart), so a faster pace would only cost the stream.
-const PROGRESS_PERIOD: Duration = Duration::from_millis(1_000);
-/// How much of the latest output a progress frame carries.
-const PROGRESS_TAIL_BYTES: usize = 2_048;
-/// Bound on the sweep for the call's marked processes once it ended.
-const SWEEP_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Why the group was killed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Killed {
-    Timeout,
-    Stopped(StopReason),
-}
 
 pub(super) async fn run(input: &Map<String, Value>, ctx: &mut ToolContext) -> ToolOutcome {
     let parsed =
@@ -61,93 +32,18 @@ pub(super) async fn run(input: &Map<String, Value>, ctx: &mut ToolContext) -> To
     let kill_at = ctx.clamp_at.map_or(started + Duration::from_millis(timeout_ms), |clamp| {
         clamp.min(started + Duration::from_millis(timeout_ms))
     });
-
-    let call = ctx.owner.new_call();
-    let spawned = Command::new("bash")
-        .arg("-c")
-        .arg(command)
-        .current_dir(&ctx.workdir)
-        .env(OWNER_VAR, ctx.owner.as_str())
-        .env(CALL_VAR, &call)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn();
-    let mut child = match spawned {
-        Ok(child) => child,
-        Err(err) if !ctx.workdir.is_dir() => {
-            return ToolOutcome::Failed {
-                content: format!("could not start bash: the workdir {} is missing ({err})", ctx.workdir.display()),
-            };
-        }
-        Err(err) => {
-            return ToolOutcome::Failed { content: format!("could not start bash: {err}") };
-        }
-    };
-    let mut processes = CallProcesses {
-        group: child.id().and_then(|pid| i32::try_from(pid).ok()).map(Pid::from_raw),
-        call: Some(call),
-    };
-    let (Some(mut stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
-        processes.end().await;
-        return ToolOutcome::Failed { content: "could not capture the output of bash".to_owned() };
-    };
-
-    let mut out = Capture::default();
-    let mut err = Capture::default();
-    let mut tail = Vec::new();
-    let (mut out_open, mut err_open) = (true, true);
-    let (mut out_buf, mut err_buf) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
-    let mut status: Option<std::io::Result<ExitStatus>> = None;
-    let mut killed: Option<Killed> = None;
-    let mut drain_until: Option<Instant> = None;
-    let mut progress = tokio::time::interval(PROGRESS_PERIOD);
-    progress.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut progress_sent = 0;
-
-    while status.is_none() || out_open || err_open {
-        tokio::select! {
-            read = stdout.read(&mut out_buf), if out_open => match read {
-                Ok(0) | Err(_) => out_open = false,
-                Ok(n) => { out.push(&out_buf[..n]); push_tail(&mut tail, &out_buf[..n]); }
-            },
-            read = stderr.read(&mut err_buf), if err_open => match read {
-                Ok(0) | Err(_) => err_open = false,
-                Ok(n) => { err.push(&err_buf[..n]); push_tail(&mut tail, &err_buf[..n]); }
-            },
-            exited = child.wait(), if status.is_none() => {
-                status = Some(exited);
-                // What the shell left running in its group dies with it; what it wrote is still
-                // in the pipes. The shell is reaped, so its id may be reused: the group is not
-                // signalled again.
-                processes.kill_group();
-                processes.group = None;
-                drain_until = Some(Instant::now() + PIPE_DRAIN_GRACE);
-            }
-            () = tokio::time::sleep_until(kill_at), if killed.is_none() => {
-                killed = Some(Killed::Timeout);
-                processes.kill_group();
-            }
-            reason = ctx.stopped(), if killed.is_none() => {
-                killed = Some(Killed::Stopped(reason));
-                processes.kill_group();
-            }
-            () = sleep_until_opt(drain_until) => break,
-            _ = progress.tick(), if ctx.claim.is_some() => {
-                let produced = out.total + err.total;
-                if produced > progress_sent && let Some(claim) = &ctx.claim {
-                    let text_tail = String::from_utf8_lossy(&tail).into_owned();
-                    // `bytes`: what stdout and stderr produced so far, in all.
-                    claim.progress(&json!({ "text_tail": text_tail, "bytes": produced }));
-                    progress_sent = produced;
-                }
-            }
+    let mut shell = Command::new("bash");
+    shell.arg("-c").arg(command);
+    match process::run(shell, None, kill_at, ctx).await {
+        Ok(Exited { status, killed, stdout, stderr }) => render(status, killed, timeout_ms, &stdout, &stderr),
+        Err(NotStarted::Spawn(err)) if !ctx.workdir.is_dir() => ToolOutcome::Failed {
+            content: format!("could not start bash: the workdir {} is missing ({err})", ctx.workdir.display()),
+        },
+        Err(NotStarted::Spawn(err)) => ToolOutcome::Failed { content: format!("could not start bash: {err}") },
+        Err(NotStarted::NoPipes) => {
+            ToolOutcome::Failed { content: "could not capture the output of bash".to_owned() }
         }
     }
-    processes.end().await;
-    render(status, killed, timeout_ms, &out, &err)
 }
 
 fn render(
@@ -177,7 +73,7 @@ fn render(
         }
         (None, Some(Err(wait_err))) => ToolOutcome::error(format!("could not wait for the command: {wait_err}")),
         (None, Some(Ok(status))) => {
-            let exit_code = status.code().or_else(|| status.signal().map(|sig| 128 + sig)).unwrap_or(-1);
+            let exit_code = exit_code(status);
             let mut content = format!("exit_code: {exit_code}\n");
             section(&mut content, "stdout", out);
             section(&mut content, "stderr", err);
@@ -193,6 +89,11 @@ fn render(
     }
 }
 
+/// The exit code, or 128 plus the signal that ended the process, as shells report it.
+pub(super) fn exit_code(status: ExitStatus) -> i32 {
+    status.code().or_else(|| status.signal().map(|sig| 128 + sig)).unwrap_or(-1)
+}
+
 fn section(content: &mut String, name: &str, capture: &Capture) {
     if capture.total == 0 {
         content.push_str(&format!("{name}: (empty)\n"));
@@ -205,80 +106,9 @@ fn section(content: &mut String, name: &str, capture: &Capture) {
     if capture.truncated() {
         content.push_str(&format!(
             "[{name} cut: showing the first {} of {} bytes]\n",
-            capture.head.len(),
+            capture.kept(),
             capture.total
         ));
-    }
-}
-
-fn push_tail(tail: &mut Vec<u8>, bytes: &[u8]) {
-    tail.extend_from_slice(bytes);
-    if tail.len() > PROGRESS_TAIL_BYTES {
-        tail.drain(..tail.len() - PROGRESS_TAIL_BYTES);
-    }
-}
-
-/// The head of one output stream, and how much was produced in all.
-#[derive(Default)]
-struct Capture {
-    head: Vec<u8>,
-    total: u64,
-}
-
-impl Capture {
-    fn push(&mut self, bytes: &[u8]) {
-        let room = OUTPUT_CAP_BYTES.saturating_sub(self.head.len());
-        self.head.extend_from_slice(&bytes[..bytes.len().min(room)]);
-        self.total += bytes.len() as u64;
-    }
-
-    fn truncated(&self) -> bool {
-        self.total > self.head.len() as u64
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.head).into_owned()
-    }
-}
-
-/// What one call started: the shell's process group and the call's mark. Ended (group and
-/// marked processes killed) when the call ends, or when dropped while the call may still run,
-/// so a dropped tool future leaves no processes behind either.
-struct CallProcesses {
-    group: Option<Pid>,
-    /// The call's mark ([`CALL_VAR`]); `None` once swept.
-    call: Option<String>,
-}
-
-impl CallProcesses {
-    fn kill_group(&self) {
-        if let Some(group) = self.group {
-            // ESRCH: the group is already gone.
-            let _ = killpg(group, Signal::SIGKILL);
-        }
-    }
-
-    /// Kills the group and every process carrying the call's mark, off the runtime's threads.
-    async fn end(&mut self) {
-        self.kill_group();
-        let Some(call) = self.call.take() else {
-            return;
-        };
-        let sweep = tokio::task::spawn_blocking(move || kill_marked(CALL_VAR, &call));
-        match tokio::time::timeout(SWEEP_TIMEOUT, sweep).await {
-            Ok(Ok(killed)) if killed > 0 => tracing::debug!(killed, "killed what the command left outside its group"),
-            Ok(_) => {}
-            Err(_) => tracing::warn!("the sweep for what the command left behind did not finish in time"),
-        }
-    }
-}
-
-impl Drop for CallProcesses {
-    fn drop(&mut self) {
-        self.kill_group();
-        if let Some(call) = self.call.take() {
-            kill_marked(CALL_VAR, &call);
-        }
     }
 }
 
@@ -289,6 +119,7 @@ mod tests {
     use tokio::sync::watch;
 
     use super::*;
+    use crate::tools::process::OUTPUT_CAP_BYTES;
     use crate::tools::reap::Owner;
 
     fn context(workdir: &Path, bash_timeout_ms: u64) -> (watch::Sender<Option<StopReason>>, ToolContext) {
