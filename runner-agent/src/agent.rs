@@ -10,6 +10,7 @@
 
 mod commits;
 mod link;
+mod reload;
 mod requests;
 mod stream;
 mod work;
@@ -30,6 +31,7 @@ use tonic::transport::Endpoint;
 use tracing::{debug, error, info, warn};
 
 use self::link::{ConnectError, Connected};
+use self::reload::ReloadCause;
 use crate::claim::{ControlRequest, RequestError};
 use crate::config::{AgentConfig, ConfigError};
 use crate::error::AgentError;
@@ -37,7 +39,8 @@ use crate::journal::{EntryState, Journal, StateDirLock, TaskKey, Ticket, lock_st
 use crate::retry::ReconnectBackoff;
 use crate::sleep_until_opt;
 use crate::tools::reap::{OWNER_VAR, Owner, kill_marked};
-use crate::tools::{StopReason, ToolOutcome, Toolbox};
+use crate::tools::{Catalog, StopReason, ToolOutcome, Toolbox};
+use crate::toolsfile::{self, FileDigest, Problem, ToolsFile, ToolsFileError};
 
 /// Requests from claim handles waiting for the loop.
 const CONTROL_CAPACITY: usize = 256;
@@ -67,7 +70,8 @@ enum AfterDurable {
 /// A request sent on the live stream, waiting for the answer with its request id.
 enum Pending {
     Announce,
-    Claim(TaskKey),
+    /// A claim of a task of the named tool.
+    Claim(TaskKey, String),
     Commit(TaskKey),
     /// The loop's own claim-status read, to notice a cancellation the push missed.
     Probe(TaskKey),
@@ -140,16 +144,17 @@ pub(crate) struct Agent {
     after_durable: VecDeque<(Ticket, AfterDurable)>,
     /// Tools running now (or claimed and waiting for their journal entry to start), with the way
     /// to stop each.
-    running: HashMap<TaskKey, watch::Sender<Option<StopReason>>>,
+    running: HashMap<TaskKey, RunningTool>,
     tasks: JoinSet<Finished>,
     /// The task each tool task runs, so that one that ends without a result (a panic the tool's
     /// own guard missed, an abort) still gives its slot back.
     task_keys: HashMap<tokio::task::Id, TaskKey>,
     /// Hinted tasks not yet claimed, oldest first; `hinted` mirrors it for lookups.
-    hints: VecDeque<TaskKey>,
+    hints: VecDeque<Hint>,
     hinted: HashSet<TaskKey>,
-    /// Tasks with a request in flight of each kind.
-    claiming: HashSet<TaskKey>,
+    /// Tasks with a claim in flight, and the tool of each.
+    claiming: HashMap<TaskKey, String>,
+    /// Tasks with a request in flight of each other kind.
     committing: HashSet<TaskKey>,
     probing: HashSet<TaskKey>,
     link: Option<Link>,
@@ -160,6 +165,42 @@ pub(crate) struct Agent {
     control_tx: mpsc::Sender<ControlRequest>,
     control_rx: mpsc::Receiver<ControlRequest>,
     draining: bool,
+    /// The catalog last announced (or to be announced at the next connect); a change is
+    /// announced at once when connected.
+    catalog: watch::Receiver<Arc<Catalog>>,
+    /// The tools file's reload in progress, off the loop.
+    reload: Option<tokio::task::JoinHandle<Reloaded>>,
+    /// The digest of the tools file's content last read, good or bad: the maintenance tick
+    /// reads it again only to compare.
+    tools_digest: Option<FileDigest>,
+    /// The last reload refusal logged, so that a file that stays bad is logged once.
+    reload_refusal: Option<ToolsFileError>,
+}
+
+/// A hinted task, waiting for a slot (and for its tool to be under its `max_concurrency`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Hint {
+    key: TaskKey,
+    /// The hint's `tool_name`.
+    tool: String,
+}
+
+/// A tool claimed or running, with the way to stop it.
+struct RunningTool {
+    stop: watch::Sender<Option<StopReason>>,
+    /// The task's `tool_name`.
+    tool: String,
+}
+
+/// What reading the tools file again found.
+#[derive(Debug)]
+enum Reloaded {
+    /// The same bytes as last read; nothing to do.
+    Unchanged,
+    /// New bytes (or a forced read), valid.
+    Good(Box<ToolsFile>, FileDigest),
+    /// New bytes, refused; `digest` is `None` when the file could not be read.
+    Bad(ToolsFileError, Option<FileDigest>),
 }
 
 impl Agent {
@@ -202,10 +243,23 @@ impl Agent {
             }
         }
         let (control_tx, control_rx) = mpsc::channel(CONTROL_CAPACITY);
+        let toolbox = Toolbox::new(workdir, config.tool_timeout_ms, owner).with_skills_dir(config.skills_dir.clone());
+        let mut tools_digest = None;
+        if let Some(path) = &config.tools_file {
+            let (file, digest) = toolsfile::load(path).map_err(|source| ConfigError::ToolsFile { source })?;
+            toolbox
+                .replace_tools_file(file)
+                .map_err(|err| ConfigError::ToolsFile { source: ToolsFileError::of_catalog(path, &err) })?;
+            info!(path = %path.display(), tools = toolbox.catalog().specs().count(), "read the tools file");
+            tools_digest = Some(digest);
+        }
+        let catalog = toolbox.subscribe();
         Ok(Agent {
-            toolbox: Arc::new(
-                Toolbox::new(workdir, config.tool_timeout_ms, owner).with_skills_dir(config.skills_dir.clone()),
-            ),
+            toolbox: Arc::new(toolbox),
+            catalog,
+            reload: None,
+            tools_digest,
+            reload_refusal: None,
             backoff: ReconnectBackoff::new(&config),
             config,
             endpoint,
@@ -217,7 +271,7 @@ impl Agent {
             task_keys: HashMap::new(),
             hints: VecDeque::new(),
             hinted: HashSet::new(),
-            claiming: HashSet::new(),
+            claiming: HashMap::new(),
             committing: HashSet::new(),
             probing: HashSet::new(),
             link: None,
@@ -249,6 +303,13 @@ impl Agent {
         maintenance.set_missed_tick_behavior(MissedTickBehavior::Delay);
         maintenance.reset();
         let mut drain_deadline = None;
+        // SIGHUP reads the tools file again (only with one: without, SIGHUP keeps its default).
+        let mut hangups = match &self.config.tools_file {
+            Some(_) => tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .inspect_err(|err| warn!(error = %err, "cannot listen for sighup; the tools file is still read again when it changes"))
+                .ok(),
+            None => None,
+        };
         loop {
             self.end_turn();
             if self.draining && self.drained() {
@@ -312,7 +373,13 @@ impl Agent {
                     Err(status) => self.lose_link(&format!("the stream failed: {status}")),
                 },
                 () = sleep_until_opt(silent_at) => self.lose_link("no frame from nexus within the liveness bound"),
-                _ = maintenance.tick() => self.maintain(),
+                _ = maintenance.tick() => {
+                    self.maintain();
+                    self.start_reload(ReloadCause::Tick);
+                }
+                () = reload::hangup(&mut hangups), if !self.draining => self.start_reload(ReloadCause::Hangup),
+                reloaded = reload::poll_reload(&mut self.reload) => self.on_reloaded(reloaded),
+                Ok(()) = self.catalog.changed() => self.on_catalog_changed(),
             }
         }
     }
@@ -348,8 +415,8 @@ impl Agent {
         self.connecting = None;
         self.hints.clear();
         self.hinted.clear();
-        for stop in self.running.values() {
-            stop.send_replace(Some(StopReason::Shutdown));
+        for running in self.running.values() {
+            running.stop.send_replace(Some(StopReason::Shutdown));
         }
     }
 

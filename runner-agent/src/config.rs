@@ -113,6 +113,11 @@ pub struct AgentConfig {
     /// again at every connect. Default: none (no documents, no `skill`); when set it must be a
     /// directory.
     pub skills_dir: Option<PathBuf>,
+    /// The tools file (`--tools-file`, TOML): command tools, MCP servers and settings of the
+    /// built-ins (`docs/runner-tools.md`). Read when [`run`](crate::run) starts (a bad file stops
+    /// it with [`ConfigError::ToolsFile`] before anything connects), again on SIGHUP and when
+    /// its content changes (checked every `poll_interval`). Default: none (the built-ins only).
+    pub tools_file: Option<PathBuf>,
 }
 
 /// TLS towards nexus. The files are read once, when [`run`](crate::run) starts; an unreadable or
@@ -168,6 +173,7 @@ impl AgentConfig {
             shutdown_grace: Duration::from_secs(5),
             tls: TlsOptions::default(),
             skills_dir: None,
+            tools_file: None,
         }
     }
 
@@ -307,6 +313,14 @@ pub enum ConfigError {
     Tls {
         /// Why.
         reason: String,
+    },
+    /// The tools file cannot be read or is refused; the error names the file, the line and
+    /// column, and the field.
+    #[error(transparent)]
+    ToolsFile {
+        /// What is wrong with it.
+        #[from]
+        source: crate::toolsfile::ToolsFileError,
     },
     /// A numeric field is out of range.
     #[error("invalid {field}: {reason}")]

@@ -21,8 +21,10 @@ mod error;
 pub mod journal;
 mod retry;
 mod tools;
+pub mod toolsfile;
 
 use std::future::Future;
+use std::path::Path;
 
 use tracing::Instrument;
 
@@ -50,6 +52,49 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     let span = tracing::info_span!("runner", runner_id = %config.runner_id);
     let agent = span.in_scope(|| agent::Agent::new(config))?;
     agent.run(shutdown).instrument(span).await
+}
+
+/// The tool list this runner would announce with these settings, as `runner-agent tools` prints
+/// it: a JSON array, one object per tool in announcement order, each
+/// `{name, timeout_ms, max_concurrency (null: no bound but the slots), effect_profile,
+/// description (null for `skill`)}`. Connects to nothing and starts no tool; MCP servers' tools
+/// are not listed (they are known only once connected).
+///
+/// `workdir` must be a directory; `tool_timeout_ms` is bash's announced timeout (1..=604800000).
+///
+/// # Errors
+/// [`ConfigError::Workdir`], [`ConfigError::SkillsDir`], [`ConfigError::Invalid`] for the
+/// timeout, and [`ConfigError::ToolsFile`] naming the file's line, column and field.
+pub fn describe_tools(
+    workdir: &Path,
+    tool_timeout_ms: u64,
+    skills_dir: Option<&Path>,
+    tools_file: Option<&Path>,
+) -> Result<serde_json::Value, ConfigError> {
+    if !(1..=config::MAX_TOOL_TIMEOUT_MS).contains(&tool_timeout_ms) {
+        return Err(ConfigError::Invalid { field: "tool_timeout_ms", reason: "must be between 1 and 604800000" });
+    }
+    let workdir_error = |reason: String| ConfigError::Workdir { path: workdir.to_owned(), reason };
+    let canonical = workdir.canonicalize().map_err(|err| workdir_error(err.to_string()))?;
+    if !canonical.is_dir() {
+        return Err(workdir_error("not a directory".to_owned()));
+    }
+    if let Some(dir) = skills_dir
+        && !dir.is_dir()
+    {
+        return Err(ConfigError::SkillsDir { path: dir.to_owned(), reason: "not a directory".to_owned() });
+    }
+    let owner = tools::reap::Owner::of_state_dir(&canonical);
+    let toolbox =
+        tools::Toolbox::new(canonical, tool_timeout_ms, owner).with_skills_dir(skills_dir.map(Path::to_owned));
+    if let Some(path) = tools_file {
+        let (file, _) = toolsfile::load(path)?;
+        toolbox
+            .replace_tools_file(file)
+            .map_err(|err| ConfigError::ToolsFile { source: toolsfile::ToolsFileError::of_catalog(path, &err) })?;
+    }
+    let tools = toolbox.catalog().specs().map(tools::ToolSpec::described).collect();
+    Ok(serde_json::Value::Array(tools))
 }
 
 /// Makes ring the process-wide rustls crypto provider; [`run`] calls it, and a second call (or a

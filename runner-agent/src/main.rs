@@ -1,4 +1,5 @@
-//! `runner-agent`: parses flags, sets up logging to stderr and calls [`nexus_runner_agent::run`].
+//! `runner-agent`: parses flags, sets up logging to stderr and calls [`nexus_runner_agent::run`];
+//! `runner-agent tools` prints what it would announce ([`nexus_runner_agent::describe_tools`]).
 //!
 //! It exits once `run` returns, whatever is still blocked: the runtime waits at most
 //! [`EXIT_GRACE`] for its blocking threads (a tool stuck in the kernel never holds the process).
@@ -8,28 +9,33 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use nexus_runner_agent::config::{DEFAULT_SLOTS, DEFAULT_TOOL_TIMEOUT_MS};
 use nexus_runner_agent::{AgentConfig, Credential, TlsOptions, default_state_dir};
 use tracing_subscriber::EnvFilter;
 use uuid::Uuid;
 
-/// Serve this machine's tools (bash, read_file, write_file, list_dir) to nexus.
+/// Serve this machine's tools (bash, read_file, write_file, list_dir, and those of a tools file)
+/// to nexus.
 #[derive(Debug, Parser)]
-#[command(name = "runner-agent", version)]
+#[command(name = "runner-agent", version, subcommand_negates_reqs = true)]
 struct Cli {
     /// The nexus gRPC endpoint, e.g. http://127.0.0.1:7300, or https://HOST:PORT with --tls-ca.
-    #[arg(long, env = "NEXUS_RUNNER_NEXUS")]
-    nexus: String,
+    #[arg(long, env = "NEXUS_RUNNER_NEXUS", required = true)]
+    nexus: Option<String>,
     /// This runner's executor public id.
-    #[arg(long, env = "NEXUS_RUNNER_ID")]
-    runner_id: Uuid,
+    #[arg(long, env = "NEXUS_RUNNER_ID", required = true)]
+    runner_id: Option<Uuid>,
     /// File holding the transport token (surrounding whitespace is ignored).
-    #[arg(long, env = "NEXUS_RUNNER_TOKEN_FILE")]
-    token_file: PathBuf,
+    #[arg(long, env = "NEXUS_RUNNER_TOKEN_FILE", required = true)]
+    token_file: Option<PathBuf>,
     /// Directory the tools run in; file tools cannot leave it.
-    #[arg(long, env = "NEXUS_RUNNER_WORKDIR")]
-    workdir: PathBuf,
+    #[arg(long, env = "NEXUS_RUNNER_WORKDIR", required = true)]
+    workdir: Option<PathBuf>,
+    /// A tools file (TOML) of command tools, MCP servers and built-in settings; read again on
+    /// SIGHUP and when it changes (docs/runner-tools.md).
+    #[arg(long, env = "NEXUS_RUNNER_TOOLS_FILE")]
+    tools_file: Option<PathBuf>,
     /// Where the claim journal lives; one runner-agent at a time holds it (a second one stops at
     /// once) [default: $XDG_STATE_HOME/nexus-runner-agent/RUNNER_ID, else
     /// $HOME/.local/state/nexus-runner-agent/RUNNER_ID, else under the temp dir].
@@ -68,6 +74,29 @@ struct Cli {
     /// Log filter (a level such as info or debug, or a tracing directive).
     #[arg(long, env = "NEXUS_RUNNER_LOG", default_value = "info")]
     log: String,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the tools this runner would announce (JSON: name, timeout_ms, max_concurrency,
+    /// effect_profile, description) and exit; a bad tools file is printed and exits 1. MCP
+    /// servers' tools are not listed: they are known only once connected.
+    Tools {
+        /// The tools file to read.
+        #[arg(long, env = "NEXUS_RUNNER_TOOLS_FILE")]
+        tools_file: Option<PathBuf>,
+        /// The workdir [default: the current directory].
+        #[arg(long, env = "NEXUS_RUNNER_WORKDIR")]
+        workdir: Option<PathBuf>,
+        /// A directory of skills (announces `skill`).
+        #[arg(long, env = "NEXUS_RUNNER_SKILLS_DIR")]
+        skills_dir: Option<PathBuf>,
+        /// The timeout announced for bash, in milliseconds.
+        #[arg(long, env = "NEXUS_RUNNER_TOOL_TIMEOUT_MS", default_value_t = DEFAULT_TOOL_TIMEOUT_MS)]
+        tool_timeout_ms: u64,
+    },
 }
 
 /// After `run` returns, how long the runtime may wait for its blocking threads before the process
@@ -94,9 +123,37 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// `runner-agent tools`: the announced tool list as pretty JSON on stdout.
+fn print_tools(
+    tools_file: Option<PathBuf>,
+    workdir: Option<PathBuf>,
+    skills_dir: Option<PathBuf>,
+    tool_timeout_ms: u64,
+) -> anyhow::Result<()> {
+    let workdir = match workdir {
+        Some(dir) => dir,
+        None => std::env::current_dir().context("cannot read the current directory; pass --workdir")?,
+    };
+    let tools = nexus_runner_agent::describe_tools(
+        &workdir,
+        tool_timeout_ms,
+        skills_dir.as_deref(),
+        tools_file.as_deref(),
+    )?;
+    println!("{}", serde_json::to_string_pretty(&tools)?);
+    Ok(())
+}
+
 async fn serve() -> anyhow::Result<()> {
     nexus_runner_agent::install_crypto_provider();
     let cli = Cli::parse();
+    if let Some(Command::Tools { tools_file, workdir, skills_dir, tool_timeout_ms }) = cli.command {
+        return print_tools(tools_file, workdir, skills_dir, tool_timeout_ms);
+    }
+    let required = |what: &str| anyhow::anyhow!("--{what} is required");
+    let (nexus, runner_id) = (cli.nexus.ok_or_else(|| required("nexus"))?, cli.runner_id.ok_or_else(|| required("runner-id"))?);
+    let token_file = cli.token_file.ok_or_else(|| required("token-file"))?;
+    let workdir = cli.workdir.ok_or_else(|| required("workdir"))?;
     let filter = EnvFilter::try_new(&cli.log).with_context(|| format!("invalid --log {:?}", cli.log))?;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -104,15 +161,16 @@ async fn serve() -> anyhow::Result<()> {
         .with_env_filter(filter)
         .init();
 
-    let credential = Credential::from_file(&cli.token_file)?;
-    let mut config = AgentConfig::new(cli.nexus, cli.runner_id, credential, cli.workdir);
-    config.state_dir = cli.state_dir.unwrap_or_else(|| default_state_dir(cli.runner_id));
+    let credential = Credential::from_file(&token_file)?;
+    let mut config = AgentConfig::new(nexus, runner_id, credential, workdir);
+    config.state_dir = cli.state_dir.unwrap_or_else(|| default_state_dir(runner_id));
     config.slots = cli.slots;
     config.tool_timeout_ms = cli.tool_timeout_ms;
     config.connect_timeout = Duration::from_millis(cli.connect_timeout_ms);
     config.handshake_timeout = Duration::from_millis(cli.handshake_timeout_ms);
     config.tls = TlsOptions { ca: cli.tls_ca, cert: cli.tls_cert, key: cli.tls_key, server_name: cli.tls_server_name };
     config.skills_dir = cli.skills_dir;
+    config.tools_file = cli.tools_file;
 
     nexus_runner_agent::run(config, shutdown_signal()).await.inspect_err(|err| {
         tracing::error!(error = %err, "runner-agent stopped");

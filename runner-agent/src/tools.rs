@@ -8,27 +8,39 @@
 //!
 //! Bounds (README, "runner-agent's tools"): every call ends by its timeout or its stop and gives
 //! its slot back, whatever its system calls do ([`blocking`]); every read keeps at most a fixed
-//! number of bytes in memory while it reads; nothing a bash call starts outlives it ([`reap`]).
+//! number of bytes in memory while it reads; nothing a bash call or a command tool starts
+//! outlives it ([`process`], [`reap`]).
+//!
+//! What is served is the [`Catalog`]: the built-ins, `skill` with a skills directory, the command
+//! tools of the tools file ([`command`]) and tools fed in from outside (MCP), rebuilt whole when
+//! one of them changes.
 
 mod bash;
 pub(crate) mod blocking;
+pub(crate) mod catalog;
+mod command;
 mod files;
 mod paths;
 mod process;
 pub(crate) mod reap;
 mod skills;
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use self::blocking::{Ended, Strays};
+pub(crate) use self::catalog::{Catalog, CatalogError, ExtraTool, ToolSpec};
+use self::catalog::Served;
 use self::reap::Owner;
 use crate::claim::ClaimHandle;
+use crate::toolsfile::ToolsFile;
 
 /// The spec's commit bound (`result_too_large`, "1 MB"), read as 10^6 bytes of body JSON.
 pub(crate) const MAX_COMMIT_BODY_BYTES: usize = 1_000_000;
@@ -162,47 +174,83 @@ fn escaped_len(ch: char) -> usize {
     }
 }
 
-/// Keys and closed values of an announced `effect_profile` (`docs/protocol.md`, "Announce").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-struct EffectProfile {
-    kind: EffectKind,
-    destructive: bool,
-    effect_scope: EffectScope,
-    idempotency: Idempotency,
-    reconciliation: Reconciliation,
+/// An announced `effect_profile`: exactly the five keys of `docs/protocol.md` ("Announce"), each
+/// with its closed set of values. In a tools file it is a table of these five keys; another key,
+/// a missing one or another value is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EffectProfile {
+    /// What the tool does to the world.
+    pub(crate) kind: EffectKind,
+    /// Whether its effect can destroy data.
+    pub(crate) destructive: bool,
+    /// Whether its effect stays inside the runner's environment.
+    pub(crate) effect_scope: EffectScope,
+    /// Whether running it twice is the same as once.
+    pub(crate) idempotency: Idempotency,
+    /// Whether its effect can be looked up after a lost result.
+    pub(crate) reconciliation: Reconciliation,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+impl EffectProfile {
+    /// The profile assumed where nothing better is known: a destructive write with open scope,
+    /// neither idempotent nor reconcilable.
+    pub(crate) const UNKNOWN_WRITE: EffectProfile = EffectProfile {
+        kind: EffectKind::Write,
+        destructive: true,
+        effect_scope: EffectScope::Open,
+        idempotency: Idempotency::None,
+        reconciliation: Reconciliation::None,
+    };
+}
+
+/// `effect_profile.kind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum EffectKind {
+pub(crate) enum EffectKind {
+    /// No effect at all; the result depends only on the input.
+    Pure,
+    /// Reads the world, changes nothing.
     ReadOnly,
+    /// Changes the world.
     Write,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// `effect_profile.effect_scope`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum EffectScope {
+pub(crate) enum EffectScope {
+    /// Inside the runner's environment.
     Closed,
+    /// Beyond it (the network, other systems).
     Open,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// `effect_profile.idempotency`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum Idempotency {
+pub(crate) enum Idempotency {
+    /// Repeating the call repeats nothing.
     Intrinsic,
+    /// Repeating it with the same key repeats nothing.
+    Keyed,
+    /// Repeating it repeats its effect.
     None,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// `effect_profile.reconciliation`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum Reconciliation {
+pub(crate) enum Reconciliation {
+    /// No way to learn whether a lost call took effect.
     None,
+    /// Its effect can be looked up.
     Lookup,
 }
 
 /// The built-in tools.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Builtin {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Builtin {
     Bash,
     ReadFile,
     WriteFile,
@@ -210,9 +258,11 @@ enum Builtin {
 }
 
 impl Builtin {
-    const ALL: [Builtin; 4] = [Builtin::Bash, Builtin::ReadFile, Builtin::WriteFile, Builtin::ListDir];
+    /// Every built-in, in announcement order.
+    pub(crate) const ALL: [Builtin; 4] = [Builtin::Bash, Builtin::ReadFile, Builtin::WriteFile, Builtin::ListDir];
 
-    fn name(self) -> &'static str {
+    /// Its announced name.
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Builtin::Bash => "bash",
             Builtin::ReadFile => "read_file",
@@ -221,7 +271,8 @@ impl Builtin {
         }
     }
 
-    fn from_name(name: &str) -> Option<Builtin> {
+    /// The built-in announced as `name`.
+    pub(crate) fn from_name(name: &str) -> Option<Builtin> {
         Builtin::ALL.into_iter().find(|tool| tool.name() == name)
     }
 
@@ -325,7 +376,10 @@ impl Builtin {
     }
 }
 
-/// The tools, bound to one workdir, one announced bash timeout and one state dir's mark.
+/// The tools, bound to one workdir, one announced bash timeout and one state dir's mark, and the
+/// [`Catalog`] of what is served now. The catalog changes at run time (a reloaded tools file, new
+/// tools fed in from outside); [`Toolbox::subscribe`] tells of each change, and a call keeps the
+/// tool it started with.
 #[derive(Debug)]
 pub(crate) struct Toolbox {
     workdir: PathBuf,
@@ -335,6 +389,17 @@ pub(crate) struct Toolbox {
     strays: Strays,
     /// Where the skills are read from (`--skills-dir`); `None` serves no skills.
     skills_dir: Option<PathBuf>,
+    /// What the catalog is built from.
+    sources: Mutex<Sources>,
+    /// The catalog now; every change is sent whole.
+    catalog: watch::Sender<Arc<Catalog>>,
+}
+
+/// What a catalog is built from, besides the built-ins.
+#[derive(Debug, Default)]
+struct Sources {
+    file: Arc<ToolsFile>,
+    extra: Vec<ExtraTool>,
 }
 
 /// The effect profile of `skill`: it only reads.
@@ -347,15 +412,137 @@ const SKILL_EFFECT: EffectProfile = EffectProfile {
 };
 
 impl Toolbox {
-    /// `workdir` must already be canonical.
+    /// The built-in tools alone. `workdir` must already be canonical.
     pub(crate) fn new(workdir: PathBuf, bash_timeout_ms: u64, owner: Owner) -> Self {
-        Toolbox { workdir, bash_timeout_ms, owner, strays: Strays::default(), skills_dir: None }
+        let (catalog, _) = watch::channel(Arc::new(Catalog::default()));
+        let toolbox = Toolbox {
+            workdir,
+            bash_timeout_ms,
+            owner,
+            strays: Strays::default(),
+            skills_dir: None,
+            sources: Mutex::new(Sources::default()),
+            catalog,
+        };
+        // The built-ins alone always make a valid catalog; an empty one would announce nothing.
+        if let Ok(catalog) = toolbox.rebuild(&Sources::default()) {
+            toolbox.catalog.send_replace(Arc::new(catalog));
+        }
+        toolbox
     }
 
     /// The toolbox serving the skills of `dir` too ([`skills`]).
     pub(crate) fn with_skills_dir(mut self, dir: Option<PathBuf>) -> Self {
         self.skills_dir = dir;
+        let sources = self.lock_sources();
+        let rebuilt = self.rebuild(&sources);
+        drop(sources);
+        if let Ok(catalog) = rebuilt {
+            self.catalog.send_replace(Arc::new(catalog));
+        }
         self
+    }
+
+    /// Serves the tools of `file` from now on, in place of the file's earlier ones; calls
+    /// already running keep theirs.
+    ///
+    /// # Errors
+    /// [`CatalogError`] when the catalog with them would be invalid (a name an outside tool has,
+    /// a tool list over nexus's bound); the earlier tools stay.
+    pub(crate) fn replace_tools_file(&self, file: ToolsFile) -> Result<(), CatalogError> {
+        let mut sources = self.lock_sources();
+        let candidate = Sources { file: Arc::new(file), extra: sources.extra.clone() };
+        let catalog = self.rebuild(&candidate)?;
+        *sources = candidate;
+        self.catalog.send_replace(Arc::new(catalog));
+        Ok(())
+    }
+
+    /// The slot for tools served from outside this module (the MCP hub feeds it): `tools`
+    /// replace every earlier outside tool; calls already running keep theirs.
+    ///
+    /// # Errors
+    /// [`CatalogError`] when the catalog with them would be invalid (a name taken, a name out of
+    /// the provider rule, a tool list over nexus's bound); the earlier tools stay.
+    #[cfg_attr(not(test), expect(dead_code, reason = "the MCP hub feeds it"))]
+    pub(crate) fn set_extra_tools(&self, tools: Vec<ExtraTool>) -> Result<(), CatalogError> {
+        let mut sources = self.lock_sources();
+        let candidate = Sources { file: Arc::clone(&sources.file), extra: tools };
+        let catalog = self.rebuild(&candidate)?;
+        *sources = candidate;
+        self.catalog.send_replace(Arc::new(catalog));
+        Ok(())
+    }
+
+    /// The tools file served now (empty without one): its MCP servers are the hub's to run.
+    #[cfg_attr(not(test), expect(dead_code, reason = "the MCP hub reads it"))]
+    pub(crate) fn tools_file(&self) -> Arc<ToolsFile> {
+        Arc::clone(&self.lock_sources().file)
+    }
+
+    /// The catalog served now.
+    pub(crate) fn catalog(&self) -> Arc<Catalog> {
+        Arc::clone(&self.catalog.borrow())
+    }
+
+    /// A receiver that sees every new catalog.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Arc<Catalog>> {
+        self.catalog.subscribe()
+    }
+
+    fn lock_sources(&self) -> std::sync::MutexGuard<'_, Sources> {
+        // A panic while holding it cannot leave the sources half-written: each is replaced whole.
+        self.sources.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The catalog of the built-ins (with the file's settings), `skill`, the file's command
+    /// tools and the outside tools, in that order.
+    fn rebuild(&self, sources: &Sources) -> Result<Catalog, CatalogError> {
+        let settings = &sources.file.builtins;
+        let mut tools: Vec<(ToolSpec, Served)> = Builtin::ALL
+            .into_iter()
+            .map(|tool| {
+                let timeout_ms = match tool {
+                    Builtin::Bash => self.bash_timeout_ms,
+                    _ => FILE_TOOL_TIMEOUT_MS,
+                };
+                let spec = ToolSpec {
+                    name: tool.name().to_owned(),
+                    description: Some(tool.description().to_owned()),
+                    input_schema: Some(tool.input_schema()),
+                    effect_profile: tool.effect_profile(),
+                    timeout_ms,
+                    max_concurrency: settings.max_concurrency.get(&tool).copied(),
+                };
+                (spec, Served::Builtin(tool))
+            })
+            .collect();
+        if self.skills_dir.is_some() {
+            let spec = ToolSpec {
+                name: "skill".to_owned(),
+                description: None,
+                input_schema: None,
+                effect_profile: SKILL_EFFECT,
+                timeout_ms: FILE_TOOL_TIMEOUT_MS,
+                max_concurrency: None,
+            };
+            tools.push((spec, Served::Skill));
+        }
+        for command in &sources.file.commands {
+            let spec = ToolSpec {
+                name: command.name.clone(),
+                description: Some(command.description.clone()),
+                input_schema: Some(command.input_schema.clone()),
+                effect_profile: command.effect_profile,
+                timeout_ms: command.timeout_ms,
+                max_concurrency: command.max_concurrency,
+            };
+            tools.push((spec, Served::Command(Arc::clone(command))));
+        }
+        for extra in &sources.extra {
+            tools.push((extra.spec.clone(), Served::Extra(Arc::clone(&extra.call))));
+        }
+        Catalog::new(tools)
     }
 
     /// The mark bash puts on every process it starts.
@@ -371,27 +558,17 @@ impl Toolbox {
         self.bash_timeout_ms
     }
 
+    /// How many calls of `tool` may be claimed or running at once; `None`: only the slots bound.
+    pub(crate) fn max_concurrency(&self, tool: &str) -> Option<NonZeroUsize> {
+        self.catalog.borrow().max_concurrency(tool)
+    }
+
     /// The announce body: `{"tools": [...], "environment": {hostname, os, arch, workdir}}`, and
     /// with a skills directory `documents: [{name, description}]` and the `skill` tool (without
     /// description or schema: nexus routes `skill` calls to it, and never offers it to a model as
     /// a tool of its own). The skills directory is read again on every call.
     pub(crate) fn announcement(&self) -> Value {
-        let mut tools: Vec<Value> = Builtin::ALL
-            .into_iter()
-            .map(|tool| {
-                let timeout_ms = match tool {
-                    Builtin::Bash => self.bash_timeout_ms,
-                    _ => FILE_TOOL_TIMEOUT_MS,
-                };
-                json!({
-                    "name": tool.name(),
-                    "description": tool.description(),
-                    "input_schema": tool.input_schema(),
-                    "effect_profile": tool.effect_profile(),
-                    "timeout_ms": timeout_ms,
-                })
-            })
-            .collect();
+        let tools = self.catalog().announced_tools();
         let mut body = json!({
             "environment": {
                 "hostname": hostname(),
@@ -401,34 +578,33 @@ impl Toolbox {
             },
         });
         if let Some(dir) = &self.skills_dir {
-            tools.push(json!({"name": "skill", "effect_profile": SKILL_EFFECT, "timeout_ms": FILE_TOOL_TIMEOUT_MS}));
             body["documents"] = Value::Array(skills::documents(dir));
         }
         body["tools"] = Value::Array(tools);
         body
     }
 
-    /// Runs one call to completion. Never panics on bad input: every problem is an outcome.
+    /// Runs one call to completion, with the tool the catalog serves under `tool_name` now.
+    /// Never panics on bad input: every problem is an outcome.
     pub(crate) async fn run(&self, tool_name: &str, input: Value, mut ctx: ToolContext) -> ToolOutcome {
-        if tool_name == "skill"
-            && let Some(dir) = &self.skills_dir
-        {
-            let Value::Object(input) = input else {
-                return ToolOutcome::Failed { content: "tool_input must be a JSON object".to_owned() };
-            };
-            let dir = dir.clone();
-            let budget = Instant::now() + Duration::from_millis(FILE_TOOL_TIMEOUT_MS);
-            let until = ctx.clamp_at.map_or(budget, |clamp| clamp.min(budget));
-            return match blocking::run(&self.strays, until, ctx.stopped(), move |_| skills::load(&dir, &input)).await {
-                Ended::Done(outcome) => outcome,
-                _ => ToolOutcome::error("skill was not read: the file did not open in time or the call was stopped"),
-            };
-        }
-        let Some(tool) = Builtin::from_name(tool_name) else {
-            let served: Vec<&str> = Builtin::ALL.iter().map(|t| t.name()).collect();
+        let catalog = self.catalog();
+        let Some((_, served)) = catalog.get(tool_name) else {
             return ToolOutcome::Failed {
-                content: format!("unknown tool {tool_name:?}; this runner serves {}", served.join(", ")),
+                content: format!("unknown tool {tool_name:?}; this runner serves {}", catalog.names_for_message(20)),
             };
+        };
+        let tool = match served {
+            Served::Builtin(tool) => *tool,
+            Served::Extra(call) => return call(input, ctx).await,
+            Served::Skill | Served::Command(_) => {
+                let Value::Object(input) = input else {
+                    return ToolOutcome::Failed { content: "tool_input must be a JSON object".to_owned() };
+                };
+                return match served {
+                    Served::Command(command) => command::run(command, input, &mut ctx).await,
+                    _ => self.skill(input, ctx).await,
+                };
+            }
         };
         let Value::Object(input) = input else {
             return ToolOutcome::Failed { content: "tool_input must be a JSON object".to_owned() };
@@ -451,7 +627,7 @@ impl Toolbox {
         let name = tool.name();
         let effect = match tool.effect_profile().kind {
             EffectKind::Write => "; whether it took effect is unknown",
-            EffectKind::ReadOnly => "",
+            EffectKind::ReadOnly | EffectKind::Pure => "",
         };
         match ended {
             Ended::Done(outcome) => outcome,
@@ -472,6 +648,21 @@ impl Toolbox {
                 ),
             },
             Ended::Crashed(why) => ToolOutcome::error(format!("{name} failed: {why}; its effect is unknown")),
+        }
+    }
+}
+
+impl Toolbox {
+    /// `skill {name}`: a skill's content, read off the loop within the file tools' timeout.
+    async fn skill(&self, input: Map<String, Value>, mut ctx: ToolContext) -> ToolOutcome {
+        let Some(dir) = self.skills_dir.clone() else {
+            return ToolOutcome::Failed { content: "this runner serves no skills".to_owned() };
+        };
+        let budget = Instant::now() + Duration::from_millis(FILE_TOOL_TIMEOUT_MS);
+        let until = ctx.clamp_at.map_or(budget, |clamp| clamp.min(budget));
+        match blocking::run(&self.strays, until, ctx.stopped(), move |_| skills::load(&dir, &input)).await {
+            Ended::Done(outcome) => outcome,
+            _ => ToolOutcome::error("skill was not read: the file did not open in time or the call was stopped"),
         }
     }
 }

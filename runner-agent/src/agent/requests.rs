@@ -22,11 +22,17 @@ impl Agent {
             return;
         };
         match &pending {
-            Pending::Claim(key) => self.claiming.insert(key.clone()),
-            Pending::Commit(key) => self.committing.insert(key.clone()),
-            Pending::Probe(key) => self.probing.insert(key.clone()),
-            _ => false,
-        };
+            Pending::Claim(key, tool) => {
+                self.claiming.insert(key.clone(), tool.clone());
+            }
+            Pending::Commit(key) => {
+                self.committing.insert(key.clone());
+            }
+            Pending::Probe(key) => {
+                self.probing.insert(key.clone());
+            }
+            _ => {}
+        }
         if let Some(link) = self.link.as_mut() {
             link.pending.insert(request_id, (pending, Instant::now()));
         }
@@ -78,11 +84,17 @@ impl Agent {
 
     pub(super) fn untrack(&mut self, pending: &Pending) {
         match pending {
-            Pending::Claim(key) => self.claiming.remove(key),
-            Pending::Commit(key) => self.committing.remove(key),
-            Pending::Probe(key) => self.probing.remove(key),
-            _ => false,
-        };
+            Pending::Claim(key, _) => {
+                self.claiming.remove(key);
+            }
+            Pending::Commit(key) => {
+                self.committing.remove(key);
+            }
+            Pending::Probe(key) => {
+                self.probing.remove(key);
+            }
+            _ => {}
+        }
     }
 
     /// One frame from nexus; a `NexusBatch` is handled frame by frame, each as if it came alone.
@@ -132,8 +144,8 @@ impl Agent {
                 code = %refusal.code, message = %refusal.message,
                 "nexus refused the announcement; the tools stay as last announced"
             ),
-            (Pending::Claim(key), Answer::ClaimGranted(grant)) => self.on_claim_granted(key, grant),
-            (Pending::Claim(key), Answer::Refusal(refusal)) => {
+            (Pending::Claim(key, _), Answer::ClaimGranted(grant)) => self.on_claim_granted(key, grant),
+            (Pending::Claim(key, _), Answer::Refusal(refusal)) => {
                 debug!(run_public_id = %key.run_public_id, task_key = %key.task_key, code = %refusal.code, "claim refused");
             }
             (Pending::Commit(key), Answer::Committed(committed)) => {

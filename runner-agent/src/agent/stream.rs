@@ -102,7 +102,7 @@ impl Agent {
         self.inbound = None;
         warn!(reason, "lost the stream to nexus");
         for (pending, _) in link.pending.into_values() {
-            if let Pending::Claim(key) = &pending {
+            if let Pending::Claim(key, _) = &pending {
                 // nexus never grants a claim twice (`docs/protocol.md`, "Claim"): a grant lost
                 // with the stream cannot be asked for again, and the call lapses at its deadline.
                 warn!(

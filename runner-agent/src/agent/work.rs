@@ -30,7 +30,7 @@ impl Agent {
         }
         let held = self.running.contains_key(&key)
             || self.journal.contains(&key)
-            || self.claiming.contains(&key)
+            || self.claiming.contains_key(&key)
             || self.hinted.contains(&key);
         if self.draining || held {
             debug!(run_public_id = %key.run_public_id, task_key = %key.task_key, "ignoring a hint for a task already held");
@@ -38,29 +38,42 @@ impl Agent {
         }
         debug!(run_public_id = %key.run_public_id, task_key = %key.task_key, tool = %work.tool_name, "work available");
         self.hinted.insert(key.clone());
-        self.hints.push_back(key);
+        self.hints.push_back(Hint { key, tool: work.tool_name });
         self.pump_claims();
     }
 
     pub(super) fn on_work_canceled(&mut self, canceled: WorkCanceled) {
         let key = TaskKey { run_public_id: canceled.run_public_id, task_key: canceled.task_key };
         if self.hinted.remove(&key) {
-            self.hints.retain(|hinted| hinted != &key);
+            self.hints.retain(|hint| hint.key != key);
         }
         self.stop_task(&key, "nexus canceled the task");
     }
 
     pub(super) fn stop_task(&self, key: &TaskKey, why: &str) {
-        if let Some(stop) = self.running.get(key) {
+        if let Some(running) = self.running.get(key) {
             info!(run_public_id = %key.run_public_id, task_key = %key.task_key, why, "stopping a running tool");
-            stop.send_replace(Some(StopReason::Canceled));
+            running.stop.send_replace(Some(StopReason::Canceled));
         }
     }
 
-    /// Claims hinted tasks while a slot is free: nothing is claimed that cannot start at once.
+    /// Claims hinted tasks, oldest first, while a slot is free: nothing is claimed that cannot
+    /// start at once. A hint whose tool already has its `max_concurrency` claimed or running
+    /// stays queued, in its place, and the hints after it are claimed meanwhile
+    /// (`docs/runner-tools.md`, "Concurrency per tool").
     pub(super) fn pump_claims(&mut self) {
+        let mut at = 0;
+        let mut full: HashSet<String> = HashSet::new();
         while self.link.is_some() && !self.draining && self.running.len() + self.claiming.len() < self.config.slots {
-            let Some(key) = self.hints.pop_front() else {
+            let Some(hint) = self.hints.get(at) else {
+                break;
+            };
+            if full.contains(&hint.tool) || self.at_concurrency_bound(&hint.tool) {
+                full.insert(hint.tool.clone());
+                at += 1;
+                continue;
+            }
+            let Some(Hint { key, tool }) = self.hints.remove(at) else {
                 break;
             };
             self.hinted.remove(&key);
@@ -69,8 +82,18 @@ impl Agent {
             }
             let frame =
                 Request::Claim(Claim { run_public_id: key.run_public_id.clone(), task_key: key.task_key.clone() });
-            self.send_request(frame, Pending::Claim(key));
+            self.send_request(frame, Pending::Claim(key, tool));
         }
+    }
+
+    /// Whether `tool` has as many calls claimed or running as its `max_concurrency` allows.
+    fn at_concurrency_bound(&self, tool: &str) -> bool {
+        let Some(limit) = self.toolbox.max_concurrency(tool) else {
+            return false;
+        };
+        let claiming = self.claiming.values().filter(|claimed| *claimed == tool).count();
+        let running = self.running.values().filter(|running| running.tool == tool).count();
+        claiming + running >= limit.get()
     }
 
     /// Journals the claim `running`, then starts its tool once that is on disk
@@ -101,7 +124,7 @@ impl Agent {
             return;
         }
         let (stop_tx, stop) = watch::channel(None);
-        self.running.insert(key.clone(), stop_tx);
+        self.running.insert(key.clone(), RunningTool { stop: stop_tx, tool: tool_name.clone() });
         let start =
             Start { key, tool_name, tool_input, task_timeout_ms, deadline_at_ms, claim_token: grant.claim_token, stop };
         self.after_durable.push_back((ticket, AfterDurable::Start(Box::new(start))));
