@@ -134,12 +134,8 @@ fn print_tools(
         Some(dir) => dir,
         None => std::env::current_dir().context("cannot read the current directory; pass --workdir")?,
     };
-    let tools = nexus_runner_agent::describe_tools(
-        &workdir,
-        tool_timeout_ms,
-        skills_dir.as_deref(),
-        tools_file.as_deref(),
-    )?;
+    let tools =
+        nexus_runner_agent::describe_tools(&workdir, tool_timeout_ms, skills_dir.as_deref(), tools_file.as_deref())?;
     println!("{}", serde_json::to_string_pretty(&tools)?);
     Ok(())
 }
@@ -151,7 +147,8 @@ async fn serve() -> anyhow::Result<()> {
         return print_tools(tools_file, workdir, skills_dir, tool_timeout_ms);
     }
     let required = |what: &str| anyhow::anyhow!("--{what} is required");
-    let (nexus, runner_id) = (cli.nexus.ok_or_else(|| required("nexus"))?, cli.runner_id.ok_or_else(|| required("runner-id"))?);
+    let (nexus, runner_id) =
+        (cli.nexus.ok_or_else(|| required("nexus"))?, cli.runner_id.ok_or_else(|| required("runner-id"))?);
     let token_file = cli.token_file.ok_or_else(|| required("token-file"))?;
     let workdir = cli.workdir.ok_or_else(|| required("workdir"))?;
     let filter = EnvFilter::try_new(&cli.log).with_context(|| format!("invalid --log {:?}", cli.log))?;

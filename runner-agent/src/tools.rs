@@ -36,8 +36,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use self::blocking::{Ended, Strays};
-pub(crate) use self::catalog::{Catalog, CatalogError, ExtraTool, ToolSpec};
 use self::catalog::Served;
+pub(crate) use self::catalog::{Catalog, CatalogError, ExtraTool, ToolSpec};
 use self::reap::Owner;
 use crate::claim::ClaimHandle;
 use crate::toolsfile::ToolsFile;
@@ -464,7 +464,7 @@ impl Toolbox {
     /// # Errors
     /// [`CatalogError`] when the catalog with them would be invalid (a name taken, a name out of
     /// the provider rule, a tool list over nexus's bound); the earlier tools stay.
-    #[cfg_attr(not(test), expect(dead_code, reason = "the MCP hub feeds it"))]
+    #[cfg_attr(not(test), expect(dead_code, reason = "the MCP hub (issue 15, MCP) feeds it"))]
     pub(crate) fn set_extra_tools(&self, tools: Vec<ExtraTool>) -> Result<(), CatalogError> {
         let mut sources = self.lock_sources();
         let candidate = Sources { file: Arc::clone(&sources.file), extra: tools };
@@ -782,6 +782,66 @@ mod tests {
         assert!(
             matches!(&loaded, ToolOutcome::Completed { content, is_error: false, .. } if content.ends_with("Step 1.\n"))
         );
+    }
+
+    #[tokio::test]
+    async fn the_catalog_serves_the_file_and_outside_tools_and_tells_of_each_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let toolbox = Toolbox::new(dir.path().canonicalize().unwrap(), 1_000, Owner::of_state_dir(dir.path()));
+        let mut changes = toolbox.subscribe();
+        let text = "[[tool]]\nname = \"echo\"\ndescription = \"d\"\ncommand = [\"cat\"]\nmax_concurrency = 3\n\
+                    effect_profile = { kind = \"pure\", destructive = false, effect_scope = \"closed\", idempotency = \"intrinsic\", reconciliation = \"none\" }\n\
+                    [builtin.list_dir]\nmax_concurrency = 1\n";
+        let file = crate::toolsfile::parse(&dir.path().join("tools.toml"), text).unwrap();
+        toolbox.replace_tools_file(file).unwrap();
+        assert!(changes.has_changed().unwrap());
+        changes.borrow_and_update();
+        assert_eq!(toolbox.tools_file().commands.len(), 1);
+        assert_eq!(toolbox.max_concurrency("echo").map(NonZeroUsize::get), Some(3));
+        assert_eq!(toolbox.max_concurrency("list_dir").map(NonZeroUsize::get), Some(1));
+        assert_eq!(toolbox.max_concurrency("bash"), None);
+        let echo = &toolbox.announcement()["tools"][4];
+        assert_eq!((echo["name"].as_str(), echo["effect_profile"]["kind"].as_str()), (Some("echo"), Some("pure")));
+
+        // The outside slot: announced after the file's tools, and called through its closure.
+        let call: catalog::ExtraCall = Arc::new(|input: Value, _ctx: ToolContext| {
+            Box::pin(async move {
+                ToolOutcome::Completed { content: "extra".into(), structured_content: input, is_error: false }
+            })
+        });
+        let spec = |name: &str| ToolSpec {
+            name: name.to_owned(),
+            description: Some("an outside tool".to_owned()),
+            input_schema: Some(json!({"type": "object"})),
+            effect_profile: EffectProfile::UNKNOWN_WRITE,
+            timeout_ms: 5_000,
+            max_concurrency: None,
+        };
+        toolbox.set_extra_tools(vec![ExtraTool { spec: spec("fs_read"), call: Arc::clone(&call) }]).unwrap();
+        assert!(changes.has_changed().unwrap());
+        let names: Vec<String> = toolbox.catalog().specs().map(|spec| spec.name.clone()).collect();
+        assert_eq!(names, ["bash", "read_file", "write_file", "list_dir", "echo", "fs_read"]);
+        let (_stop_tx, stop) = watch::channel(None);
+        let ctx = ToolContext {
+            workdir: toolbox.workdir().clone(),
+            bash_timeout_ms: 1_000,
+            task_timeout_ms: None,
+            clamp_at: None,
+            stop,
+            claim: None,
+            owner: toolbox.owner().clone(),
+        };
+        let outcome = toolbox.run("fs_read", json!({"a": 1}), ctx).await;
+        assert!(
+            matches!(&outcome, ToolOutcome::Completed { content, structured_content, .. } if content == "extra" && structured_content["a"] == 1)
+        );
+
+        // A name taken is refused and the catalog stays.
+        changes.borrow_and_update();
+        let taken = toolbox.set_extra_tools(vec![ExtraTool { spec: spec("echo"), call }]);
+        assert_eq!(taken.unwrap_err(), CatalogError::Duplicate("echo".into()));
+        assert!(!changes.has_changed().unwrap());
+        assert!(toolbox.catalog().get("fs_read").is_some());
     }
 
     #[test]

@@ -299,6 +299,9 @@ fn name_rule_problem(name: &str, max: usize) -> Option<String> {
 
 // ---- the grammar, as serde reads it ----
 
+/// `[builtin.NAME]` tables with every key's and value's span.
+type RawBuiltins = BTreeMap<Spanned<String>, Spanned<BTreeMap<Spanned<String>, Spanned<toml::Value>>>>;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawFile {
@@ -307,7 +310,7 @@ struct RawFile {
     #[serde(default)]
     mcp_server: Vec<RawMcpServer>,
     #[serde(default)]
-    builtin: BTreeMap<Spanned<String>, Spanned<BTreeMap<Spanned<String>, Spanned<toml::Value>>>>,
+    builtin: RawBuiltins,
 }
 
 #[derive(Deserialize)]
@@ -347,7 +350,13 @@ struct Checker<'a> {
 }
 
 impl Checker<'_> {
-    fn error(&self, problem: Problem, span: Option<Range<usize>>, field: Option<String>, reason: String) -> ToolsFileError {
+    fn error(
+        &self,
+        problem: Problem,
+        span: Option<Range<usize>>,
+        field: Option<String>,
+        reason: String,
+    ) -> ToolsFileError {
         ToolsFileError {
             path: self.path.to_owned(),
             problem,
@@ -387,7 +396,12 @@ impl Checker<'_> {
             }
             if tool.description.get_ref().trim().is_empty() {
                 let reason = "must not be empty: the model reads it to choose the tool".to_owned();
-                return Err(self.at(Problem::InvalidDescription, tool.description.span(), field("description"), reason));
+                return Err(self.at(
+                    Problem::InvalidDescription,
+                    tool.description.span(),
+                    field("description"),
+                    reason,
+                ));
             }
             let env = self.env(&tool.env, &field("env"))?;
             let argv = self.command(&tool.command, &field("command"), env.get("PATH").map(String::as_str))?;
@@ -444,14 +458,20 @@ impl Checker<'_> {
                 return Err(self.at(Problem::InvalidName, prefix_span, field("prefix"), problem));
             }
             if !prefixes.insert(prefix.clone()) {
-                let reason = format!("the prefix `{prefix}` is used by two MCP servers; give one a `prefix` of its own");
+                let reason =
+                    format!("the prefix `{prefix}` is used by two MCP servers; give one a `prefix` of its own");
                 return Err(self.at(Problem::DuplicateName, prefix_span, field("prefix"), reason));
             }
             let transport = match (&server.command, &server.url) {
                 (Some(command), None) => {
                     if let Some(headers) = &server.headers_from_env {
                         let reason = "is only for a server reached by `url`".to_owned();
-                        return Err(self.at(Problem::InvalidTransport, headers.span(), field("headers_from_env"), reason));
+                        return Err(self.at(
+                            Problem::InvalidTransport,
+                            headers.span(),
+                            field("headers_from_env"),
+                            reason,
+                        ));
                     }
                     let env = match &server.env {
                         Some(env) => self.env(env.get_ref(), &field("env"))?,
@@ -503,19 +523,21 @@ impl Checker<'_> {
         Ok(servers)
     }
 
-    #[expect(clippy::type_complexity, reason = "the raw shape of `[builtin.NAME]` with every span kept")]
-    fn builtins(
-        &self,
-        raw: BTreeMap<Spanned<String>, Spanned<BTreeMap<Spanned<String>, Spanned<toml::Value>>>>,
-    ) -> Result<BuiltinSettings, ToolsFileError> {
+    fn builtins(&self, raw: RawBuiltins) -> Result<BuiltinSettings, ToolsFileError> {
         let mut settings = BuiltinSettings::default();
         for (name, table) in raw {
             let builtin = Builtin::from_name(name.get_ref());
             let is_web_fetch = name.get_ref() == WEB_FETCH;
             if builtin.is_none() && !is_web_fetch {
                 let known: Vec<&str> = Builtin::ALL.iter().map(|b| b.name()).chain([WEB_FETCH]).collect();
-                let reason = format!("`{}` is no built-in tool; the built-ins are {}", name.get_ref(), known.join(", "));
-                return Err(self.at(Problem::UnknownBuiltin, name.span(), format!("builtin.{}", name.get_ref()), reason));
+                let reason =
+                    format!("`{}` is no built-in tool; the built-ins are {}", name.get_ref(), known.join(", "));
+                return Err(self.at(
+                    Problem::UnknownBuiltin,
+                    name.span(),
+                    format!("builtin.{}", name.get_ref()),
+                    reason,
+                ));
             }
             let mut max_concurrency = None;
             let mut rest = toml::Table::new();
@@ -573,7 +595,11 @@ impl Checker<'_> {
         }
     }
 
-    fn env(&self, env: &BTreeMap<Spanned<String>, String>, field: &str) -> Result<BTreeMap<String, String>, ToolsFileError> {
+    fn env(
+        &self,
+        env: &BTreeMap<Spanned<String>, String>,
+        field: &str,
+    ) -> Result<BTreeMap<String, String>, ToolsFileError> {
         let mut out = BTreeMap::new();
         for (key, value) in env {
             let name = key.get_ref();
@@ -665,7 +691,8 @@ impl Checker<'_> {
         for arg in &command.get_ref()[1..] {
             let text = arg.get_ref();
             let next_to_file = self.base.join(text);
-            let is_file_here = !text.is_empty() && !text.starts_with('-') && Path::new(text).is_relative() && next_to_file.exists();
+            let is_file_here =
+                !text.is_empty() && !text.starts_with('-') && Path::new(text).is_relative() && next_to_file.exists();
             argv.push(if is_file_here { next_to_file.display().to_string() } else { text.clone() });
         }
         Ok(argv)

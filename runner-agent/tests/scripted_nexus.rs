@@ -579,3 +579,117 @@ async fn a_welcome_inside_a_batch_is_taken_with_the_frames_around_it() {
     assert!(finished(agent).await.is_ok());
     assert!(journal_tasks(nexus.state_dir()).is_empty());
 }
+
+const READ_ONLY: &str = r#"effect_profile = { kind = "read_only", destructive = false, effect_scope = "closed", idempotency = "intrinsic", reconciliation = "none" }"#;
+
+/// A tools file serving one command tool `name` that answers `answer` as its structured result.
+fn tools_file_text(name: &str, answer: &str) -> String {
+    format!(
+        "[[tool]]\nname = \"{name}\"\ndescription = \"Say {answer}\"\ncommand = [\"python3\", \"say.py\", \"{answer}\"]\n{READ_ONLY}\n"
+    )
+}
+
+/// The names after the four built-ins in an announcement.
+fn file_tools(body: &Value) -> Vec<String> {
+    body["tools"].as_array().unwrap().iter().skip(4).map(|tool| tool["name"].as_str().unwrap().to_owned()).collect()
+}
+
+#[tokio::test]
+async fn tools_from_a_file_are_served_and_announced_again_when_it_changes_and_on_sighup() {
+    let mut nexus = Harness::start().await;
+    let dir = nexus._dir.path().to_owned();
+    let path = dir.join("tools.toml");
+    std::fs::write(
+        dir.join("say.py"),
+        "import json, sys\ndata = json.load(sys.stdin)\nprint(json.dumps({'content': sys.argv[1], 'structured_content': data}))\n",
+    )
+    .unwrap();
+    std::fs::write(&path, tools_file_text("say", "hi")).unwrap();
+    let mut config = nexus.config.clone();
+    config.tools_file = Some(path.clone());
+    config.poll_interval = Duration::from_millis(100);
+    let (stop, agent) = spawn_agent(config);
+
+    let mut conn = nexus.accept().await;
+    conn.welcome(60_000).await;
+    let body = conn.announced().await;
+    assert_eq!(file_tools(&body), ["say"]);
+    assert_eq!(body["tools"][4]["description"], "Say hi");
+
+    // The command tool runs end to end: stdin in, the structured answer out.
+    conn.send(
+        0,
+        nexus_frame::Frame::WorkAvailable(WorkAvailable {
+            kind: "tool_call".into(),
+            run_public_id: "run-1".into(),
+            task_key: "s1".into(),
+            tool_name: "say".into(),
+        }),
+    );
+    let (claim_id, frame) = conn.recv().await;
+    assert!(matches!(frame, runner_frame::Frame::Claim(_)), "{frame:?}");
+    let task = json!({"kind": "tool_call", "run_public_id": "run-1", "task_key": "s1", "tool_name": "say",
+        "tool_input": {"n": 1}, "timeout_ms": 60_000});
+    conn.send(
+        claim_id,
+        nexus_frame::Frame::ClaimGranted(ClaimGranted {
+            task_json: task.to_string(),
+            claim_token: "tok-s1".into(),
+            deadline_at_ms: now_ms() + 60_000,
+        }),
+    );
+    // The 100 ms tick reads the claim's status meanwhile.
+    let (commit_id, token, result) = loop {
+        match conn.recv().await {
+            (id, runner_frame::Frame::ClaimStatus(_)) => {
+                conn.send(id, nexus_frame::Frame::ClaimState(nexus_proto::runner::v1::ClaimState { active: true }));
+            }
+            (id, runner_frame::Frame::Commit(commit)) => {
+                break (id, commit.claim_token, serde_json::from_str::<Value>(&commit.body_json).unwrap());
+            }
+            (_, other) => panic!("expected a commit, got {other:?}"),
+        }
+    };
+    assert_eq!(token, "tok-s1");
+    assert_eq!(result, json!({"content": "hi", "structured_content": {"n": 1}, "is_error": false}));
+    conn.committed(commit_id);
+
+    // A change of content is announced again at the next tick, without a restart.
+    std::fs::write(&path, tools_file_text("say", "hello") + &tools_file_text("shout", "HEY")).unwrap();
+    let body = conn.announced().await;
+    assert_eq!(file_tools(&body), ["say", "shout"]);
+    assert_eq!(body["tools"][4]["description"], "Say hello");
+
+    // SIGHUP reads it again and announces, even unchanged. The agent listens for it: it
+    // announced, so its loop runs.
+    nix::sys::signal::raise(nix::sys::signal::Signal::SIGHUP).unwrap();
+    let body = conn.announced().await;
+    assert_eq!(file_tools(&body), ["say", "shout"]);
+
+    // A bad file is refused and the tools stay; the next good one is announced.
+    std::fs::write(&path, "[[tool]]\nname = \"broken\"\n").unwrap();
+    nix::sys::signal::raise(nix::sys::signal::Signal::SIGHUP).unwrap();
+    std::fs::write(&path, tools_file_text("calm", "ok")).unwrap();
+    let body = conn.announced().await;
+    assert_eq!(file_tools(&body), ["calm"], "the bad file was never announced");
+
+    stop.send(()).unwrap();
+    assert!(finished(agent).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_bad_tools_file_stops_run_before_it_connects() {
+    let mut nexus = Harness::start().await;
+    let path = nexus._dir.path().join("tools.toml");
+    std::fs::write(&path, "[[tool]]\nname = \"x\"\ndescription = \"d\"\ncommand = [\"sh\"]\ntimeout_ms = -1\n")
+        .unwrap();
+    let mut config = nexus.config.clone();
+    config.tools_file = Some(path);
+    let outcome = tokio::time::timeout(PATIENCE, nexus_runner_agent::run(config, std::future::pending())).await;
+    let Ok(Err(AgentError::Config(nexus_runner_agent::ConfigError::ToolsFile { source }))) = outcome else {
+        panic!("a bad tools file did not stop run: {outcome:?}");
+    };
+    assert_eq!(source.field.as_deref(), Some("tool[0]"), "a missing effect profile: {source}");
+    assert_eq!(source.location.map(|(line, _)| line), Some(1));
+    assert!(nexus.connections.try_recv().is_err(), "nothing connected");
+}

@@ -563,3 +563,228 @@ async fn a_claim_the_journal_could_not_keep_is_not_run_and_fails() {
     let on_disk = setup.on_disk();
     assert!(matches!(on_disk.get(&key("t1")).unwrap().state, EntryState::CommitPending { .. }));
 }
+
+fn work_for(task: &str, tool_name: &str) -> NexusFrame {
+    push(Answer::WorkAvailable(WorkAvailable {
+        kind: InboxKind::ToolCall.as_str().into(),
+        run_public_id: "run-1".into(),
+        task_key: task.into(),
+        tool_name: tool_name.into(),
+    }))
+}
+
+const READ_ONLY: &str = r#"effect_profile = { kind = "read_only", destructive = false, effect_scope = "closed", idempotency = "intrinsic", reconciliation = "none" }"#;
+
+/// A tools file beside the setup's state dir, served by the agent.
+fn with_tools_file(setup: &mut Setup, text: &str) -> PathBuf {
+    let path = setup._dir.path().join("tools.toml");
+    std::fs::write(&path, text).unwrap();
+    setup.config.tools_file = Some(path.clone());
+    path
+}
+
+fn command_tool(name: &str, script: &str, extra: &str) -> String {
+    format!(
+        "[[tool]]\nname = \"{name}\"\ndescription = \"d\"\ncommand = [\"sh\", \"-c\", {script:?}]\n{READ_ONLY}\n{extra}\n"
+    )
+}
+
+#[tokio::test]
+async fn a_tool_at_its_max_concurrency_waits_in_line_while_other_tools_are_claimed() {
+    let mut setup = Setup::new();
+    setup.config.slots = 4;
+    with_tools_file(&mut setup, &command_tool("tool_a", "cat > /dev/null; echo a-done", "max_concurrency = 1"));
+    let (mut agent, mut frames) = setup.agent();
+    agent.on_frame(batch(vec![work_for("a1", "tool_a"), work_for("a2", "tool_a"), work_for("b1", "bash")]));
+    turn(&mut agent).await;
+    let first = sent(&mut frames);
+    assert_eq!(claimed_tasks(&first), ["a1", "b1"], "the second call of tool_a waits; bash's is claimed");
+    assert_eq!(agent.hints.iter().map(|hint| hint.key.task_key.as_str()).collect::<Vec<_>>(), ["a2"]);
+
+    // While a1 runs, neither a grant nor a finish of another tool lets a2 go.
+    let (a1, b1) = (first[0].0, first[1].0);
+    agent.on_frame(batch(vec![
+        answer(a1, grant("tool_a", json!({}), "tok-a1")),
+        answer(b1, grant("bash", json!({"command": "true"}), "tok-b1")),
+    ]));
+    turn(&mut agent).await;
+    assert!(claimed_tasks(&sent(&mut frames)).is_empty());
+    assert_eq!(agent.running.len(), 2);
+    let mut finished_tools = Vec::new();
+    let mut a2_claimed_after = None;
+    for _ in 0..2 {
+        let joined = tokio::time::timeout(Duration::from_secs(10), agent.tasks.join_next()).await;
+        let finished = joined.unwrap().unwrap().unwrap();
+        finished_tools.push(finished.key.task_key.clone());
+        agent.on_tool_finished(finished);
+        turn(&mut agent).await;
+        if claimed_tasks(&sent(&mut frames)) == ["a2"] {
+            a2_claimed_after = Some(finished_tools.clone());
+        }
+    }
+    let claimed_after = a2_claimed_after.expect("a2 was claimed once a1 finished");
+    assert_eq!(
+        claimed_after.last().map(String::as_str),
+        Some("a1"),
+        "claimed right after a1 finished: {claimed_after:?}"
+    );
+    assert!(agent.hints.is_empty());
+
+    // A refused claim gives its place back too.
+    agent.on_frame(batch(vec![work_for("a3", "tool_a")]));
+    turn(&mut agent).await;
+    assert!(claimed_tasks(&sent(&mut frames)).is_empty(), "a2's claim is in flight");
+    let a2 = agent.link.as_ref().unwrap().pending.iter().find_map(|(id, (pending, _))| match pending {
+        Pending::Claim(key, _) if key.task_key == "a2" => Some(*id),
+        _ => None,
+    });
+    agent.on_frame(answer(a2.expect("a2's claim is pending"), refusal("already_claimed", 409)));
+    turn(&mut agent).await;
+    assert_eq!(claimed_tasks(&sent(&mut frames)), ["a3"]);
+}
+
+#[tokio::test]
+async fn a_command_tool_from_the_file_runs_through_a_claim() {
+    let mut setup = Setup::new();
+    let script = r#"exec python3 -c 'import json, os, sys; d = json.load(sys.stdin); print(json.dumps({"content": "hello " + d["who"], "structured_content": {"task": os.environ["NEXUS_TASK_KEY"]}}))'"#;
+    with_tools_file(&mut setup, &command_tool("greet", script, ""));
+    let (mut agent, mut frames) = setup.agent();
+    agent.after_connect();
+    turn(&mut agent).await;
+    let announced = sent(&mut frames);
+    let Request::Announce(announce) = &announced[0].1 else { panic!("announce first") };
+    let body: Value = serde_json::from_str(&announce.body_json).unwrap();
+    let names: Vec<&str> = body["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["bash", "read_file", "write_file", "list_dir", "greet"]);
+    assert!(body["tools"][4].get("max_concurrency").is_none());
+
+    agent.on_frame(work_for("g1", "greet"));
+    turn(&mut agent).await;
+    let claim_id = sent(&mut frames)[0].0;
+    agent.on_frame(answer(claim_id, grant("greet", json!({"who": "x"}), "tok-g1")));
+    turn(&mut agent).await;
+    finish_next(&mut agent).await;
+    let (_, commit, body) = commit_of(&sent(&mut frames));
+    assert_eq!(commit.claim_token, "tok-g1");
+    assert_eq!(body["content"], "hello x");
+    assert_eq!(body["structured_content"], json!({"task": "g1"}));
+    assert_eq!(body["is_error"], false);
+}
+
+#[tokio::test]
+async fn a_changed_file_is_announced_again_and_a_bad_one_keeps_the_old_tools() {
+    let mut setup = Setup::new();
+    let path = with_tools_file(&mut setup, &command_tool("one", "echo one", ""));
+    let (mut agent, mut frames) = setup.agent();
+
+    async fn reload(agent: &mut Agent, cause: ReloadCause) {
+        agent.start_reload(cause);
+        let reloaded = tokio::time::timeout(Duration::from_secs(10), reload::poll_reload(&mut agent.reload)).await;
+        agent.on_reloaded(reloaded.expect("the reload ended in time"));
+        if agent.catalog.has_changed().unwrap() {
+            agent.on_catalog_changed();
+        }
+        turn(agent).await;
+    }
+    fn announced_names(frames: &[(u64, runner_frame::Frame)]) -> Vec<Vec<String>> {
+        frames
+            .iter()
+            .filter_map(|(_, frame)| match frame {
+                Request::Announce(announce) => {
+                    let body: Value = serde_json::from_str(&announce.body_json).unwrap();
+                    let tools = body["tools"].as_array().unwrap().iter();
+                    Some(tools.skip(4).map(|t| t["name"].as_str().unwrap().to_owned()).collect())
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    // The same bytes: nothing to announce.
+    reload(&mut agent, ReloadCause::Tick).await;
+    assert!(sent(&mut frames).is_empty());
+
+    // New bytes: the new catalog is announced at once.
+    std::fs::write(&path, command_tool("one", "echo one", "") + &command_tool("two", "echo two", "")).unwrap();
+    reload(&mut agent, ReloadCause::Tick).await;
+    assert_eq!(announced_names(&sent(&mut frames)), [["one", "two"]]);
+
+    // A bad file: no announce, and the tools stay.
+    std::fs::write(&path, command_tool("one", "echo one", "timeout_ms = 0")).unwrap();
+    reload(&mut agent, ReloadCause::Tick).await;
+    reload(&mut agent, ReloadCause::Hangup).await;
+    assert!(sent(&mut frames).is_empty());
+    let refusal = agent.reload_refusal.clone().expect("the refusal is kept");
+    assert_eq!(
+        (refusal.problem, refusal.field.as_deref(), refusal.location.map(|l| l.0)),
+        (Problem::InvalidTimeout, Some("tool[0].timeout_ms"), Some(6))
+    );
+    assert!(agent.toolbox.catalog().get("two").is_some());
+
+    // A call already running keeps its tool when the file takes it away.
+    std::fs::write(&path, command_tool("two", "sleep 0.3; echo still-two", "")).unwrap();
+    reload(&mut agent, ReloadCause::Tick).await;
+    agent.on_frame(work_for("t2", "two"));
+    turn(&mut agent).await;
+    let claim_id = claimed_ids(&sent(&mut frames));
+    agent.on_frame(answer(claim_id, grant("two", json!({}), "tok-t2")));
+    turn(&mut agent).await;
+    assert_eq!(agent.tasks.len(), 1);
+    std::fs::write(&path, command_tool("three", "echo three", "")).unwrap();
+    reload(&mut agent, ReloadCause::Tick).await;
+    assert_eq!(announced_names(&sent(&mut frames)), [["three"]]);
+    finish_next(&mut agent).await;
+    let (_, _, body) = commit_of(&sent(&mut frames));
+    assert_eq!(body["content"], "still-two\n");
+
+    // SIGHUP serves the same bytes again, announced again; without a link nothing is sent, and
+    // the next connect announces the catalog.
+    reload(&mut agent, ReloadCause::Hangup).await;
+    assert_eq!(announced_names(&sent(&mut frames)), [["three"]]);
+    agent.link = None;
+    std::fs::write(&path, command_tool("four", "echo four", "")).unwrap();
+    reload(&mut agent, ReloadCause::Tick).await;
+    let (outbound, mut frames) = mpsc::channel(64);
+    agent.attach(outbound, Duration::from_secs(45));
+    agent.after_connect();
+    turn(&mut agent).await;
+    assert_eq!(announced_names(&sent(&mut frames)), [["four"]]);
+}
+
+fn claimed_ids(frames: &[(u64, runner_frame::Frame)]) -> u64 {
+    frames.iter().find_map(|(id, frame)| matches!(frame, Request::Claim(_)).then_some(*id)).expect("a claim")
+}
+
+#[tokio::test]
+async fn a_refused_announcement_is_logged_and_the_agent_keeps_working() {
+    let setup = Setup::new();
+    let (mut agent, mut frames) = setup.agent();
+    agent.after_connect();
+    turn(&mut agent).await;
+    let announce_id = sent(&mut frames)[0].0;
+    agent.on_frame(answer(announce_id, refusal("validation_failed", 422)));
+    turn(&mut agent).await;
+    assert!(agent.link.is_some(), "the stream stays");
+    assert!(agent.link.as_ref().unwrap().pending.is_empty());
+    agent.on_frame(work("t1"));
+    turn(&mut agent).await;
+    assert_eq!(claimed_tasks(&sent(&mut frames)), ["t1"]);
+}
+
+#[test]
+fn a_bad_tools_file_stops_the_agent_before_it_starts() {
+    let mut setup = Setup::new();
+    with_tools_file(&mut setup, &command_tool("bash", "true", ""));
+    let Err(AgentError::Config(ConfigError::ToolsFile { source })) = Agent::new(setup.config.clone()) else {
+        panic!("a tool named bash was accepted");
+    };
+    assert_eq!(
+        (source.problem, source.field.as_deref(), source.location),
+        (Problem::InvalidName, Some("tool[0].name"), Some((2, 8)))
+    );
+    setup.config.tools_file = Some(setup._dir.path().join("missing.toml"));
+    let Err(AgentError::Config(ConfigError::ToolsFile { source })) = Agent::new(setup.config.clone()) else {
+        panic!("a missing file was accepted");
+    };
+    assert_eq!(source.problem, Problem::Unreadable);
+}

@@ -40,9 +40,7 @@ pub(super) async fn run(input: &Map<String, Value>, ctx: &mut ToolContext) -> To
             content: format!("could not start bash: the workdir {} is missing ({err})", ctx.workdir.display()),
         },
         Err(NotStarted::Spawn(err)) => ToolOutcome::Failed { content: format!("could not start bash: {err}") },
-        Err(NotStarted::NoPipes) => {
-            ToolOutcome::Failed { content: "could not capture the output of bash".to_owned() }
-        }
+        Err(NotStarted::NoPipes) => ToolOutcome::Failed { content: "could not capture the output of bash".to_owned() },
     }
 }
 
@@ -104,11 +102,7 @@ fn section(content: &mut String, name: &str, capture: &Capture) {
         content.push('\n');
     }
     if capture.truncated() {
-        content.push_str(&format!(
-            "[{name} cut: showing the first {} of {} bytes]\n",
-            capture.kept(),
-            capture.total
-        ));
+        content.push_str(&format!("[{name} cut: showing the first {} of {} bytes]\n", capture.kept(), capture.total));
     }
 }
 

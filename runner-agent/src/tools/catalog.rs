@@ -226,7 +226,10 @@ mod tests {
         assert!(announced[0].get("max_concurrency").is_none(), "the bound stays with the runner");
         assert_eq!(announced[1]["name"], "b");
 
-        assert_eq!(Catalog::new(vec![spec("a", "x"), spec("a", "y")]).unwrap_err(), CatalogError::Duplicate("a".into()));
+        assert_eq!(
+            Catalog::new(vec![spec("a", "x"), spec("a", "y")]).unwrap_err(),
+            CatalogError::Duplicate("a".into())
+        );
         assert!(matches!(Catalog::new(vec![spec("a.b", "x")]), Err(CatalogError::InvalidName(_))));
         assert!(matches!(Catalog::new(vec![spec(&"n".repeat(65), "x")]), Err(CatalogError::InvalidName(_))));
 
@@ -234,6 +237,9 @@ mod tests {
         let one = |len: usize| Catalog::new(vec![spec("a", &"d".repeat(len))]);
         let overhead = serde_json::to_string(&vec![spec("a", "").0.announced()]).unwrap().len();
         assert!(one(MAX_TOOL_LIST_BYTES - overhead).is_ok());
-        assert_eq!(one(MAX_TOOL_LIST_BYTES - overhead + 1).unwrap_err(), CatalogError::TooLarge(MAX_TOOL_LIST_BYTES + 1));
+        assert_eq!(
+            one(MAX_TOOL_LIST_BYTES - overhead + 1).unwrap_err(),
+            CatalogError::TooLarge(MAX_TOOL_LIST_BYTES + 1)
+        );
     }
 }

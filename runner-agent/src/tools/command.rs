@@ -52,9 +52,9 @@ pub(super) async fn run(tool: &CommandTool, input: Map<String, Value>, ctx: &mut
         Err(NotStarted::Spawn(err)) if !ctx.workdir.is_dir() => ToolOutcome::Failed {
             content: format!("could not start `{name}`: the workdir {} is missing ({err})", ctx.workdir.display()),
         },
-        Err(err) => ToolOutcome::Failed {
-            content: format!("could not start `{name}` ({}): {err}", tool.program.display()),
-        },
+        Err(err) => {
+            ToolOutcome::Failed { content: format!("could not start `{name}` ({}): {err}", tool.program.display()) }
+        }
     }
 }
 

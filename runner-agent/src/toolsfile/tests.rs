@@ -15,7 +15,9 @@ fn file_with(text: &str) -> (tempfile::TempDir, PathBuf) {
 }
 
 fn tool(extra: &str) -> String {
-    format!("[[tool]]\nname = \"lint\"\ndescription = \"Lint\"\ncommand = [\"sh\", \"-c\", \"true\"]\n{PROFILE}\n{extra}\n")
+    format!(
+        "[[tool]]\nname = \"lint\"\ndescription = \"Lint\"\ncommand = [\"sh\", \"-c\", \"true\"]\n{PROFILE}\n{extra}\n"
+    )
 }
 
 #[test]
@@ -135,7 +137,13 @@ fn every_refusal_names_its_line_and_field() {
             "tool[0]",
             1,
         ),
-        row("missing effect profile", "[[tool]]\nname = \"x\"\ndescription = \"d\"\ncommand = [\"sh\"]\n".to_owned(), Problem::Syntax, "tool[0]", 1),
+        row(
+            "missing effect profile",
+            "[[tool]]\nname = \"x\"\ndescription = \"d\"\ncommand = [\"sh\"]\n".to_owned(),
+            Problem::Syntax,
+            "tool[0]",
+            1,
+        ),
         row(
             "an effect profile with a sixth key",
             tool("").replace("reconciliation = \"none\" }", "reconciliation = \"none\", cost = 1 }"),
@@ -151,19 +159,61 @@ fn every_refusal_names_its_line_and_field() {
             5,
         ),
         row("timeout as text", tool("timeout_ms = \"1s\""), Problem::Syntax, "tool[0].timeout_ms", 6),
-        row("name outside the rule", tool("").replace("\"lint\"", "\"lint.py\""), Problem::InvalidName, "tool[0].name", 2),
-        row("name too long", tool("").replace("\"lint\"", &format!("\"{}\"", "a".repeat(65))), Problem::InvalidName, "tool[0].name", 2),
+        row(
+            "name outside the rule",
+            tool("").replace("\"lint\"", "\"lint.py\""),
+            Problem::InvalidName,
+            "tool[0].name",
+            2,
+        ),
+        row(
+            "name too long",
+            tool("").replace("\"lint\"", &format!("\"{}\"", "a".repeat(65))),
+            Problem::InvalidName,
+            "tool[0].name",
+            2,
+        ),
         row("a built-in's name", tool("").replace("\"lint\"", "\"bash\""), Problem::InvalidName, "tool[0].name", 2),
         row("skill is reserved", tool("").replace("\"lint\"", "\"skill\""), Problem::InvalidName, "tool[0].name", 2),
-        row("a nexus namespace", tool("").replace("\"lint\"", "\"delegate_task\""), Problem::InvalidName, "tool[0].name", 2),
+        row(
+            "a nexus namespace",
+            tool("").replace("\"lint\"", "\"delegate_task\""),
+            Problem::InvalidName,
+            "tool[0].name",
+            2,
+        ),
         row("a name twice", format!("{}{}", tool(""), tool("")), Problem::DuplicateName, "tool[1].name", 8),
-        row("empty description", tool("").replace("\"Lint\"", "\"  \""), Problem::InvalidDescription, "tool[0].description", 3),
+        row(
+            "empty description",
+            tool("").replace("\"Lint\"", "\"  \""),
+            Problem::InvalidDescription,
+            "tool[0].description",
+            3,
+        ),
         row("timeout zero", tool("timeout_ms = 0"), Problem::InvalidTimeout, "tool[0].timeout_ms", 6),
         row("timeout over 7 days", tool("timeout_ms = 604800001"), Problem::InvalidTimeout, "tool[0].timeout_ms", 6),
         row("concurrency zero", tool("max_concurrency = 0"), Problem::InvalidConcurrency, "tool[0].max_concurrency", 6),
-        row("schema not an object type", tool("input_schema = { type = \"array\" }"), Problem::InvalidSchema, "tool[0].input_schema", 6),
-        row("schema without a type", tool("input_schema = { properties = {} }"), Problem::InvalidSchema, "tool[0].input_schema", 6),
-        row("empty argv", tool("").replace("[\"sh\", \"-c\", \"true\"]", "[]"), Problem::InvalidCommand, "tool[0].command", 4),
+        row(
+            "schema not an object type",
+            tool("input_schema = { type = \"array\" }"),
+            Problem::InvalidSchema,
+            "tool[0].input_schema",
+            6,
+        ),
+        row(
+            "schema without a type",
+            tool("input_schema = { properties = {} }"),
+            Problem::InvalidSchema,
+            "tool[0].input_schema",
+            6,
+        ),
+        row(
+            "empty argv",
+            tool("").replace("[\"sh\", \"-c\", \"true\"]", "[]"),
+            Problem::InvalidCommand,
+            "tool[0].command",
+            4,
+        ),
         row("empty program", tool("").replace("[\"sh\",", "[\"\","), Problem::InvalidCommand, "tool[0].command[0]", 4),
         row(
             "program nowhere",
@@ -172,8 +222,20 @@ fn every_refusal_names_its_line_and_field() {
             "tool[0].command[0]",
             4,
         ),
-        row("program path missing", tool("").replace("\"sh\"", "\"./missing.sh\""), Problem::InvalidCommand, "tool[0].command[0]", 4),
-        row("env sets a runner variable", tool("env = { NEXUS_RUNNER_CALL = \"x\" }"), Problem::InvalidEnv, "tool[0].env.NEXUS_RUNNER_CALL", 6),
+        row(
+            "program path missing",
+            tool("").replace("\"sh\"", "\"./missing.sh\""),
+            Problem::InvalidCommand,
+            "tool[0].command[0]",
+            4,
+        ),
+        row(
+            "env sets a runner variable",
+            tool("env = { NEXUS_RUNNER_CALL = \"x\" }"),
+            Problem::InvalidEnv,
+            "tool[0].env.NEXUS_RUNNER_CALL",
+            6,
+        ),
         row("mcp: neither command nor url", server(""), Problem::InvalidTransport, "mcp_server[0].command", 2),
         row(
             "mcp: both command and url",
@@ -183,7 +245,13 @@ fn every_refusal_names_its_line_and_field() {
             4,
         ),
         row("mcp: url not http", server("url = \"ftp://x\""), Problem::InvalidTransport, "mcp_server[0].url", 3),
-        row("mcp: env beside url", server("url = \"http://h/mcp\"\nenv = { A = \"b\" }"), Problem::InvalidTransport, "mcp_server[0].env", 4),
+        row(
+            "mcp: env beside url",
+            server("url = \"http://h/mcp\"\nenv = { A = \"b\" }"),
+            Problem::InvalidTransport,
+            "mcp_server[0].env",
+            4,
+        ),
         row(
             "mcp: headers beside command",
             server("command = [\"sh\"]\nheaders_from_env = { A = \"B\" }"),
@@ -191,9 +259,27 @@ fn every_refusal_names_its_line_and_field() {
             "mcp_server[0].headers_from_env",
             4,
         ),
-        row("mcp: a bad header name", server("url = \"http://h/mcp\"\nheaders_from_env = { \"a b\" = \"B\" }"), Problem::InvalidEnv, "mcp_server[0].headers_from_env.a b", 4),
-        row("mcp: name too long", server("url = \"http://h\"").replace("\"files\"", &format!("\"{}\"", "s".repeat(33))), Problem::InvalidName, "mcp_server[0].name", 2),
-        row("mcp: a bad prefix", server("prefix = \"f.s\"\nurl = \"http://h\""), Problem::InvalidName, "mcp_server[0].prefix", 3),
+        row(
+            "mcp: a bad header name",
+            server("url = \"http://h/mcp\"\nheaders_from_env = { \"a b\" = \"B\" }"),
+            Problem::InvalidEnv,
+            "mcp_server[0].headers_from_env.a b",
+            4,
+        ),
+        row(
+            "mcp: name too long",
+            server("url = \"http://h\"").replace("\"files\"", &format!("\"{}\"", "s".repeat(33))),
+            Problem::InvalidName,
+            "mcp_server[0].name",
+            2,
+        ),
+        row(
+            "mcp: a bad prefix",
+            server("prefix = \"f.s\"\nurl = \"http://h\""),
+            Problem::InvalidName,
+            "mcp_server[0].prefix",
+            3,
+        ),
         row(
             "mcp: a name twice",
             format!("{}{}", server("url = \"http://h\""), server("url = \"http://h\"")),
@@ -203,17 +289,50 @@ fn every_refusal_names_its_line_and_field() {
         ),
         row(
             "mcp: a prefix twice",
-            format!("{}[[mcp_server]]\nname = \"other\"\nprefix = \"files\"\nurl = \"http://h\"\n", server("url = \"http://h\"")),
+            format!(
+                "{}[[mcp_server]]\nname = \"other\"\nprefix = \"files\"\nurl = \"http://h\"\n",
+                server("url = \"http://h\"")
+            ),
             Problem::DuplicateName,
             "mcp_server[1].prefix",
             6,
         ),
-        row("mcp: timeout zero", server("url = \"http://h\"\ntimeout_ms = 0"), Problem::InvalidTimeout, "mcp_server[0].timeout_ms", 4),
+        row(
+            "mcp: timeout zero",
+            server("url = \"http://h\"\ntimeout_ms = 0"),
+            Problem::InvalidTimeout,
+            "mcp_server[0].timeout_ms",
+            4,
+        ),
         row("mcp: unknown key", server("url = \"http://h\"\nretries = 3"), Problem::Syntax, "mcp_server[0].retries", 4),
-        row("builtin: unknown tool", "[builtin.python]\nmax_concurrency = 1\n".to_owned(), Problem::UnknownBuiltin, "builtin.python", 1),
-        row("builtin: unknown key", "[builtin.bash]\ntimeout_ms = 5\n".to_owned(), Problem::UnknownBuiltin, "builtin.bash.timeout_ms", 2),
-        row("builtin: concurrency zero", "[builtin.read_file]\nmax_concurrency = 0\n".to_owned(), Problem::InvalidConcurrency, "builtin.read_file.max_concurrency", 2),
-        row("builtin: concurrency as text", "[builtin.web_fetch]\nmax_concurrency = \"2\"\n".to_owned(), Problem::InvalidConcurrency, "builtin.web_fetch.max_concurrency", 2),
+        row(
+            "builtin: unknown tool",
+            "[builtin.python]\nmax_concurrency = 1\n".to_owned(),
+            Problem::UnknownBuiltin,
+            "builtin.python",
+            1,
+        ),
+        row(
+            "builtin: unknown key",
+            "[builtin.bash]\ntimeout_ms = 5\n".to_owned(),
+            Problem::UnknownBuiltin,
+            "builtin.bash.timeout_ms",
+            2,
+        ),
+        row(
+            "builtin: concurrency zero",
+            "[builtin.read_file]\nmax_concurrency = 0\n".to_owned(),
+            Problem::InvalidConcurrency,
+            "builtin.read_file.max_concurrency",
+            2,
+        ),
+        row(
+            "builtin: concurrency as text",
+            "[builtin.web_fetch]\nmax_concurrency = \"2\"\n".to_owned(),
+            Problem::InvalidConcurrency,
+            "builtin.web_fetch.max_concurrency",
+            2,
+        ),
     ];
     for Refusal { requirement, text, problem, field, line } in table {
         let (_dir, path) = file_with(&text);

@@ -37,7 +37,9 @@ fn script(dir: &Path, name: &str, interpreter: &str, body: &str) -> CommandTool 
     tool(interpreter, &[path.to_str().unwrap()])
 }
 
-fn context(workdir: &Path) -> (watch::Sender<Option<StopReason>>, mpsc::Receiver<crate::claim::ControlRequest>, ToolContext) {
+fn context(
+    workdir: &Path,
+) -> (watch::Sender<Option<StopReason>>, mpsc::Receiver<crate::claim::ControlRequest>, ToolContext) {
     let (stop_tx, stop) = watch::channel(None);
     let (control_tx, control_rx) = mpsc::channel(64);
     let key = TaskKey { run_public_id: "run-7".into(), task_key: "call-3".into() };
@@ -101,7 +103,13 @@ async fn a_structured_answer_is_the_result_and_the_input_arrives_on_stdin_and_in
     assert_eq!(structured["cwd"], workdir.display().to_string());
 
     // A hook's answer: is_error as the tool says, structured_content as it gives it.
-    let hook = tool("sh", &["-c", r#"cat >/dev/null; echo '{"content": "no", "is_error": true, "structured_content": {"continue": false}}'"#]);
+    let hook = tool(
+        "sh",
+        &[
+            "-c",
+            r#"cat >/dev/null; echo '{"content": "no", "is_error": true, "structured_content": {"continue": false}}'"#,
+        ],
+    );
     let (content, structured, is_error) = call(&hook, &workdir, json!({})).await;
     assert_eq!((content.as_str(), is_error), ("no", true));
     assert_eq!(structured, json!({"continue": false}));
@@ -117,7 +125,12 @@ async fn other_stdout_is_plain_text_and_large_input_skips_the_environment() {
     let plain = tool("sh", &["-c", "printf 'line one\\nline two\\n'"]);
     assert_eq!(call(&plain, &workdir, json!({})).await, ("line one\nline two\n".to_owned(), Value::Null, false));
     // JSON that is not the result's shape stays text.
-    for stdout in [r#"{"content": 5}"#, r#"{"content": "x", "is_error": "yes"}"#, r#"[1]"#, r#"{"content": "a"} {"content": "b"}"#] {
+    for stdout in [
+        r#"{"content": 5}"#,
+        r#"{"content": "x", "is_error": "yes"}"#,
+        r#"[1]"#,
+        r#"{"content": "a"} {"content": "b"}"#,
+    ] {
         let command = format!("echo '{stdout}'");
         let odd = tool("sh", &["-c", &command]);
         let (content, structured, is_error) = call(&odd, &workdir, json!({})).await;
@@ -142,13 +155,18 @@ async fn other_stdout_is_plain_text_and_large_input_skips_the_environment() {
     let loud = tool("sh", &["-c", "head -c 300000 /dev/zero | tr '\\0' a"]);
     let (content, _, is_error) = call(&loud, &workdir, json!({})).await;
     assert!(!is_error);
-    assert!(content.ends_with(&format!("[stdout cut: showing the first {} of 300000 bytes]", process::OUTPUT_CAP_BYTES)));
+    assert!(
+        content.ends_with(&format!("[stdout cut: showing the first {} of 300000 bytes]", process::OUTPUT_CAP_BYTES))
+    );
 }
 
 #[tokio::test]
 async fn a_non_zero_exit_is_an_error_naming_the_code_and_the_tail_of_stderr() {
     let (_dir, workdir) = workdir();
-    let failing = tool("python3", &["-c", "import sys; print('partial'); sys.stderr.write('E' * 10000 + 'the end'); sys.exit(3)"]);
+    let failing = tool(
+        "python3",
+        &["-c", "import sys; print('partial'); sys.stderr.write('E' * 10000 + 'the end'); sys.exit(3)"],
+    );
     let (content, structured, is_error) = call(&failing, &workdir, json!({})).await;
     assert!(is_error);
     assert!(content.starts_with("`probe` exited with code 3\nstderr"), "{content}");
@@ -167,23 +185,35 @@ async fn a_non_zero_exit_is_an_error_naming_the_code_and_the_tail_of_stderr() {
     let (_stop, _control, mut ctx) = context(&workdir);
     let missing = tool("/nonexistent/nexus-tool", &[]);
     let outcome = run(&missing, Map::new(), &mut ctx).await;
-    assert!(matches!(&outcome, ToolOutcome::Failed { content } if content.contains("/nonexistent/nexus-tool")), "{outcome:?}");
+    assert!(
+        matches!(&outcome, ToolOutcome::Failed { content } if content.contains("/nonexistent/nexus-tool")),
+        "{outcome:?}"
+    );
 }
 
 #[tokio::test]
 async fn the_timeout_kills_the_whole_group_and_a_cancel_stops_the_call() {
     let (_dir, workdir) = workdir();
-    let mut slow = tool("sh", &["-c", "sleep 1000 & echo $! > bg.pid; setsid sleep 1000 & echo $! >> bg.pid; echo started >&2; sleep 1000"]);
+    let mut slow = tool(
+        "sh",
+        &["-c", "sleep 1000 & echo $! > bg.pid; setsid sleep 1000 & echo $! >> bg.pid; echo started >&2; sleep 1000"],
+    );
     slow.timeout_ms = 300;
     let started = tokio::time::Instant::now();
     let (content, structured, is_error) = call(&slow, &workdir, json!({})).await;
     assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
     assert!(is_error);
-    assert!(content.starts_with("`probe` was killed after its timeout of 300 ms; whether it took effect is unknown"), "{content}");
+    assert!(
+        content.starts_with("`probe` was killed after its timeout of 300 ms; whether it took effect is unknown"),
+        "{content}"
+    );
     assert!(content.ends_with("started\n"), "stderr's tail: {content}");
     assert_eq!((structured["killed"].as_bool(), structured["timeout_ms"].as_u64()), (Some(true), Some(300)));
-    let pids: Vec<i32> =
-        std::fs::read_to_string(workdir.join("bg.pid")).unwrap().lines().map(|line| line.trim().parse().unwrap()).collect();
+    let pids: Vec<i32> = std::fs::read_to_string(workdir.join("bg.pid"))
+        .unwrap()
+        .lines()
+        .map(|line| line.trim().parse().unwrap())
+        .collect();
     assert_eq!(pids.len(), 2);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     for pid in pids {
@@ -199,12 +229,18 @@ async fn the_timeout_kills_the_whole_group_and_a_cancel_stops_the_call() {
     let mut sleeper = tool("sleep", &["1000"]);
     sleeper.effect_profile.kind = EffectKind::ReadOnly;
     let outcome = run(&sleeper, Map::new(), &mut ctx).await;
-    assert!(matches!(&outcome, ToolOutcome::Completed { content, is_error: true, .. } if content == "`probe` was killed after its timeout of 200 ms"), "{outcome:?}");
+    assert!(
+        matches!(&outcome, ToolOutcome::Completed { content, is_error: true, .. } if content == "`probe` was killed after its timeout of 200 ms"),
+        "{outcome:?}"
+    );
 
     // A cancel kills it at once.
     let (stop_tx, _control, mut ctx) = context(&workdir);
     let task = tokio::spawn(async move { run(&tool("sleep", &["1000"]), Map::new(), &mut ctx).await });
     stop_tx.send_replace(Some(StopReason::Canceled));
     let outcome = tokio::time::timeout(Duration::from_secs(10), task).await.unwrap().unwrap();
-    assert!(matches!(&outcome, ToolOutcome::Completed { content, is_error: true, .. } if content.starts_with("`probe` was killed because its task was canceled")), "{outcome:?}");
+    assert!(
+        matches!(&outcome, ToolOutcome::Completed { content, is_error: true, .. } if content.starts_with("`probe` was killed because its task was canceled")),
+        "{outcome:?}"
+    );
 }
