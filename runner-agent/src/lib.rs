@@ -5,14 +5,18 @@
 //! a result survive a disconnect or restart and keeps a claimed tool from ever running twice; and
 //! the built-in tools `bash`, `read_file`, `write_file` and `list_dir`, confined to one workdir,
 //! each bounded in time and memory and leaving no process behind (README, "runner-agent's
-//! tools").
+//! tools"); and the tools file ([`toolsfile`], `docs/runner-tools.md`): command tools run like
+//! `bash`, MCP server settings, per-tool `max_concurrency`, read again on SIGHUP and when it
+//! changes, and announced again without a restart.
 //!
 //! Does not own: any server state. nexus decides what is dispatched, who may claim it, and how
 //! a task settles; this crate only follows the protocol in `docs/protocol.md`.
 //!
 //! Main types: [`AgentConfig`] (every knob, with defaults), [`run`] (the daemon, also called
-//! in-process by tests), [`journal::Journal`] (the on-disk claim journal) and
-//! [`claim::ClaimHandle`] (extend, claim status and progress for a running tool).
+//! in-process by tests), [`describe_tools`] (what `runner-agent tools` prints),
+//! [`journal::Journal`] (the on-disk claim journal), [`claim::ClaimHandle`] (extend, claim status
+//! and progress for a running tool) and [`toolsfile::ToolsFileError`] (a refused tools file, with
+//! its line, column and field).
 
 mod agent;
 pub mod claim;
@@ -33,7 +37,8 @@ pub use crate::error::AgentError;
 
 /// Runs the agent until `shutdown` resolves.
 ///
-/// Connects to `config.nexus_url`, says hello, announces the built-in tools, then claims and runs
+/// Reads `config.tools_file` when set, connects to `config.nexus_url`, says hello, announces its
+/// tools (the built-ins and the tools file's; again whenever the file changes), then claims and runs
 /// the tool calls nexus hints at, at most `config.slots` at a time, committing each result after
 /// journaling it. Any stream failure reconnects with jittered exponential backoff (no attempt
 /// limit) and re-sends unacknowledged results. When `shutdown` resolves, running tools are killed,
@@ -42,7 +47,8 @@ pub use crate::error::AgentError;
 ///
 /// # Errors
 /// [`AgentError::Config`] or [`AgentError::Journal`] before anything starts (an unreadable or
-/// invalid TLS file is [`ConfigError::TlsFile`], naming it; a state dir that another runner-agent
+/// invalid TLS file is [`ConfigError::TlsFile`], naming it; a refused tools file is
+/// [`ConfigError::ToolsFile`], naming its line and field; a state dir that another runner-agent
 /// holds is [`journal::JournalError::InUse`]), [`AgentError::Refused`] when nexus
 /// refuses the hello with a final word such as `unauthorized`, and [`AgentError::Tls`] when TLS
 /// with nexus fails for a reason retrying cannot mend (an untrusted server certificate, a refused

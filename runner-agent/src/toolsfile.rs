@@ -9,7 +9,7 @@
 //! [`ToolsFileError`] naming the file, the line and column, and the field.
 //!
 //! Owns: the grammar and its validation. Does not own: running command tools (`tools`), talking
-//! to MCP servers (the MCP hub reads [`McpServerConfig`]), or what `[builtin.web_fetch]`'s other
+//! to MCP servers (the MCP hub reads `McpServerConfig`), or what `[builtin.web_fetch]`'s other
 //! keys mean (passed through as a [`toml::Table`]).
 
 use std::collections::{BTreeMap, HashSet};

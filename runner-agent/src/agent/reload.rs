@@ -76,7 +76,7 @@ impl Agent {
     /// The catalog changed: announce it now when connected (a connect announces it anyway).
     pub(super) fn on_catalog_changed(&mut self) {
         self.catalog.borrow_and_update();
-        if self.link.is_none() {
+        if self.link.is_none() || self.draining {
             return;
         }
         let body_json = self.toolbox.announcement().to_string();
@@ -115,7 +115,6 @@ pub(super) async fn poll_reload(reload: &mut Option<tokio::task::JoinHandle<Relo
 }
 
 /// The next SIGHUP; never resolves without a listener.
-#[cfg(unix)]
 pub(super) async fn hangup(signal: &mut Option<tokio::signal::unix::Signal>) {
     match signal {
         Some(signal) => {

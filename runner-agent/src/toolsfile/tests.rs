@@ -379,3 +379,13 @@ fn tool_names_follow_the_provider_rule_and_keep_out_of_reserved_ones() {
         assert!(tool_name_problem(name).is_some(), "{name}");
     }
 }
+
+#[test]
+fn the_deploy_example_parses() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/runner-tools.toml");
+    let (file, _) = load(&path).unwrap();
+    let names: Vec<&str> = file.commands.iter().map(|tool| tool.name.as_str()).collect();
+    assert_eq!(names, ["word_count", "stop_hook"]);
+    assert_eq!(file.mcp_servers[0].prefix, "docs");
+    assert_eq!(file.builtins.max_concurrency.get(&Builtin::Bash), NonZeroUsize::new(2).as_ref());
+}
