@@ -845,6 +845,37 @@ mod tests {
     }
 
     #[test]
+    fn five_hundred_command_tools_fit_and_a_list_over_nexus_bound_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tools.toml");
+        let toolbox = Toolbox::new(dir.path().canonicalize().unwrap(), 1_000, Owner::of_state_dir(dir.path()));
+        let file_of = |count: usize, description: &str| {
+            let mut text = String::new();
+            for n in 0..count {
+                text.push_str(&format!(
+                    "[[tool]]\nname = \"tool_{n:03}\"\ndescription = \"{description}\"\ncommand = [\"cat\"]\n\
+                     input_schema = {{ type = \"object\", properties = {{ path = {{ type = \"string\" }} }} }}\n\
+                     effect_profile = {{ kind = \"read_only\", destructive = false, effect_scope = \"closed\", idempotency = \"intrinsic\", reconciliation = \"none\" }}\n"
+                ));
+            }
+            crate::toolsfile::parse(&path, &text).unwrap()
+        };
+        toolbox.replace_tools_file(file_of(500, &"Does one thing well. ".repeat(20))).unwrap();
+        let body = toolbox.announcement();
+        let tools = body["tools"].as_array().unwrap();
+        assert_eq!(tools.len(), 504);
+        assert!(serde_json::to_string(tools).unwrap().len() <= catalog::MAX_TOOL_LIST_BYTES);
+        assert!(tools.iter().all(|t| crate::toolsfile::tool_name_problem(t["name"].as_str().unwrap()).is_none()
+            || Builtin::from_name(t["name"].as_str().unwrap()).is_some()));
+
+        let refused = toolbox.replace_tools_file(file_of(500, &"x".repeat(2_100))).unwrap_err();
+        assert!(matches!(refused, CatalogError::TooLarge(bytes) if bytes > catalog::MAX_TOOL_LIST_BYTES));
+        let as_file_error = crate::toolsfile::ToolsFileError::of_catalog(&path, &refused);
+        assert_eq!(as_file_error.problem, crate::toolsfile::Problem::TooLarge);
+        assert_eq!(toolbox.catalog().specs().count(), 504, "the earlier tools stay");
+    }
+
+    #[test]
     fn commit_bodies_have_the_spec_shape() {
         let completed =
             ToolOutcome::Completed { content: "ok".into(), structured_content: json!({"a": 1}), is_error: false };
