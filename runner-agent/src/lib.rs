@@ -19,12 +19,19 @@ pub mod claim;
 pub mod config;
 mod error;
 pub mod journal;
+mod mcp;
 mod retry;
 mod tools;
 
 use std::future::Future;
 
 use tracing::Instrument;
+
+/// Doors for the integration tests in `nexus-tests`; not an API, and it changes with the crate.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::mcp::testing as mcp;
+}
 
 pub use crate::config::{AgentConfig, ConfigError, Credential, TlsOptions, default_state_dir};
 pub use crate::error::AgentError;

@@ -20,7 +20,7 @@ mod skills;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -161,40 +161,46 @@ fn escaped_len(ch: char) -> usize {
     }
 }
 
-/// Keys and closed values of an announced `effect_profile` (`docs/protocol.md`, "Announce").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-struct EffectProfile {
-    kind: EffectKind,
-    destructive: bool,
-    effect_scope: EffectScope,
-    idempotency: Idempotency,
-    reconciliation: Reconciliation,
+/// Keys and closed values of an announced `effect_profile` (`docs/protocol.md`, "Announce"): the
+/// five keys, each required, none other accepted when read from a tools file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EffectProfile {
+    pub(crate) kind: EffectKind,
+    pub(crate) destructive: bool,
+    pub(crate) effect_scope: EffectScope,
+    pub(crate) idempotency: Idempotency,
+    pub(crate) reconciliation: Reconciliation,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// `effect_profile.kind`: whether the tool changes anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum EffectKind {
+pub(crate) enum EffectKind {
     ReadOnly,
     Write,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// `effect_profile.effect_scope`: whether its effects stay inside this environment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum EffectScope {
+pub(crate) enum EffectScope {
     Closed,
     Open,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// `effect_profile.idempotency`: whether repeating a call is harmless by itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum Idempotency {
+pub(crate) enum Idempotency {
     Intrinsic,
     None,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// `effect_profile.reconciliation`: whether an uncertain call's effect can be looked up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum Reconciliation {
+pub(crate) enum Reconciliation {
     None,
     Lookup,
 }
