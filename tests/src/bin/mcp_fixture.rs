@@ -15,6 +15,9 @@
 //! - `grow`: adds the tool `extra` and sends `notifications/tools/list_changed`.
 //! - `whoami`: `structuredContent: {pid, pgid, owner, cwd, token}` (`owner` from
 //!   `NEXUS_RUNNER_OWNER`, `token` the HTTP header `x-fixture-token`).
+//!
+//! With `FIXTURE_ODD_NAMES=1` in its environment it also lists two echoes with names outside
+//! the provider rule: [`LONG_NAME`] (100 characters) and [`UNICODE_NAME`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +31,12 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
+
+/// A tool name of 100 characters.
+const LONG_NAME: &str =
+    "long_nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn";
+/// A tool name with characters outside `[a-zA-Z0-9_-]`.
+const UNICODE_NAME: &str = "añadir.número";
 
 #[derive(Clone, Default)]
 struct Fixture {
@@ -78,6 +87,11 @@ impl Fixture {
             Tool::new("whoami", "Describe the server process", empty())
                 .with_annotations(ToolAnnotations::new().read_only(true).open_world(false)),
         ];
+        if std::env::var("FIXTURE_ODD_NAMES").is_ok_and(|value| value == "1") {
+            let echo_schema = || schema(json!({"type": "object", "properties": {"text": {"type": "string"}}}));
+            tools.push(Tool::new(LONG_NAME, "Echo, with a long name", echo_schema()));
+            tools.push(Tool::new(UNICODE_NAME, "Echo, with a unicode name", echo_schema()));
+        }
         if self.grown.load(Ordering::SeqCst) {
             tools.push(Tool::new("extra", "Appears after grow", empty()));
         }
@@ -116,7 +130,7 @@ impl ServerHandler for Fixture {
     ) -> Result<CallToolResponse, ErrorData> {
         let args = request.arguments.unwrap_or_default();
         match request.name.as_ref() {
-            "echo" => Ok(text(args.get("text").and_then(Value::as_str).unwrap_or_default())),
+            "echo" | LONG_NAME | UNICODE_NAME => Ok(text(args.get("text").and_then(Value::as_str).unwrap_or_default())),
             "add" => {
                 let sum = number(&args, "a") + number(&args, "b");
                 let mut result = CallToolResult::success(vec![ContentBlock::text(format!("the sum is {sum}"))]);
@@ -141,10 +155,7 @@ impl ServerHandler for Fixture {
                 eprintln!("mcp-fixture: crashing on purpose");
                 std::process::exit(3);
             }
-            "hang" => loop {
-                // Blocks the only runtime thread: nothing is answered any more, pings included.
-                std::thread::sleep(Duration::from_secs(3600));
-            },
+            "hang" => hang(),
             "grow" => {
                 self.grown.store(true, Ordering::SeqCst);
                 let _ = context.peer.notify_tool_list_changed().await;
@@ -170,6 +181,14 @@ impl ServerHandler for Fixture {
             }
             other => Err(ErrorData::invalid_params(format!("no tool {other}"), None)),
         }
+    }
+}
+
+/// Blocks the only runtime thread for good: nothing is answered any more, pings included.
+#[expect(clippy::disallowed_methods, reason = "hanging the whole server is this tool's purpose")]
+fn hang() -> ! {
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
     }
 }
 
