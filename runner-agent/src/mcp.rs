@@ -281,6 +281,9 @@ impl McpHub {
                 });
             }
         }
+        // A listed server's names are exactly what it lists now; a server that is down keeps
+        // the names it had, so that a call of one is told the server is restarting.
+        published.known.retain(|_, server| !listed.iter().any(|(listed_server, _)| listed_server == server));
         for (name, route) in &routes {
             published.known.insert(name.clone(), route.server.clone());
         }
@@ -623,9 +626,101 @@ pub mod testing {
 
 #[cfg(test)]
 mod tests {
+    use rmcp::model::{Tool, ToolAnnotations};
     use serde_json::json;
 
     use super::*;
+
+    fn config(name: &str, prefix: &str) -> McpServerConfig {
+        McpServerConfig {
+            name: name.to_owned(),
+            prefix: prefix.to_owned(),
+            transport: McpTransport::Stdio { command: vec!["true".to_owned()], env: BTreeMap::new() },
+            timeout_ms: 1_234,
+            max_concurrency: NonZeroU32::new(2),
+            default_effect_profile: CAREFUL_DEFAULT,
+        }
+    }
+
+    fn tool(name: &str, description: Option<&str>, schema: Value) -> Tool {
+        let schema = Arc::new(schema.as_object().cloned().unwrap_or_default());
+        let mut tool = Tool::new_with_raw(name.to_owned(), description.map(|d| d.to_owned().into()), schema);
+        if name == "look" {
+            tool = tool.with_annotations(ToolAnnotations::new().read_only(true));
+        }
+        tool
+    }
+
+    /// A hub with no supervisors, and servers whose tool lists the test sets by hand.
+    fn hub_with(servers: &[(&McpServerConfig, Option<Vec<Tool>>)]) -> (McpHub, Vec<Arc<ServerShared>>) {
+        let dir = std::env::temp_dir();
+        let hub = McpHub::start(Vec::new(), dir.clone(), Owner::of_state_dir(&dir), McpTiming::default());
+        let mut shared = Vec::new();
+        for (config, tools) in servers {
+            let server = Arc::new(ServerShared::new(config));
+            server.set(None, tools.clone());
+            lock(&hub.inner.servers).insert(config.name.clone(), server.clone());
+            shared.push(server);
+        }
+        hub.publish();
+        (hub, shared)
+    }
+
+    #[tokio::test]
+    async fn publishing_maps_names_schemas_descriptions_and_profiles() {
+        let (one, two) = (config("one", "p"), config("two", "p_a"));
+        let object = json!({"type": "object"});
+        let tools_one = vec![
+            tool("a.b", Some("dotted"), object.clone()),
+            tool("look", None, json!({})),
+            tool("list", Some("  "), json!({"type": "array"})),
+        ];
+        let tools_two = vec![tool("b", Some("from two"), object.clone())];
+        let (hub, shared) = hub_with(&[(&one, Some(tools_one)), (&two, Some(tools_two))]);
+        let version = *hub.subscribe().borrow();
+        assert!(version > 0, "publishing tools bumps the version");
+        let tools = hub.tools();
+        let names: Vec<&str> = tools.iter().map(|entry| entry.name.as_str()).collect();
+        // `p_a.b` and `p_a_b` collide after mapping: both hashed. `list` is not an object schema.
+        assert_eq!(names.len(), 3, "{names:?}");
+        assert!(names[0].starts_with("p_a_b_") && names[2].starts_with("p_a_b_") && names[0] != names[2], "{names:?}");
+        assert_eq!(names[1], "p_look");
+        let look = &tools[1];
+        assert_eq!(look.description, "The tool look of the MCP server one.");
+        assert_eq!(look.input_schema, json!({"type": "object"}));
+        assert_eq!(look.effect_profile.kind, EffectKind::ReadOnly);
+        assert_eq!((look.timeout_ms, look.max_concurrency.map(NonZeroU32::get)), (1_234, Some(2)));
+        assert_eq!(tools[2].description, "from two");
+        assert_eq!(tools[0].effect_profile, CAREFUL_DEFAULT, "no annotations: the server's default");
+
+        // Publishing the same again changes nothing; a server going down withdraws only its tools,
+        // and a call of one of them is a tool error naming the server, not an unknown tool.
+        hub.publish();
+        assert_eq!(*hub.subscribe().borrow(), version);
+        shared[1].set(None, None);
+        hub.publish();
+        assert!(*hub.subscribe().borrow() > version);
+        let now: Vec<String> = hub.tools().into_iter().map(|entry| entry.name).collect();
+        assert_eq!(now.len(), 2);
+        // Alone, `p_a.b` no longer collides.
+        assert_eq!(now[0], "p_a_b");
+        let (_stop_tx, stop) = watch::channel(None);
+        let mut ctx = ToolContext {
+            workdir: std::env::temp_dir(),
+            bash_timeout_ms: 1_000,
+            task_timeout_ms: None,
+            clamp_at: None,
+            stop,
+            claim: None,
+            owner: Owner::of_state_dir(&std::env::temp_dir()),
+        };
+        let down = hub.call(names[2], Map::new(), &mut ctx).await;
+        assert!(
+            matches!(&down, Some(ToolOutcome::Completed { is_error: true, content, .. }) if content.contains("MCP server two")),
+            "{down:?}"
+        );
+        assert!(hub.call("p_nothing", Map::new(), &mut ctx).await.is_none());
+    }
 
     #[test]
     fn schemas_are_announced_as_objects() {

@@ -113,7 +113,7 @@ impl ServerShared {
         self.probe.notify_one();
     }
 
-    fn set(&self, peer: Option<Peer<RoleClient>>, tools: Option<Vec<Tool>>) {
+    pub(super) fn set(&self, peer: Option<Peer<RoleClient>>, tools: Option<Vec<Tool>>) {
         *lock(&self.state) = Live { peer, tools };
     }
 }
