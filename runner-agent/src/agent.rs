@@ -38,6 +38,7 @@ use crate::error::AgentError;
 use crate::journal::{EntryState, Journal, StateDirLock, TaskKey, Ticket, lock_state_dir};
 use crate::retry::ReconnectBackoff;
 use crate::sleep_until_opt;
+use crate::mcp::{self, McpHub, McpTiming};
 use crate::tools::reap::{OWNER_VAR, Owner, kill_marked};
 use crate::tools::{Catalog, StopReason, ToolOutcome, Toolbox};
 use crate::toolsfile::{self, FileDigest, Problem, ToolsFile, ToolsFileError};
@@ -175,6 +176,12 @@ pub(crate) struct Agent {
     tools_digest: Option<FileDigest>,
     /// The last reload refusal logged, so that a file that stays bad is logged once.
     reload_refusal: Option<ToolsFileError>,
+    /// The MCP servers of the tools file (none without one); taken when the agent stops.
+    mcp: Option<McpHub>,
+    /// Bumps whenever the hub's tools change; they are then fed into the catalog.
+    mcp_changes: watch::Receiver<u64>,
+    /// The hub's reconfiguration after a reload, in progress; the next one waits for it.
+    mcp_reconfiguring: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// A hinted task, waiting for a slot (and for its tool to be under its `max_concurrency`).
@@ -254,12 +261,22 @@ impl Agent {
             tools_digest = Some(digest);
         }
         let catalog = toolbox.subscribe();
+        let mcp = McpHub::start(
+            toolbox.tools_file().mcp_servers.clone(),
+            toolbox.workdir().clone(),
+            toolbox.owner().clone(),
+            McpTiming::default(),
+        );
+        let mcp_changes = mcp.subscribe();
         Ok(Agent {
             toolbox: Arc::new(toolbox),
             catalog,
             reload: None,
             tools_digest,
             reload_refusal: None,
+            mcp: Some(mcp),
+            mcp_changes,
+            mcp_reconfiguring: None,
             backoff: ReconnectBackoff::new(&config),
             config,
             endpoint,
@@ -291,6 +308,10 @@ impl Agent {
         // Whatever the last turns queued (a removal, a result) still goes to the disk.
         if let Err(err) = self.journal.sync().await {
             error!(error = %err, "could not write the journal");
+        }
+        // The MCP servers get their grace before the sweep kills whatever carries the mark.
+        if let Some(mcp) = self.mcp.take() {
+            mcp.shutdown().await;
         }
         kill_leftovers(self.toolbox.owner().as_str().to_owned()).await;
         outcome
@@ -380,6 +401,7 @@ impl Agent {
                 () = reload::hangup(&mut hangups), if !self.draining => self.start_reload(ReloadCause::Hangup),
                 reloaded = reload::poll_reload(&mut self.reload) => self.on_reloaded(reloaded),
                 Ok(()) = self.catalog.changed() => self.on_catalog_changed(),
+                Ok(()) = self.mcp_changes.changed() => self.on_mcp_changed(),
             }
         }
     }

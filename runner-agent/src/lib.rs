@@ -23,6 +23,7 @@ pub mod claim;
 pub mod config;
 mod error;
 pub mod journal;
+mod mcp;
 mod retry;
 mod tools;
 pub mod toolsfile;
@@ -31,6 +32,12 @@ use std::future::Future;
 use std::path::Path;
 
 use tracing::Instrument;
+
+/// Doors for the integration tests in `nexus-tests`; not an API, and it changes with the crate.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::mcp::testing as mcp;
+}
 
 pub use crate::config::{AgentConfig, ConfigError, Credential, TlsOptions, default_state_dir};
 pub use crate::error::AgentError;
@@ -63,20 +70,21 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
 /// The tool list this runner would announce with these settings, as `runner-agent tools` prints
 /// it: a JSON array, one object per tool in announcement order, each
 /// `{name, timeout_ms, max_concurrency (null: no bound but the slots), effect_profile,
-/// description (null for `skill`)}`. Connects to nothing and starts no tool; MCP servers' tools
-/// are not listed (they are known only once connected).
+/// description (null for `skill`)}`. Connects to no nexus and runs no tool; the tools file's MCP
+/// servers are started, listed and stopped (a server not listed within [`MCP_LIST_WAIT`] is
+/// named in [`ToolList::mcp_not_listed`] and its tools are missing).
 ///
 /// `workdir` must be a directory; `tool_timeout_ms` is bash's announced timeout (1..=604800000).
 ///
 /// # Errors
 /// [`ConfigError::Workdir`], [`ConfigError::SkillsDir`], [`ConfigError::Invalid`] for the
 /// timeout, and [`ConfigError::ToolsFile`] naming the file's line, column and field.
-pub fn describe_tools(
+pub async fn describe_tools(
     workdir: &Path,
     tool_timeout_ms: u64,
     skills_dir: Option<&Path>,
     tools_file: Option<&Path>,
-) -> Result<serde_json::Value, ConfigError> {
+) -> Result<ToolList, ConfigError> {
     if !(1..=config::MAX_TOOL_TIMEOUT_MS).contains(&tool_timeout_ms) {
         return Err(ConfigError::Invalid { field: "tool_timeout_ms", reason: "must be between 1 and 604800000" });
     }
@@ -99,8 +107,42 @@ pub fn describe_tools(
             .replace_tools_file(file)
             .map_err(|err| ConfigError::ToolsFile { source: toolsfile::ToolsFileError::of_catalog(path, &err) })?;
     }
+    let servers = toolbox.tools_file().mcp_servers.clone();
+    let mut mcp_not_listed = Vec::new();
+    if !servers.is_empty() {
+        let hub = mcp::McpHub::start(servers, toolbox.workdir().clone(), toolbox.owner().clone(), Default::default());
+        let mut changes = hub.subscribe();
+        let deadline = tokio::time::Instant::now() + MCP_LIST_WAIT;
+        while !hub.not_listed().is_empty() {
+            if tokio::time::timeout_at(deadline, changes.changed()).await.is_err() {
+                break;
+            }
+        }
+        mcp_not_listed = hub.not_listed();
+        if let Err(err) = toolbox.set_extra_tools(mcp::extra_tools(&hub)) {
+            hub.shutdown().await;
+            let source = tools_file.map_or_else(
+                || toolsfile::ToolsFileError::of_catalog(Path::new(""), &err),
+                |path| toolsfile::ToolsFileError::of_catalog(path, &err),
+            );
+            return Err(ConfigError::ToolsFile { source });
+        }
+        hub.shutdown().await;
+    }
     let tools = toolbox.catalog().specs().map(tools::ToolSpec::described).collect();
-    Ok(serde_json::Value::Array(tools))
+    Ok(ToolList { tools: serde_json::Value::Array(tools), mcp_not_listed })
+}
+
+/// How long [`describe_tools`] waits for the MCP servers to list their tools.
+pub const MCP_LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// What [`describe_tools`] found.
+#[derive(Debug)]
+pub struct ToolList {
+    /// The JSON array of tools, as described there.
+    pub tools: serde_json::Value,
+    /// The MCP servers whose tools are missing: not listed within [`MCP_LIST_WAIT`].
+    pub mcp_not_listed: Vec<String>,
 }
 
 /// Makes ring the process-wide rustls crypto provider; [`run`] calls it, and a second call (or a

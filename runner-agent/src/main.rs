@@ -124,7 +124,7 @@ fn main() -> std::process::ExitCode {
 }
 
 /// `runner-agent tools`: the announced tool list as pretty JSON on stdout.
-fn print_tools(
+async fn print_tools(
     tools_file: Option<PathBuf>,
     workdir: Option<PathBuf>,
     skills_dir: Option<PathBuf>,
@@ -134,9 +134,16 @@ fn print_tools(
         Some(dir) => dir,
         None => std::env::current_dir().context("cannot read the current directory; pass --workdir")?,
     };
-    let tools =
-        nexus_runner_agent::describe_tools(&workdir, tool_timeout_ms, skills_dir.as_deref(), tools_file.as_deref())?;
-    println!("{}", serde_json::to_string_pretty(&tools)?);
+    let listed =
+        nexus_runner_agent::describe_tools(&workdir, tool_timeout_ms, skills_dir.as_deref(), tools_file.as_deref())
+            .await?;
+    println!("{}", serde_json::to_string_pretty(&listed.tools)?);
+    for server in &listed.mcp_not_listed {
+        eprintln!(
+            "warning: the MCP server {server} did not list its tools within {} s; its tools are missing above",
+            nexus_runner_agent::MCP_LIST_WAIT.as_secs()
+        );
+    }
     Ok(())
 }
 
@@ -144,7 +151,7 @@ async fn serve() -> anyhow::Result<()> {
     nexus_runner_agent::install_crypto_provider();
     let cli = Cli::parse();
     if let Some(Command::Tools { tools_file, workdir, skills_dir, tool_timeout_ms }) = cli.command {
-        return print_tools(tools_file, workdir, skills_dir, tool_timeout_ms);
+        return print_tools(tools_file, workdir, skills_dir, tool_timeout_ms).await;
     }
     let required = |what: &str| anyhow::anyhow!("--{what} is required");
     let (nexus, runner_id) =

@@ -34,14 +34,19 @@ pub(crate) struct ReconnectBackoff {
 
 impl ReconnectBackoff {
     pub(crate) fn new(config: &AgentConfig) -> Self {
+        ReconnectBackoff::between(config.reconnect_min_delay, config.reconnect_max_delay)
+    }
+
+    /// The same policy between any two bounds: also the restart delays of a failed MCP server.
+    pub(crate) fn between(min_delay: Duration, max_delay: Duration) -> Self {
         // backon adds jitter in [0, base): halving the cap keeps jittered delays under it.
         let builder = ExponentialBuilder::new()
-            .with_min_delay(config.reconnect_min_delay)
-            .with_max_delay((config.reconnect_max_delay / 2).max(config.reconnect_min_delay))
+            .with_min_delay(min_delay)
+            .with_max_delay((max_delay / 2).max(min_delay))
             .with_factor(2.0)
             .with_jitter()
             .without_max_times();
-        ReconnectBackoff { builder, max_delay: config.reconnect_max_delay, current: fresh(builder) }
+        ReconnectBackoff { builder, max_delay, current: fresh(builder) }
     }
 
     /// The delay before the next reconnect attempt.

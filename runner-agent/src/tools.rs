@@ -464,7 +464,6 @@ impl Toolbox {
     /// # Errors
     /// [`CatalogError`] when the catalog with them would be invalid (a name taken, a name out of
     /// the provider rule, a tool list over nexus's bound); the earlier tools stay.
-    #[cfg_attr(not(test), expect(dead_code, reason = "the MCP hub (issue 15, MCP) feeds it"))]
     pub(crate) fn set_extra_tools(&self, tools: Vec<ExtraTool>) -> Result<(), CatalogError> {
         let mut sources = self.lock_sources();
         let candidate = Sources { file: Arc::clone(&sources.file), extra: tools };
@@ -475,7 +474,6 @@ impl Toolbox {
     }
 
     /// The tools file served now (empty without one): its MCP servers are the hub's to run.
-    #[cfg_attr(not(test), expect(dead_code, reason = "the MCP hub reads it"))]
     pub(crate) fn tools_file(&self) -> Arc<ToolsFile> {
         Arc::clone(&self.lock_sources().file)
     }

@@ -694,15 +694,16 @@ async fn a_bad_tools_file_stops_run_before_it_connects() {
     assert!(nexus.connections.try_recv().is_err(), "nothing connected");
 }
 
-#[test]
-fn describe_tools_lists_what_would_be_announced_without_connecting() {
+#[tokio::test]
+async fn describe_tools_lists_what_would_be_announced_without_connecting() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tools.toml");
     std::fs::write(dir.path().join("say.py"), "print('hi')\n").unwrap();
     std::fs::write(&path, tools_file_text("say", "hi") + "max_concurrency = 2\n[builtin.bash]\nmax_concurrency = 1\n")
         .unwrap();
-    let tools = nexus_runner_agent::describe_tools(dir.path(), 30_000, None, Some(&path)).unwrap();
-    let tools = tools.as_array().unwrap();
+    let listed = nexus_runner_agent::describe_tools(dir.path(), 30_000, None, Some(&path)).await.unwrap();
+    assert!(listed.mcp_not_listed.is_empty());
+    let tools = listed.tools.as_array().unwrap();
     let names: Vec<&str> = tools.iter().map(|tool| tool["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["bash", "read_file", "write_file", "list_dir", "say"]);
     assert_eq!((tools[0]["timeout_ms"].as_u64(), tools[0]["max_concurrency"].as_u64()), (Some(30_000), Some(1)));
@@ -712,7 +713,7 @@ fn describe_tools_lists_what_would_be_announced_without_connecting() {
 
     std::fs::write(&path, "[builtin.bash]\nmax_concurrency = 0\n").unwrap();
     let Err(nexus_runner_agent::ConfigError::ToolsFile { source }) =
-        nexus_runner_agent::describe_tools(dir.path(), 30_000, None, Some(&path))
+        nexus_runner_agent::describe_tools(dir.path(), 30_000, None, Some(&path)).await
     else {
         panic!("a bad file was described");
     };

@@ -25,6 +25,6 @@ pub use http::{Answer, Http};
 pub use proxy::{Direction, TcpProxy};
 pub use raw_runner::{OfferTally, RawRunner, Reply};
 pub use server::{
-    DEFAULT_TEST_POSTGRES_URL, Minted, TestDatabase, TestServer, agent_config, key, nexus_binary, runner_agent_binary,
-    test_store_backend, wait_until,
+    DEFAULT_TEST_POSTGRES_URL, Minted, TestDatabase, TestServer, agent_config, key, mcp_fixture_binary, nexus_binary,
+    runner_agent_binary, test_store_backend, wait_until,
 };

@@ -482,6 +482,12 @@ pub fn runner_agent_binary() -> PathBuf {
     workspace_binary("runner-agent")
 }
 
+/// The `mcp-fixture` binary (the test MCP server, `src/bin/mcp_fixture.rs`) cargo built beside
+/// this test binary (`target/<profile>/`).
+pub fn mcp_fixture_binary() -> PathBuf {
+    workspace_binary("mcp-fixture")
+}
+
 /// The `nexus` binary cargo built beside this test binary (`target/<profile>/`).
 pub fn nexus_binary() -> PathBuf {
     workspace_binary("nexus")

@@ -54,6 +54,7 @@ impl Agent {
                 match self.toolbox.replace_tools_file(*file) {
                     Ok(()) => {
                         self.reload_refusal = None;
+                        self.reconfigure_mcp();
                         info!(path = %path.display(), tools = self.toolbox.catalog().specs().count(), "the tools file changed; serving its tools");
                         return;
                     }
@@ -83,6 +84,33 @@ impl Agent {
         self.send_request(Request::Announce(Announce { body_json }), Pending::Announce);
         // A raised bound may let a waiting hint go.
         self.pump_claims();
+    }
+}
+
+impl Agent {
+    /// The hub's tools changed (a server came up, went down, or listed anew): the catalog
+    /// takes them, which announces them. A catalog they would break (a name a command tool has,
+    /// a list over nexus's bound) keeps the tools it had, and says why.
+    pub(super) fn on_mcp_changed(&mut self) {
+        self.mcp_changes.borrow_and_update();
+        let Some(hub) = &self.mcp else { return };
+        if let Err(err) = self.toolbox.set_extra_tools(mcp::extra_tools(hub)) {
+            error!(error = %err, "the MCP servers' tools were not taken; the tools stay as they were");
+        }
+    }
+
+    /// Gives the hub the MCP servers of the tools file now served, after the reconfiguration
+    /// under way (so that two reloads apply in order).
+    fn reconfigure_mcp(&mut self) {
+        let Some(hub) = self.mcp.clone() else { return };
+        let servers = self.toolbox.tools_file().mcp_servers.clone();
+        let before = self.mcp_reconfiguring.take();
+        self.mcp_reconfiguring = Some(tokio::spawn(async move {
+            if let Some(before) = before {
+                let _ = before.await;
+            }
+            hub.reconfigure(servers).await;
+        }));
     }
 }
 

@@ -21,6 +21,7 @@ mod fabric;
 mod hooks;
 mod http_executions;
 mod listing;
+mod mcp_hub;
 mod memory;
 mod models;
 mod people;
