@@ -12,7 +12,9 @@
 
 mod bash;
 pub(crate) mod blocking;
+mod edit;
 mod files;
+mod patch;
 mod paths;
 pub(crate) mod reap;
 mod skills;
@@ -206,10 +208,13 @@ enum Builtin {
     ReadFile,
     WriteFile,
     ListDir,
+    Edit,
+    ApplyPatch,
 }
 
 impl Builtin {
-    const ALL: [Builtin; 4] = [Builtin::Bash, Builtin::ReadFile, Builtin::WriteFile, Builtin::ListDir];
+    const ALL: [Builtin; 6] =
+        [Builtin::Bash, Builtin::ReadFile, Builtin::WriteFile, Builtin::ListDir, Builtin::Edit, Builtin::ApplyPatch];
 
     fn name(self) -> &'static str {
         match self {
@@ -217,6 +222,8 @@ impl Builtin {
             Builtin::ReadFile => "read_file",
             Builtin::WriteFile => "write_file",
             Builtin::ListDir => "list_dir",
+            Builtin::Edit => "edit",
+            Builtin::ApplyPatch => "apply_patch",
         }
     }
 
@@ -253,6 +260,25 @@ impl Builtin {
             Builtin::ListDir => {
                 "List a directory inside the working directory: each entry's name, type (file, \
                  dir, symlink, other) and size, sorted by name; at most the first 2000 names."
+            }
+            Builtin::Edit => {
+                "Replace an exact text in a UTF-8 file inside the working directory, atomically. \
+                 `old_text` must appear exactly once, else nothing changes and the answer says how \
+                 many times it appears and on which lines; with `replace_all` every occurrence is \
+                 replaced. With `expected_sha256` the edit happens only if the file's current \
+                 SHA-256 matches (read_file returns it). Files up to 16 MiB. Returns the new \
+                 SHA-256 and the number of replacements."
+            }
+            Builtin::ApplyPatch => {
+                "Apply a unified diff (`--- a/x` / `+++ b/x` sections with `@@` hunks, or `git \
+                 diff` output) to files inside the working directory: all files change or none \
+                 do. `--- /dev/null` creates a file, `+++ /dev/null` deletes one; renames, copies \
+                 and binary patches are refused. Hunks must match exactly (they may sit at other \
+                 line numbers). `expected_sha256` maps a path to the SHA-256 its file must have, \
+                 or to null for a file that must not exist. Any failing hunk or base refuses the \
+                 whole patch, naming each file and hunk, and changes nothing. At most 256 UTF-8 \
+                 files, each up to 16 MiB. If the files cannot all be put back after a failed \
+                 write, structured_content lists `applied` and `not_applied` files."
             }
         }
     }
@@ -293,6 +319,28 @@ impl Builtin {
                 "properties": {"path": path("The directory to list; default \".\"")},
                 "required": [],
             }),
+            Builtin::Edit => json!({
+                "type": "object",
+                "properties": {
+                    "path": path("The file to edit"),
+                    "old_text": {"type": "string", "description": "The exact text to replace (not empty)."},
+                    "new_text": {"type": "string", "description": "The text to put in its place."},
+                    "expected_sha256": {"type": "string",
+                        "description": "Hex SHA-256 the current file must have. Omit to skip the check."},
+                    "replace_all": {"type": "boolean", "description": "Replace every occurrence. Default false."},
+                },
+                "required": ["path", "old_text", "new_text"],
+            }),
+            Builtin::ApplyPatch => json!({
+                "type": "object",
+                "properties": {
+                    "patch": {"type": "string", "description": "The unified diff."},
+                    "expected_sha256": {"type": "object",
+                        "additionalProperties": {"type": ["string", "null"]},
+                        "description": "Path -> hex SHA-256 its file must have, or null if it must not exist."},
+                },
+                "required": ["patch"],
+            }),
         }
     }
 
@@ -312,7 +360,7 @@ impl Builtin {
                 idempotency: Idempotency::None,
                 reconciliation: Reconciliation::None,
             },
-            Builtin::WriteFile => EffectProfile {
+            Builtin::WriteFile | Builtin::Edit | Builtin::ApplyPatch => EffectProfile {
                 kind: EffectKind::Write,
                 destructive: true,
                 effect_scope: EffectScope::Closed,
@@ -437,6 +485,8 @@ impl Toolbox {
             Builtin::ReadFile => files::read_file,
             Builtin::WriteFile => files::write_file,
             Builtin::ListDir => files::list_dir,
+            Builtin::Edit => edit::edit,
+            Builtin::ApplyPatch => patch::apply_patch,
         };
         // The sentence names this budget, never the elapsed time, as bash's does.
         let timeout_ms = ctx.task_timeout_ms.map_or(FILE_TOOL_TIMEOUT_MS, |ms| ms.min(FILE_TOOL_TIMEOUT_MS));
@@ -505,6 +555,14 @@ mod args {
         }
     }
 
+    pub(super) fn optional_bool(input: &Map<String, Value>, key: &str) -> Result<Option<bool>, String> {
+        match input.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(flag)) => Ok(Some(*flag)),
+            Some(_) => Err(format!("`{key}` must be true or false")),
+        }
+    }
+
     pub(super) fn optional_positive(input: &Map<String, Value>, key: &str) -> Result<Option<u64>, String> {
         match input.get(key) {
             None | Some(Value::Null) => Ok(None),
@@ -526,7 +584,7 @@ mod tests {
         let body = toolbox.announcement();
         let tools = body["tools"].as_array().unwrap();
         let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
-        assert_eq!(names, ["bash", "read_file", "write_file", "list_dir"]);
+        assert_eq!(names, ["bash", "read_file", "write_file", "list_dir", "edit", "apply_patch"]);
         let profile = |name: &str| {
             let tool = tools.iter().find(|t| t["name"] == name).unwrap();
             let profile = tool["effect_profile"].as_object().unwrap();
