@@ -17,6 +17,7 @@ mod files;
 mod patch;
 mod paths;
 pub(crate) mod reap;
+mod search;
 mod skills;
 
 use std::path::PathBuf;
@@ -210,11 +211,21 @@ enum Builtin {
     ListDir,
     Edit,
     ApplyPatch,
+    Grep,
+    Glob,
 }
 
 impl Builtin {
-    const ALL: [Builtin; 6] =
-        [Builtin::Bash, Builtin::ReadFile, Builtin::WriteFile, Builtin::ListDir, Builtin::Edit, Builtin::ApplyPatch];
+    const ALL: [Builtin; 8] = [
+        Builtin::Bash,
+        Builtin::ReadFile,
+        Builtin::WriteFile,
+        Builtin::ListDir,
+        Builtin::Edit,
+        Builtin::ApplyPatch,
+        Builtin::Grep,
+        Builtin::Glob,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -224,6 +235,8 @@ impl Builtin {
             Builtin::ListDir => "list_dir",
             Builtin::Edit => "edit",
             Builtin::ApplyPatch => "apply_patch",
+            Builtin::Grep => "grep",
+            Builtin::Glob => "glob",
         }
     }
 
@@ -279,6 +292,22 @@ impl Builtin {
                  whole patch, naming each file and hunk, and changes nothing. At most 256 UTF-8 \
                  files, each up to 16 MiB. If the files cannot all be put back after a failed \
                  write, structured_content lists `applied` and `not_applied` files."
+            }
+            Builtin::Grep => {
+                "Search file contents under a directory of the working directory for a regex \
+                 (Rust syntax), line by line, honouring .gitignore and .ignore files and skipping \
+                 hidden entries, symlinks, binary files (a NUL byte) and files over 64 MiB. `glob` \
+                 filters files (a pattern without `/` matches the file name). Returns `path:line: \
+                 text` in path order, then line order: at most `max_results` (default 200, at most \
+                 2000), each line cut at 500 characters, at most 256 KiB of text; says when cut."
+            }
+            Builtin::Glob => {
+                "Find files and directories under a directory of the working directory whose names \
+                 match a glob: without `/` it matches the name (`*.rs`), with `/` the path below \
+                 the searched directory (`src/**/*.rs`; `*` does not cross `/`, `**` does). Honours \
+                 .gitignore and .ignore files, skips hidden entries and does not follow symlinks. \
+                 Returns paths in order (depth first, by name): at most `max_results` (default \
+                 200, at most 2000); says when cut."
             }
         }
     }
@@ -341,6 +370,28 @@ impl Builtin {
                 },
                 "required": ["patch"],
             }),
+            Builtin::Grep => json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "The regex to find (Rust regex syntax)."},
+                    "path": path("The directory (or file) to search; default \".\""),
+                    "glob": {"type": "string", "description": "Only files matching this glob, e.g. \"*.py\"."},
+                    "case_insensitive": {"type": "boolean", "description": "Ignore case. Default false."},
+                    "max_results": {"type": "integer", "minimum": 1, "maximum": 2000,
+                        "description": "The most matching lines to return. Default 200."},
+                },
+                "required": ["pattern"],
+            }),
+            Builtin::Glob => json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "The glob, e.g. \"*.toml\" or \"src/**/*.rs\"."},
+                    "path": path("The directory to search; default \".\""),
+                    "max_results": {"type": "integer", "minimum": 1, "maximum": 2000,
+                        "description": "The most paths to return. Default 200."},
+                },
+                "required": ["pattern"],
+            }),
         }
     }
 
@@ -367,7 +418,7 @@ impl Builtin {
                 idempotency: Idempotency::None,
                 reconciliation: Reconciliation::Lookup,
             },
-            Builtin::ReadFile | Builtin::ListDir => read_only,
+            Builtin::ReadFile | Builtin::ListDir | Builtin::Grep | Builtin::Glob => read_only,
         }
     }
 }
@@ -487,6 +538,8 @@ impl Toolbox {
             Builtin::ListDir => files::list_dir,
             Builtin::Edit => edit::edit,
             Builtin::ApplyPatch => patch::apply_patch,
+            Builtin::Grep => search::grep,
+            Builtin::Glob => search::glob,
         };
         // The sentence names this budget, never the elapsed time, as bash's does.
         let timeout_ms = ctx.task_timeout_ms.map_or(FILE_TOOL_TIMEOUT_MS, |ms| ms.min(FILE_TOOL_TIMEOUT_MS));
@@ -584,7 +637,7 @@ mod tests {
         let body = toolbox.announcement();
         let tools = body["tools"].as_array().unwrap();
         let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
-        assert_eq!(names, ["bash", "read_file", "write_file", "list_dir", "edit", "apply_patch"]);
+        assert_eq!(names, ["bash", "read_file", "write_file", "list_dir", "edit", "apply_patch", "grep", "glob"]);
         let profile = |name: &str| {
             let tool = tools.iter().find(|t| t["name"] == name).unwrap();
             let profile = tool["effect_profile"].as_object().unwrap();
