@@ -238,6 +238,7 @@ impl Agent {
         if let Err(err) = self.journal.sync().await {
             error!(error = %err, "could not write the journal");
         }
+        self.toolbox.shutdown().await;
         kill_leftovers(self.toolbox.owner().as_str().to_owned()).await;
         outcome
     }

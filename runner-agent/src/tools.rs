@@ -16,6 +16,7 @@ mod edit;
 mod files;
 mod patch;
 mod paths;
+mod process;
 pub(crate) mod reap;
 mod search;
 mod skills;
@@ -213,10 +214,15 @@ enum Builtin {
     ApplyPatch,
     Grep,
     Glob,
+    ProcessStart,
+    ProcessRead,
+    ProcessWrite,
+    ProcessKill,
+    ProcessList,
 }
 
 impl Builtin {
-    const ALL: [Builtin; 8] = [
+    const ALL: [Builtin; 13] = [
         Builtin::Bash,
         Builtin::ReadFile,
         Builtin::WriteFile,
@@ -225,6 +231,11 @@ impl Builtin {
         Builtin::ApplyPatch,
         Builtin::Grep,
         Builtin::Glob,
+        Builtin::ProcessStart,
+        Builtin::ProcessRead,
+        Builtin::ProcessWrite,
+        Builtin::ProcessKill,
+        Builtin::ProcessList,
     ];
 
     fn name(self) -> &'static str {
@@ -237,6 +248,11 @@ impl Builtin {
             Builtin::ApplyPatch => "apply_patch",
             Builtin::Grep => "grep",
             Builtin::Glob => "glob",
+            Builtin::ProcessStart => "process_start",
+            Builtin::ProcessRead => "process_read",
+            Builtin::ProcessWrite => "process_write",
+            Builtin::ProcessKill => "process_kill",
+            Builtin::ProcessList => "process_list",
         }
     }
 
@@ -308,6 +324,37 @@ impl Builtin {
                  .gitignore and .ignore files, skips hidden entries and does not follow symlinks. \
                  Returns paths in order (depth first, by name): at most `max_results` (default \
                  200, at most 2000); says when cut."
+            }
+            Builtin::ProcessStart => {
+                "Start a long-running process (`bash -c command` in the working directory: a dev \
+                 server, a watcher, a REPL) that keeps running after this call, in a process group \
+                 of its own with stdin, stdout and stderr piped. Returns its id for process_read, \
+                 process_write and process_kill. At most 16 processes are held; a start past that \
+                 takes the place of the one that exited longest ago, and is refused when all 16 \
+                 run. Each keeps its last 1 MiB of output. When its shell exits, or runner-agent \
+                 stops, everything it started is killed."
+            }
+            Builtin::ProcessRead => {
+                "Read what a started process wrote (stdout and stderr interleaved) since the last \
+                 read, at most `max_bytes` (default 65536, at most 262144), and whether it still \
+                 runs or its exit code. With `wait_ms` (at most 30000) it waits that long for new \
+                 output unless some is there or the process exited. Says how many bytes were \
+                 overwritten before they were read (the buffer keeps the last 1 MiB) and how many \
+                 remain unread."
+            }
+            Builtin::ProcessWrite => {
+                "Write text to the stdin of a started process; with `close_stdin` close it \
+                 afterwards (send EOF). Gives up after 10 s if the process does not read, saying \
+                 how many bytes were written."
+            }
+            Builtin::ProcessKill => {
+                "Kill a started process (SIGKILL to its process group, and to everything it \
+                 started that left the group), wait up to 5 s for its exit, and drop it from the \
+                 table. Returns its exit code and up to 64 KiB of its unread output."
+            }
+            Builtin::ProcessList => {
+                "List the started processes this runner holds: id, name, command (first 200 \
+                 characters), pid, running or exit code, age in seconds and unread output bytes."
             }
         }
     }
@@ -392,6 +439,40 @@ impl Builtin {
                 },
                 "required": ["pattern"],
             }),
+            Builtin::ProcessStart => json!({
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "The bash script to run."},
+                    "name": {"type": "string", "description": "A label for process_list (at most 64 characters)."},
+                },
+                "required": ["command"],
+            }),
+            Builtin::ProcessRead => json!({
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string", "description": "The id process_start returned."},
+                    "max_bytes": {"type": "integer", "minimum": 1, "maximum": 262_144,
+                        "description": "The most bytes to return. Default 65536."},
+                    "wait_ms": {"type": "integer", "minimum": 0, "maximum": 30_000,
+                        "description": "Wait this long for new output if there is none yet. Default 0."},
+                },
+                "required": ["id"],
+            }),
+            Builtin::ProcessWrite => json!({
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string", "description": "The id process_start returned."},
+                    "input": {"type": "string", "description": "The text to write (add \\n to end a line)."},
+                    "close_stdin": {"type": "boolean", "description": "Close stdin after writing. Default false."},
+                },
+                "required": ["id", "input"],
+            }),
+            Builtin::ProcessKill => json!({
+                "type": "object",
+                "properties": {"id": {"type": "string", "description": "The id process_start returned."}},
+                "required": ["id"],
+            }),
+            Builtin::ProcessList => json!({"type": "object", "properties": {}, "required": []}),
         }
     }
 
@@ -418,7 +499,24 @@ impl Builtin {
                 idempotency: Idempotency::None,
                 reconciliation: Reconciliation::Lookup,
             },
-            Builtin::ReadFile | Builtin::ListDir | Builtin::Grep | Builtin::Glob => read_only,
+            Builtin::ReadFile | Builtin::ListDir | Builtin::Grep | Builtin::Glob | Builtin::ProcessList => read_only,
+            Builtin::ProcessStart | Builtin::ProcessWrite => EffectProfile {
+                kind: EffectKind::Write,
+                destructive: true,
+                effect_scope: EffectScope::Open,
+                idempotency: Idempotency::None,
+                reconciliation: Reconciliation::None,
+            },
+            // It moves the process's read cursor, and nothing else: a repeat returns later output.
+            Builtin::ProcessRead => EffectProfile { idempotency: Idempotency::None, ..read_only },
+            // Killed twice is killed once.
+            Builtin::ProcessKill => EffectProfile {
+                kind: EffectKind::Write,
+                destructive: true,
+                effect_scope: EffectScope::Closed,
+                idempotency: Idempotency::Intrinsic,
+                reconciliation: Reconciliation::None,
+            },
         }
     }
 }
@@ -433,6 +531,8 @@ pub(crate) struct Toolbox {
     strays: Strays,
     /// Where the skills are read from (`--skills-dir`); `None` serves no skills.
     skills_dir: Option<PathBuf>,
+    /// The processes `process_start` started, which outlive their calls.
+    processes: process::ProcessTable,
 }
 
 /// The effect profile of `skill`: it only reads.
@@ -447,7 +547,20 @@ const SKILL_EFFECT: EffectProfile = EffectProfile {
 impl Toolbox {
     /// `workdir` must already be canonical.
     pub(crate) fn new(workdir: PathBuf, bash_timeout_ms: u64, owner: Owner) -> Self {
-        Toolbox { workdir, bash_timeout_ms, owner, strays: Strays::default(), skills_dir: None }
+        Toolbox {
+            workdir,
+            bash_timeout_ms,
+            owner,
+            strays: Strays::default(),
+            skills_dir: None,
+            processes: process::ProcessTable::default(),
+        }
+    }
+
+    /// Kills every process `process_start` started (and what they started); none starts after.
+    /// Called once when the agent stops, before its last sweep.
+    pub(crate) async fn shutdown(&self) {
+        self.processes.shutdown().await;
     }
 
     /// The toolbox serving the skills of `dir` too ([`skills`]).
@@ -533,6 +646,11 @@ impl Toolbox {
         };
         let work: fn(&std::path::Path, &Map<String, Value>, &blocking::Cancel) -> ToolOutcome = match tool {
             Builtin::Bash => return bash::run(&input, &mut ctx).await,
+            Builtin::ProcessStart => return process::start(&self.processes, &self.workdir, &self.owner, &input),
+            Builtin::ProcessRead => return process::read(&self.processes, &input, &mut ctx).await,
+            Builtin::ProcessWrite => return process::write(&self.processes, &input, &mut ctx).await,
+            Builtin::ProcessKill => return process::kill(&self.processes, &input).await,
+            Builtin::ProcessList => return process::list(&self.processes),
             Builtin::ReadFile => files::read_file,
             Builtin::WriteFile => files::write_file,
             Builtin::ListDir => files::list_dir,
@@ -637,7 +755,24 @@ mod tests {
         let body = toolbox.announcement();
         let tools = body["tools"].as_array().unwrap();
         let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
-        assert_eq!(names, ["bash", "read_file", "write_file", "list_dir", "edit", "apply_patch", "grep", "glob"]);
+        assert_eq!(
+            names,
+            [
+                "bash",
+                "read_file",
+                "write_file",
+                "list_dir",
+                "edit",
+                "apply_patch",
+                "grep",
+                "glob",
+                "process_start",
+                "process_read",
+                "process_write",
+                "process_kill",
+                "process_list"
+            ]
+        );
         let profile = |name: &str| {
             let tool = tools.iter().find(|t| t["name"] == name).unwrap();
             let profile = tool["effect_profile"].as_object().unwrap();
@@ -759,6 +894,57 @@ mod tests {
             let encoded = serde_json::to_string(&ch.to_string()).unwrap();
             assert_eq!(escaped_len(ch), encoded.len() - 2, "{ch:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn started_processes_outlive_bash_sweeps_and_die_at_shutdown_or_the_owner_sweep() {
+        let dir = tempfile::tempdir().unwrap();
+        let toolbox = Toolbox::new(dir.path().canonicalize().unwrap(), 10_000, Owner::of_state_dir(dir.path()));
+        let (_stop_tx, stop) = watch::channel(None);
+        let ctx = || ToolContext {
+            workdir: toolbox.workdir().clone(),
+            bash_timeout_ms: 10_000,
+            task_timeout_ms: None,
+            clamp_at: None,
+            stop: stop.clone(),
+            claim: None,
+            owner: toolbox.owner().clone(),
+        };
+        let pid_of = |outcome: &ToolOutcome| match outcome {
+            ToolOutcome::Completed { structured_content, is_error: false, .. } => {
+                i32::try_from(structured_content["pid"].as_u64().unwrap()).unwrap()
+            }
+            other => panic!("{other:?}"),
+        };
+        let first = pid_of(&toolbox.run("process_start", json!({"command": "sleep 1000"}), ctx()).await);
+        let second = pid_of(&toolbox.run("process_start", json!({"command": "sleep 1000"}), ctx()).await);
+        // A bash call sweeps its own mark when it ends; the started processes carry none.
+        let bash = toolbox.run("bash", json!({"command": "true"}), ctx()).await;
+        assert!(matches!(bash, ToolOutcome::Completed { is_error: false, .. }));
+        let alive = |pid: i32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|stat| !stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+        };
+        assert!(alive(first) && alive(second), "a bash call's sweep killed a started process");
+        let listed = toolbox.run("process_list", json!({}), ctx()).await;
+        assert!(
+            matches!(&listed, ToolOutcome::Completed { structured_content, .. } if structured_content["processes"].as_array().map(Vec::len) == Some(2))
+        );
+        let wait_dead = |pid: i32| async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while alive(pid) {
+                assert!(Instant::now() < deadline, "process {pid} survived");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        // runner-agent's start and stop sweep (the owner's mark) finds them ...
+        assert!(reap::kill_marked(reap::OWNER_VAR, toolbox.owner().as_str()) >= 1);
+        wait_dead(first).await;
+        wait_dead(second).await;
+        // ... and so does the toolbox's shutdown.
+        let third = pid_of(&toolbox.run("process_start", json!({"command": "sleep 1000"}), ctx()).await);
+        toolbox.shutdown().await;
+        wait_dead(third).await;
     }
 
     #[tokio::test]

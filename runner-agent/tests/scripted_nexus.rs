@@ -262,7 +262,11 @@ async fn a_call_runs_and_its_unacknowledged_commit_is_resent_after_reconnect() {
     let announcement = first.announced().await;
     let names: Vec<&str> =
         announcement["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["bash", "read_file", "write_file", "list_dir"]);
+    assert_eq!(&names[..4], ["bash", "read_file", "write_file", "list_dir"]);
+    for daily in ["edit", "apply_patch", "grep", "glob", "process_start", "process_read", "process_list"] {
+        assert!(names.contains(&daily), "{daily} is announced: {names:?}");
+    }
+    assert!(!names.contains(&"web_fetch"), "web_fetch is off unless configured");
     assert_eq!(
         announcement["environment"]["workdir"],
         nexus.config.workdir.canonicalize().unwrap().display().to_string()
