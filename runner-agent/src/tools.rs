@@ -20,6 +20,7 @@ mod process;
 pub(crate) mod reap;
 mod search;
 mod skills;
+mod web;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -31,6 +32,8 @@ use tokio::time::Instant;
 
 use self::blocking::{Ended, Strays};
 use self::reap::Owner;
+#[allow(unused_imports, reason = "the tools-file parser reads the [builtin.web_fetch] table into these")]
+pub(crate) use self::web::{WebFetchConfig, WebFetchConfigError};
 use crate::claim::ClaimHandle;
 
 /// The spec's commit bound (`result_too_large`, "1 MB"), read as 10^6 bytes of body JSON.
@@ -219,10 +222,11 @@ enum Builtin {
     ProcessWrite,
     ProcessKill,
     ProcessList,
+    WebFetch,
 }
 
 impl Builtin {
-    const ALL: [Builtin; 13] = [
+    const ALL: [Builtin; 14] = [
         Builtin::Bash,
         Builtin::ReadFile,
         Builtin::WriteFile,
@@ -236,6 +240,7 @@ impl Builtin {
         Builtin::ProcessWrite,
         Builtin::ProcessKill,
         Builtin::ProcessList,
+        Builtin::WebFetch,
     ];
 
     fn name(self) -> &'static str {
@@ -253,6 +258,7 @@ impl Builtin {
             Builtin::ProcessWrite => "process_write",
             Builtin::ProcessKill => "process_kill",
             Builtin::ProcessList => "process_list",
+            Builtin::WebFetch => "web_fetch",
         }
     }
 
@@ -355,6 +361,16 @@ impl Builtin {
             Builtin::ProcessList => {
                 "List the started processes this runner holds: id, name, command (first 200 \
                  characters), pid, running or exit code, age in seconds and unread output bytes."
+            }
+            Builtin::WebFetch => {
+                "Fetch a URL with an HTTP(S) GET and return its body as text: text/*, JSON, XML \
+                 and the like as they are (UTF-8), HTML turned into readable text; other types \
+                 are refused. Only hosts in this runner's allowlist, and redirects to them (at \
+                 most 5), are fetched. The body is read up to `max_bytes` (at most the runner's \
+                 bound, 2 MiB unless configured) and the text cut at 512 KiB, both said when \
+                 cut; the fetch ends at the runner's timeout (20 s unless configured). Returns the \
+                 final URL, status and content type; an HTTP error status is a tool error with \
+                 the body."
             }
         }
     }
@@ -473,6 +489,15 @@ impl Builtin {
                 "required": ["id"],
             }),
             Builtin::ProcessList => json!({"type": "object", "properties": {}, "required": []}),
+            Builtin::WebFetch => json!({
+                "type": "object",
+                "properties": {
+                    "url": {"type": "string", "description": "The http or https URL to fetch."},
+                    "max_bytes": {"type": "integer", "minimum": 1,
+                        "description": "The most body bytes to read; at most the runner's bound."},
+                },
+                "required": ["url"],
+            }),
         }
     }
 
@@ -509,6 +534,8 @@ impl Builtin {
             },
             // It moves the process's read cursor, and nothing else: a repeat returns later output.
             Builtin::ProcessRead => EffectProfile { idempotency: Idempotency::None, ..read_only },
+            // A GET changes nothing, but what it reads lies outside the runner.
+            Builtin::WebFetch => EffectProfile { effect_scope: EffectScope::Open, ..read_only },
             // Killed twice is killed once.
             Builtin::ProcessKill => EffectProfile {
                 kind: EffectKind::Write,
@@ -533,6 +560,8 @@ pub(crate) struct Toolbox {
     skills_dir: Option<PathBuf>,
     /// The processes `process_start` started, which outlive their calls.
     processes: process::ProcessTable,
+    /// `web_fetch`'s settings and client; `None` serves no web_fetch.
+    web_fetch: Option<web::WebFetch>,
 }
 
 /// The effect profile of `skill`: it only reads.
@@ -554,7 +583,21 @@ impl Toolbox {
             strays: Strays::default(),
             skills_dir: None,
             processes: process::ProcessTable::default(),
+            web_fetch: None,
         }
+    }
+
+    /// The toolbox serving `web_fetch` with these settings (the tools file's
+    /// `[builtin.web_fetch]` table, already [`WebFetchConfig::check`]ed), or not serving it.
+    #[allow(dead_code, reason = "the tools-file parser hands the [builtin.web_fetch] table over")]
+    pub(crate) fn with_web_fetch(mut self, config: Option<WebFetchConfig>) -> Self {
+        self.web_fetch = config.map(web::WebFetch::new);
+        self
+    }
+
+    /// The built-ins this toolbox serves: all but web_fetch, and web_fetch when configured.
+    fn served(&self) -> impl Iterator<Item = Builtin> + '_ {
+        Builtin::ALL.into_iter().filter(|tool| *tool != Builtin::WebFetch || self.web_fetch.is_some())
     }
 
     /// Kills every process `process_start` started (and what they started); none starts after.
@@ -587,11 +630,12 @@ impl Toolbox {
     /// description or schema: nexus routes `skill` calls to it, and never offers it to a model as
     /// a tool of its own). The skills directory is read again on every call.
     pub(crate) fn announcement(&self) -> Value {
-        let mut tools: Vec<Value> = Builtin::ALL
-            .into_iter()
+        let mut tools: Vec<Value> = self
+            .served()
             .map(|tool| {
-                let timeout_ms = match tool {
-                    Builtin::Bash => self.bash_timeout_ms,
+                let timeout_ms = match (tool, &self.web_fetch) {
+                    (Builtin::Bash, _) => self.bash_timeout_ms,
+                    (Builtin::WebFetch, Some(web)) => web.announced_timeout_ms(),
                     _ => FILE_TOOL_TIMEOUT_MS,
                 };
                 json!({
@@ -635,8 +679,9 @@ impl Toolbox {
                 _ => ToolOutcome::error("skill was not read: the file did not open in time or the call was stopped"),
             };
         }
-        let Some(tool) = Builtin::from_name(tool_name) else {
-            let served: Vec<&str> = Builtin::ALL.iter().map(|t| t.name()).collect();
+        let Some(tool) = Builtin::from_name(tool_name).filter(|tool| self.served().any(|served| served == *tool))
+        else {
+            let served: Vec<&str> = self.served().map(Builtin::name).collect();
             return ToolOutcome::Failed {
                 content: format!("unknown tool {tool_name:?}; this runner serves {}", served.join(", ")),
             };
@@ -651,6 +696,12 @@ impl Toolbox {
             Builtin::ProcessWrite => return process::write(&self.processes, &input, &mut ctx).await,
             Builtin::ProcessKill => return process::kill(&self.processes, &input).await,
             Builtin::ProcessList => return process::list(&self.processes),
+            Builtin::WebFetch => {
+                let Some(web) = &self.web_fetch else {
+                    return ToolOutcome::Failed { content: "web_fetch is not enabled on this runner".to_owned() };
+                };
+                return web::web_fetch(web, &self.strays, &input, &mut ctx).await;
+            }
             Builtin::ReadFile => files::read_file,
             Builtin::WriteFile => files::write_file,
             Builtin::ListDir => files::list_dir,
@@ -800,6 +851,45 @@ mod tests {
         assert_eq!(tools[0]["input_schema"]["required"], json!(["command"]));
         assert_eq!(body["environment"]["workdir"], "/w");
         assert_eq!(body["environment"]["os"], std::env::consts::OS);
+    }
+
+    #[tokio::test]
+    async fn web_fetch_is_announced_and_served_only_when_configured() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = Toolbox::new(dir.path().to_owned(), 1_000, Owner::of_state_dir(dir.path()));
+        let names = |toolbox: &Toolbox| -> Vec<String> {
+            toolbox.announcement()["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["name"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert!(!names(&plain).contains(&"web_fetch".to_owned()));
+        let (_stop_tx, stop) = watch::channel(None);
+        let ctx = ToolContext {
+            workdir: plain.workdir().clone(),
+            bash_timeout_ms: 1_000,
+            task_timeout_ms: None,
+            clamp_at: None,
+            stop,
+            claim: None,
+            owner: plain.owner().clone(),
+        };
+        let refused = plain.run("web_fetch", json!({"url": "http://127.0.0.1/"}), ctx).await;
+        assert!(matches!(&refused, ToolOutcome::Failed { content } if content.contains("unknown tool")), "{refused:?}");
+
+        let config = WebFetchConfig { allow_hosts: vec!["docs.rs".to_owned()], max_bytes: 1_000, timeout_ms: 3_000 };
+        let web =
+            Toolbox::new(dir.path().to_owned(), 1_000, Owner::of_state_dir(dir.path())).with_web_fetch(Some(config));
+        let body = web.announcement();
+        let tool =
+            body["tools"].as_array().unwrap().iter().find(|t| t["name"] == "web_fetch").cloned().expect("web_fetch");
+        assert_eq!(tool["timeout_ms"], 8_000, "the fetch's timeout and the conversion's margin");
+        assert_eq!(
+            tool["effect_profile"],
+            json!({"kind": "read_only", "destructive": false, "effect_scope": "open", "idempotency": "intrinsic", "reconciliation": "none"})
+        );
     }
 
     #[tokio::test]
