@@ -8,7 +8,9 @@
 //!
 //! Bounds (README, "runner-agent's tools"): every call ends by its timeout or its stop and gives
 //! its slot back, whatever its system calls do ([`blocking`]); every read keeps at most a fixed
-//! number of bytes in memory while it reads; nothing a bash call starts outlives it ([`reap`]).
+//! number of bytes in memory while it reads; nothing a bash call starts outlives it ([`reap`]);
+//! what `process_start` starts lives until `process_kill` or [`Toolbox::shutdown`]. Each tool,
+//! with its input, result, bounds and effect profile: `docs/runner-tools-builtins.md`.
 
 mod bash;
 pub(crate) mod blocking;
@@ -847,6 +849,21 @@ mod tests {
             json!({"kind": "write", "destructive": true, "effect_scope": "closed", "idempotency": "none", "reconciliation": "lookup"})
         );
         assert_eq!(profile("list_dir"), profile("read_file"));
+        for read_only in ["grep", "glob", "process_list"] {
+            assert_eq!(profile(read_only), profile("read_file"), "{read_only}");
+        }
+        for file_write in ["edit", "apply_patch"] {
+            assert_eq!(profile(file_write), profile("write_file"), "{file_write}");
+        }
+        for open_write in ["process_start", "process_write"] {
+            assert_eq!(profile(open_write), profile("bash"), "{open_write}");
+        }
+        assert_eq!(profile("process_read")["kind"], "read_only");
+        assert_eq!(profile("process_read")["idempotency"], "none", "a read moves the cursor");
+        assert_eq!(profile("process_kill")["idempotency"], "intrinsic");
+        assert_eq!(profile("process_kill")["destructive"], true);
+        let bytes = serde_json::to_string(&body["tools"]).unwrap().len();
+        assert!(bytes < 64 * 1024, "the built-ins take {bytes} bytes of the announcement");
         assert_eq!(tools[0]["timeout_ms"], 30_000);
         assert_eq!(tools[0]["input_schema"]["required"], json!(["command"]));
         assert_eq!(body["environment"]["workdir"], "/w");

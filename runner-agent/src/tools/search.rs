@@ -11,7 +11,8 @@
 //!
 //! Bounds: at most `max_results` results (default [`DEFAULT_RESULTS`], at most [`MAX_RESULTS`]),
 //! each shown line cut at [`LINE_CHARS`] characters, at most [`MAX_OUTPUT_BYTES`] of result text;
-//! a line longer than [`LINE_HEAP_BYTES`] makes its file skipped. The answer says when it was cut.
+//! a line longer than [`LINE_HEAP_BYTES`] makes its file skipped (counted as unreadable). The
+//! answer says when it was cut.
 
 use std::fmt::Write as _;
 use std::io;
@@ -232,8 +233,8 @@ pub(super) fn grep(workdir: &Path, input: &Map<String, Value>, cancel: &Cancel) 
     push_cut_note(&mut content, cut, matches.len(), scope.clamped);
     for (count, what) in [
         (skipped_binary, "binary files"),
-        (skipped_large, "files over 64 MiB or with a line over 2 MiB"),
-        (unreadable, "entries that could not be read"),
+        (skipped_large, "files over 64 MiB"),
+        (unreadable, "entries that could not be read (or had a line over 2 MiB)"),
     ] {
         if count > 0 {
             let _ = writeln!(content, "[skipped {count} {what}]");
