@@ -36,9 +36,9 @@ use crate::claim::{ControlRequest, RequestError};
 use crate::config::{AgentConfig, ConfigError};
 use crate::error::AgentError;
 use crate::journal::{EntryState, Journal, StateDirLock, TaskKey, Ticket, lock_state_dir};
+use crate::mcp::{self, McpHub, McpTiming};
 use crate::retry::ReconnectBackoff;
 use crate::sleep_until_opt;
-use crate::mcp::{self, McpHub, McpTiming};
 use crate::tools::reap::{OWNER_VAR, Owner, kill_marked};
 use crate::tools::{Catalog, StopReason, ToolOutcome, Toolbox};
 use crate::toolsfile::{self, FileDigest, Problem, ToolsFile, ToolsFileError};
@@ -313,6 +313,7 @@ impl Agent {
         if let Some(mcp) = self.mcp.take() {
             mcp.shutdown().await;
         }
+        self.toolbox.shutdown().await;
         kill_leftovers(self.toolbox.owner().as_str().to_owned()).await;
         outcome
     }

@@ -3,11 +3,13 @@
 //! Owns: the runner side of `nexus.runner.v1.RunnerService/Connect` — hello, announce, claim,
 //! run, extend, commit, progress, pong — with reconnect and backoff; the claim journal that makes
 //! a result survive a disconnect or restart and keeps a claimed tool from ever running twice; and
-//! the built-in tools `bash`, `read_file`, `write_file` and `list_dir`, confined to one workdir,
-//! each bounded in time and memory and leaving no process behind (README, "runner-agent's
-//! tools"); and the tools file ([`toolsfile`], `docs/runner-tools.md`): command tools run like
-//! `bash`, MCP server settings, per-tool `max_concurrency`, read again on SIGHUP and when it
-//! changes, and announced again without a restart.
+//! the built-in tools (`bash`, `read_file`, `write_file`, `list_dir`, `edit`, `apply_patch`,
+//! `grep`, `glob`, the `process_*` tools, and `web_fetch` when configured), confined to one
+//! workdir, each bounded in time and memory and leaving no process behind beyond what
+//! `process_start` holds until the agent stops (`docs/runner-tools.md`); and the tools file
+//! ([`toolsfile`]): command tools run like `bash`, MCP servers bridged through rmcp, per-tool
+//! `max_concurrency`, read again on SIGHUP and when it changes, and announced again without a
+//! restart.
 //!
 //! Does not own: any server state. nexus decides what is dispatched, who may claim it, and how
 //! a task settles; this crate only follows the protocol in `docs/protocol.md`.

@@ -29,8 +29,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use self::server::{ServerShared, Supervisor};
-use crate::tools::reap::Owner;
 use crate::tools::catalog::ExtraCall;
+use crate::tools::reap::Owner;
 use crate::tools::{EffectKind, EffectProfile, ExtraTool, StopReason, ToolContext, ToolOutcome, ToolSpec};
 
 pub(crate) use self::profile::CAREFUL_DEFAULT;

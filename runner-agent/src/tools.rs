@@ -9,21 +9,28 @@
 //! Bounds (README, "runner-agent's tools"): every call ends by its timeout or its stop and gives
 //! its slot back, whatever its system calls do ([`blocking`]); every read keeps at most a fixed
 //! number of bytes in memory while it reads; nothing a bash call or a command tool starts
-//! outlives it ([`process`], [`reap`]).
+//! outlives it ([`process`], [`reap`]); what `process_start` starts lives until `process_kill`
+//! or [`Toolbox::shutdown`] ([`processes`]).
 //!
 //! What is served is the [`Catalog`]: the built-ins, `skill` with a skills directory, the command
 //! tools of the tools file ([`command`]) and tools fed in from outside (MCP), rebuilt whole when
-//! one of them changes.
+//! one of them changes. Each tool, with its input, result, bounds and effect profile:
+//! `docs/runner-tools.md`.
 
 mod bash;
 pub(crate) mod blocking;
 pub(crate) mod catalog;
 mod command;
+mod edit;
 mod files;
+mod patch;
 mod paths;
 mod process;
+mod processes;
 pub(crate) mod reap;
+mod search;
 mod skills;
+mod web;
 
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -39,6 +46,7 @@ use self::blocking::{Ended, Strays};
 use self::catalog::Served;
 pub(crate) use self::catalog::{Catalog, CatalogError, ExtraTool, ToolSpec};
 use self::reap::Owner;
+pub(crate) use self::web::WebFetchConfig;
 use crate::claim::ClaimHandle;
 use crate::toolsfile::ToolsFile;
 
@@ -255,11 +263,36 @@ pub(crate) enum Builtin {
     ReadFile,
     WriteFile,
     ListDir,
+    Edit,
+    ApplyPatch,
+    Grep,
+    Glob,
+    ProcessStart,
+    ProcessRead,
+    ProcessWrite,
+    ProcessKill,
+    ProcessList,
+    WebFetch,
 }
 
 impl Builtin {
     /// Every built-in, in announcement order.
-    pub(crate) const ALL: [Builtin; 4] = [Builtin::Bash, Builtin::ReadFile, Builtin::WriteFile, Builtin::ListDir];
+    pub(crate) const ALL: [Builtin; 14] = [
+        Builtin::Bash,
+        Builtin::ReadFile,
+        Builtin::WriteFile,
+        Builtin::ListDir,
+        Builtin::Edit,
+        Builtin::ApplyPatch,
+        Builtin::Grep,
+        Builtin::Glob,
+        Builtin::ProcessStart,
+        Builtin::ProcessRead,
+        Builtin::ProcessWrite,
+        Builtin::ProcessKill,
+        Builtin::ProcessList,
+        Builtin::WebFetch,
+    ];
 
     /// Its announced name.
     pub(crate) fn name(self) -> &'static str {
@@ -268,6 +301,16 @@ impl Builtin {
             Builtin::ReadFile => "read_file",
             Builtin::WriteFile => "write_file",
             Builtin::ListDir => "list_dir",
+            Builtin::Edit => "edit",
+            Builtin::ApplyPatch => "apply_patch",
+            Builtin::Grep => "grep",
+            Builtin::Glob => "glob",
+            Builtin::ProcessStart => "process_start",
+            Builtin::ProcessRead => "process_read",
+            Builtin::ProcessWrite => "process_write",
+            Builtin::ProcessKill => "process_kill",
+            Builtin::ProcessList => "process_list",
+            Builtin::WebFetch => "web_fetch",
         }
     }
 
@@ -305,6 +348,82 @@ impl Builtin {
             Builtin::ListDir => {
                 "List a directory inside the working directory: each entry's name, type (file, \
                  dir, symlink, other) and size, sorted by name; at most the first 2000 names."
+            }
+            Builtin::Edit => {
+                "Replace an exact text in a UTF-8 file inside the working directory, atomically. \
+                 `old_text` must appear exactly once, else nothing changes and the answer says how \
+                 many times it appears and on which lines; with `replace_all` every occurrence is \
+                 replaced. With `expected_sha256` the edit happens only if the file's current \
+                 SHA-256 matches (read_file returns it). Files up to 16 MiB. Returns the new \
+                 SHA-256 and the number of replacements."
+            }
+            Builtin::ApplyPatch => {
+                "Apply a unified diff (`--- a/x` / `+++ b/x` sections with `@@` hunks, or `git \
+                 diff` output) to files inside the working directory: all files change or none \
+                 do. `--- /dev/null` creates a file, `+++ /dev/null` deletes one; renames, copies \
+                 and binary patches are refused. Hunks must match exactly (they may sit at other \
+                 line numbers). `expected_sha256` maps a path to the SHA-256 its file must have, \
+                 or to null for a file that must not exist. Any failing hunk or base refuses the \
+                 whole patch, naming each file and hunk, and changes nothing. At most 256 UTF-8 \
+                 files, each up to 16 MiB. If the files cannot all be put back after a failed \
+                 write, structured_content lists `applied` and `not_applied` files."
+            }
+            Builtin::Grep => {
+                "Search file contents under a directory of the working directory for a regex \
+                 (Rust syntax), line by line, honouring .gitignore and .ignore files and skipping \
+                 hidden entries, symlinks, binary files (a NUL byte) and files over 64 MiB. `glob` \
+                 filters files (a pattern without `/` matches the file name). Returns `path:line: \
+                 text` in path order, then line order: at most `max_results` (default 200, at most \
+                 2000), each line cut at 500 characters, at most 256 KiB of text; says when cut."
+            }
+            Builtin::Glob => {
+                "Find files and directories under a directory of the working directory whose names \
+                 match a glob: without `/` it matches the name (`*.rs`), with `/` the path below \
+                 the searched directory (`src/**/*.rs`; `*` does not cross `/`, `**` does). Honours \
+                 .gitignore and .ignore files, skips hidden entries and does not follow symlinks. \
+                 Returns paths in order (depth first, by name): at most `max_results` (default \
+                 200, at most 2000); says when cut."
+            }
+            Builtin::ProcessStart => {
+                "Start a long-running process (`bash -c command` in the working directory: a dev \
+                 server, a watcher, a REPL) that keeps running after this call, in a process group \
+                 of its own with stdin, stdout and stderr piped. Returns its id for process_read, \
+                 process_write and process_kill. At most 16 processes are held; a start past that \
+                 takes the place of the one that exited longest ago, and is refused when all 16 \
+                 run. Each keeps its last 1 MiB of output. When its shell exits, or runner-agent \
+                 stops, everything it started is killed."
+            }
+            Builtin::ProcessRead => {
+                "Read what a started process wrote (stdout and stderr interleaved) since the last \
+                 read, at most `max_bytes` (default 65536, at most 262144), and whether it still \
+                 runs or its exit code. With `wait_ms` (at most 30000) it waits that long for new \
+                 output unless some is there or the process exited. Says how many bytes were \
+                 overwritten before they were read (the buffer keeps the last 1 MiB) and how many \
+                 remain unread."
+            }
+            Builtin::ProcessWrite => {
+                "Write text to the stdin of a started process; with `close_stdin` close it \
+                 afterwards (send EOF). Gives up after 10 s if the process does not read, saying \
+                 how many bytes were written."
+            }
+            Builtin::ProcessKill => {
+                "Kill a started process (SIGKILL to its process group, and to everything it \
+                 started that left the group), wait up to 5 s for its exit, and drop it from the \
+                 table. Returns its exit code and up to 64 KiB of its unread output."
+            }
+            Builtin::ProcessList => {
+                "List the started processes this runner holds: id, name, command (first 200 \
+                 characters), pid, running or exit code, age in seconds and unread output bytes."
+            }
+            Builtin::WebFetch => {
+                "Fetch a URL with an HTTP(S) GET and return its body as text: text/*, JSON, XML \
+                 and the like as they are (UTF-8), HTML turned into readable text; other types \
+                 are refused. Only hosts in this runner's allowlist, and redirects to them (at \
+                 most 5), are fetched. The body is read up to `max_bytes` (at most the runner's \
+                 bound, 2 MiB unless configured) and the text cut at 512 KiB, both said when \
+                 cut; the fetch ends at the runner's timeout (20 s unless configured). Returns the \
+                 final URL, status and content type; an HTTP error status is a tool error with \
+                 the body."
             }
         }
     }
@@ -345,6 +464,93 @@ impl Builtin {
                 "properties": {"path": path("The directory to list; default \".\"")},
                 "required": [],
             }),
+            Builtin::Edit => json!({
+                "type": "object",
+                "properties": {
+                    "path": path("The file to edit"),
+                    "old_text": {"type": "string", "description": "The exact text to replace (not empty)."},
+                    "new_text": {"type": "string", "description": "The text to put in its place."},
+                    "expected_sha256": {"type": "string",
+                        "description": "Hex SHA-256 the current file must have. Omit to skip the check."},
+                    "replace_all": {"type": "boolean", "description": "Replace every occurrence. Default false."},
+                },
+                "required": ["path", "old_text", "new_text"],
+            }),
+            Builtin::ApplyPatch => json!({
+                "type": "object",
+                "properties": {
+                    "patch": {"type": "string", "description": "The unified diff."},
+                    "expected_sha256": {"type": "object",
+                        "additionalProperties": {"type": ["string", "null"]},
+                        "description": "Path -> hex SHA-256 its file must have, or null if it must not exist."},
+                },
+                "required": ["patch"],
+            }),
+            Builtin::Grep => json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "The regex to find (Rust regex syntax)."},
+                    "path": path("The directory (or file) to search; default \".\""),
+                    "glob": {"type": "string", "description": "Only files matching this glob, e.g. \"*.py\"."},
+                    "case_insensitive": {"type": "boolean", "description": "Ignore case. Default false."},
+                    "max_results": {"type": "integer", "minimum": 1, "maximum": 2000,
+                        "description": "The most matching lines to return. Default 200."},
+                },
+                "required": ["pattern"],
+            }),
+            Builtin::Glob => json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "The glob, e.g. \"*.toml\" or \"src/**/*.rs\"."},
+                    "path": path("The directory to search; default \".\""),
+                    "max_results": {"type": "integer", "minimum": 1, "maximum": 2000,
+                        "description": "The most paths to return. Default 200."},
+                },
+                "required": ["pattern"],
+            }),
+            Builtin::ProcessStart => json!({
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "The bash script to run."},
+                    "name": {"type": "string", "description": "A label for process_list (at most 64 characters)."},
+                },
+                "required": ["command"],
+            }),
+            Builtin::ProcessRead => json!({
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string", "description": "The id process_start returned."},
+                    "max_bytes": {"type": "integer", "minimum": 1, "maximum": 262_144,
+                        "description": "The most bytes to return. Default 65536."},
+                    "wait_ms": {"type": "integer", "minimum": 0, "maximum": 30_000,
+                        "description": "Wait this long for new output if there is none yet. Default 0."},
+                },
+                "required": ["id"],
+            }),
+            Builtin::ProcessWrite => json!({
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string", "description": "The id process_start returned."},
+                    "input": {"type": "string", "description": "The text to write (add \\n to end a line)."},
+                    "close_stdin": {"type": "boolean", "description": "Close stdin after writing. Default false."},
+                },
+                "required": ["id", "input"],
+            }),
+            Builtin::ProcessKill => json!({
+                "type": "object",
+                "properties": {"id": {"type": "string", "description": "The id process_start returned."}},
+                "required": ["id"],
+            }),
+            Builtin::ProcessList => json!({"type": "object", "properties": {}, "required": []}),
+            Builtin::WebFetch => json!({
+                "type": "object",
+                "properties": {
+                    "url": {"type": "string", "description": "The http or https URL to fetch."},
+                    "max_bytes": {"type": "integer", "minimum": 1,
+                        "description": "The most body bytes to read; at most the runner's bound."},
+                },
+                "required": ["url"],
+            }),
         }
     }
 
@@ -364,14 +570,33 @@ impl Builtin {
                 idempotency: Idempotency::None,
                 reconciliation: Reconciliation::None,
             },
-            Builtin::WriteFile => EffectProfile {
+            Builtin::WriteFile | Builtin::Edit | Builtin::ApplyPatch => EffectProfile {
                 kind: EffectKind::Write,
                 destructive: true,
                 effect_scope: EffectScope::Closed,
                 idempotency: Idempotency::None,
                 reconciliation: Reconciliation::Lookup,
             },
-            Builtin::ReadFile | Builtin::ListDir => read_only,
+            Builtin::ReadFile | Builtin::ListDir | Builtin::Grep | Builtin::Glob | Builtin::ProcessList => read_only,
+            Builtin::ProcessStart | Builtin::ProcessWrite => EffectProfile {
+                kind: EffectKind::Write,
+                destructive: true,
+                effect_scope: EffectScope::Open,
+                idempotency: Idempotency::None,
+                reconciliation: Reconciliation::None,
+            },
+            // It moves the process's read cursor, and nothing else: a repeat returns later output.
+            Builtin::ProcessRead => EffectProfile { idempotency: Idempotency::None, ..read_only },
+            // A GET changes nothing, but what it reads lies outside the runner.
+            Builtin::WebFetch => EffectProfile { effect_scope: EffectScope::Open, ..read_only },
+            // Killed twice is killed once.
+            Builtin::ProcessKill => EffectProfile {
+                kind: EffectKind::Write,
+                destructive: true,
+                effect_scope: EffectScope::Closed,
+                idempotency: Idempotency::Intrinsic,
+                reconciliation: Reconciliation::None,
+            },
         }
     }
 }
@@ -393,6 +618,8 @@ pub(crate) struct Toolbox {
     sources: Mutex<Sources>,
     /// The catalog now; every change is sent whole.
     catalog: watch::Sender<Arc<Catalog>>,
+    /// The processes `process_start` started, which outlive their calls.
+    processes: processes::ProcessTable,
 }
 
 /// What a catalog is built from, besides the built-ins.
@@ -400,6 +627,9 @@ pub(crate) struct Toolbox {
 struct Sources {
     file: Arc<ToolsFile>,
     extra: Vec<ExtraTool>,
+    /// `web_fetch`'s settings and client, from the file's `[builtin.web_fetch]`; `None` serves
+    /// no web_fetch.
+    web_fetch: Option<Arc<web::WebFetch>>,
 }
 
 /// The effect profile of `skill`: it only reads.
@@ -423,12 +653,28 @@ impl Toolbox {
             skills_dir: None,
             sources: Mutex::new(Sources::default()),
             catalog,
+            processes: processes::ProcessTable::default(),
         };
         // The built-ins alone always make a valid catalog; an empty one would announce nothing.
         if let Ok(catalog) = toolbox.rebuild(&Sources::default()) {
             toolbox.catalog.send_replace(Arc::new(catalog));
         }
         toolbox
+    }
+
+    /// Kills every process `process_start` started (and what they started); none starts after.
+    /// Called once when the agent stops, before its last sweep.
+    pub(crate) async fn shutdown(&self) {
+        self.processes.shutdown().await;
+    }
+
+    /// The toolbox serving `web_fetch` with `config` (a tools file holding only that table).
+    #[cfg(test)]
+    pub(crate) fn with_web_fetch(self, config: WebFetchConfig) -> Self {
+        let mut file = ToolsFile::default();
+        file.builtins.web_fetch = Some(config);
+        self.replace_tools_file(file).expect("web_fetch alone makes a valid catalog");
+        self
     }
 
     /// The toolbox serving the skills of `dir` too ([`skills`]).
@@ -451,7 +697,8 @@ impl Toolbox {
     /// a tool list over nexus's bound); the earlier tools stay.
     pub(crate) fn replace_tools_file(&self, file: ToolsFile) -> Result<(), CatalogError> {
         let mut sources = self.lock_sources();
-        let candidate = Sources { file: Arc::new(file), extra: sources.extra.clone() };
+        let web_fetch = file.builtins.web_fetch.clone().map(|config| Arc::new(web::WebFetch::new(config)));
+        let candidate = Sources { file: Arc::new(file), extra: sources.extra.clone(), web_fetch };
         let catalog = self.rebuild(&candidate)?;
         *sources = candidate;
         self.catalog.send_replace(Arc::new(catalog));
@@ -466,7 +713,7 @@ impl Toolbox {
     /// the provider rule, a tool list over nexus's bound); the earlier tools stay.
     pub(crate) fn set_extra_tools(&self, tools: Vec<ExtraTool>) -> Result<(), CatalogError> {
         let mut sources = self.lock_sources();
-        let candidate = Sources { file: Arc::clone(&sources.file), extra: tools };
+        let candidate = Sources { file: Arc::clone(&sources.file), extra: tools, web_fetch: sources.web_fetch.clone() };
         let catalog = self.rebuild(&candidate)?;
         *sources = candidate;
         self.catalog.send_replace(Arc::new(catalog));
@@ -499,9 +746,11 @@ impl Toolbox {
         let settings = &sources.file.builtins;
         let mut tools: Vec<(ToolSpec, Served)> = Builtin::ALL
             .into_iter()
+            .filter(|tool| *tool != Builtin::WebFetch || sources.web_fetch.is_some())
             .map(|tool| {
-                let timeout_ms = match tool {
-                    Builtin::Bash => self.bash_timeout_ms,
+                let timeout_ms = match (tool, &sources.web_fetch) {
+                    (Builtin::Bash, _) => self.bash_timeout_ms,
+                    (Builtin::WebFetch, Some(web)) => web.announced_timeout_ms(),
                     _ => FILE_TOOL_TIMEOUT_MS,
                 };
                 let spec = ToolSpec {
@@ -609,9 +858,24 @@ impl Toolbox {
         };
         let work: fn(&std::path::Path, &Map<String, Value>, &blocking::Cancel) -> ToolOutcome = match tool {
             Builtin::Bash => return bash::run(&input, &mut ctx).await,
+            Builtin::ProcessStart => return processes::start(&self.processes, &self.workdir, &self.owner, &input),
+            Builtin::ProcessRead => return processes::read(&self.processes, &input, &mut ctx).await,
+            Builtin::ProcessWrite => return processes::write(&self.processes, &input, &mut ctx).await,
+            Builtin::ProcessKill => return processes::kill(&self.processes, &input).await,
+            Builtin::ProcessList => return processes::list(&self.processes),
+            Builtin::WebFetch => {
+                let Some(web) = self.lock_sources().web_fetch.clone() else {
+                    return ToolOutcome::Failed { content: "web_fetch is not enabled on this runner".to_owned() };
+                };
+                return web::web_fetch(&web, &self.strays, &input, &mut ctx).await;
+            }
             Builtin::ReadFile => files::read_file,
             Builtin::WriteFile => files::write_file,
             Builtin::ListDir => files::list_dir,
+            Builtin::Edit => edit::edit,
+            Builtin::ApplyPatch => patch::apply_patch,
+            Builtin::Grep => search::grep,
+            Builtin::Glob => search::glob,
         };
         // The sentence names this budget, never the elapsed time, as bash's does.
         let timeout_ms = ctx.task_timeout_ms.map_or(FILE_TOOL_TIMEOUT_MS, |ms| ms.min(FILE_TOOL_TIMEOUT_MS));
@@ -695,6 +959,14 @@ mod args {
         }
     }
 
+    pub(super) fn optional_bool(input: &Map<String, Value>, key: &str) -> Result<Option<bool>, String> {
+        match input.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(flag)) => Ok(Some(*flag)),
+            Some(_) => Err(format!("`{key}` must be true or false")),
+        }
+    }
+
     pub(super) fn optional_positive(input: &Map<String, Value>, key: &str) -> Result<Option<u64>, String> {
         match input.get(key) {
             None | Some(Value::Null) => Ok(None),
@@ -716,7 +988,24 @@ mod tests {
         let body = toolbox.announcement();
         let tools = body["tools"].as_array().unwrap();
         let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
-        assert_eq!(names, ["bash", "read_file", "write_file", "list_dir"]);
+        assert_eq!(
+            names,
+            [
+                "bash",
+                "read_file",
+                "write_file",
+                "list_dir",
+                "edit",
+                "apply_patch",
+                "grep",
+                "glob",
+                "process_start",
+                "process_read",
+                "process_write",
+                "process_kill",
+                "process_list"
+            ]
+        );
         let profile = |name: &str| {
             let tool = tools.iter().find(|t| t["name"] == name).unwrap();
             let profile = tool["effect_profile"].as_object().unwrap();
@@ -740,10 +1029,63 @@ mod tests {
             json!({"kind": "write", "destructive": true, "effect_scope": "closed", "idempotency": "none", "reconciliation": "lookup"})
         );
         assert_eq!(profile("list_dir"), profile("read_file"));
+        for read_only in ["grep", "glob", "process_list"] {
+            assert_eq!(profile(read_only), profile("read_file"), "{read_only}");
+        }
+        for file_write in ["edit", "apply_patch"] {
+            assert_eq!(profile(file_write), profile("write_file"), "{file_write}");
+        }
+        for open_write in ["process_start", "process_write"] {
+            assert_eq!(profile(open_write), profile("bash"), "{open_write}");
+        }
+        assert_eq!(profile("process_read")["kind"], "read_only");
+        assert_eq!(profile("process_read")["idempotency"], "none", "a read moves the cursor");
+        assert_eq!(profile("process_kill")["idempotency"], "intrinsic");
+        assert_eq!(profile("process_kill")["destructive"], true);
+        let bytes = serde_json::to_string(&body["tools"]).unwrap().len();
+        assert!(bytes < 64 * 1024, "the built-ins take {bytes} bytes of the announcement");
         assert_eq!(tools[0]["timeout_ms"], 30_000);
         assert_eq!(tools[0]["input_schema"]["required"], json!(["command"]));
         assert_eq!(body["environment"]["workdir"], "/w");
         assert_eq!(body["environment"]["os"], std::env::consts::OS);
+    }
+
+    #[tokio::test]
+    async fn web_fetch_is_announced_and_served_only_when_configured() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = Toolbox::new(dir.path().to_owned(), 1_000, Owner::of_state_dir(dir.path()));
+        let names = |toolbox: &Toolbox| -> Vec<String> {
+            toolbox.announcement()["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["name"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert!(!names(&plain).contains(&"web_fetch".to_owned()));
+        let (_stop_tx, stop) = watch::channel(None);
+        let ctx = ToolContext {
+            workdir: plain.workdir().clone(),
+            bash_timeout_ms: 1_000,
+            task_timeout_ms: None,
+            clamp_at: None,
+            stop,
+            claim: None,
+            owner: plain.owner().clone(),
+        };
+        let refused = plain.run("web_fetch", json!({"url": "http://127.0.0.1/"}), ctx).await;
+        assert!(matches!(&refused, ToolOutcome::Failed { content } if content.contains("unknown tool")), "{refused:?}");
+
+        let config = WebFetchConfig { allow_hosts: vec!["docs.rs".to_owned()], max_bytes: 1_000, timeout_ms: 3_000 };
+        let web = Toolbox::new(dir.path().to_owned(), 1_000, Owner::of_state_dir(dir.path())).with_web_fetch(config);
+        let body = web.announcement();
+        let tool =
+            body["tools"].as_array().unwrap().iter().find(|t| t["name"] == "web_fetch").cloned().expect("web_fetch");
+        assert_eq!(tool["timeout_ms"], 8_000, "the fetch's timeout and the conversion's margin");
+        assert_eq!(
+            tool["effect_profile"],
+            json!({"kind": "read_only", "destructive": false, "effect_scope": "open", "idempotency": "intrinsic", "reconciliation": "none"})
+        );
     }
 
     #[tokio::test]
@@ -798,7 +1140,7 @@ mod tests {
         assert_eq!(toolbox.max_concurrency("echo").map(NonZeroUsize::get), Some(3));
         assert_eq!(toolbox.max_concurrency("list_dir").map(NonZeroUsize::get), Some(1));
         assert_eq!(toolbox.max_concurrency("bash"), None);
-        let echo = &toolbox.announcement()["tools"][4];
+        let echo = &toolbox.announcement()["tools"][Builtin::ALL.len() - 1];
         assert_eq!((echo["name"].as_str(), echo["effect_profile"]["kind"].as_str()), (Some("echo"), Some("pure")));
 
         // The outside slot: announced after the file's tools, and called through its closure.
@@ -818,7 +1160,10 @@ mod tests {
         toolbox.set_extra_tools(vec![ExtraTool { spec: spec("fs_read"), call: Arc::clone(&call) }]).unwrap();
         assert!(changes.has_changed().unwrap());
         let names: Vec<String> = toolbox.catalog().specs().map(|spec| spec.name.clone()).collect();
-        assert_eq!(names, ["bash", "read_file", "write_file", "list_dir", "echo", "fs_read"]);
+        let builtins = Builtin::ALL.len() - 1;
+        let expected: Vec<String> = Builtin::ALL[..builtins].iter().map(|tool| tool.name().to_owned()).collect();
+        assert_eq!(names[..builtins], expected);
+        assert_eq!(names[builtins..], ["echo", "fs_read"], "after the built-ins but web_fetch");
         let (_stop_tx, stop) = watch::channel(None);
         let ctx = ToolContext {
             workdir: toolbox.workdir().clone(),
@@ -861,7 +1206,7 @@ mod tests {
         toolbox.replace_tools_file(file_of(500, &"Does one thing well. ".repeat(20))).unwrap();
         let body = toolbox.announcement();
         let tools = body["tools"].as_array().unwrap();
-        assert_eq!(tools.len(), 504);
+        assert_eq!(tools.len(), 500 + Builtin::ALL.len() - 1, "the built-ins but web_fetch, and 500");
         assert!(serde_json::to_string(tools).unwrap().len() <= catalog::MAX_TOOL_LIST_BYTES);
         assert!(tools.iter().all(|t| crate::toolsfile::tool_name_problem(t["name"].as_str().unwrap()).is_none()
             || Builtin::from_name(t["name"].as_str().unwrap()).is_some()));
@@ -870,7 +1215,7 @@ mod tests {
         assert!(matches!(refused, CatalogError::TooLarge(bytes) if bytes > catalog::MAX_TOOL_LIST_BYTES));
         let as_file_error = crate::toolsfile::ToolsFileError::of_catalog(&path, &refused);
         assert_eq!(as_file_error.problem, crate::toolsfile::Problem::TooLarge);
-        assert_eq!(toolbox.catalog().specs().count(), 504, "the earlier tools stay");
+        assert_eq!(toolbox.catalog().specs().count(), 500 + Builtin::ALL.len() - 1, "the earlier tools stay");
     }
 
     #[test]
@@ -929,6 +1274,57 @@ mod tests {
             let encoded = serde_json::to_string(&ch.to_string()).unwrap();
             assert_eq!(escaped_len(ch), encoded.len() - 2, "{ch:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn started_processes_outlive_bash_sweeps_and_die_at_shutdown_or_the_owner_sweep() {
+        let dir = tempfile::tempdir().unwrap();
+        let toolbox = Toolbox::new(dir.path().canonicalize().unwrap(), 10_000, Owner::of_state_dir(dir.path()));
+        let (_stop_tx, stop) = watch::channel(None);
+        let ctx = || ToolContext {
+            workdir: toolbox.workdir().clone(),
+            bash_timeout_ms: 10_000,
+            task_timeout_ms: None,
+            clamp_at: None,
+            stop: stop.clone(),
+            claim: None,
+            owner: toolbox.owner().clone(),
+        };
+        let pid_of = |outcome: &ToolOutcome| match outcome {
+            ToolOutcome::Completed { structured_content, is_error: false, .. } => {
+                i32::try_from(structured_content["pid"].as_u64().unwrap()).unwrap()
+            }
+            other => panic!("{other:?}"),
+        };
+        let first = pid_of(&toolbox.run("process_start", json!({"command": "sleep 1000"}), ctx()).await);
+        let second = pid_of(&toolbox.run("process_start", json!({"command": "sleep 1000"}), ctx()).await);
+        // A bash call sweeps its own mark when it ends; the started processes carry none.
+        let bash = toolbox.run("bash", json!({"command": "true"}), ctx()).await;
+        assert!(matches!(bash, ToolOutcome::Completed { is_error: false, .. }));
+        let alive = |pid: i32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|stat| !stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+        };
+        assert!(alive(first) && alive(second), "a bash call's sweep killed a started process");
+        let listed = toolbox.run("process_list", json!({}), ctx()).await;
+        assert!(
+            matches!(&listed, ToolOutcome::Completed { structured_content, .. } if structured_content["processes"].as_array().map(Vec::len) == Some(2))
+        );
+        let wait_dead = |pid: i32| async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while alive(pid) {
+                assert!(Instant::now() < deadline, "process {pid} survived");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        // runner-agent's start and stop sweep (the owner's mark) finds them ...
+        assert!(reap::kill_marked(reap::OWNER_VAR, toolbox.owner().as_str()) >= 1);
+        wait_dead(first).await;
+        wait_dead(second).await;
+        // ... and so does the toolbox's shutdown.
+        let third = pid_of(&toolbox.run("process_start", json!({"command": "sleep 1000"}), ctx()).await);
+        toolbox.shutdown().await;
+        wait_dead(third).await;
     }
 
     #[tokio::test]

@@ -24,7 +24,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use toml::Spanned;
 
-use crate::tools::{Builtin, CatalogError, EffectProfile};
+use crate::tools::{Builtin, CatalogError, EffectProfile, WebFetchConfig};
 
 /// The `timeout_ms` of a command tool or MCP server that names none, in milliseconds (1 minute).
 pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
@@ -36,8 +36,6 @@ pub const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
 pub const MAX_TOOL_NAME_CHARS: usize = 64;
 /// The longest MCP server name or prefix, in characters.
 pub const MAX_SERVER_NAME_CHARS: usize = 32;
-/// The name `[builtin.web_fetch]` configures.
-pub const WEB_FETCH: &str = "web_fetch";
 /// The pseudo-tool a skills directory serves; never a command tool's name.
 const SKILL: &str = "skill";
 /// Environment variables the runner sets for every call; a tool's `env` may not set them.
@@ -131,6 +129,9 @@ pub enum Problem {
     UnknownBuiltin,
     /// The whole tool list would pass nexus's bound on an announcement.
     TooLarge,
+    /// A `[builtin.web_fetch]` table with an unknown key, no `allow_hosts`, a bad host pattern or
+    /// a bound out of range.
+    InvalidWebFetch,
 }
 
 /// A tools file, validated.
@@ -213,18 +214,8 @@ pub(crate) enum McpTransport {
 pub(crate) struct BuiltinSettings {
     /// `max_concurrency` of each built-in that names one.
     pub(crate) max_concurrency: BTreeMap<Builtin, NonZeroUsize>,
-    /// `[builtin.web_fetch]`, when present.
-    pub(crate) web_fetch: Option<WebFetchTable>,
-}
-
-/// `[builtin.web_fetch]`: its `max_concurrency`, and its other keys as written (their meaning
-/// belongs to `web_fetch`).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub(crate) struct WebFetchTable {
-    /// At most this many `web_fetch` calls at once; `None`: only the slots bound.
-    pub(crate) max_concurrency: Option<NonZeroUsize>,
-    /// Every other key of the table.
-    pub(crate) settings: toml::Table,
+    /// `[builtin.web_fetch]`, checked; `web_fetch` is served only with it.
+    pub(crate) web_fetch: Option<WebFetchConfig>,
 }
 
 /// The SHA-256 of a tools file's bytes: a changed digest means a changed file.
@@ -282,7 +273,7 @@ pub(crate) fn tool_name_problem(name: &str) -> Option<String> {
     if let Some(problem) = name_rule_problem(name, MAX_TOOL_NAME_CHARS) {
         return Some(problem);
     }
-    if Builtin::from_name(name).is_some() || name == SKILL || name == WEB_FETCH {
+    if Builtin::from_name(name).is_some() || name == SKILL {
         return Some(format!("`{name}` is the name of a built-in tool; choose another"));
     }
     nexus_kernel_tools::reserved_namespace_of(name)
@@ -526,10 +517,8 @@ impl Checker<'_> {
     fn builtins(&self, raw: RawBuiltins) -> Result<BuiltinSettings, ToolsFileError> {
         let mut settings = BuiltinSettings::default();
         for (name, table) in raw {
-            let builtin = Builtin::from_name(name.get_ref());
-            let is_web_fetch = name.get_ref() == WEB_FETCH;
-            if builtin.is_none() && !is_web_fetch {
-                let known: Vec<&str> = Builtin::ALL.iter().map(|b| b.name()).chain([WEB_FETCH]).collect();
+            let Some(builtin) = Builtin::from_name(name.get_ref()) else {
+                let known: Vec<&str> = Builtin::ALL.iter().map(|b| b.name()).collect();
                 let reason =
                     format!("`{}` is no built-in tool; the built-ins are {}", name.get_ref(), known.join(", "));
                 return Err(self.at(
@@ -538,8 +527,8 @@ impl Checker<'_> {
                     format!("builtin.{}", name.get_ref()),
                     reason,
                 ));
-            }
-            let mut max_concurrency = None;
+            };
+            let is_web_fetch = builtin == Builtin::WebFetch;
             let mut rest = toml::Table::new();
             for (key, value) in table.into_inner() {
                 let field = format!("builtin.{}.{}", name.get_ref(), key.get_ref());
@@ -549,7 +538,9 @@ impl Checker<'_> {
                         let reason = "must be an integer of at least 1".to_owned();
                         return Err(self.at(Problem::InvalidConcurrency, span, field, reason));
                     };
-                    max_concurrency = self.concurrency(Some(&Spanned::new(span, n)), &field)?;
+                    if let Some(n) = self.concurrency(Some(&Spanned::new(span, n)), &field)? {
+                        settings.max_concurrency.insert(builtin, n);
+                    }
                 } else if is_web_fetch {
                     rest.insert(key.into_inner(), value.into_inner());
                 } else {
@@ -557,13 +548,13 @@ impl Checker<'_> {
                     return Err(self.at(Problem::UnknownBuiltin, key.span(), field, reason));
                 }
             }
-            match builtin {
-                Some(builtin) => {
-                    if let Some(n) = max_concurrency {
-                        settings.max_concurrency.insert(builtin, n);
-                    }
-                }
-                None => settings.web_fetch = Some(WebFetchTable { max_concurrency, settings: rest }),
+            if is_web_fetch {
+                let field = format!("builtin.{}", name.get_ref());
+                let config: WebFetchConfig = toml::Value::Table(rest)
+                    .try_into()
+                    .map_err(|err| self.at(Problem::InvalidWebFetch, name.span(), field.clone(), err.to_string()))?;
+                config.check().map_err(|err| self.at(Problem::InvalidWebFetch, name.span(), field, err.to_string()))?;
+                settings.web_fetch = Some(config);
             }
         }
         Ok(settings)

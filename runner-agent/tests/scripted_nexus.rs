@@ -262,7 +262,11 @@ async fn a_call_runs_and_its_unacknowledged_commit_is_resent_after_reconnect() {
     let announcement = first.announced().await;
     let names: Vec<&str> =
         announcement["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["bash", "read_file", "write_file", "list_dir"]);
+    assert_eq!(&names[..4], ["bash", "read_file", "write_file", "list_dir"]);
+    for daily in ["edit", "apply_patch", "grep", "glob", "process_start", "process_read", "process_list"] {
+        assert!(names.contains(&daily), "{daily} is announced: {names:?}");
+    }
+    assert!(!names.contains(&"web_fetch"), "web_fetch is off unless configured");
     assert_eq!(
         announcement["environment"]["workdir"],
         nexus.config.workdir.canonicalize().unwrap().display().to_string()
@@ -590,8 +594,28 @@ fn tools_file_text(name: &str, answer: &str) -> String {
 }
 
 /// The names after the four built-ins in an announcement.
+/// The built-ins a runner without `[builtin.web_fetch]` announces, in order, before the file's tools.
+const BUILTINS: [&str; 13] = [
+    "bash",
+    "read_file",
+    "write_file",
+    "list_dir",
+    "edit",
+    "apply_patch",
+    "grep",
+    "glob",
+    "process_start",
+    "process_read",
+    "process_write",
+    "process_kill",
+    "process_list",
+];
+
 fn file_tools(body: &Value) -> Vec<String> {
-    body["tools"].as_array().unwrap().iter().skip(4).map(|tool| tool["name"].as_str().unwrap().to_owned()).collect()
+    let names: Vec<String> =
+        body["tools"].as_array().unwrap().iter().map(|tool| tool["name"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(names[..BUILTINS.len()], BUILTINS, "the built-ins come first");
+    names[BUILTINS.len()..].to_vec()
 }
 
 #[tokio::test]
@@ -614,7 +638,7 @@ async fn tools_from_a_file_are_served_and_announced_again_when_it_changes_and_on
     conn.welcome(60_000).await;
     let body = conn.announced().await;
     assert_eq!(file_tools(&body), ["say"]);
-    assert_eq!(body["tools"][4]["description"], "Say hi");
+    assert_eq!(body["tools"][BUILTINS.len()]["description"], "Say hi");
 
     // The command tool runs end to end: stdin in, the structured answer out.
     conn.send(
@@ -658,7 +682,7 @@ async fn tools_from_a_file_are_served_and_announced_again_when_it_changes_and_on
     std::fs::write(&path, tools_file_text("say", "hello") + &tools_file_text("shout", "HEY")).unwrap();
     let body = conn.announced().await;
     assert_eq!(file_tools(&body), ["say", "shout"]);
-    assert_eq!(body["tools"][4]["description"], "Say hello");
+    assert_eq!(body["tools"][BUILTINS.len()]["description"], "Say hello");
 
     // SIGHUP reads it again and announces, even unchanged. The agent listens for it: it
     // announced, so its loop runs.
@@ -705,11 +729,13 @@ async fn describe_tools_lists_what_would_be_announced_without_connecting() {
     assert!(listed.mcp_not_listed.is_empty());
     let tools = listed.tools.as_array().unwrap();
     let names: Vec<&str> = tools.iter().map(|tool| tool["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["bash", "read_file", "write_file", "list_dir", "say"]);
+    assert_eq!(names[..BUILTINS.len()], BUILTINS);
+    assert_eq!(names[BUILTINS.len()..], ["say"]);
     assert_eq!((tools[0]["timeout_ms"].as_u64(), tools[0]["max_concurrency"].as_u64()), (Some(30_000), Some(1)));
     assert_eq!(tools[1]["max_concurrency"], Value::Null);
-    assert_eq!((tools[4]["max_concurrency"].as_u64(), tools[4]["description"].as_str()), (Some(2), Some("Say hi")));
-    assert_eq!(tools[4]["effect_profile"]["kind"], "read_only");
+    let say = &tools[BUILTINS.len()];
+    assert_eq!((say["max_concurrency"].as_u64(), say["description"].as_str()), (Some(2), Some("Say hi")));
+    assert_eq!(say["effect_profile"]["kind"], "read_only");
 
     std::fs::write(&path, "[builtin.bash]\nmax_concurrency = 0\n").unwrap();
     let Err(nexus_runner_agent::ConfigError::ToolsFile { source }) =

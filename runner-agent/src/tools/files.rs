@@ -35,13 +35,13 @@ const CHUNK_BYTES: usize = 64 * 1024;
 pub(super) const LIST_CAP_ENTRIES: usize = 2_000;
 
 /// Why a call's work stopped before its answer: its caller is gone.
-const ABANDONED: &str = "abandoned by its call";
+pub(super) const ABANDONED: &str = "abandoned by its call";
 
 /// Opens `path` for reading if it is a regular file, without blocking: the type is checked
 /// before opening (so a device is never opened), and again on the open file (so a file swapped
 /// in between is caught); `O_NONBLOCK` keeps the open of a swapped-in FIFO from waiting for a
 /// writer, and `O_NOFOLLOW` refuses a swapped-in symlink. `shown` names the path in the error.
-fn open_regular(path: &Path, shown: &str) -> Result<(fs::File, fs::Metadata), String> {
+pub(super) fn open_regular(path: &Path, shown: &str) -> Result<(fs::File, fs::Metadata), String> {
     let before = fs::symlink_metadata(path).map_err(|err| format!("{shown}: {err}"))?;
     refuse_irregular(&before.file_type(), shown)?;
     let file = fs::OpenOptions::new()
@@ -54,7 +54,7 @@ fn open_regular(path: &Path, shown: &str) -> Result<(fs::File, fs::Metadata), St
     Ok((file, metadata))
 }
 
-fn refuse_irregular(kind: &fs::FileType, shown: &str) -> Result<(), String> {
+pub(super) fn refuse_irregular(kind: &fs::FileType, shown: &str) -> Result<(), String> {
     let what = if kind.is_file() {
         return Ok(());
     } else if kind.is_dir() {
@@ -372,7 +372,20 @@ pub(super) fn write_file(workdir: &Path, input: &Map<String, Value>, cancel: &Ca
 
 /// Temp file beside the target, fsync, rename over it, fsync the directory. Keeps an existing
 /// file's permissions.
-fn replace_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(super) fn replace_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let temp = write_temp(path, bytes)?;
+    let renamed = fs::rename(&temp, path);
+    if renamed.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    renamed?;
+    sync_parent(path)
+}
+
+/// The first half of [`replace_atomically`]: writes `bytes` to a new temp file beside `path`
+/// (creating the parent directories), with an existing `path`'s permissions, synced to disk.
+/// Answers the temp file's path; on error nothing is left behind (but created directories).
+pub(super) fn write_temp(path: &Path, bytes: &[u8]) -> std::io::Result<std::path::PathBuf> {
     let dir = path.parent().ok_or_else(|| std::io::Error::other("no parent directory"))?;
     fs::create_dir_all(dir)?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -383,14 +396,49 @@ fn replace_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         if let Ok(metadata) = fs::metadata(path) {
             file.set_permissions(metadata.permissions())?;
         }
-        file.sync_all()?;
-        fs::rename(&temp, path)?;
-        fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_NONBLOCK).open(dir)?.sync_all()
+        file.sync_all()
     })();
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
+    match result {
+        Ok(()) => Ok(temp),
+        Err(err) => {
+            let _ = fs::remove_file(&temp);
+            Err(err)
+        }
     }
-    result
+}
+
+/// Syncs the directory holding `path`, so that a rename in it is on disk.
+pub(super) fn sync_parent(path: &Path) -> std::io::Result<()> {
+    let dir = path.parent().ok_or_else(|| std::io::Error::other("no parent directory"))?;
+    fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_NONBLOCK).open(dir)?.sync_all()
+}
+
+/// The whole content of the regular file `path`, read [`CHUNK_BYTES`] at a time; refuses a file
+/// over `cap` bytes (checked before reading, and again while reading, should it grow).
+pub(super) fn read_whole(path: &Path, shown: &str, cap: u64, cancel: &Cancel) -> Result<Vec<u8>, String> {
+    let (file, metadata) = open_regular(path, shown)?;
+    let too_big = |size: String| format!("{shown}: is {size} bytes, over this tool's bound of {cap} bytes");
+    if metadata.len() > cap {
+        return Err(too_big(metadata.len().to_string()));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(metadata.len()).unwrap_or(0));
+    let mut limited = file.take(cap + 1);
+    let mut buf = vec![0u8; CHUNK_BYTES];
+    loop {
+        if cancel.abandoned() {
+            return Err(format!("{shown}: {ABANDONED}"));
+        }
+        match limited.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => bytes.extend_from_slice(&buf[..n]),
+            Err(err) if err.kind() == ErrorKind::Interrupted => {}
+            Err(err) => return Err(format!("{shown}: {err}")),
+        }
+    }
+    if bytes.len() as u64 > cap {
+        return Err(too_big("more than that".to_owned()));
+    }
+    Ok(bytes)
 }
 
 /// One listed entry: name, type, size. Ordered by name, so that a max-heap of them holds the

@@ -101,10 +101,10 @@ max_concurrency = 3
 
     assert_eq!(file.builtins.max_concurrency.get(&Builtin::Bash), NonZeroUsize::new(2).as_ref());
     let web_fetch = file.builtins.web_fetch.as_ref().expect("[builtin.web_fetch]");
-    assert_eq!(web_fetch.max_concurrency, NonZeroUsize::new(3));
-    assert_eq!(web_fetch.settings.get("max_bytes").and_then(toml::Value::as_integer), Some(2_097_152));
-    assert!(web_fetch.settings.get("allow_hosts").is_some_and(toml::Value::is_array));
-    assert!(web_fetch.settings.get("max_concurrency").is_none(), "max_concurrency is taken out");
+    assert_eq!(file.builtins.max_concurrency.get(&Builtin::WebFetch), NonZeroUsize::new(3).as_ref());
+    assert_eq!(web_fetch.max_bytes, 2_097_152);
+    assert_eq!(web_fetch.allow_hosts, ["docs.rs", "*.python.org"]);
+    assert_eq!(web_fetch.timeout_ms, 20_000, "the default");
 
     // An empty file serves the built-ins alone.
     assert_eq!(parse(&path, "").unwrap(), ToolsFile::default());
@@ -325,6 +325,41 @@ fn every_refusal_names_its_line_and_field() {
             Problem::InvalidConcurrency,
             "builtin.read_file.max_concurrency",
             2,
+        ),
+        row(
+            "web_fetch: no allow_hosts",
+            "\n[builtin.web_fetch]\nmax_bytes = 10\n".to_owned(),
+            Problem::InvalidWebFetch,
+            "builtin.web_fetch",
+            2,
+        ),
+        row(
+            "web_fetch: an empty allowlist",
+            "[builtin.web_fetch]\nallow_hosts = []\n".to_owned(),
+            Problem::InvalidWebFetch,
+            "builtin.web_fetch",
+            1,
+        ),
+        row(
+            "web_fetch: a host with a scheme",
+            "[builtin.web_fetch]\nallow_hosts = [\"https://docs.rs\"]\n".to_owned(),
+            Problem::InvalidWebFetch,
+            "builtin.web_fetch",
+            1,
+        ),
+        row(
+            "web_fetch: an unknown key",
+            "[builtin.web_fetch]\nallow_hosts = [\"docs.rs\"]\nproxy = \"x\"\n".to_owned(),
+            Problem::InvalidWebFetch,
+            "builtin.web_fetch",
+            1,
+        ),
+        row(
+            "web_fetch: a bound too large",
+            "[builtin.web_fetch]\nallow_hosts = [\"docs.rs\"]\ntimeout_ms = 300001\n".to_owned(),
+            Problem::InvalidWebFetch,
+            "builtin.web_fetch",
+            1,
         ),
         row(
             "builtin: concurrency as text",
