@@ -16,6 +16,9 @@
 //! - `whoami`: `structuredContent: {pid, pgid, owner, cwd, token}` (`owner` from
 //!   `NEXUS_RUNNER_OWNER`, `token` the HTTP header `x-fixture-token`).
 //!
+//! With `FIXTURE_DOWN_WHILE=FILE` in its environment it exits at once (status 4) while `FILE`
+//! exists, so a test can hold it down across restarts.
+//!
 //! With `FIXTURE_ODD_NAMES=1` in its environment it also lists two echoes with names outside
 //! the provider rule: [`LONG_NAME`] (100 characters) and [`UNICODE_NAME`].
 
@@ -194,6 +197,12 @@ fn hang() -> ! {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::io::Result<()> {
+    if let Some(file) = std::env::var_os("FIXTURE_DOWN_WHILE")
+        && std::path::Path::new(&file).exists()
+    {
+        eprintln!("mcp-fixture: down while {} exists", std::path::Path::new(&file).display());
+        std::process::exit(4);
+    }
     if std::env::args().any(|arg| arg == "--http") {
         return serve_http().await;
     }

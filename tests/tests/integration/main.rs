@@ -36,4 +36,5 @@ mod scheduled;
 mod sessions;
 mod store;
 mod tls;
+mod toolbox;
 mod transcript;
