@@ -15,8 +15,8 @@ use nexus_runner_agent::{AgentConfig, Credential, TlsOptions, default_state_dir}
 use tracing_subscriber::EnvFilter;
 use uuid::Uuid;
 
-/// Serve this machine's tools (bash, read_file, write_file, list_dir, and those of a tools file)
-/// to nexus.
+/// Serve this machine's tools to nexus: the built-ins (bash, files, edit, apply_patch, grep,
+/// glob, processes, web_fetch when enabled) and a tools file's commands and MCP servers.
 #[derive(Debug, Parser)]
 #[command(name = "runner-agent", version, subcommand_negates_reqs = true)]
 struct Cli {
@@ -81,8 +81,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Print the tools this runner would announce (JSON: name, timeout_ms, max_concurrency,
-    /// effect_profile, description) and exit; a bad tools file is printed and exits 1. MCP
-    /// servers' tools are not listed: they are known only once connected.
+    /// effect_profile, description) and exit; a bad tools file is printed and exits 1. The tools
+    /// file's MCP servers are started and listed (up to 15 s), then stopped.
     Tools {
         /// The tools file to read.
         #[arg(long, env = "NEXUS_RUNNER_TOOLS_FILE")]

@@ -1,4 +1,4 @@
-//! MCP servers as runner tools (issue 15, item 2; `docs/runner-tools-mcp.md`).
+//! MCP servers as runner tools (issue 15, item 2; `docs/runner-tools.md`, "MCP servers").
 //!
 //! Owns: the connection to every MCP server of the tools file — a stdio child in its own process
 //! group, or a streamable-HTTP endpoint — through `rmcp`; the list of their tools, mapped to

@@ -1,4 +1,4 @@
-//! Effect profiles of MCP tools, from their annotations (`docs/runner-tools-mcp.md`).
+//! Effect profiles of MCP tools, from their annotations (`docs/runner-tools.md`, "MCP servers").
 //!
 //! MCP annotations are hints with spec defaults: `readOnlyHint` false, `destructiveHint` true,
 //! `idempotentHint` false, `openWorldHint` true. A tool with annotations gets
