@@ -84,6 +84,28 @@ pub(crate) struct ToolContext {
 }
 
 impl ToolContext {
+    /// A context for a test: `workdir` with `owner`'s mark and bash's `bash_timeout_ms`, no task
+    /// timeout, clamp or claim; the tool stops when the returned sender says so (and never, once
+    /// it is dropped).
+    #[cfg(test)]
+    pub(crate) fn for_test(
+        workdir: &std::path::Path,
+        owner: &Owner,
+        bash_timeout_ms: u64,
+    ) -> (watch::Sender<Option<StopReason>>, ToolContext) {
+        let (stop_tx, stop) = watch::channel(None);
+        let ctx = ToolContext {
+            workdir: workdir.to_owned(),
+            bash_timeout_ms,
+            task_timeout_ms: None,
+            clamp_at: None,
+            stop,
+            claim: None,
+            owner: owner.clone(),
+        };
+        (stop_tx, ctx)
+    }
+
     /// Resolves when the tool is asked to stop; never resolves if nobody can ask any more.
     pub(crate) async fn stopped(&mut self) -> StopReason {
         let reason = self.stop.wait_for(Option::is_some).await.ok().and_then(|reason| *reason);
@@ -92,6 +114,14 @@ impl ToolContext {
             None => std::future::pending().await,
         }
     }
+}
+
+/// A canonical temporary workdir for a test, and the guard that removes it.
+#[cfg(test)]
+pub(crate) fn test_workdir() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().canonicalize().expect("a canonical path");
+    (dir, path)
 }
 
 /// What a tool call produced.
@@ -105,6 +135,18 @@ pub(crate) enum ToolOutcome {
 }
 
 impl ToolOutcome {
+    /// A test's view of a completed call: `(content, structured_content, is_error)`.
+    ///
+    /// # Panics
+    /// When the call failed (`outcome: failed`), with its content.
+    #[cfg(test)]
+    pub(crate) fn into_parts(self) -> (String, Value, bool) {
+        match self {
+            ToolOutcome::Completed { content, structured_content, is_error } => (content, structured_content, is_error),
+            ToolOutcome::Failed { content } => panic!("the call failed: {content}"),
+        }
+    }
+
     /// A tool-level error the model reads.
     pub(crate) fn error(message: impl Into<String>) -> Self {
         let message = message.into();
@@ -1063,16 +1105,7 @@ mod tests {
                 .collect()
         };
         assert!(!names(&plain).contains(&"web_fetch".to_owned()));
-        let (_stop_tx, stop) = watch::channel(None);
-        let ctx = ToolContext {
-            workdir: plain.workdir().clone(),
-            bash_timeout_ms: 1_000,
-            task_timeout_ms: None,
-            clamp_at: None,
-            stop,
-            claim: None,
-            owner: plain.owner().clone(),
-        };
+        let (_stop_tx, ctx) = ToolContext::for_test(plain.workdir(), plain.owner(), 1_000);
         let refused = plain.run("web_fetch", json!({"url": "http://127.0.0.1/"}), ctx).await;
         assert!(matches!(&refused, ToolOutcome::Failed { content } if content.contains("unknown tool")), "{refused:?}");
 
@@ -1108,16 +1141,7 @@ mod tests {
         std::fs::create_dir_all(skills.join("triage")).unwrap();
         std::fs::write(skills.join("triage/SKILL.md"), "Sort bugs").unwrap();
         assert_eq!(toolbox.announcement()["documents"].as_array().map(Vec::len), Some(2));
-        let (_stop_tx, stop) = watch::channel(None);
-        let ctx = ToolContext {
-            workdir: toolbox.workdir().clone(),
-            bash_timeout_ms: 1_000,
-            task_timeout_ms: None,
-            clamp_at: None,
-            stop,
-            claim: None,
-            owner: toolbox.owner().clone(),
-        };
+        let (_stop_tx, ctx) = ToolContext::for_test(toolbox.workdir(), toolbox.owner(), 1_000);
         let loaded = toolbox.run("skill", json!({"name": "deploy"}), ctx).await;
         assert!(
             matches!(&loaded, ToolOutcome::Completed { content, is_error: false, .. } if content.ends_with("Step 1.\n"))
@@ -1164,16 +1188,7 @@ mod tests {
         let expected: Vec<String> = Builtin::ALL[..builtins].iter().map(|tool| tool.name().to_owned()).collect();
         assert_eq!(names[..builtins], expected);
         assert_eq!(names[builtins..], ["echo", "fs_read"], "after the built-ins but web_fetch");
-        let (_stop_tx, stop) = watch::channel(None);
-        let ctx = ToolContext {
-            workdir: toolbox.workdir().clone(),
-            bash_timeout_ms: 1_000,
-            task_timeout_ms: None,
-            clamp_at: None,
-            stop,
-            claim: None,
-            owner: toolbox.owner().clone(),
-        };
+        let (_stop_tx, ctx) = ToolContext::for_test(toolbox.workdir(), toolbox.owner(), 1_000);
         let outcome = toolbox.run("fs_read", json!({"a": 1}), ctx).await;
         assert!(
             matches!(&outcome, ToolOutcome::Completed { content, structured_content, .. } if content == "extra" && structured_content["a"] == 1)
@@ -1280,16 +1295,7 @@ mod tests {
     async fn started_processes_outlive_bash_sweeps_and_die_at_shutdown_or_the_owner_sweep() {
         let dir = tempfile::tempdir().unwrap();
         let toolbox = Toolbox::new(dir.path().canonicalize().unwrap(), 10_000, Owner::of_state_dir(dir.path()));
-        let (_stop_tx, stop) = watch::channel(None);
-        let ctx = || ToolContext {
-            workdir: toolbox.workdir().clone(),
-            bash_timeout_ms: 10_000,
-            task_timeout_ms: None,
-            clamp_at: None,
-            stop: stop.clone(),
-            claim: None,
-            owner: toolbox.owner().clone(),
-        };
+        let ctx = || ToolContext::for_test(toolbox.workdir(), toolbox.owner(), 10_000).1;
         let pid_of = |outcome: &ToolOutcome| match outcome {
             ToolOutcome::Completed { structured_content, is_error: false, .. } => {
                 i32::try_from(structured_content["pid"].as_u64().unwrap()).unwrap()
@@ -1331,16 +1337,7 @@ mod tests {
     async fn unknown_tools_and_non_object_input_fail_without_running() {
         let dir = tempfile::tempdir().unwrap();
         let toolbox = Toolbox::new(dir.path().canonicalize().unwrap(), 1_000, Owner::of_state_dir(dir.path()));
-        let (_stop_tx, stop) = watch::channel(None);
-        let ctx = || ToolContext {
-            workdir: toolbox.workdir().clone(),
-            bash_timeout_ms: 1_000,
-            task_timeout_ms: None,
-            clamp_at: None,
-            stop: stop.clone(),
-            claim: None,
-            owner: toolbox.owner().clone(),
-        };
+        let ctx = || ToolContext::for_test(toolbox.workdir(), toolbox.owner(), 1_000).1;
         let unknown = toolbox.run("rm_rf", json!({}), ctx()).await;
         assert!(matches!(&unknown, ToolOutcome::Failed { content } if content.contains("rm_rf")));
         let not_object = toolbox.run("bash", json!(["echo"]), ctx()).await;

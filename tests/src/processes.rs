@@ -13,7 +13,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use crate::server::{Minted, nexus_binary, runner_agent_binary};
+use crate::server::{Minted, TestServer, WAIT, nexus_binary, runner_agent_binary, wait_until};
 
 /// A free loopback port, for a server that must come back on the same address after a restart.
 /// (Another process could take it between this call and the bind; on a test machine it does not.)
@@ -259,6 +259,21 @@ impl RunnerAgentProcess {
             .expect("runner-agent starts");
         let log = drain_lines(child.stderr.take().expect("stderr"), |_| {});
         (child, log)
+    }
+
+    /// Starts the process like [`RunnerAgentProcess::spawn_logged`] and waits up to [`WAIT`]
+    /// until `server`'s store holds this runner's announcement.
+    ///
+    /// # Panics
+    /// When it cannot start, or announces nothing in time.
+    pub async fn spawn_announced(&self, server: &TestServer, extra: &[&str]) -> (Child, Arc<Mutex<Vec<String>>>) {
+        let spawned = self.spawn_logged(extra);
+        let runner = self.runner.runner();
+        wait_until("the runner announces its tools", WAIT, || async {
+            server.store().executor(runner).await.ok().flatten().and_then(|row| row.announced_at)
+        })
+        .await;
+        spawned
     }
 
     fn command(&self) -> Command {

@@ -108,7 +108,7 @@ fn section(content: &mut String, name: &str, capture: &Capture) {
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
 
     use tokio::sync::watch;
 
@@ -117,32 +117,15 @@ mod tests {
     use crate::tools::reap::Owner;
 
     fn context(workdir: &Path, bash_timeout_ms: u64) -> (watch::Sender<Option<StopReason>>, ToolContext) {
-        let (stop_tx, stop) = watch::channel(None);
-        let ctx = ToolContext {
-            workdir: workdir.to_owned(),
-            bash_timeout_ms,
-            task_timeout_ms: None,
-            clamp_at: None,
-            stop,
-            claim: None,
-            owner: Owner::of_state_dir(workdir),
-        };
-        (stop_tx, ctx)
+        ToolContext::for_test(workdir, &Owner::of_state_dir(workdir), bash_timeout_ms)
     }
 
     async fn bash(workdir: &Path, input: Value, timeout_ms: u64) -> (String, Value, bool) {
         let (_stop, mut ctx) = context(workdir, timeout_ms);
-        match run(input.as_object().unwrap(), &mut ctx).await {
-            ToolOutcome::Completed { content, structured_content, is_error } => (content, structured_content, is_error),
-            ToolOutcome::Failed { content } => panic!("failed: {content}"),
-        }
+        run(input.as_object().unwrap(), &mut ctx).await.into_parts()
     }
 
-    fn workdir() -> (tempfile::TempDir, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().canonicalize().unwrap();
-        (dir, path)
-    }
+    use crate::tools::test_workdir as workdir;
 
     /// Gone, or a zombie nobody has reaped yet: either way it runs no more.
     fn process_is_dead(pid: i32) -> bool {

@@ -135,17 +135,10 @@ mod tests {
 
     use super::*;
 
-    fn workdir() -> (tempfile::TempDir, std::path::PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().canonicalize().unwrap();
-        (dir, path)
-    }
+    use crate::tools::test_workdir as workdir;
 
     fn run(workdir: &Path, input: Value) -> (String, Value, bool) {
-        match edit(workdir, input.as_object().unwrap(), &Cancel::never()) {
-            ToolOutcome::Completed { content, structured_content, is_error } => (content, structured_content, is_error),
-            ToolOutcome::Failed { content } => panic!("failed: {content}"),
-        }
+        edit(workdir, input.as_object().unwrap(), &Cancel::never()).into_parts()
     }
 
     fn sha(text: &str) -> String {

@@ -545,10 +545,7 @@ mod tests {
     }
 
     fn completed(outcome: ToolOutcome) -> (String, Value, bool) {
-        match outcome {
-            ToolOutcome::Completed { content, structured_content, is_error } => (content, structured_content, is_error),
-            ToolOutcome::Failed { content } => panic!("failed: {content}"),
-        }
+        outcome.into_parts()
     }
 
     fn sha(text: &str) -> String {

@@ -6,7 +6,7 @@
 //! dropped when present), `--- /dev/null` creates a file and `+++ /dev/null` deletes one. Renames,
 //! copies and binary patches are refused.
 //!
-//! In three steps, so that nothing changes unless everything can (SPEC-004's recovery manifest):
+//! In three steps, so that nothing changes unless everything can (the recovery manifest of `docs/runner-tools.md`, "apply_patch"):
 //! 1. **Check**: every file is resolved inside the workdir and read (UTF-8, at most
 //!    [`EDIT_CAP_BYTES`]), compared with its declared base (`expected_sha256`: a digest, or `null`
 //!    for "must not exist"), and every new content is computed in memory. Any problem with any
@@ -504,17 +504,10 @@ fn render(planned: &[Planned], committed: Committed) -> ToolOutcome {
 mod tests {
     use super::*;
 
-    fn workdir() -> (tempfile::TempDir, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().canonicalize().unwrap();
-        (dir, path)
-    }
+    use crate::tools::test_workdir as workdir;
 
     fn run(workdir: &Path, input: Value) -> (String, Value, bool) {
-        match apply_patch(workdir, input.as_object().unwrap(), &Cancel::never()) {
-            ToolOutcome::Completed { content, structured_content, is_error } => (content, structured_content, is_error),
-            ToolOutcome::Failed { content } => panic!("failed: {content}"),
-        }
+        apply_patch(workdir, input.as_object().unwrap(), &Cancel::never()).into_parts()
     }
 
     fn sha(text: &str) -> String {

@@ -615,24 +615,11 @@ mod tests {
     use super::*;
 
     fn context(workdir: &Path) -> (watch::Sender<Option<super::super::StopReason>>, ToolContext) {
-        let (stop_tx, stop) = watch::channel(None);
-        let ctx = ToolContext {
-            workdir: workdir.to_owned(),
-            bash_timeout_ms: 10_000,
-            task_timeout_ms: None,
-            clamp_at: None,
-            stop,
-            claim: None,
-            owner: Owner::of_state_dir(workdir),
-        };
-        (stop_tx, ctx)
+        ToolContext::for_test(workdir, &Owner::of_state_dir(workdir), 10_000)
     }
 
     fn completed(outcome: ToolOutcome) -> (String, Value, bool) {
-        match outcome {
-            ToolOutcome::Completed { content, structured_content, is_error } => (content, structured_content, is_error),
-            ToolOutcome::Failed { content } => panic!("failed: {content}"),
-        }
+        outcome.into_parts()
     }
 
     fn args(value: Value) -> Map<String, Value> {
@@ -670,11 +657,7 @@ mod tests {
         }
     }
 
-    fn workdir() -> (tempfile::TempDir, std::path::PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().canonicalize().unwrap();
-        (dir, path)
-    }
+    use crate::tools::test_workdir as workdir;
 
     #[tokio::test]
     async fn a_repl_keeps_running_between_calls_reads_its_input_and_reports_its_exit() {

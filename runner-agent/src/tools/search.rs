@@ -326,21 +326,14 @@ mod tests {
 
     use super::*;
 
-    fn workdir() -> (tempfile::TempDir, std::path::PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().canonicalize().unwrap();
-        (dir, path)
-    }
+    use crate::tools::test_workdir as workdir;
 
     fn run(
         tool: fn(&Path, &Map<String, Value>, &Cancel) -> ToolOutcome,
         workdir: &Path,
         input: Value,
     ) -> (String, Value, bool) {
-        match tool(workdir, input.as_object().unwrap(), &Cancel::never()) {
-            ToolOutcome::Completed { content, structured_content, is_error } => (content, structured_content, is_error),
-            ToolOutcome::Failed { content } => panic!("failed: {content}"),
-        }
+        tool(workdir, input.as_object().unwrap(), &Cancel::never()).into_parts()
     }
 
     /// A small tree: sources, an ignored build dir, a hidden dir, a binary file, a link out.

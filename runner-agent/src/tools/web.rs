@@ -394,7 +394,6 @@ pub(super) async fn web_fetch(
 mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
-    use tokio::sync::watch;
 
     use super::*;
     use crate::tools::reap::Owner;
@@ -468,20 +467,8 @@ mod tests {
 
     async fn fetch(web: &WebFetch, input: Value) -> (String, Value, bool) {
         let dir = tempfile::tempdir().unwrap();
-        let (_stop_tx, stop) = watch::channel(None);
-        let mut ctx = ToolContext {
-            workdir: dir.path().to_owned(),
-            bash_timeout_ms: 10_000,
-            task_timeout_ms: None,
-            clamp_at: None,
-            stop,
-            claim: None,
-            owner: Owner::of_state_dir(dir.path()),
-        };
-        match web_fetch(web, &Strays::default(), input.as_object().unwrap(), &mut ctx).await {
-            ToolOutcome::Completed { content, structured_content, is_error } => (content, structured_content, is_error),
-            ToolOutcome::Failed { content } => panic!("failed: {content}"),
-        }
+        let (_stop_tx, mut ctx) = ToolContext::for_test(dir.path(), &Owner::of_state_dir(dir.path()), 10_000);
+        web_fetch(web, &Strays::default(), input.as_object().unwrap(), &mut ctx).await.into_parts()
     }
 
     #[tokio::test]

@@ -53,10 +53,7 @@ impl Bed {
             state_dir,
             tool_timeout_ms: 120_000,
         }
-        .spawn_logged(&[]);
-        wait_until("the runner announces its tools", WAIT, || async {
-            self.server.store().executor(runner.runner()).await.ok().flatten().and_then(|r| r.announced_at)
-        })
+        .spawn_announced(&self.server, &[])
         .await;
         (runner, child)
     }

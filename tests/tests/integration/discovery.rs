@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use nexus_actors::store::{Event, EventType};
 use nexus_proto::{ExecutionId, RunStatus, TaskStatus};
 use nexus_tests::processes::RunnerAgentProcess;
-use nexus_tests::{Act, FakeProvider, Http, Minted, TestServer, wait_until};
+use nexus_tests::{Act, FakeProvider, Http, Minted, TestServer};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -44,10 +44,7 @@ impl Bed {
             state_dir,
             tool_timeout_ms: 30_000,
         }
-        .spawn_logged(extra);
-        wait_until("the runner announces its tools", WAIT, || async {
-            self.server.store().executor(runner.runner()).await.ok().flatten().and_then(|r| r.announced_at)
-        })
+        .spawn_announced(&self.server, extra)
         .await;
         (runner, child)
     }

@@ -68,7 +68,8 @@ impl Bed {
             tool_timeout_ms: 30_000,
         };
         let tools_file = self.tools_file();
-        let (child, log) = process.spawn_logged(&["--tools-file", tools_file.to_str().expect("utf-8 path")]);
+        let (child, log) =
+            process.spawn_announced(&self.server, &["--tools-file", tools_file.to_str().expect("utf-8 path")]).await;
         self.child = Some(child);
         self.log = Some(log);
         self.served(expect).await;
@@ -114,11 +115,7 @@ impl Bed {
     }
 
     async fn ended(&self, run: ExecutionId) -> nexus_actors::store::ExecutionRow {
-        wait_until("the execution ends", WAIT, || async {
-            let row = self.server.store().execution(run).await.ok()??;
-            row.status.is_quiescent().then_some(row)
-        })
-        .await
+        self.server.settled(run, WAIT).await
     }
 
     /// Sends SIGHUP to runner-agent.

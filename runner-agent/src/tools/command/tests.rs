@@ -9,11 +9,7 @@ use crate::journal::TaskKey;
 use crate::tools::reap::Owner;
 use crate::tools::{EffectProfile, StopReason};
 
-fn workdir() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().canonicalize().unwrap();
-    (dir, path)
-}
+use crate::tools::test_workdir as workdir;
 
 /// A command tool running `program args...`, with a 10 s timeout.
 fn tool(program: &str, args: &[&str]) -> CommandTool {
@@ -58,10 +54,7 @@ fn context(
 async fn call(tool: &CommandTool, workdir: &Path, input: Value) -> (String, Value, bool) {
     let (_stop, _control, mut ctx) = context(workdir);
     let Value::Object(input) = input else { panic!("an object") };
-    match run(tool, input, &mut ctx).await {
-        ToolOutcome::Completed { content, structured_content, is_error } => (content, structured_content, is_error),
-        ToolOutcome::Failed { content } => panic!("failed: {content}"),
-    }
+    run(tool, input, &mut ctx).await.into_parts()
 }
 
 fn process_is_dead(pid: i32) -> bool {
