@@ -113,12 +113,11 @@ pub async fn describe_tools(
     let mut mcp_not_listed = Vec::new();
     if !servers.is_empty() {
         let hub = mcp::McpHub::start(servers, toolbox.workdir().clone(), toolbox.owner().clone(), Default::default());
-        let mut changes = hub.subscribe();
+        // Each server lists its tools or fails once (a crash, a refused connection), or the
+        // wait ends; a failed one is not waited for while it backs off.
         let deadline = tokio::time::Instant::now() + MCP_LIST_WAIT;
-        while !hub.not_listed().is_empty() {
-            if tokio::time::timeout_at(deadline, changes.changed()).await.is_err() {
-                break;
-            }
+        while !hub.starting().is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(MCP_LIST_POLL).await;
         }
         mcp_not_listed = hub.not_listed();
         if let Err(err) = toolbox.set_extra_tools(mcp::extra_tools(&hub)) {
@@ -135,15 +134,18 @@ pub async fn describe_tools(
     Ok(ToolList { tools: serde_json::Value::Array(tools), mcp_not_listed })
 }
 
-/// How long [`describe_tools`] waits for the MCP servers to list their tools.
+/// How long [`describe_tools`] waits for the MCP servers to list their tools (a server that
+/// fails first is not waited for).
 pub const MCP_LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+/// How often [`describe_tools`] looks whether the servers have answered.
+const MCP_LIST_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// What [`describe_tools`] found.
 #[derive(Debug)]
 pub struct ToolList {
     /// The JSON array of tools, as described there.
     pub tools: serde_json::Value,
-    /// The MCP servers whose tools are missing: not listed within [`MCP_LIST_WAIT`].
+    /// The MCP servers whose tools are missing: failed, or not listed within [`MCP_LIST_WAIT`].
     pub mcp_not_listed: Vec<String>,
 }
 

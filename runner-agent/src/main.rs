@@ -134,13 +134,19 @@ async fn print_tools(
         Some(dir) => dir,
         None => std::env::current_dir().context("cannot read the current directory; pass --workdir")?,
     };
+    // The MCP servers' failures (with the end of their stderr) are warnings on stderr.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(EnvFilter::new("warn"))
+        .init();
     let listed =
         nexus_runner_agent::describe_tools(&workdir, tool_timeout_ms, skills_dir.as_deref(), tools_file.as_deref())
             .await?;
     println!("{}", serde_json::to_string_pretty(&listed.tools)?);
     for server in &listed.mcp_not_listed {
         eprintln!(
-            "warning: the MCP server {server} did not list its tools within {} s; its tools are missing above",
+            "warning: the MCP server {server} failed or did not list its tools within {} s; its tools are missing above (the reason is logged above)",
             nexus_runner_agent::MCP_LIST_WAIT.as_secs()
         );
     }

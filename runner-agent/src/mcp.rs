@@ -232,6 +232,16 @@ impl McpHub {
             .collect()
     }
 
+    /// The names of the configured servers that have neither listed their tools nor failed yet
+    /// (still starting for the first time), in name order.
+    pub(crate) fn starting(&self) -> Vec<String> {
+        lock(&self.inner.servers)
+            .values()
+            .filter(|server| server.snapshot().is_none() && !server.has_failed())
+            .map(|server| server.name().to_owned())
+            .collect()
+    }
+
     /// A receiver whose value goes up whenever [`McpHub::tools`] changes.
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.version.subscribe()
@@ -360,11 +370,18 @@ impl McpHub {
                     route.tool, error.message, error.code.0
                 )),
                 Err(error @ (rmcp::ServiceError::TransportClosed | rmcp::ServiceError::TransportSend(_))) => {
-                    shared.probe();
-                    ToolOutcome::error(format!(
-                        "the MCP server {server} went away during the call of {} ({error}){effect}; it is being restarted",
-                        route.tool
-                    ))
+                    if lock(&self.inner.servers).contains_key(&server_name) {
+                        shared.probe();
+                        ToolOutcome::error(format!(
+                            "the MCP server {server} went away during the call of {} ({error}){effect}; it is being restarted",
+                            route.tool
+                        ))
+                    } else {
+                        ToolOutcome::error(format!(
+                            "the MCP server {server} was removed from the tools file during the call of {}, and stopped{effect}",
+                            route.tool
+                        ))
+                    }
                 }
                 Err(error) => ToolOutcome::error(format!(
                     "the MCP server {server} gave no usable answer to the call of {} ({error}){effect}",

@@ -875,8 +875,20 @@ impl Toolbox {
 
     /// Runs one call to completion, with the tool the catalog serves under `tool_name` now.
     /// Never panics on bad input: every problem is an outcome.
-    pub(crate) async fn run(&self, tool_name: &str, input: Value, mut ctx: ToolContext) -> ToolOutcome {
-        let catalog = self.catalog();
+    #[cfg(test)]
+    pub(crate) async fn run(&self, tool_name: &str, input: Value, ctx: ToolContext) -> ToolOutcome {
+        self.run_in(&self.catalog(), tool_name, input, ctx).await
+    }
+
+    /// Runs one call with the tool `catalog` serves under `tool_name`: the catalog of the moment
+    /// the call was started ([`Toolbox::catalog`]), so a reload meanwhile never changes its tool.
+    pub(crate) async fn run_in(
+        &self,
+        catalog: &Catalog,
+        tool_name: &str,
+        input: Value,
+        mut ctx: ToolContext,
+    ) -> ToolOutcome {
         let Some((_, served)) = catalog.get(tool_name) else {
             return ToolOutcome::Failed {
                 content: format!("unknown tool {tool_name:?}; this runner serves {}", catalog.names_for_message(20)),

@@ -14,8 +14,10 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
+use std::io::Read;
 use std::num::NonZeroUsize;
 use std::ops::Range;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -232,7 +234,8 @@ pub(crate) fn load(path: &Path) -> Result<(ToolsFile, FileDigest), ToolsFileErro
     Ok((parse(path, &text)?, digest))
 }
 
-/// Reads the file whole (at most [`MAX_FILE_BYTES`]) and its digest.
+/// Reads the file whole (a regular file of at most [`MAX_FILE_BYTES`]) and its digest; never
+/// blocks on a FIFO and never reads more than the bound.
 pub(crate) fn read(path: &Path) -> Result<(String, FileDigest), ToolsFileError> {
     let unreadable = |reason: String| ToolsFileError {
         path: path.to_owned(),
@@ -241,11 +244,28 @@ pub(crate) fn read(path: &Path) -> Result<(String, FileDigest), ToolsFileError> 
         field: None,
         reason,
     };
-    let size = std::fs::metadata(path).map_err(|err| unreadable(format!("cannot read it: {err}")))?.len();
-    if size > MAX_FILE_BYTES {
-        return Err(unreadable(format!("it has {size} bytes, more than the {MAX_FILE_BYTES} a tools file may have")));
+    // Opened without blocking (a FIFO would wait for a writer), then checked on the descriptor:
+    // only a regular file is read, and never more than the bound, whatever its size says.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|err| unreadable(format!("cannot read it: {err}")))?;
+    let metadata = file.metadata().map_err(|err| unreadable(format!("cannot read it: {err}")))?;
+    if !metadata.is_file() {
+        return Err(unreadable("it is not a regular file (a device, FIFO or directory is refused)".to_owned()));
     }
-    let bytes = std::fs::read(path).map_err(|err| unreadable(format!("cannot read it: {err}")))?;
+    let too_large = || unreadable(format!("it has more than the {MAX_FILE_BYTES} bytes a tools file may have"));
+    if metadata.len() > MAX_FILE_BYTES {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|err| unreadable(format!("cannot read it: {err}")))?;
+    if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > MAX_FILE_BYTES {
+        return Err(too_large());
+    }
     let digest: FileDigest = Sha256::digest(&bytes).into();
     let text = String::from_utf8(bytes).map_err(|err| unreadable(format!("it is not UTF-8 text: {err}")))?;
     Ok((text, digest))

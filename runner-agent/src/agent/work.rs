@@ -192,10 +192,12 @@ impl Agent {
             tool = %tool_name,
         );
         let toolbox = Arc::clone(&self.toolbox);
+        // The tool is the one served now, whatever a reload does before the task first runs.
+        let catalog = toolbox.catalog();
         let task_key = key.clone();
         let handle = self.tasks.spawn(
             async move {
-                let outcome = AssertUnwindSafe(toolbox.run(&tool_name, tool_input, ctx))
+                let outcome = AssertUnwindSafe(toolbox.run_in(&catalog, &tool_name, tool_input, ctx))
                     .catch_unwind()
                     .await
                     .unwrap_or_else(|_| ToolOutcome::error("the tool crashed; its effect is unknown"));

@@ -55,6 +55,8 @@ pub(super) struct ServerShared {
     state: Mutex<Live>,
     /// Asks the supervisor to ping now: a call ran out of time or lost its connection.
     probe: Notify,
+    /// How many sessions failed so far (a failed start counts).
+    failures: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -82,7 +84,13 @@ impl ServerShared {
             default_effect_profile: config.default_effect_profile,
             state: Mutex::new(Live::default()),
             probe: Notify::new(),
+            failures: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Whether a session of this server has failed since it was configured.
+    pub(super) fn has_failed(&self) -> bool {
+        self.failures.load(std::sync::atomic::Ordering::Relaxed) > 0
     }
 
     pub(super) fn name(&self) -> &str {
@@ -199,6 +207,7 @@ impl Supervision {
                 SessionEnd::Stopped => return,
                 SessionEnd::Failed(reason) => reason,
             };
+            self.shared.failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if healthy_since.is_some_and(|since: Instant| since.elapsed() >= self.timing.restart_max_delay) {
                 backoff.reset();
             }
@@ -358,6 +367,10 @@ impl ClientHandler for Client {
 
 type Connection = (RunningService<RoleClient, Client>, Option<StdioChild>);
 
+/// How long a stdio server that failed `initialize` is given, once killed, to hand over the rest
+/// of its stderr for the warning.
+const STDERR_AFTER_FAILURE_WAIT: Duration = Duration::from_millis(500);
+
 /// Starts the transport and runs `initialize`. Errors are sentences for the log.
 async fn connect(
     config: &McpServerConfig,
@@ -371,8 +384,15 @@ async fn connect(
             match handler.serve(transport).await {
                 Ok(running) => Ok((running, Some(child))),
                 Err(error) => {
+                    // A server that dies at start says why on stderr: quote its end.
                     child.kill_now();
-                    Err(format!("`initialize` failed: {error}"))
+                    let _ = tokio::time::timeout(STDERR_AFTER_FAILURE_WAIT, &mut child.drain).await;
+                    let tail = String::from_utf8_lossy(&lock(&child.stderr_tail)).trim().to_owned();
+                    if tail.is_empty() {
+                        Err(format!("`initialize` failed: {error}"))
+                    } else {
+                        Err(format!("`initialize` failed: {error}; the end of its stderr: {tail}"))
+                    }
                 }
             }
         }

@@ -74,7 +74,7 @@ fn default_timeout_ms() -> u64 {
 pub(crate) enum WebFetchConfigError {
     #[error("allow_hosts: must list at least one host; remove [builtin.web_fetch] to serve no web_fetch")]
     NoHosts,
-    #[error("allow_hosts: {0:?} is not a host name or `*.suffix` (no scheme, port, path or other `*`)")]
+    #[error("allow_hosts: {0:?} is not a host name, an IP address or `*.suffix` (no scheme, port, path or other `*`)")]
     BadHost(String),
     #[error("max_bytes: must be between 1 and {MAX_MAX_BYTES}, not {0}")]
     MaxBytes(u64),
@@ -93,8 +93,14 @@ impl WebFetchConfig {
         }
         for host in &self.allow_hosts {
             let bare = host.strip_prefix("*.").unwrap_or(host);
-            let valid = !bare.is_empty()
-                && bare.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']'));
+            // A `:` belongs to an IPv6 address only (`::1` or `[::1]`): `host:port` never
+            // matches a URL's host, so it is refused rather than kept as a dead entry.
+            let unbracketed = bare.strip_prefix('[').and_then(|rest| rest.strip_suffix(']'));
+            let ipv6 = unbracketed.unwrap_or(bare).parse::<std::net::Ipv6Addr>().is_ok();
+            let name_like = !bare.is_empty()
+                && unbracketed.is_none()
+                && bare.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+            let valid = ipv6 && !host.starts_with("*.") || name_like;
             if !valid {
                 return Err(WebFetchConfigError::BadHost(host.clone()));
             }
@@ -560,6 +566,13 @@ mod tests {
         assert_eq!(with(json!({"allow_hosts": []})), Err(WebFetchConfigError::NoHosts));
         assert!(matches!(with(json!({"allow_hosts": ["https://x.org"]})), Err(WebFetchConfigError::BadHost(_))));
         assert!(matches!(with(json!({"allow_hosts": ["a.*.org"]})), Err(WebFetchConfigError::BadHost(_))));
+        for never_matches in ["docs.rs:443", "127.0.0.1:8080", "[docs.rs]", "*.[::1]", "[::1"] {
+            let refused = with(json!({"allow_hosts": [never_matches]}));
+            assert!(matches!(refused, Err(WebFetchConfigError::BadHost(_))), "{never_matches}: {refused:?}");
+        }
+        for address in ["[::1]", "::1", "127.0.0.1", "*.docs.rs"] {
+            assert_eq!(with(json!({"allow_hosts": [address]})), Ok(()), "{address}");
+        }
         assert_eq!(with(json!({"allow_hosts": ["x"], "max_bytes": 0})), Err(WebFetchConfigError::MaxBytes(0)));
         assert!(with(json!({"allow_hosts": ["x"], "max_bytes": MAX_MAX_BYTES + 1})).is_err());
         assert_eq!(with(json!({"allow_hosts": ["x"], "timeout_ms": 0})), Err(WebFetchConfigError::TimeoutMs(0)));

@@ -424,3 +424,21 @@ fn the_deploy_example_parses() {
     assert_eq!(file.mcp_servers[0].prefix, "docs");
     assert_eq!(file.builtins.max_concurrency.get(&Builtin::Bash), NonZeroUsize::new(2).as_ref());
 }
+
+#[test]
+fn only_a_regular_file_is_read_and_never_past_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    // A device that never ends, and a FIFO nobody writes: refused at once, nothing read.
+    let zero = dir.path().join("zero.toml");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let fifo = dir.path().join("fifo.toml");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    for path in [&zero, &fifo, &dir.path().to_owned()] {
+        let err = read(path).unwrap_err();
+        assert_eq!(err.problem, Problem::Unreadable, "{}: {err}", path.display());
+        assert!(err.reason.contains("not a regular file"), "{err}");
+    }
+    let big = dir.path().join("big.toml");
+    std::fs::write(&big, vec![b'#'; usize::try_from(MAX_FILE_BYTES).unwrap() + 1]).unwrap();
+    assert!(read(&big).unwrap_err().reason.contains("more than"));
+}

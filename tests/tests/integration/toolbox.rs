@@ -445,3 +445,34 @@ async fn the_daily_tools_edit_search_and_patch_and_a_failing_hunk_leaves_every_f
     let listed = glob["content"].as_str().expect("content");
     assert!(listed.contains("other.txt") && !listed.contains("ignored.txt"), "{listed}");
 }
+
+#[tokio::test]
+async fn an_mcp_tool_named_like_a_command_tool_is_held_back_alone_and_a_failing_server_says_why() {
+    let mut bed = Bed::start(&[]).await;
+    let fixture = nexus_tests::mcp_fixture_binary().display().to_string();
+    bed.write_tool_file(
+        "tools.toml",
+        &format!(
+            "[[tool]]\nname = \"solo_echo\"\ndescription = \"The command tool.\"\ncommand = [\"cat\"]\neffect_profile = {READ_ONLY}\n\
+             [[mcp_server]]\nname = \"solo\"\ncommand = [{fixture:?}]\n"
+        ),
+    );
+    bed.spawn(&["solo_add", "solo_echo"]).await;
+    let row = bed.server.store().executor(bed.runner.runner()).await.expect("row").expect("executor");
+    let echo = row.announcement["tools"].as_array().and_then(|t| t.iter().find(|t| t["name"] == "solo_echo").cloned());
+    assert_eq!(echo.map(|t| t["description"].clone()), Some(json!("The command tool.")), "the command tool stays");
+    wait_until("the collision to be logged", WAIT, || async { bed.log_has("solo_echo").then_some(()) }).await;
+
+    // `runner-agent tools` reports a server that dies at start with the end of its stderr.
+    let dirs = tempfile::tempdir().expect("dirs");
+    let tools_file = dirs.path().join("tools.toml");
+    std::fs::write(
+        &tools_file,
+        "[[mcp_server]]\nname = \"broken\"\ncommand = [\"sh\", \"-c\", \"echo boom: no such module >&2; exit 1\"]\n",
+    )
+    .expect("tools file");
+    let printed = tools_command(&tools_file, dirs.path()).await;
+    assert!(printed.status.success(), "{printed:?}");
+    let stderr = String::from_utf8_lossy(&printed.stderr);
+    assert!(stderr.contains("broken") && stderr.contains("boom: no such module"), "{stderr}");
+}
