@@ -11,7 +11,7 @@
 //! [`McpHub::subscribe`] says when they change; the catalog merges them with the other tools, and
 //! the agent announces the whole list again.
 //!
-//! Main types: [`McpServerConfig`] (one `[[mcp_server]]` table), [`McpHub`], [`McpToolEntry`].
+//! Main types: [`McpServerConfig`] (one `[[mcp_server]]` table), [`McpHub`]; each tool it serves is a [`ToolSpec`] of the catalog.
 
 mod names;
 mod profile;
@@ -19,7 +19,6 @@ mod result;
 mod server;
 
 use std::collections::{BTreeMap, HashMap};
-use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -31,27 +30,10 @@ use tokio::time::Instant;
 use self::server::{ServerShared, Supervisor};
 use crate::tools::catalog::ExtraCall;
 use crate::tools::reap::Owner;
-use crate::tools::{EffectKind, EffectProfile, ExtraTool, StopReason, ToolContext, ToolOutcome, ToolSpec};
+use crate::tools::{EffectKind, ExtraTool, StopReason, ToolContext, ToolOutcome, ToolSpec};
 
 pub(crate) use self::profile::CAREFUL_DEFAULT;
 pub(crate) use crate::toolsfile::{McpServerConfig, McpTransport};
-
-/// One tool of a healthy MCP server, as the catalog announces it.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct McpToolEntry {
-    /// Announced name: `<prefix>_<tool>` mapped into `^[a-zA-Z0-9_-]{1,64}$` ([`names`]).
-    pub(crate) name: String,
-    /// The server's description of the tool (or its title, or a sentence naming tool and server).
-    pub(crate) description: String,
-    /// The tool's `inputSchema`, always with `"type": "object"`.
-    pub(crate) input_schema: Value,
-    /// From the tool's annotations ([`profile`]).
-    pub(crate) effect_profile: EffectProfile,
-    /// The server's `timeout_ms`, in milliseconds.
-    pub(crate) timeout_ms: u64,
-    /// The server's `max_concurrency`.
-    pub(crate) max_concurrency: Option<NonZeroUsize>,
-}
 
 /// Bounds of the hub's own waits; each one ends a wait that would otherwise be unbounded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,7 +84,7 @@ struct Route {
 /// What the hub announces now, and which names it ever announced for which server.
 #[derive(Default)]
 struct Published {
-    entries: Vec<McpToolEntry>,
+    entries: Vec<ToolSpec>,
     routes: HashMap<String, Route>,
     /// Announced name -> server, for every name announced since the server was configured: a
     /// call of a tool whose server is down is a tool error naming the server, not an unknown tool.
@@ -146,15 +128,7 @@ pub(crate) fn extra_tools(hub: &McpHub) -> Vec<ExtraTool> {
                     })
                 })
             });
-            let spec = ToolSpec {
-                name: entry.name,
-                description: Some(entry.description),
-                input_schema: Some(entry.input_schema),
-                effect_profile: entry.effect_profile,
-                timeout_ms: entry.timeout_ms,
-                max_concurrency: entry.max_concurrency,
-            };
-            ExtraTool { spec, call }
+            ExtraTool { spec: entry, call }
         })
         .collect()
 }
@@ -218,7 +192,7 @@ impl McpHub {
     /// The tools of every healthy server, ordered by server name and then as the server lists
     /// them. Every name is unique and fits `^[a-zA-Z0-9_-]{1,64}$`; the catalog still checks them
     /// against the names of the other tools.
-    pub(crate) fn tools(&self) -> Vec<McpToolEntry> {
+    pub(crate) fn tools(&self) -> Vec<ToolSpec> {
         lock(&self.inner.published).entries.clone()
     }
 
@@ -294,10 +268,10 @@ impl McpHub {
                         kind: effect_profile.kind,
                     },
                 );
-                entries.push(McpToolEntry {
+                entries.push(ToolSpec {
                     name,
-                    description,
-                    input_schema,
+                    description: Some(description),
+                    input_schema: Some(input_schema),
                     effect_profile,
                     timeout_ms: snapshot.timeout_ms,
                     max_concurrency: snapshot.max_concurrency,
@@ -656,6 +630,8 @@ pub mod testing {
 
 #[cfg(test)]
 mod tests {
+    use std::num::NonZeroUsize;
+
     use rmcp::model::{Tool, ToolAnnotations};
     use serde_json::json;
 
@@ -716,11 +692,11 @@ mod tests {
         assert!(names[0].starts_with("p_a_b_") && names[2].starts_with("p_a_b_") && names[0] != names[2], "{names:?}");
         assert_eq!(names[1], "p_look");
         let look = &tools[1];
-        assert_eq!(look.description, "The tool look of the MCP server one.");
-        assert_eq!(look.input_schema, json!({"type": "object"}));
+        assert_eq!(look.description.as_deref(), Some("The tool look of the MCP server one."));
+        assert_eq!(look.input_schema, Some(json!({"type": "object"})));
         assert_eq!(look.effect_profile.kind, EffectKind::ReadOnly);
         assert_eq!((look.timeout_ms, look.max_concurrency.map(NonZeroUsize::get)), (1_234, Some(2)));
-        assert_eq!(tools[2].description, "from two");
+        assert_eq!(tools[2].description.as_deref(), Some("from two"));
         assert_eq!(tools[0].effect_profile, CAREFUL_DEFAULT, "no annotations: the server's default");
 
         // Publishing the same again changes nothing; a server going down withdraws only its tools,

@@ -116,6 +116,38 @@ impl ToolContext {
     }
 }
 
+/// Watching the processes a test's tools start.
+#[cfg(test)]
+pub(crate) mod test_processes {
+    use std::path::Path;
+    use std::time::Duration;
+
+    /// Gone, or a zombie nobody has reaped yet: either way it runs no more.
+    pub(crate) fn is_dead(pid: i32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => true,
+            Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        }
+    }
+
+    /// The pids a script wrote to `workdir/file`, one a line.
+    pub(crate) fn pids(workdir: &Path, file: &str) -> Vec<i32> {
+        let text = std::fs::read_to_string(workdir.join(file)).expect("the pid file");
+        text.lines().map(|line| line.trim().parse().expect("a pid")).collect()
+    }
+
+    /// Waits up to 20 s for every one of `pids` to be dead; `what` names the moment in the panic.
+    pub(crate) async fn wait_dead(pids: &[i32], what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        for pid in pids {
+            while !is_dead(*pid) {
+                assert!(tokio::time::Instant::now() < deadline, "{what}: process {pid} survived");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
 /// A canonical temporary workdir for a test, and the guard that removes it.
 #[cfg(test)]
 pub(crate) fn test_workdir() -> (tempfile::TempDir, PathBuf) {
@@ -1319,30 +1351,19 @@ mod tests {
         // A bash call sweeps its own mark when it ends; the started processes carry none.
         let bash = toolbox.run("bash", json!({"command": "true"}), ctx()).await;
         assert!(matches!(bash, ToolOutcome::Completed { is_error: false, .. }));
-        let alive = |pid: i32| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|stat| !stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
-        };
+        let alive = |pid: i32| !test_processes::is_dead(pid);
         assert!(alive(first) && alive(second), "a bash call's sweep killed a started process");
         let listed = toolbox.run("process_list", json!({}), ctx()).await;
         assert!(
             matches!(&listed, ToolOutcome::Completed { structured_content, .. } if structured_content["processes"].as_array().map(Vec::len) == Some(2))
         );
-        let wait_dead = |pid: i32| async move {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while alive(pid) {
-                assert!(Instant::now() < deadline, "process {pid} survived");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        };
         // runner-agent's start and stop sweep (the owner's mark) finds them ...
         assert!(reap::kill_marked(reap::OWNER_VAR, toolbox.owner().as_str()) >= 1);
-        wait_dead(first).await;
-        wait_dead(second).await;
+        test_processes::wait_dead(&[first, second], "after the owner's sweep").await;
         // ... and so does the toolbox's shutdown.
         let third = pid_of(&toolbox.run("process_start", json!({"command": "sleep 1000"}), ctx()).await);
         toolbox.shutdown().await;
-        wait_dead(third).await;
+        test_processes::wait_dead(&[third], "after the toolbox's shutdown").await;
     }
 
     #[tokio::test]

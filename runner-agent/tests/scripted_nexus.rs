@@ -593,7 +593,6 @@ fn tools_file_text(name: &str, answer: &str) -> String {
     )
 }
 
-/// The names after the four built-ins in an announcement.
 /// The built-ins a runner without `[builtin.web_fetch]` announces, in order, before the file's tools.
 const BUILTINS: [&str; 13] = [
     "bash",

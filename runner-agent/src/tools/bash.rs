@@ -125,15 +125,8 @@ mod tests {
         run(input.as_object().unwrap(), &mut ctx).await.into_parts()
     }
 
+    use crate::tools::test_processes::{is_dead as process_is_dead, pids, wait_dead};
     use crate::tools::test_workdir as workdir;
-
-    /// Gone, or a zombie nobody has reaped yet: either way it runs no more.
-    fn process_is_dead(pid: i32) -> bool {
-        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Err(_) => true,
-            Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
-        }
-    }
 
     #[tokio::test]
     async fn bash_reports_exit_code_stdout_and_stderr_in_the_workdir() {
@@ -211,22 +204,6 @@ mod tests {
         assert_eq!(stdout.len(), OUTPUT_CAP_BYTES);
         assert!(stdout.bytes().all(|b| b == b'a'));
         assert!(content.contains(&format!("[stdout cut: showing the first {OUTPUT_CAP_BYTES} of 300008 bytes]")));
-    }
-
-    /// The pids a script wrote to `file`, one a line.
-    fn pids(workdir: &Path, file: &str) -> Vec<i32> {
-        let text = std::fs::read_to_string(workdir.join(file)).unwrap();
-        text.lines().map(|line| line.trim().parse().unwrap()).collect()
-    }
-
-    async fn wait_dead(pids: &[i32], what: &str) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        for pid in pids {
-            while !process_is_dead(*pid) {
-                assert!(tokio::time::Instant::now() < deadline, "{what}: process {pid} survived");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
     }
 
     /// Starts one background process in the shell's group and one in a session of its own, and

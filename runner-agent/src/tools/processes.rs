@@ -626,21 +626,6 @@ mod tests {
         value.as_object().unwrap().clone()
     }
 
-    fn process_is_dead(pid: i32) -> bool {
-        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Err(_) => true,
-            Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
-        }
-    }
-
-    async fn wait_dead(pid: i32, what: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !process_is_dead(pid) {
-            assert!(Instant::now() < deadline, "{what}: process {pid} survived");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
     /// Reads until the output holds `needle` (or the process exited), waiting on the process.
     async fn read_until(table: &ProcessTable, ctx: &mut ToolContext, id: &str, needle: &str) -> (String, Value) {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -657,6 +642,7 @@ mod tests {
         }
     }
 
+    use crate::tools::test_processes::{pids, wait_dead};
     use crate::tools::test_workdir as workdir;
 
     #[tokio::test]
@@ -705,18 +691,13 @@ mod tests {
         let id = started["id"].as_str().unwrap().to_owned();
         let shell = i32::try_from(started["pid"].as_u64().unwrap()).unwrap();
         read_until(&table, &mut ctx, &id, "up").await;
-        let pids: Vec<i32> = std::fs::read_to_string(workdir.join("bg.pid"))
-            .unwrap()
-            .lines()
-            .map(|line| line.trim().parse().unwrap())
-            .collect();
+        let mut pids = pids(&workdir, "bg.pid");
         assert_eq!(pids.len(), 2);
         let (content, killed, is_error) = completed(kill(&table, &args(json!({"id": id}))).await);
         assert!(!is_error, "{content}");
         assert_eq!(killed["exit_code"], 137, "SIGKILL: {content}");
-        for pid in pids.into_iter().chain([shell]) {
-            wait_dead(pid, "after process_kill").await;
-        }
+        pids.push(shell);
+        wait_dead(&pids, "after process_kill").await;
         let (_, listed, _) = completed(list(&table));
         assert_eq!(listed["processes"], json!([]));
         let (_, _, is_error) = completed(kill(&table, &args(json!({"id": id}))).await);
@@ -754,9 +735,7 @@ mod tests {
         assert!(is_error && content.contains("16 processes are running"), "{content}");
 
         table.shutdown().await;
-        for pid in pids {
-            wait_dead(pid, "after shutdown").await;
-        }
+        wait_dead(&pids, "after shutdown").await;
         let (content, _, is_error) = completed(start(&table, &workdir, &ctx.owner, &args(json!({"command": "true"}))));
         assert!(is_error && content.contains("shutting down"), "{content}");
     }

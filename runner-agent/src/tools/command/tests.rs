@@ -9,6 +9,7 @@ use crate::journal::TaskKey;
 use crate::tools::reap::Owner;
 use crate::tools::{EffectProfile, StopReason};
 
+use crate::tools::test_processes::{pids, wait_dead};
 use crate::tools::test_workdir as workdir;
 
 /// A command tool running `program args...`, with a 10 s timeout.
@@ -55,13 +56,6 @@ async fn call(tool: &CommandTool, workdir: &Path, input: Value) -> (String, Valu
     let (_stop, _control, mut ctx) = context(workdir);
     let Value::Object(input) = input else { panic!("an object") };
     run(tool, input, &mut ctx).await.into_parts()
-}
-
-fn process_is_dead(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
-    }
 }
 
 const ECHO_PY: &str = r#"
@@ -202,19 +196,9 @@ async fn the_timeout_kills_the_whole_group_and_a_cancel_stops_the_call() {
     );
     assert!(content.ends_with("started\n"), "stderr's tail: {content}");
     assert_eq!((structured["killed"].as_bool(), structured["timeout_ms"].as_u64()), (Some(true), Some(300)));
-    let pids: Vec<i32> = std::fs::read_to_string(workdir.join("bg.pid"))
-        .unwrap()
-        .lines()
-        .map(|line| line.trim().parse().unwrap())
-        .collect();
+    let pids = pids(&workdir, "bg.pid");
     assert_eq!(pids.len(), 2);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    for pid in pids {
-        while !process_is_dead(pid) {
-            assert!(tokio::time::Instant::now() < deadline, "process {pid} survived the timeout");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
+    wait_dead(&pids, "after the timeout").await;
 
     // The task's lower timeout wins.
     let (_stop, _control, mut ctx) = context(&workdir);
