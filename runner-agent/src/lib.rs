@@ -111,6 +111,7 @@ pub async fn describe_tools(
     }
     let servers = toolbox.tools_file().mcp_servers.clone();
     let mut mcp_not_listed = Vec::new();
+    let mut mcp_held_back = Vec::new();
     if !servers.is_empty() {
         let hub = mcp::McpHub::start(servers, toolbox.workdir().clone(), toolbox.owner().clone(), Default::default());
         // Each server lists its tools or fails once (a crash, a refused connection), or the
@@ -120,7 +121,12 @@ pub async fn describe_tools(
             tokio::time::sleep(MCP_LIST_POLL).await;
         }
         mcp_not_listed = hub.not_listed();
-        if let Err(err) = toolbox.set_extra_tools(mcp::extra_tools(&hub)) {
+        // As the daemon serves them: an MCP tool whose name another tool has is held back alone.
+        let taken = toolbox.set_extra_tools_holding_back(mcp::extra_tools(&hub));
+        if let Ok(held_back) = &taken {
+            mcp_held_back.clone_from(held_back);
+        }
+        if let Err(err) = taken {
             hub.shutdown().await;
             let source = tools_file.map_or_else(
                 || toolsfile::ToolsFileError::of_catalog(Path::new(""), &err),
@@ -131,7 +137,7 @@ pub async fn describe_tools(
         hub.shutdown().await;
     }
     let tools = toolbox.catalog().specs().map(tools::ToolSpec::described).collect();
-    Ok(ToolList { tools: serde_json::Value::Array(tools), mcp_not_listed })
+    Ok(ToolList { tools: serde_json::Value::Array(tools), mcp_not_listed, mcp_held_back })
 }
 
 /// How long [`describe_tools`] waits for the MCP servers to list their tools (a server that
@@ -147,6 +153,8 @@ pub struct ToolList {
     pub tools: serde_json::Value,
     /// The MCP servers whose tools are missing: failed, or not listed within [`MCP_LIST_WAIT`].
     pub mcp_not_listed: Vec<String>,
+    /// The MCP tools not served because another tool has their name.
+    pub mcp_held_back: Vec<String>,
 }
 
 /// Makes ring the process-wide rustls crypto provider; [`run`] calls it, and a second call (or a

@@ -144,6 +144,11 @@ async fn print_tools(
         nexus_runner_agent::describe_tools(&workdir, tool_timeout_ms, skills_dir.as_deref(), tools_file.as_deref())
             .await?;
     println!("{}", serde_json::to_string_pretty(&listed.tools)?);
+    for tool in &listed.mcp_held_back {
+        eprintln!(
+            "warning: the MCP tool {tool} has the name of another tool and is not served; rename one, or give its server another prefix"
+        );
+    }
     for server in &listed.mcp_not_listed {
         eprintln!(
             "warning: the MCP server {server} failed or did not list its tools within {} s; its tools are missing above (the reason is logged above)",

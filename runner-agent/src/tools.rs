@@ -794,6 +794,26 @@ impl Toolbox {
         Ok(())
     }
 
+    /// [`Toolbox::set_extra_tools`], holding back each outside tool whose name another tool
+    /// already has instead of refusing them all; answers the names held back.
+    ///
+    /// # Errors
+    /// [`CatalogError`] for any other defect (a tool list over nexus's bound); the earlier
+    /// tools stay.
+    pub(crate) fn set_extra_tools_holding_back(&self, mut tools: Vec<ExtraTool>) -> Result<Vec<String>, CatalogError> {
+        let mut held_back = Vec::new();
+        loop {
+            match self.set_extra_tools(tools.clone()) {
+                Ok(()) => return Ok(held_back),
+                Err(CatalogError::Duplicate(name)) if tools.iter().any(|tool| tool.spec.name == name) => {
+                    tools.retain(|tool| tool.spec.name != name);
+                    held_back.push(name);
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
     /// The tools file served now (empty without one): its MCP servers are the hub's to run.
     pub(crate) fn tools_file(&self) -> Arc<ToolsFile> {
         Arc::clone(&self.lock_sources().file)

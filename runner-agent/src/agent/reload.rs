@@ -10,8 +10,6 @@ use nexus_proto::runner::v1::Announce;
 use nexus_proto::runner::v1::runner_frame::Frame as Request;
 use tracing::{error, info};
 
-use crate::tools::CatalogError;
-
 use super::*;
 
 /// Why the file is read again.
@@ -96,21 +94,13 @@ impl Agent {
     pub(super) fn on_mcp_changed(&mut self) {
         self.mcp_changes.borrow_and_update();
         let Some(hub) = &self.mcp else { return };
-        let mut tools = mcp::extra_tools(hub);
-        // A name another tool already has holds back that tool alone: the other servers' tools
-        // (and their withdrawals) still go through.
-        loop {
-            match self.toolbox.set_extra_tools(tools.clone()) {
-                Ok(()) => return,
-                Err(CatalogError::Duplicate(name)) if tools.iter().any(|tool| tool.spec.name == name) => {
+        match self.toolbox.set_extra_tools_holding_back(mcp::extra_tools(hub)) {
+            Ok(held_back) => {
+                for name in held_back {
                     error!(tool = %name, "an MCP tool has the name of another tool; it is not served (rename one, or give its server another prefix)");
-                    tools.retain(|tool| tool.spec.name != name);
-                }
-                Err(err) => {
-                    error!(error = %err, "the MCP servers' tools were not taken; the tools stay as they were");
-                    return;
                 }
             }
+            Err(err) => error!(error = %err, "the MCP servers' tools were not taken; the tools stay as they were"),
         }
     }
 

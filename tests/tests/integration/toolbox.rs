@@ -462,6 +462,13 @@ async fn an_mcp_tool_named_like_a_command_tool_is_held_back_alone_and_a_failing_
     let echo = row.announcement["tools"].as_array().and_then(|t| t.iter().find(|t| t["name"] == "solo_echo").cloned());
     assert_eq!(echo.map(|t| t["description"].clone()), Some(json!("The command tool.")), "the command tool stays");
     wait_until("the collision to be logged", WAIT, || async { bed.log_has("solo_echo").then_some(()) }).await;
+    // `runner-agent tools` lists what the daemon serves: the same tool held back, with a warning.
+    let listed = tools_command(&bed.tools_file(), &bed.workdir()).await;
+    assert!(listed.status.success(), "{listed:?}");
+    let tools: Value = serde_json::from_slice(&listed.stdout).expect("json");
+    let names: Vec<&str> = tools.as_array().expect("list").iter().filter_map(|t| t["name"].as_str()).collect();
+    assert!(names.contains(&"solo_add") && names.iter().filter(|n| **n == "solo_echo").count() == 1, "{names:?}");
+    assert!(String::from_utf8_lossy(&listed.stderr).contains("solo_echo"), "{listed:?}");
 
     // `runner-agent tools` reports a server that dies at start with the end of its stderr.
     let dirs = tempfile::tempdir().expect("dirs");
