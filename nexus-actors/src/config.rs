@@ -36,6 +36,33 @@ pub struct ServerConfig {
     pub providers: ProviderTable,
     /// TLS on the one port (gRPC and HTTP alike). Default: off, plaintext.
     pub tls: TlsConfig,
+    /// Several nodes on one PostgreSQL database: the serve lease's term.
+    pub cluster: ClusterConfig,
+}
+
+/// Several nodes on one PostgreSQL database (`docs/cluster.md`). Ignored on SQLite, which one
+/// node serves.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// The serve lease's term, in milliseconds: the holder renews it every quarter of this, a
+    /// standby takes over once it lapses, and a holder that could not renew for this long stops
+    /// driving work. A node that dies is replaced within about this time plus a quarter of it.
+    /// Default 5000; 500 to 60000.
+    pub lease_ms: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig { lease_ms: crate::store::lease::LEASE_MS_DEFAULT }
+    }
+}
+
+impl ClusterConfig {
+    /// The lease's term as a duration.
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms)
+    }
 }
 
 impl Default for ServerConfig {
@@ -50,6 +77,7 @@ impl Default for ServerConfig {
             actors: ActorsConfig::default(),
             providers: ProviderTable::default(),
             tls: TlsConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -525,6 +553,10 @@ impl ServerConfig {
         if self.actors.call_timeout_ms == 0 {
             return invalid("actors.call_timeout_ms", "must be positive");
         }
+        let lease = crate::store::lease::LEASE_MS_MIN..=crate::store::lease::LEASE_MS_MAX;
+        if !lease.contains(&self.cluster.lease_ms) {
+            return invalid("cluster.lease_ms", "must be from 500 to 60000 milliseconds");
+        }
         if self.doors.requests_per_minute == 0 || self.doors.burst == 0 {
             return invalid("doors", "requests_per_minute and burst must be positive");
         }
@@ -668,6 +700,29 @@ mod tests {
         assert_eq!(postgres.store.pool_size(), 16);
         assert!(!format!("{postgres:?}").contains("secret"), "the password reached Debug output");
         assert!(ServerConfig::from_toml("[store]\nurl = \"postgres://h/d\"\n").is_err());
+    }
+
+    #[test]
+    fn the_lease_term_is_bounded() {
+        for (text, valid) in [
+            ("[cluster]\nlease_ms = 5000\n", true),
+            ("[cluster]\nlease_ms = 500\n", true),
+            ("[cluster]\nlease_ms = 60000\n", true),
+            ("[cluster]\nlease_ms = 499\n", false),
+            ("[cluster]\nlease_ms = 60001\n", false),
+        ] {
+            let config = ServerConfig::from_toml(text).expect(text);
+            match config.validate() {
+                Ok(()) => assert!(valid, "{text}"),
+                Err(ConfigError::Invalid { field, .. }) => {
+                    assert!(!valid, "{text}");
+                    assert_eq!(field, "cluster.lease_ms");
+                }
+                Err(other) => panic!("{text}: {other:?}"),
+            }
+        }
+        assert_eq!(ServerConfig::default().cluster.lease_ms, 5_000);
+        assert!(ServerConfig::from_toml("[cluster]\nlease = 5000\n").is_err(), "an unknown key was accepted");
     }
 
     #[test]

@@ -99,13 +99,15 @@ pub enum ServeError {
     /// The listener has no local address.
     #[error("listener: {0}")]
     Io(#[from] std::io::Error),
-    /// Another node serves the same store, or its lock cannot be taken (`store::lock`).
+    /// Another node serves the same data dir (or SQLite store), or the PostgreSQL serve lease
+    /// cannot be taken (`store::lock`, `store::lease`).
     #[error(transparent)]
     StoreInUse(#[from] store::LockError),
-    /// The database lock's connection was lost while serving: the node stopped rather than
-    /// serve unlocked (`store::lock`). Start it again once the database is reachable.
+    /// The serve lease was lost while serving (another node took the work over, or the
+    /// database could not be reached for a whole term): the node stopped rather than drive work
+    /// it no longer owns (`store::lease`). Started again, it waits as a standby.
     #[error(
-        "lost the database lock ({0}); stopped serving so that no node runs unlocked: start nexus again once the database is reachable"
+        "lost the serve lease ({0}); stopped serving so that no two nodes drive the same work: start nexus again (it waits as a standby while another node serves)"
     )]
     StoreLockLost(String),
 }
@@ -194,8 +196,15 @@ pub async fn start_with_models(
     let acceptor = Acceptor::from_config(&config.tls)?;
     let addr = listener.local_addr()?;
     // Before the store is opened: a refused node changes nothing, not even the schema.
-    let lock = store::ServeLock::acquire(&config.data_dir, &config.store, addr).await?;
+    let mut lock = store::ServeLock::acquire(&config.data_dir, addr)?;
     let store = Store::connect(&config.data_dir, &config.store).await?.with_clock(clock.clone());
+    let node = store::lease::NodeIdentity::of(&config.data_dir, addr)?;
+    if let Some(url) = &config.store.database_url {
+        let lease = standby(&listener, url, &config, node.clone()).await?;
+        tracing::info!(node = %lease.holder, generation = lease.generation, "holding the serve lease");
+        store.fence_with(lease.fence());
+        lock.hold(lease);
+    }
     let models = match models {
         Some(models) => models,
         None => ModelRegistry::new(config.providers.clone(), |name| std::env::var(name).ok())?,
@@ -209,6 +218,7 @@ pub async fn start_with_models(
         connections: Default::default(),
         closing: tokio::sync::watch::channel(false).0,
         declarations: FrozenDeclarations::default(),
+        node,
     });
     let registry = Arc::new(actors::root::Registry::default());
     let (root_ref, _) =
@@ -285,8 +295,8 @@ pub async fn start_with_models(
             tokio::select! {
                 _ = shutdown_rx => {}
                 reason = lock_lost => {
-                    // Unlocked, another node may take the store: stop writing first, then accepting.
-                    tracing::error!(reason, "lost the database lock; stopping");
+                    // Another node may own the work now: stop driving it first, then accepting.
+                    tracing::error!(reason, "lost the serve lease; stopping");
                     root.stop();
                     fabric.closing.send_replace(true);
                 }
@@ -320,6 +330,44 @@ pub async fn start_with_models(
     Ok(RunningServer { addr, api, tls, sockets, shutdown: Some(shutdown_tx), transport, lock })
 }
 
+/// Waits as a standby until this node holds the serve lease of the PostgreSQL store at `url`
+/// (`store::lease`). Meanwhile the port accepts and closes each connection at once, so a
+/// runner-agent given several nodes moves on to the node that serves.
+async fn standby(
+    listener: &TcpListener,
+    url: &str,
+    config: &ServerConfig,
+    identity: store::lease::NodeIdentity,
+) -> Result<store::lease::Lease, ServeError> {
+    let node = identity.node_id.clone();
+    let acquire = store::lease::Lease::acquire(
+        url,
+        identity,
+        config.cluster.lease(),
+        config.store.acquire_timeout(),
+        move |holder| {
+            tracing::info!(
+                %node,
+                holder = %holder.node_id,
+                holder_address = holder.address.as_deref().unwrap_or("unknown"),
+                lapses_in_ms = holder.remaining_ms,
+                "standby: another node holds the serve lease; this node takes over when it lapses"
+            );
+        },
+    );
+    let refuse = async {
+        loop {
+            if let Ok((socket, _)) = listener.accept().await {
+                drop(socket);
+            }
+        }
+    };
+    tokio::select! {
+        lease = acquire => Ok(lease?),
+        never = refuse => never,
+    }
+}
+
 /// Serves until `shutdown` resolves, then stops in order: stop accepting, drain, stop actors,
 /// release the store's locks. Also stops, with [`ServeError::StoreLockLost`], when the database
 /// lock's connection is lost.
@@ -332,7 +380,15 @@ pub async fn serve(
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let server = start(listener, config).await?;
+    let mut shutdown = std::pin::pin!(shutdown);
+    // A standby waits inside `start`: a shutdown then ends it, having served nothing.
+    let server = tokio::select! {
+        server = start(listener, config) => server?,
+        () = &mut shutdown => {
+            tracing::info!("shut down while a standby");
+            return Ok(());
+        }
+    };
     let lost = tokio::select! {
         () = shutdown => None,
         reason = server.lock_lost() => Some(reason),

@@ -17,6 +17,7 @@ mod executions;
 mod executors;
 mod grants;
 mod history;
+pub mod lease;
 pub mod lock;
 mod members;
 mod memory;
@@ -99,6 +100,10 @@ pub enum StoreError {
     /// A stored word (an id, a status, a kind, a task key) did not parse.
     #[error("store: corrupt row: {0}")]
     Corrupt(String),
+    /// This node lost the serve lease (`store::lease`): another node took its work over, so
+    /// the write was refused and the node stops serving.
+    #[error("fenced: {0}")]
+    Fenced(String),
 }
 
 /// Result alias for store calls.
@@ -117,6 +122,8 @@ pub struct Store {
     saves: Arc<SaveLedger>,
     /// Reads and direct (not group-committed) writes, counted for [`Store::io_stats`].
     io: Arc<IoCounters>,
+    /// The serve lease's fence the writer checks (PostgreSQL, once held; `store::lease`).
+    fence: lease::FenceSlot,
 }
 
 #[derive(Debug, Default)]
@@ -231,7 +238,8 @@ impl Store {
             let pool = backend::open_postgres(url, config.pool_size(), config.acquire_timeout())
                 .await
                 .map_err(|e| open_failed(e.to_string()))?;
-            let writer = Writer::start(pool.clone(), StoreBackend::Postgres);
+            let fence = lease::FenceSlot::default();
+            let writer = Writer::start(pool.clone(), StoreBackend::Postgres, fence.clone());
             let store = Store {
                 pool,
                 backend: StoreBackend::Postgres,
@@ -239,6 +247,7 @@ impl Store {
                 writer,
                 saves: Arc::default(),
                 io: Arc::default(),
+                fence,
             };
             if !create && !store.has_schema().await.map_err(|e| open_failed(e.to_string()))? {
                 return Err(open_failed(
@@ -263,7 +272,8 @@ impl Store {
             .await
             .map_err(|e| open_failed(e.to_string()))?;
         migrator.run(&pool).await.map_err(|e| open_failed(e.to_string()))?;
-        let writer = Writer::start(pool.clone(), StoreBackend::Sqlite);
+        let fence = lease::FenceSlot::default();
+        let writer = Writer::start(pool.clone(), StoreBackend::Sqlite, fence.clone());
         Ok(Store {
             pool,
             backend: StoreBackend::Sqlite,
@@ -271,6 +281,7 @@ impl Store {
             writer,
             saves: Arc::default(),
             io: Arc::default(),
+            fence,
         })
     }
 
@@ -280,6 +291,14 @@ impl Store {
     pub fn with_clock(mut self, clock: Clock) -> Store {
         self.clock = clock;
         self
+    }
+
+    /// Fences every later group-committed write of this store (and of its clones) with `fence`:
+    /// each transaction first checks that the serve lease still names this node at its
+    /// generation, unexpired, and is refused with [`StoreError::Fenced`] otherwise. Set once;
+    /// a second call is ignored (a node holds one lease for its life).
+    pub fn fence_with(&self, fence: std::sync::Arc<lease::Fence>) {
+        let _ = self.fence.set(fence);
     }
 
     /// The clock the store stamps rows with.

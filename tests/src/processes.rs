@@ -77,7 +77,47 @@ impl NexusProcess {
         Self::start(shell, store, listen, config).await
     }
 
-    async fn start(mut command: Command, store: &StoreLocation, listen: SocketAddr, config: &Path) -> NexusProcess {
+    /// Starts `nexus serve` on a PostgreSQL `store` that another node serves, and waits (30 s at
+    /// most) for its log to say it waits as a standby; [`NexusProcess::url`] is `listen`.
+    ///
+    /// # Panics
+    /// When it does not say so, with its log.
+    pub async fn standby(store: &StoreLocation, listen: SocketAddr, config: &Path) -> NexusProcess {
+        let mut node = Self::start_with(Command::new(nexus_binary()), store, listen, config, false).await;
+        node.addr = listen;
+        node.wait_for_log("standby", Duration::from_secs(30), |line| line.contains("standby: another node holds"))
+            .await;
+        node
+    }
+
+    /// Waits until a line of the log satisfies `condition`, up to `limit`.
+    ///
+    /// # Panics
+    /// When none does in time, with the log.
+    pub async fn wait_for_log(&self, what: &str, limit: Duration, condition: impl Fn(&str) -> bool) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if self.log().iter().any(|line| condition(line)) {
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                panic!("nexus did not log {what} within {limit:?}; log:\n{}", self.log().join("\n"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn start(command: Command, store: &StoreLocation, listen: SocketAddr, config: &Path) -> NexusProcess {
+        Self::start_with(command, store, listen, config, true).await
+    }
+
+    async fn start_with(
+        mut command: Command,
+        store: &StoreLocation,
+        listen: SocketAddr,
+        config: &Path,
+        serving: bool,
+    ) -> NexusProcess {
         let mut child = command
             .arg("serve")
             .arg("--config")
@@ -102,6 +142,10 @@ impl NexusProcess {
                 let _ = tx.send(addr.to_owned());
             }
         });
+        if !serving {
+            drop(addr_rx);
+            return NexusProcess { child, addr: listen, log };
+        }
         let addr = match tokio::time::timeout(Duration::from_secs(30), addr_rx).await {
             Ok(Ok(addr)) => addr.parse().expect("the logged address parses"),
             _ => panic!("nexus serve did not log its address; log:\n{}", log.lock().expect("log").join("\n")),

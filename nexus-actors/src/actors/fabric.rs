@@ -34,6 +34,8 @@ pub struct Fabric {
     pub closing: watch::Sender<bool>,
     /// The frozen declarations the live executions hold, shared by digest.
     pub declarations: FrozenDeclarations,
+    /// This node: its id from the data dir and where it listens (`GET /agent_api/v1/cluster`).
+    pub node: crate::store::lease::NodeIdentity,
 }
 
 /// Frozen declarations shared by the executions that froze the same bytes: the digest is SHA-256

@@ -3,6 +3,7 @@
 
 mod ask;
 pub mod children;
+mod cluster;
 mod compaction;
 pub mod conversations;
 mod inputs;

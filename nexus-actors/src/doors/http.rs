@@ -74,6 +74,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/agent_api/v1/profile/prompt_documents/{slot}", get(get_prompt_document).put(put_prompt_document))
         .route("/agent_api/v1/tools", get(get_tools))
         .route("/agent_api/v1/executors", get(get_executors))
+        .route("/agent_api/v1/cluster", get(get_cluster))
         .route("/agent_api/v1/executors/{id}", get(get_executor))
         .route("/agent_api/v1/tools/assembly", post(post_assembly))
         .merge(executions::routes())
@@ -354,6 +355,25 @@ async fn get_executors(
     let query = query_of(query)?;
     let caller = caller(&api, &headers, peer).await?;
     Ok(axum::Json(api.executors(&caller, query.kind.as_deref()).await?))
+}
+
+/// `GET /agent_api/v1/cluster`: the nodes on this store, the serve lease and what the holder
+/// drives (`docs/cluster.md`). Served to loopback callers only, like a local admin command: it
+/// names hosts, pids and addresses that no member needs.
+async fn get_cluster(State(api): State<Arc<Api>>, request: Request) -> HttpResult {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let extensions = request.extensions();
+    let peer = extensions
+        .get::<TcpConnectInfo>()
+        .and_then(TcpConnectInfo::remote_addr)
+        .or_else(|| extensions.get::<TlsConnectInfo<TcpConnectInfo>>().and_then(|info| info.get_ref().remote_addr()));
+    if !peer.is_some_and(|peer| peer.ip().to_canonical().is_loopback()) {
+        return Err(HttpRefusal(Refusal::new(
+            ErrorCode::NotAuthorized,
+            "the cluster listing is served to loopback callers only: ask it on the node's own host (curl http://127.0.0.1:PORT/agent_api/v1/cluster)",
+        )));
+    }
+    Ok(axum::Json(api.cluster().await?))
 }
 
 async fn get_executor(

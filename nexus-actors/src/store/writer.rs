@@ -22,6 +22,7 @@ use futures::future::BoxFuture;
 use sqlx::{AnyConnection, AnyPool};
 use tokio::sync::{mpsc, oneshot};
 
+use super::lease::{FENCE_SQL, FenceSlot};
 use super::{StoreBackend, StoreError, StoreResult};
 
 /// The most jobs folded into one transaction.
@@ -69,10 +70,13 @@ impl std::fmt::Debug for Job {
 
 impl Writer {
     /// Starts the writer task for `pool`. Must be called inside a tokio runtime.
-    pub(super) fn start(pool: AnyPool, backend: StoreBackend) -> Writer {
+    /// Once `fence` holds a lease's fence (PostgreSQL, several nodes), every transaction first
+    /// checks that this node still holds the serve lease (`store::lease`).
+    pub(super) fn start(pool: AnyPool, backend: StoreBackend, fence: FenceSlot) -> Writer {
         let (jobs, receiver) = mpsc::channel(QUEUE_DEPTH);
         let stats = Arc::new(Counters::default());
-        tokio::spawn(run(pool, backend, receiver, stats.clone()));
+        let opener = Opener { pool, backend, fence };
+        tokio::spawn(run(opener, receiver, stats.clone()));
         Writer { jobs, stats }
     }
 
@@ -119,25 +123,52 @@ fn begin_statement(backend: StoreBackend) -> Option<&'static str> {
     }
 }
 
-async fn begin(pool: &AnyPool, backend: StoreBackend) -> StoreResult<sqlx::Transaction<'static, sqlx::Any>> {
-    Ok(match begin_statement(backend) {
-        Some(statement) => pool.begin_with(statement).await?,
-        None => pool.begin().await?,
-    })
+/// What opens the writer's transactions: the pool, its backend, and the fence to check first.
+struct Opener {
+    pool: AnyPool,
+    backend: StoreBackend,
+    fence: FenceSlot,
 }
 
-async fn run(pool: AnyPool, backend: StoreBackend, mut receiver: mpsc::Receiver<Job>, stats: Arc<Counters>) {
+impl Opener {
+    /// Begins a transaction; under a fence, checks it first, so a node that lost the serve
+    /// lease commits nothing ([`StoreError::Fenced`]).
+    async fn begin(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Any>> {
+        let mut tx = match begin_statement(self.backend) {
+            Some(statement) => self.pool.begin_with(statement).await?,
+            None => self.pool.begin().await?,
+        };
+        if let Some(fence) = self.fence.get() {
+            let held = sqlx::query(FENCE_SQL)
+                .bind(fence.holder.as_str())
+                .bind(fence.generation)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if held.is_none() {
+                let reason = format!(
+                    "this node no longer holds the serve lease at generation {}; its writes are refused",
+                    fence.generation
+                );
+                fence.lose(reason.clone());
+                return Err(StoreError::Fenced(reason));
+            }
+        }
+        Ok(tx)
+    }
+}
+
+async fn run(opener: Opener, mut receiver: mpsc::Receiver<Job>, stats: Arc<Counters>) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let jobs = std::mem::take(&mut batch);
-        flush(&pool, backend, jobs, &stats).await;
+        flush(&opener, jobs, &stats).await;
     }
 }
 
 /// Runs `jobs` in one transaction; on any failure, each alone.
-async fn flush(pool: &AnyPool, backend: StoreBackend, jobs: Vec<Job>, stats: &Counters) {
+async fn flush(opener: &Opener, jobs: Vec<Job>, stats: &Counters) {
     if jobs.len() > 1 {
-        match together(pool, backend, &jobs).await {
+        match together(opener, &jobs).await {
             Ok(outputs) => {
                 stats.transactions.fetch_add(1, Ordering::Relaxed);
                 stats.writes.fetch_add(outputs.len() as u64, Ordering::Relaxed);
@@ -150,7 +181,7 @@ async fn flush(pool: &AnyPool, backend: StoreBackend, jobs: Vec<Job>, stats: &Co
         }
     }
     for job in jobs {
-        let result = alone(pool, backend, &job).await;
+        let result = alone(opener, &job).await;
         if result.is_ok() {
             stats.transactions.fetch_add(1, Ordering::Relaxed);
             stats.writes.fetch_add(1, Ordering::Relaxed);
@@ -159,8 +190,8 @@ async fn flush(pool: &AnyPool, backend: StoreBackend, jobs: Vec<Job>, stats: &Co
     }
 }
 
-async fn together(pool: &AnyPool, backend: StoreBackend, jobs: &[Job]) -> StoreResult<Vec<Output>> {
-    let mut tx = begin(pool, backend).await?;
+async fn together(opener: &Opener, jobs: &[Job]) -> StoreResult<Vec<Output>> {
+    let mut tx = opener.begin().await?;
     let mut outputs = Vec::with_capacity(jobs.len());
     for job in jobs {
         outputs.push((job.run)(&mut tx).await?);
@@ -169,8 +200,8 @@ async fn together(pool: &AnyPool, backend: StoreBackend, jobs: &[Job]) -> StoreR
     Ok(outputs)
 }
 
-async fn alone(pool: &AnyPool, backend: StoreBackend, job: &Job) -> StoreResult<Output> {
-    let mut tx = begin(pool, backend).await?;
+async fn alone(opener: &Opener, job: &Job) -> StoreResult<Output> {
+    let mut tx = opener.begin().await?;
     let output = (job.run)(&mut tx).await?;
     tx.commit().await?;
     Ok(output)

@@ -388,81 +388,173 @@ async fn serve_refused(at: &StoreLocation, config: &Path) -> (std::process::Exit
     (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// The serve lease's term the node tests run with: short, so fail-over is quick.
+const LEASE_MS: u64 = 2_000;
+
 #[tokio::test]
-async fn a_second_node_on_a_served_store_exits_at_once_and_the_first_keeps_serving() {
+async fn a_second_node_is_refused_on_sqlite_and_waits_as_a_standby_on_postgres() {
     let dir = tempfile::tempdir().expect("dir");
     let (at, _database) = store_location(dir.path(), "data").await;
-    let config = config_file(dir.path(), "");
+    let config = config_file(dir.path(), &format!("[cluster]\nlease_ms = {LEASE_MS}\n"));
     let first = NexusProcess::serve(&at, free_loopback_addr(), &config).await;
     let pid = first.pid().expect("running");
-
-    // Another node on the same store: the same data dir on SQLite, its own data dir on the same
-    // database on PostgreSQL (as on another host).
-    let second = match &at.database_url {
-        None => at.clone(),
-        Some(url) => {
-            let data_dir = dir.path().join("second");
-            std::fs::create_dir(&data_dir).expect("data dir");
-            StoreLocation { data_dir, database_url: Some(url.clone()) }
-        }
-    };
-    let started = Instant::now();
-    let (status, stderr) = serve_refused(&second, &config).await;
-    assert!(!status.success(), "the second node served: {stderr}");
-    assert!(stderr.contains(&format!("pid {pid}")), "the refusal does not name the node that serves:\n{stderr}");
-    assert!(!stderr.contains("nexus serving"), "the second node started serving:\n{stderr}");
-    eprintln!("refused in {:?}: {stderr}", started.elapsed());
-
-    // `nexus admin` works beside the serving node, and the first node's work goes on.
     let agent = admin_agent(&at, "agent").await;
     let runner = admin_runner(&at, "worker").await;
+
+    let Some(url) = at.database_url.clone() else {
+        // SQLite: the data dir is the store, and one node serves it.
+        let started = Instant::now();
+        let (status, stderr) = serve_refused(&at, &config).await;
+        assert!(!status.success(), "the second node served: {stderr}");
+        assert!(stderr.contains(&format!("pid {pid}")), "the refusal does not name the node that serves:\n{stderr}");
+        assert!(stderr.contains("PostgreSQL"), "the refusal does not say how to run several nodes:\n{stderr}");
+        assert!(!stderr.contains("nexus serving"), "the second node started serving:\n{stderr}");
+        eprintln!("refused in {:?}: {stderr}", started.elapsed());
+        // `nexus admin` works beside the serving node, and the first node's work goes on.
+        let workdir = tempfile::tempdir().expect("workdir");
+        let _runner_agent = runner_spec(dir.path(), first.url(), &runner, workdir.path()).spawn();
+        announced(&at, &runner).await;
+        run_one_execution(&first.url(), &agent, &runner, workdir.path()).await;
+        let exit = first.sigterm(Duration::from_secs(20)).await;
+        assert!(exit.success(), "the first node exited {exit}");
+        let again = NexusProcess::serve(&at, free_loopback_addr(), &config).await;
+        let exit = again.sigterm(Duration::from_secs(20)).await;
+        assert!(exit.success(), "the next node exited {exit}");
+        return;
+    };
+
+    // PostgreSQL: a second node with its own data dir, as on another host, waits as a standby.
+    let data_dir = dir.path().join("second");
+    std::fs::create_dir(&data_dir).expect("data dir");
+    let second_at = StoreLocation { data_dir, database_url: Some(url) };
+    let second = NexusProcess::standby(&second_at, free_loopback_addr(), &config).await;
+    // The standby closes every connection at once, so a runner given several nodes moves on.
+    let mut probe = TcpStream::connect(second.addr).await.expect("the standby's port accepts");
+    let mut buf = [0_u8; 1];
+    let read = tokio::time::timeout(WAIT, probe.read(&mut buf)).await.expect("the standby closes at once");
+    assert!(matches!(read, Ok(0) | Err(_)), "the standby answered: {read:?}");
+
+    // The listing, asked on the active node, names both: one active, one standby.
+    let listing = wait_until("the listing to show both nodes", WAIT, || {
+        let url = first.url();
+        async move {
+            let answer = Http::new(&url, None).get("/agent_api/v1/cluster").await;
+            assert_eq!(answer.status, 200, "{:?}", answer.body);
+            (answer.body["nodes"].as_array().map_or(0, Vec::len) == 2).then_some(answer.body)
+        }
+    })
+    .await;
+    let nodes = listing["nodes"].as_array().expect("nodes");
+    let active: Vec<_> = nodes.iter().filter(|node| node["role"] == "active").collect();
+    assert_eq!(active.len(), 1, "{listing}");
+    assert_eq!(active[0]["this_node"], true, "{listing}");
+    assert_eq!(active[0]["pid"], i64::from(pid), "{listing}");
+    assert_eq!(listing["lease"]["holder"], active[0]["node_id"], "{listing}");
+    assert!(active[0]["owns"]["executions"].is_i64(), "{listing}");
+    let standby: Vec<_> = nodes.iter().filter(|node| node["role"] == "standby").collect();
+    assert_eq!(standby.len(), 1, "{listing}");
+    assert!(standby[0]["owns"].is_null(), "{listing}");
+    assert_eq!(standby[0]["alive"], true, "{listing}");
+
     let workdir = tempfile::tempdir().expect("workdir");
-    let _runner_agent = runner_spec(dir.path(), first.url(), &runner, workdir.path()).spawn();
+    let runner_agent = runner_spec(dir.path(), first.url(), &runner, workdir.path()).spawn();
     announced(&at, &runner).await;
     run_one_execution(&first.url(), &agent, &runner, workdir.path()).await;
-    let exit = first.sigterm(Duration::from_secs(20)).await;
-    assert!(exit.success(), "the first node exited {exit}");
+    assert!(
+        !second.log().iter().any(|line| line.contains("nexus serving")),
+        "the standby served beside the active node"
+    );
 
-    // Once it has stopped, the store is free again.
-    let again = NexusProcess::serve(&second, free_loopback_addr(), &config).await;
-    let exit = again.sigterm(Duration::from_secs(20)).await;
-    assert!(exit.success(), "the next node exited {exit}");
+    // The active node dies: the standby takes over within two terms and serves the store.
+    let generation = listing["lease"]["generation"].as_i64().expect("generation");
+    let killed = Instant::now();
+    first.sigkill().await;
+    second
+        .wait_for_log("the take-over", Duration::from_millis(4 * LEASE_MS), |line| line.contains("nexus serving"))
+        .await;
+    let took = killed.elapsed();
+    eprintln!("fail-over took {took:?}");
+    assert!(took < Duration::from_millis(2 * LEASE_MS), "fail-over took {took:?}, over two terms");
+    let listing = Http::new(&second.url(), None).get("/agent_api/v1/cluster").await.body;
+    assert_eq!(listing["lease"]["holder"], listing["this_node"], "{listing}");
+    assert_eq!(listing["lease"]["generation"], generation + 1, "{listing}");
+
+    drop(runner_agent);
+    let workdir = tempfile::tempdir().expect("workdir");
+    let _runner_agent = runner_spec(dir.path(), second.url(), &runner, workdir.path()).spawn();
+    run_one_execution(&second.url(), &agent, &runner, workdir.path()).await;
+    let exit = second.sigterm(Duration::from_secs(20)).await;
+    assert!(exit.success(), "the second node exited {exit}");
 }
 
 #[tokio::test]
-async fn a_node_that_loses_its_database_lock_stops_serving() {
+async fn a_node_whose_lease_is_taken_over_commits_nothing_and_stops_serving() {
     if test_store_backend() != StoreBackend::Postgres {
-        // SQLite's lock is a file lock, held until the process ends: it cannot be lost.
+        // SQLite has no lease: its file lock is held until the process ends.
         return;
     }
-    let server = TestServer::start(&[]).await;
+    let server = TestServer::start_with(&[], |config| config.cluster.lease_ms = LEASE_MS).await;
     let agent = server.agent("agent").await;
     let member = Http::new(&server.url(), Some(&agent.token));
     assert_eq!(member.profile().await.status, 200);
     let url = server.config().store.database_url.expect("postgres");
     let lost = server.server.lock_lost();
 
-    // End the lock's session from outside, as a DBA's pg_terminate_backend or a restart would.
+    // Another node takes the lease over, as after this one froze past its term.
     let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.expect("connect");
-    let (classid, objid) = nexus_actors::store::lock::ADVISORY_KEY;
-    let terminated: Vec<bool> = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 \
-         AND classid::bigint = $1 AND objid::bigint = $2 \
-         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    let stolen = sqlx::query(
+        "UPDATE cluster_lease SET holder = 'another-node', generation = generation + 1, \
+         lease_until_ms = lease_until_ms + 600000 WHERE name = 'serve'",
     )
-    .bind(i64::from(classid))
-    .bind(i64::from(objid))
-    .fetch_all(&mut admin)
+    .execute(&mut admin)
     .await
-    .expect("terminate");
-    assert_eq!(terminated, [true], "one session held the lock");
-    let reason = tokio::time::timeout(WAIT, lost).await.expect("the node noticed within its check interval");
-    assert!(!reason.is_empty());
-    // It stopped accepting: new connections are refused.
+    .expect("take over");
+    assert_eq!(stolen.rows_affected(), 1);
+    let inputs_before: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM inputs").fetch_one(&mut admin).await.expect("count");
+
+    // A write after the take-over is refused by the fence: nothing reaches the store.
+    let declared =
+        member.declare(&json!({"configuration": {"approval_mode": "bypass", "default_model": "scripted/none"}})).await;
+    let posted = member.post("/agent_api/v1/inputs", &json!({"text": "after the take-over"})).await;
+    assert_ne!(posted.status / 100, 2, "admitted after the take-over: {:?} (declare {})", posted.body, declared.status);
+    let inputs_after: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM inputs").fetch_one(&mut admin).await.expect("count");
+    assert_eq!(inputs_after, inputs_before, "a fenced node committed an input");
+
+    let reason = tokio::time::timeout(Duration::from_millis(2 * LEASE_MS), lost)
+        .await
+        .expect("the node noticed within two terms");
+    assert!(reason.contains("lease"), "{reason}");
     wait_until("the node to stop accepting", WAIT, || async {
         TcpStream::connect(server.server.addr).await.is_err().then_some(())
     })
     .await;
     let _ = sqlx::Connection::close(admin).await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_cluster_listing_names_this_node_and_is_served_to_loopback_only() {
+    let server = TestServer::start(&[]).await;
+    let listing = Http::new(&server.url(), None).get("/agent_api/v1/cluster").await;
+    assert_eq!(listing.status, 200, "{:?}", listing.body);
+    let body = &listing.body;
+    let nodes = body["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 1, "{body}");
+    assert_eq!(nodes[0]["role"], "active", "{body}");
+    assert_eq!(nodes[0]["this_node"], true, "{body}");
+    assert_eq!(nodes[0]["node_id"], body["this_node"], "{body}");
+    assert_eq!(nodes[0]["pid"], i64::from(std::process::id()), "{body}");
+    assert_eq!(nodes[0]["owns"]["runner_streams"], 0, "{body}");
+    if test_store_backend() == StoreBackend::Postgres {
+        assert_eq!(body["lease"]["holder"], body["this_node"], "{body}");
+        assert!(body["lease"]["remaining_ms"].as_i64().is_some_and(|ms| ms > 0), "{body}");
+    } else {
+        assert!(body["lease"].is_null(), "{body}");
+    }
+    // The node id is kept in the data dir: the same id after a restart.
+    let id = std::fs::read_to_string(server.config().data_dir.join("node-id")).expect("node-id");
+    assert_eq!(id.trim(), body["this_node"].as_str().expect("id"));
     server.shutdown().await;
 }

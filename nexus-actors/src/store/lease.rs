@@ -1,0 +1,543 @@
+//! The serve lease of a PostgreSQL store: which node drives the executions and runner inboxes,
+//! how a standby takes over when that node dies, and the fence that keeps a node that lost the
+//! lease from committing anything afterwards (`docs/cluster.md`).
+//!
+//! The lease is one row, `cluster_lease` named `serve`: its holder (a node id), a generation
+//! that grows by one at each take-over, and `lease_until_ms` on the database's clock (so the
+//! nodes' own clocks never matter). The holder renews it every quarter of `[cluster] lease_ms`
+//! on a connection of its own. A node that starts while another holds it is a standby: it
+//! registers in `cluster_nodes`, heartbeats there, and polls the lease every quarter of its
+//! term; once the lease lapses (its holder died, froze, or lost the database) it takes it in a
+//! transaction that locks the row `FOR UPDATE`, bumps the generation, and recovers the work
+//! from the store as after a restart.
+//!
+//! Fencing: every group-committed transaction of the holder first reads the row
+//! `FOR KEY SHARE` with its holder, generation and an unexpired term ([`FENCE_SQL`]); no row
+//! means the write is refused ([`super::StoreError::Fenced`]) and the node stops serving.
+//! The take-over's `FOR UPDATE` conflicts with that row lock, so either an old holder's
+//! transaction commits before the take-over reads the store, or it finds the new generation and
+//! commits nothing. Renewal is a plain `UPDATE` of a non-key column, which does not conflict with
+//! key-share locks, so heartbeats never wait for writes. The holder also fences itself: when no
+//! renewal has succeeded for a whole term measured on its own monotonic clock from the moment
+//! the last successful renewal was sent (never later than the database's expiry), it stops.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::{ConnectOptions, Connection, Row};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::backend::redact;
+use super::lock::LockError;
+
+/// The database's clock in Unix milliseconds, as every lease statement reads it (a macro, so the
+/// statements stay literal text).
+macro_rules! now_ms {
+    () => {
+        "FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT"
+    };
+}
+
+/// The fence check each group-committed transaction of the holder runs first: one row when
+/// the lease still names `$1` at generation `$2` and has not expired.
+pub(super) const FENCE_SQL: &str = concat!(
+    "SELECT generation FROM cluster_lease WHERE name = 'serve' AND holder = $1 AND generation = $2 AND lease_until_ms > ",
+    now_ms!(),
+    " FOR KEY SHARE"
+);
+
+/// The fewest milliseconds `[cluster] lease_ms` may be.
+pub const LEASE_MS_MIN: u64 = 500;
+/// The most milliseconds `[cluster] lease_ms` may be.
+pub const LEASE_MS_MAX: u64 = 60_000;
+/// The default `[cluster] lease_ms`.
+pub const LEASE_MS_DEFAULT: u64 = 5_000;
+
+/// Who this node is: its id (kept in `DATA_DIR/node-id`) and what the listing shows of it.
+#[derive(Clone, Debug)]
+pub struct NodeIdentity {
+    /// The node id: a UUID written once into the data dir, so a restarted node keeps its name.
+    pub node_id: String,
+    /// The address its doors listen on.
+    pub address: String,
+    /// The host it runs on (`HOSTNAME`, else `uname -n`).
+    pub host: String,
+    /// Its process id.
+    pub pid: u32,
+}
+
+impl NodeIdentity {
+    /// The identity of the node that serves from `data_dir` at `address`: reads
+    /// `DATA_DIR/node-id`, or writes a new UUID there on first use.
+    ///
+    /// # Errors
+    /// [`LockError::DataDir`] when the file can be neither read nor written.
+    pub fn of(data_dir: &Path, address: std::net::SocketAddr) -> Result<NodeIdentity, LockError> {
+        let path = data_dir.join("node-id");
+        let fail = |source| LockError::DataDir { path: path.clone(), source };
+        let node_id = match std::fs::read_to_string(&path) {
+            Ok(text) if uuid::Uuid::parse_str(text.trim()).is_ok() => text.trim().to_owned(),
+            Ok(_) | Err(_) => {
+                let id = uuid::Uuid::new_v4().to_string();
+                std::fs::write(&path, format!("{id}\n")).map_err(fail)?;
+                id
+            }
+        };
+        Ok(NodeIdentity { node_id, address: address.to_string(), host: host_name(), pid: std::process::id() })
+    }
+}
+
+fn host_name() -> String {
+    if let Ok(name) = std::env::var("HOSTNAME")
+        && !name.is_empty()
+    {
+        return name;
+    }
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
+/// The fence a store's writer checks before each transaction (set once the lease is held).
+#[derive(Debug)]
+pub struct Fence {
+    /// The node id named as holder.
+    pub holder: String,
+    /// The generation the lease was taken at.
+    pub generation: i64,
+    /// Said once when a write finds the lease gone.
+    pub(super) lost: watch::Sender<Option<String>>,
+}
+
+impl Fence {
+    /// Marks the lease lost (the first reason wins).
+    pub(super) fn lose(&self, reason: String) {
+        self.lost.send_if_modified(|held| {
+            if held.is_some() {
+                return false;
+            }
+            *held = Some(reason);
+            true
+        });
+    }
+}
+
+/// The shared slot of a store's fence: empty on SQLite and until the lease is held.
+pub(super) type FenceSlot = Arc<OnceLock<Arc<Fence>>>;
+
+/// The held serve lease: renewed by a task of its own until [`Lease::release`] or drop.
+#[derive(Debug)]
+pub struct Lease {
+    /// This node's id.
+    pub holder: String,
+    /// The generation it holds.
+    pub generation: i64,
+    fence: Arc<Fence>,
+    lost: watch::Receiver<Option<String>>,
+    release: Option<oneshot::Sender<oneshot::Sender<()>>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What a standby saw of the lease it waits for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The node holding it.
+    pub node_id: String,
+    /// The address that node listed.
+    pub address: Option<String>,
+    /// Milliseconds until it lapses unless renewed.
+    pub remaining_ms: i64,
+}
+
+struct Lessee {
+    url: String,
+    identity: NodeIdentity,
+    term: Duration,
+    connect_timeout: Duration,
+}
+
+impl Lessee {
+    fn fail(&self, reason: impl std::fmt::Display) -> LockError {
+        LockError::Database { url: redact(&self.url), reason: reason.to_string() }
+    }
+
+    async fn connect(&self) -> Result<PgConnection, LockError> {
+        let name = format!("nexus node {} pid {}", &self.identity.node_id[..8], self.identity.pid);
+        let options = PgConnectOptions::from_str(&self.url).map_err(|e| self.fail(e))?.application_name(&name);
+        tokio::time::timeout(self.connect_timeout, options.connect())
+            .await
+            .map_err(|_| self.fail(format!("no connection within {} ms", self.connect_timeout.as_millis())))?
+            .map_err(|e| self.fail(e))
+    }
+
+    /// Writes this node's row (`role`, heartbeat now).
+    async fn heartbeat(&self, connection: &mut PgConnection, role: &str) -> Result<(), sqlx::Error> {
+        const SQL: &str = concat!(
+            "INSERT INTO cluster_nodes (node_id, address, host, pid, role, started_at_ms, heartbeat_at_ms) ",
+            "VALUES ($1, $2, $3, $4, $5, ",
+            now_ms!(),
+            ", ",
+            now_ms!(),
+            ") ON CONFLICT (node_id) DO UPDATE SET address = excluded.address, host = excluded.host, pid = excluded.pid, ",
+            "role = excluded.role, heartbeat_at_ms = excluded.heartbeat_at_ms, started_at_ms = CASE ",
+            "WHEN cluster_nodes.pid = excluded.pid THEN cluster_nodes.started_at_ms ELSE excluded.started_at_ms END"
+        );
+        sqlx::query(SQL)
+            .bind(&self.identity.node_id)
+            .bind(&self.identity.address)
+            .bind(&self.identity.host)
+            .bind(i64::from(self.identity.pid))
+            .bind(role)
+            .execute(connection)
+            .await
+            .map(|_| ())
+    }
+
+    /// One attempt: takes the lease when it is free, lapsed, or named for this node (whose
+    /// previous process is gone: the data dir's flock says so). `Ok(Err(holder))` when another
+    /// node holds it.
+    async fn try_take(&self, connection: &mut PgConnection) -> Result<Result<i64, Holder>, sqlx::Error> {
+        let mut tx = connection.begin().await?;
+        let row = sqlx::query(concat!(
+            "SELECT l.holder, l.generation, l.lease_until_ms - ",
+            now_ms!(),
+            " AS remaining, n.address FROM cluster_lease l LEFT JOIN cluster_nodes n ON n.node_id = l.holder ",
+            "WHERE l.name = 'serve' FOR UPDATE OF l"
+        ))
+        .fetch_one(&mut *tx)
+        .await?;
+        let holder: Option<String> = row.try_get("holder")?;
+        let remaining: i64 = row.try_get("remaining")?;
+        let address: Option<String> = row.try_get("address")?;
+        if let Some(holder) = holder.filter(|holder| *holder != self.identity.node_id && remaining > 0) {
+            tx.commit().await?;
+            return Ok(Err(Holder { node_id: holder, address, remaining_ms: remaining }));
+        }
+        let generation: i64 = sqlx::query_scalar(concat!(
+            "UPDATE cluster_lease SET holder = $1, generation = generation + 1, acquired_at_ms = ",
+            now_ms!(),
+            ", lease_until_ms = ",
+            now_ms!(),
+            " + $2 WHERE name = 'serve' RETURNING generation"
+        ))
+        .bind(&self.identity.node_id)
+        .bind(self.term_ms())
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Ok(generation))
+    }
+
+    fn term_ms(&self) -> i64 {
+        i64::try_from(self.term.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Renews the lease at `generation`: `Ok(false)` when it no longer names this node there.
+    async fn renew(&self, connection: &mut PgConnection, generation: i64) -> Result<bool, sqlx::Error> {
+        let renewed = sqlx::query(concat!(
+            "UPDATE cluster_lease SET lease_until_ms = ",
+            now_ms!(),
+            " + $3 WHERE name = 'serve' AND holder = $1 AND generation = $2"
+        ))
+        .bind(&self.identity.node_id)
+        .bind(generation)
+        .bind(self.term_ms())
+        .execute(&mut *connection)
+        .await?
+        .rows_affected()
+            == 1;
+        if renewed {
+            self.heartbeat(connection, "active").await?;
+        }
+        Ok(renewed)
+    }
+}
+
+/// The period of renewals and of a standby's polls: a quarter of the term.
+fn period(term: Duration) -> Duration {
+    (term / 4).max(Duration::from_millis(50))
+}
+
+impl Lease {
+    /// Waits until this node holds the serve lease of the database at `url`, as a standby
+    /// while another node holds it (`waiting` hears each new holder once), then keeps it renewed.
+    ///
+    /// # Errors
+    /// [`LockError::Database`] when the database cannot be reached at all for a whole term.
+    pub async fn acquire(
+        url: &str,
+        identity: NodeIdentity,
+        term: Duration,
+        connect_timeout: Duration,
+        waiting: impl Fn(&Holder) + Send,
+    ) -> Result<Lease, LockError> {
+        let lessee = Lessee { url: url.to_owned(), identity, term, connect_timeout };
+        let mut connection = lessee.connect().await?;
+        let mut last_holder: Option<String> = None;
+        let mut failing_since: Option<Instant> = None;
+        let generation = loop {
+            let attempt = async {
+                lessee.heartbeat(&mut connection, "standby").await?;
+                lessee.try_take(&mut connection).await
+            };
+            let outcome = tokio::time::timeout(term, attempt).await;
+            match outcome {
+                Ok(Ok(Ok(generation))) => break generation,
+                Ok(Ok(Err(holder))) => {
+                    failing_since = None;
+                    if last_holder.as_deref() != Some(holder.node_id.as_str()) {
+                        waiting(&holder);
+                        last_holder = Some(holder.node_id.clone());
+                    }
+                }
+                failed => {
+                    let reason = match failed {
+                        Ok(Err(error)) => error.to_string(),
+                        _ => format!("no answer within {} ms", term.as_millis()),
+                    };
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= term.max(lessee.connect_timeout) {
+                        return Err(lessee.fail(reason));
+                    }
+                    tracing::warn!(reason, "cannot read the serve lease; trying again");
+                    match lessee.connect().await {
+                        Ok(fresh) => connection = fresh,
+                        Err(error) => tracing::warn!(%error, "cannot reach the database; trying again"),
+                    }
+                }
+            }
+            tokio::time::sleep(period(term)).await;
+        };
+        // Renewal deadlines count from now: the take-over set the term on the database's clock
+        // after this moment had passed on ours.
+        let taken_at = Instant::now();
+        let (lost_tx, lost_rx) = watch::channel(None);
+        let fence = Arc::new(Fence { holder: lessee.identity.node_id.clone(), generation, lost: lost_tx });
+        let (release_tx, release_rx) = oneshot::channel();
+        let holder = lessee.identity.node_id.clone();
+        let task = tokio::spawn(tracing::Instrument::instrument(
+            hold(lessee, connection, generation, taken_at, fence.clone(), release_rx),
+            tracing::info_span!("serve_lease", generation),
+        ));
+        Ok(Lease { holder, generation, fence, lost: lost_rx, release: Some(release_tx), task })
+    }
+
+    /// The fence the store's writer checks ([`super::Store::fence_with`]).
+    pub fn fence(&self) -> Arc<Fence> {
+        self.fence.clone()
+    }
+
+    /// A receiver that holds `Some(reason)` once the lease is lost.
+    pub(super) fn lost(&self) -> watch::Receiver<Option<String>> {
+        self.lost.clone()
+    }
+
+    /// Gives the lease up (a standby takes it at its next poll) and deletes this node's row.
+    pub async fn release(&mut self) {
+        let Some(release) = self.release.take() else { return };
+        let (done_tx, done_rx) = oneshot::channel();
+        if release.send(done_tx).is_ok() {
+            let _ = done_rx.await;
+        }
+    }
+}
+
+/// Renews the lease every [`period`] until released, or until it is lost: renewal finds another
+/// holder, or no renewal succeeded for a whole term.
+async fn hold(
+    lessee: Lessee,
+    connection: PgConnection,
+    generation: i64,
+    taken_at: Instant,
+    fence: Arc<Fence>,
+    mut release: oneshot::Receiver<oneshot::Sender<()>>,
+) {
+    let mut connection = Some(connection);
+    // The lease runs out a term after the last renewal sent that then succeeded.
+    let mut valid_until = taken_at + lessee.term;
+    let mut ticks = tokio::time::interval(period(lessee.term));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut lost_changes = fence.lost.subscribe();
+    loop {
+        tokio::select! {
+            asked = &mut release => {
+                if let Some(connection) = connection.as_mut() {
+                    let give_up = async {
+                        sqlx::query("UPDATE cluster_lease SET holder = NULL, lease_until_ms = 0 \
+                                     WHERE name = 'serve' AND holder = $1 AND generation = $2")
+                            .bind(&lessee.identity.node_id)
+                            .bind(generation)
+                            .execute(&mut *connection)
+                            .await?;
+                        sqlx::query("DELETE FROM cluster_nodes WHERE node_id = $1")
+                            .bind(&lessee.identity.node_id)
+                            .execute(&mut *connection)
+                            .await
+                    };
+                    match tokio::time::timeout(lessee.term, give_up).await {
+                        Ok(Ok(_)) => tracing::info!("gave the serve lease up"),
+                        Ok(Err(error)) => tracing::warn!(%error, "cannot give the serve lease up; it lapses by itself"),
+                        Err(_) => tracing::warn!("no answer giving the serve lease up; it lapses by itself"),
+                    }
+                }
+                if let Some(connection) = connection.take() {
+                    let _ = tokio::time::timeout(lessee.term, connection.close()).await;
+                }
+                if let Ok(done) = asked {
+                    let _ = done.send(());
+                }
+                return;
+            }
+            _ = lost_changes.changed() => {
+                // A write found the lease gone: nothing to renew.
+                return;
+            }
+            _ = ticks.tick() => {
+                let sent = Instant::now();
+                let left = valid_until.saturating_duration_since(sent);
+                if left.is_zero() {
+                    let reason = format!("could not renew the serve lease within its term of {} ms", lessee.term.as_millis());
+                    tracing::error!(reason, "this node stops driving work");
+                    fence.lose(reason);
+                    return;
+                }
+                let attempt = async {
+                    let connection = match connection.as_mut() {
+                        Some(connection) => connection,
+                        None => connection.insert(lessee.connect().await.map_err(|e| e.to_string())?),
+                    };
+                    lessee.renew(connection, generation).await.map_err(|e| e.to_string())
+                };
+                let outcome = tokio::time::timeout(left, attempt).await;
+                match outcome {
+                    Ok(Ok(true)) => valid_until = sent + lessee.term,
+                    Ok(Ok(false)) => {
+                        let reason = "another node took the serve lease over".to_owned();
+                        tracing::error!(reason, "this node stops driving work");
+                        fence.lose(reason);
+                        return;
+                    }
+                    Ok(Err(error)) => {
+                        tracing::warn!(%error, left_ms = left.as_millis(), "cannot renew the serve lease; trying again");
+                        connection = None;
+                    }
+                    Err(_) => {
+                        connection = None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The serve lease as the store holds it (`GET /agent_api/v1/cluster`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LeaseRow {
+    /// The node holding it, if any.
+    pub holder: Option<String>,
+    /// Take-overs so far (0 before any node took it).
+    pub generation: i64,
+    /// When the holder took it, Unix milliseconds (database clock).
+    pub acquired_at_ms: i64,
+    /// When it lapses unless renewed, Unix milliseconds (database clock).
+    pub lease_until_ms: i64,
+    /// Milliseconds until it lapses (negative: lapsed that long ago).
+    pub remaining_ms: i64,
+}
+
+/// One node as `cluster_nodes` holds it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct NodeRow {
+    /// The node id (its data dir's `node-id`).
+    pub node_id: String,
+    /// The address its doors listen on.
+    pub address: String,
+    /// The host it runs on.
+    pub host: String,
+    /// Its process id.
+    pub pid: i64,
+    /// `active` (it held the lease at its last heartbeat) or `standby`.
+    pub role: String,
+    /// When this process started serving or waiting, Unix milliseconds (database clock).
+    pub started_at_ms: i64,
+    /// Milliseconds since its last heartbeat (database clock).
+    pub heartbeat_age_ms: i64,
+}
+
+impl super::Store {
+    /// The serve lease and the nodes that heartbeat on this database, oldest first; nodes
+    /// silent for an hour are dropped from the table. Empty on SQLite, which one node serves.
+    ///
+    /// # Errors
+    /// [`super::StoreError::Database`] when the database fails.
+    pub async fn cluster(&self) -> super::StoreResult<(Option<LeaseRow>, Vec<NodeRow>)> {
+        if self.backend() != super::StoreBackend::Postgres {
+            return Ok((None, Vec::new()));
+        }
+        sqlx::query(concat!("DELETE FROM cluster_nodes WHERE heartbeat_at_ms < ", now_ms!(), " - 3600000"))
+            .execute(self.direct_writer())
+            .await?;
+        let lease = sqlx::query(concat!(
+            "SELECT holder, generation, acquired_at_ms, lease_until_ms, lease_until_ms - ",
+            now_ms!(),
+            " AS remaining_ms FROM cluster_lease WHERE name = 'serve'"
+        ))
+        .fetch_optional(self.reader())
+        .await?
+        .map(|row| -> super::StoreResult<LeaseRow> {
+            Ok(LeaseRow {
+                holder: row.try_get("holder")?,
+                generation: row.try_get("generation")?,
+                acquired_at_ms: row.try_get("acquired_at_ms")?,
+                lease_until_ms: row.try_get("lease_until_ms")?,
+                remaining_ms: row.try_get("remaining_ms")?,
+            })
+        })
+        .transpose()?;
+        let nodes = sqlx::query(concat!(
+            "SELECT node_id, address, host, pid, role, started_at_ms, ",
+            now_ms!(),
+            " - heartbeat_at_ms AS heartbeat_age_ms FROM cluster_nodes ORDER BY started_at_ms, node_id"
+        ))
+        .fetch_all(self.reader())
+        .await?
+        .iter()
+        .map(|row| -> super::StoreResult<NodeRow> {
+            Ok(NodeRow {
+                node_id: row.try_get("node_id")?,
+                address: row.try_get("address")?,
+                host: row.try_get("host")?,
+                pid: row.try_get("pid")?,
+                role: row.try_get("role")?,
+                started_at_ms: row.try_get("started_at_ms")?,
+                heartbeat_age_ms: row.try_get("heartbeat_age_ms")?,
+            })
+        })
+        .collect::<super::StoreResult<Vec<_>>>()?;
+        Ok((lease, nodes))
+    }
+
+    /// Executions that have not ended (`pending`, `running`, `paused`, `needs_attention`,
+    /// `canceling`): the work the lease holder drives.
+    ///
+    /// # Errors
+    /// [`super::StoreError::Database`] when the database fails.
+    pub async fn live_execution_count(&self) -> super::StoreResult<i64> {
+        let count: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM executions WHERE status NOT IN ('completed', 'canceled')")
+                .fetch_one(self.reader())
+                .await?;
+        Ok(count)
+    }
+}
