@@ -358,11 +358,12 @@ async fn get_executors(
 }
 
 /// `GET /agent_api/v1/cluster`: the nodes on this store, the serve lease and what the holder
-/// drives (`docs/cluster.md`). Served to loopback callers only, like a local admin command: it
-/// names hosts, pids and addresses that no member needs.
+/// drives (`docs/cluster.md`). It takes a member credential, like every door, and is served to
+/// loopback callers only, like a local admin command: it names hosts, pids and addresses.
 async fn get_cluster(State(api): State<Arc<Api>>, request: Request) -> HttpResult {
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
     let extensions = request.extensions();
+    caller(&api, request.headers(), peer_source(extensions)).await?;
     let peer = extensions
         .get::<TcpConnectInfo>()
         .and_then(TcpConnectInfo::remote_addr)

@@ -436,9 +436,9 @@ async fn a_second_node_is_refused_on_sqlite_and_waits_as_a_standby_on_postgres()
 
     // The listing, asked on the active node, names both: one active, one standby.
     let listing = wait_until("the listing to show both nodes", WAIT, || {
-        let url = first.url();
+        let (url, token) = (first.url(), agent.token.clone());
         async move {
-            let answer = Http::new(&url, None).get("/agent_api/v1/cluster").await;
+            let answer = Http::new(&url, Some(&token)).get("/agent_api/v1/cluster").await;
             assert_eq!(answer.status, 200, "{:?}", answer.body);
             (answer.body["nodes"].as_array().map_or(0, Vec::len) == 2).then_some(answer.body)
         }
@@ -475,7 +475,7 @@ async fn a_second_node_is_refused_on_sqlite_and_waits_as_a_standby_on_postgres()
     let took = killed.elapsed();
     eprintln!("fail-over took {took:?}");
     assert!(took < Duration::from_millis(2 * LEASE_MS), "fail-over took {took:?}, over two terms");
-    let listing = Http::new(&second.url(), None).get("/agent_api/v1/cluster").await.body;
+    let listing = Http::new(&second.url(), Some(&agent.token)).get("/agent_api/v1/cluster").await.body;
     assert_eq!(listing["lease"]["holder"], listing["this_node"], "{listing}");
     assert_eq!(listing["lease"]["generation"], generation + 1, "{listing}");
 
@@ -537,7 +537,10 @@ async fn a_node_whose_lease_is_taken_over_commits_nothing_and_stops_serving() {
 #[tokio::test]
 async fn the_cluster_listing_names_this_node_and_is_served_to_loopback_only() {
     let server = TestServer::start(&[]).await;
-    let listing = Http::new(&server.url(), None).get("/agent_api/v1/cluster").await;
+    let agent = server.agent("agent").await;
+    let anonymous = Http::new(&server.url(), None).get("/agent_api/v1/cluster").await;
+    assert_eq!(anonymous.status, 401, "{:?}", anonymous.body);
+    let listing = Http::new(&server.url(), Some(&agent.token)).get("/agent_api/v1/cluster").await;
     assert_eq!(listing.status, 200, "{:?}", listing.body);
     let body = &listing.body;
     let nodes = body["nodes"].as_array().expect("nodes");
