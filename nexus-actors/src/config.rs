@@ -649,6 +649,21 @@ mod tests {
     }
 
     #[test]
+    fn the_cluster_example_config_parses_and_sets_the_lease() {
+        let config =
+            ServerConfig::from_toml(include_str!("../../deploy/cluster/nexus.toml")).expect("cluster example parses");
+        assert_eq!(config.cluster.lease_ms, 5_000);
+        assert_eq!(config.cluster.lease(), Duration::from_millis(5_000));
+        assert_eq!(config.store.backend(), crate::store::StoreBackend::Postgres);
+        assert_eq!(config.store.database_url.as_deref(), Some("postgres://nexus@db.internal:5432/nexus"));
+        assert_eq!(config.store.pool_size(), 16);
+        assert_eq!(config.runner, RunnerStreamConfig { ping_interval_ms: 2_000, ..RunnerStreamConfig::default() });
+        assert!(config.validate().is_ok(), "the cluster example must start as shipped");
+        assert_eq!(config.data_dir, PathBuf::from("nexus-data"), "each node's data dir comes from its unit");
+        assert_eq!(config.providers, ProviderTable::default());
+    }
+
+    #[test]
     fn unknown_keys_are_refused() {
         let error = ServerConfig::from_toml("[runner]\nping_every = 5\n").expect_err("refused");
         assert!(error.to_string().contains("ping_every"), "{error}");

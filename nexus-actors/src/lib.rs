@@ -154,6 +154,14 @@ impl RunningServer {
         // Long-lived runner streams would hold the drain open: close them (runners reconnect to
         // the next server and are offered their inbox again), then let the rest drain.
         self.api.fabric.closing.send_replace(true);
+        // Under a serve lease (PostgreSQL), the work is handed over first: the actors stop and
+        // the lease is given up, so a standby takes over at its next poll instead of after the
+        // drain. A write still in flight then is refused by the fence, never committed twice
+        // (`docs/cluster.md`, "Rolling restarts").
+        if self.lock.generation().is_some() {
+            self.api.root.stop();
+            self.lock.release().await;
+        }
         let transport = tokio::time::timeout(Duration::from_secs(10), &mut self.transport).await;
         self.api.root.stop();
         let ended = match transport {

@@ -135,7 +135,13 @@ struct Link {
 
 pub(crate) struct Agent {
     config: AgentConfig,
-    endpoint: Endpoint,
+    /// One endpoint per URL of `config.nexus_urls`, in its order.
+    endpoints: Vec<Endpoint>,
+    /// The index in `endpoints` of the node this agent is connected to or connecting to.
+    node: usize,
+    /// Attempts to open a stream since the last welcome: the agent tries each node of the list
+    /// in turn at once, and waits its backoff only after a whole round failed.
+    attempts: usize,
     toolbox: Arc<Toolbox>,
     /// Held for the agent's life: no second runner-agent writes this journal or uses this
     /// runner's stream meanwhile.
@@ -214,7 +220,8 @@ impl Agent {
     /// Validates the configuration and loads the journal.
     pub(crate) fn new(mut config: AgentConfig) -> Result<Agent, AgentError> {
         config.check()?;
-        let endpoint = link::endpoint(&config)?;
+        let endpoints =
+            config.nexus_urls.iter().map(|url| link::endpoint(&config, url)).collect::<Result<Vec<_>, _>>()?;
         let workdir_error = |reason: String| ConfigError::Workdir { path: config.workdir.clone(), reason };
         let workdir = config.workdir.canonicalize().map_err(|err| workdir_error(err.to_string()))?;
         if !workdir.is_dir() {
@@ -279,7 +286,9 @@ impl Agent {
             mcp_reconfiguring: None,
             backoff: ReconnectBackoff::new(&config),
             config,
-            endpoint,
+            endpoints,
+            node: 0,
+            attempts: 0,
             _state_lock: state_lock,
             journal,
             after_durable: VecDeque::new(),
@@ -378,9 +387,9 @@ impl Agent {
                             }
                             self.fence.lost(false);
                             if self.plaintext() && err.looks_like_a_tls_port() {
-                                warn!(error = %err, hint = link::PLAINTEXT_TO_TLS_HINT, "could not open the stream to nexus");
+                                warn!(nexus = self.nexus_url(), error = %err, hint = link::PLAINTEXT_TO_TLS_HINT, "could not open the stream to nexus");
                             } else {
-                                warn!(error = %err, "could not open the stream to nexus");
+                                warn!(nexus = self.nexus_url(), error = %err, "could not open the stream to nexus");
                             }
                             self.schedule_reconnect();
                         }

@@ -59,9 +59,12 @@ impl fmt::Debug for Credential {
 /// Everything the agent needs to run. Build it with [`AgentConfig::new`], then adjust fields.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
-    /// The nexus gRPC endpoint, e.g. `http://127.0.0.1:7300`, or `https://nexus.example:7740`
-    /// with [`AgentConfig::tls`]. Required.
-    pub nexus_url: String,
+    /// The nexus gRPC endpoints, e.g. `http://127.0.0.1:7300`, or `https://nexus.example:7740`
+    /// with [`AgentConfig::tls`]: one, or up to [`NEXUS_URLS_MAX`] nodes of one cluster sharing
+    /// a database (`docs/cluster.md`). The agent starts with the first, and when a stream drops
+    /// or cannot be opened it moves on to the next in the list, round after round. Every URL
+    /// uses the same scheme, since the TLS options apply to all. Required.
+    pub nexus_urls: Vec<String>,
     /// This runner's executor public id (`Hello.executor_public_id`). Required.
     pub runner_id: Uuid,
     /// The executor-transport credential (`Hello.credential`). Required.
@@ -154,7 +157,7 @@ impl AgentConfig {
         workdir: impl Into<PathBuf>,
     ) -> Self {
         AgentConfig {
-            nexus_url: nexus_url.into(),
+            nexus_urls: vec![nexus_url.into()],
             runner_id,
             credential,
             workdir: workdir.into(),
@@ -211,8 +214,36 @@ impl AgentConfig {
         if self.tls.cert.is_some() != self.tls.key.is_some() {
             return Err(ConfigError::Invalid { field: "tls.cert", reason: "and tls.key must be set together" });
         }
-        check_url(&self.nexus_url, &self.tls)
+        check_urls(&self.nexus_urls, &self.tls)
     }
+}
+
+/// The most nexus URLs one agent takes (`--nexus` given several times or comma-separated).
+pub const NEXUS_URLS_MAX: usize = 16;
+
+/// One to [`NEXUS_URLS_MAX`] URLs, none listed twice, all of one scheme, each valid on its own.
+fn check_urls(urls: &[String], tls: &TlsOptions) -> Result<(), ConfigError> {
+    let invalid = |url: &str, reason: String| Err(ConfigError::InvalidUrl { url: url.to_owned(), reason });
+    let Some(first) = urls.first() else {
+        return invalid("", "no nexus URL is given; pass --nexus http://HOST:PORT".to_owned());
+    };
+    if urls.len() > NEXUS_URLS_MAX {
+        return invalid(first, format!("{} nexus URLs are given; at most {NEXUS_URLS_MAX} are taken", urls.len()));
+    }
+    let scheme = |url: &str| url.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase());
+    for (index, url) in urls.iter().enumerate() {
+        if scheme(url) != scheme(first) && !url.is_empty() {
+            return invalid(
+                url,
+                format!("every nexus URL must use the scheme of the first ({first}); the TLS options apply to all"),
+            );
+        }
+        check_url(url, tls)?;
+        if urls[..index].contains(url) {
+            return invalid(url, "this nexus URL is listed twice".to_owned());
+        }
+    }
+    Ok(())
 }
 
 /// The nexus URL must name its scheme, and the scheme must agree with the TLS options: `https://`
@@ -273,7 +304,7 @@ pub enum ConfigError {
     /// The credential is empty.
     #[error("the credential is empty")]
     EmptyCredential,
-    /// `nexus_url` is not a valid endpoint URI.
+    /// A URL of `nexus_urls` is not a valid endpoint URI, or the list breaks its bounds.
     #[error("invalid nexus url {url:?}: {reason}")]
     InvalidUrl {
         /// The rejected value.
@@ -375,6 +406,30 @@ mod tests {
         config.tool_timeout_ms = DEFAULT_TOOL_TIMEOUT_MS;
         config.reconnect_max_delay = Duration::from_millis(1);
         assert!(matches!(config.check(), Err(ConfigError::Invalid { field: "reconnect_max_delay", .. })));
+    }
+
+    #[test]
+    fn several_urls_are_bounded_distinct_and_of_one_scheme() {
+        let plain = TlsOptions::default();
+        let with_ca = TlsOptions { ca: Some("ca.pem".into()), ..TlsOptions::default() };
+        let urls = |list: &[&str]| list.iter().map(|url| (*url).to_owned()).collect::<Vec<_>>();
+        let refusal = |list: &[&str], tls: &TlsOptions| match check_urls(&urls(list), tls) {
+            Err(ConfigError::InvalidUrl { url, reason }) => (url, reason),
+            other => panic!("{list:?} should be refused, got {other:?}"),
+        };
+        assert!(check_urls(&urls(&["http://a:1", "http://b:1", "http://c:1"]), &plain).is_ok());
+        assert!(check_urls(&urls(&["https://a:1", "https://b:1"]), &with_ca).is_ok());
+        assert!(refusal(&[], &plain).1.contains("no nexus URL"));
+        let (url, reason) = refusal(&["http://a:1", "http://b:1", "http://a:1"], &plain);
+        assert_eq!((url.as_str(), reason.as_str()), ("http://a:1", "this nexus URL is listed twice"));
+        let (url, reason) = refusal(&["https://a:1", "http://b:1"], &with_ca);
+        assert_eq!(url, "http://b:1");
+        assert!(reason.contains("scheme of the first"), "{reason}");
+        assert!(refusal(&["http://a:1", ""], &plain).1.contains("scheme is missing"));
+        let many: Vec<String> = (0..=NEXUS_URLS_MAX).map(|port| format!("http://a:{port}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(refusal(&many, &plain).1.contains("at most 16"));
+        assert!(check_urls(&urls(&many[..NEXUS_URLS_MAX]), &plain).is_ok());
     }
 
     #[test]

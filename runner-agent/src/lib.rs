@@ -46,7 +46,7 @@ pub use crate::error::AgentError;
 
 /// Runs the agent until `shutdown` resolves.
 ///
-/// Reads `config.tools_file` when set, connects to `config.nexus_url`, says hello, announces its
+/// Reads `config.tools_file` when set, connects to the first of `config.nexus_urls` (moving on to the next when a stream drops), says hello, announces its
 /// tools (the built-ins and the tools file's; again whenever the file changes), then claims and runs
 /// the tool calls nexus hints at, at most `config.slots` at a time, committing each result after
 /// journaling it. Any stream failure reconnects with jittered exponential backoff (no attempt

@@ -21,8 +21,10 @@ use uuid::Uuid;
 #[command(name = "runner-agent", version, subcommand_negates_reqs = true)]
 struct Cli {
     /// The nexus gRPC endpoint, e.g. http://127.0.0.1:7300, or https://HOST:PORT with --tls-ca.
-    #[arg(long, env = "NEXUS_RUNNER_NEXUS", required = true)]
-    nexus: Option<String>,
+    /// Several nodes of one cluster: repeat the flag or separate URLs with commas (at most 16);
+    /// the agent moves to the next when its node goes away.
+    #[arg(long, env = "NEXUS_RUNNER_NEXUS", required = true, value_delimiter = ',')]
+    nexus: Vec<String>,
     /// This runner's executor public id.
     #[arg(long, env = "NEXUS_RUNNER_ID", required = true)]
     runner_id: Option<Uuid>,
@@ -67,6 +69,11 @@ struct Cli {
     /// Bound on nexus answering the hello on a new stream, in milliseconds.
     #[arg(long, env = "NEXUS_RUNNER_HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
     handshake_timeout_ms: u64,
+    /// How long the stream may stay silent (no frame, not even a ping) before the agent takes
+    /// its node for gone and moves on, in milliseconds; never below three of nexus's ping
+    /// intervals. Lower it to fail over faster between several nodes.
+    #[arg(long, env = "NEXUS_RUNNER_LIVENESS_TIMEOUT_MS", default_value_t = 45_000)]
+    liveness_timeout_ms: u64,
     /// A directory of skills: each NAME/SKILL.md is announced as a document, and `skill {name}`
     /// returns its content. Read again at every connect.
     #[arg(long, env = "NEXUS_RUNNER_SKILLS_DIR")]
@@ -165,8 +172,10 @@ async fn serve() -> anyhow::Result<()> {
         return print_tools(tools_file, workdir, skills_dir, tool_timeout_ms).await;
     }
     let required = |what: &str| anyhow::anyhow!("--{what} is required");
-    let (nexus, runner_id) =
-        (cli.nexus.ok_or_else(|| required("nexus"))?, cli.runner_id.ok_or_else(|| required("runner-id"))?);
+    if cli.nexus.is_empty() {
+        return Err(required("nexus"));
+    }
+    let runner_id = cli.runner_id.ok_or_else(|| required("runner-id"))?;
     let token_file = cli.token_file.ok_or_else(|| required("token-file"))?;
     let workdir = cli.workdir.ok_or_else(|| required("workdir"))?;
     let filter = EnvFilter::try_new(&cli.log).with_context(|| format!("invalid --log {:?}", cli.log))?;
@@ -177,12 +186,14 @@ async fn serve() -> anyhow::Result<()> {
         .init();
 
     let credential = Credential::from_file(&token_file)?;
-    let mut config = AgentConfig::new(nexus, runner_id, credential, workdir);
+    let mut config = AgentConfig::new(String::new(), runner_id, credential, workdir);
+    config.nexus_urls = cli.nexus.iter().map(|url| url.trim().to_owned()).collect();
     config.state_dir = cli.state_dir.unwrap_or_else(|| default_state_dir(runner_id));
     config.slots = cli.slots;
     config.tool_timeout_ms = cli.tool_timeout_ms;
     config.connect_timeout = Duration::from_millis(cli.connect_timeout_ms);
     config.handshake_timeout = Duration::from_millis(cli.handshake_timeout_ms);
+    config.liveness_timeout = Duration::from_millis(cli.liveness_timeout_ms);
     config.tls = TlsOptions { ca: cli.tls_ca, cert: cli.tls_cert, key: cli.tls_key, server_name: cli.tls_server_name };
     config.skills_dir = cli.skills_dir;
     config.tools_file = cli.tools_file;

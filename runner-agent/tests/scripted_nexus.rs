@@ -190,16 +190,7 @@ struct Harness {
 
 impl Harness {
     async fn start() -> Harness {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let (tx, connections) = mpsc::unbounded_channel();
-        let server = tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(RunnerServiceServer::new(FakeNexus { connections: tx }))
-                .serve_with_incoming(TcpListenerStream::new(listener))
-                .await
-                .unwrap();
-        });
+        let (address, connections, server) = serve().await;
         let dir = tempfile::tempdir().unwrap();
         let workdir = dir.path().join("work");
         std::fs::create_dir(&workdir).unwrap();
@@ -221,6 +212,21 @@ impl Harness {
     fn state_dir(&self) -> &Path {
         &self.config.state_dir
     }
+}
+
+/// A scripted nexus on 127.0.0.1:0: its address, the streams it accepts, and its task.
+async fn serve() -> (std::net::SocketAddr, mpsc::UnboundedReceiver<Conn>, JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (tx, connections) = mpsc::unbounded_channel();
+    let server = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(RunnerServiceServer::new(FakeNexus { connections: tx }))
+            .serve_with_incoming(TcpListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+    (address, connections, server)
 }
 
 impl Drop for Harness {
@@ -295,6 +301,43 @@ async fn a_call_runs_and_its_unacknowledged_commit_is_resent_after_reconnect() {
     stop.send(()).unwrap();
     assert!(finished(agent).await.is_ok());
     assert!(journal_tasks(nexus.state_dir()).is_empty());
+}
+
+#[tokio::test]
+async fn with_several_nodes_the_agent_skips_a_dead_one_and_moves_on_when_its_node_goes_away() {
+    let mut first = Harness::start().await;
+    let (second_address, mut second_streams, second_server) = serve().await;
+    // A port nobody listens on any more: the first URL is refused at once.
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let mut config = first.config.clone();
+    let first_url = config.nexus_urls[0].clone();
+    config.nexus_urls = vec![format!("http://{dead}"), first_url, format!("http://{second_address}")];
+    let marks = config.workdir.join("runs");
+    let (stop, agent) = spawn_agent(config);
+
+    let mut stream = first.accept().await;
+    stream.welcome(15_000).await;
+    stream.announced().await;
+    stream.work("t1");
+    stream.grant("t1", &format!("echo ran >> {}", marks.display()), "tok-1").await;
+    let (_, token, body) = stream.commit().await;
+    assert_eq!(token, "tok-1");
+
+    // The node goes away before it acknowledges the commit: the agent moves to the next node
+    // and commits the same result there, without running the tool again.
+    drop(stream);
+    first.server.abort();
+    let mut moved = tokio::time::timeout(PATIENCE, second_streams.recv()).await.expect("moved in time").unwrap();
+    moved.welcome(15_000).await;
+    moved.announced().await;
+    let (request_id, token, resent) = moved.commit().await;
+    assert_eq!((token.as_str(), &resent), ("tok-1", &body));
+    moved.committed(request_id);
+    assert_eq!(std::fs::read_to_string(&marks).unwrap(), "ran\n", "the tool ran once");
+
+    stop.send(()).unwrap();
+    assert!(finished(agent).await.is_ok());
+    second_server.abort();
 }
 
 #[tokio::test]
@@ -451,7 +494,7 @@ async fn a_second_agent_on_a_held_state_dir_stops_at_once() {
     let started = tokio::time::Instant::now();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_runner-agent"))
         .arg("--nexus")
-        .arg(&nexus.config.nexus_url)
+        .arg(&nexus.config.nexus_urls[0])
         .arg("--runner-id")
         .arg(RUNNER.to_string())
         .arg("--token-file")

@@ -18,6 +18,9 @@
 //! - [`Invariant::OwnWorkOnly`]: every offer, grant and acknowledgement a runner received is for a
 //!   task addressed to that runner, and each run's tasks go to the runner it selected.
 //! - [`Invariant::DeadlineKept`]: no runner task stays live past its deadline plus the slack.
+//! - [`Invariant::CursorContiguous`]: each run's events are numbered 1, 2, 3, … with no gap
+//!   and no number twice, wherever they were written (one node or several), so a follower's
+//!   cursor never skips one.
 //! - [`Invariant::CensusBaseline`]: actor and stream counts return to their baseline
 //!   ([`census_settles`]).
 
@@ -111,6 +114,8 @@ pub enum Invariant {
     DeadlineKept,
     /// Actor and connection counts return to baseline.
     CensusBaseline,
+    /// A run's event sequence numbers run 1, 2, 3, … without a gap or a repeat.
+    CursorContiguous,
 }
 
 /// One broken invariant, with what broke it.
@@ -197,6 +202,7 @@ pub fn check(history: &History) -> Vec<Violation> {
     results_kept(history, &rows, &mut found);
     own_work_only(history, &rows, &mut found);
     deadlines_kept(history, &mut found);
+    cursors_contiguous(history, &mut found);
     found
 }
 
@@ -412,6 +418,18 @@ fn deadlines_kept(history: &History, found: &mut Vec<Violation>) {
                     history.deadline_slack_ms,
                     task.status
                 ),
+            ));
+        }
+    }
+}
+
+fn cursors_contiguous(history: &History, found: &mut Vec<Violation>) {
+    for (run, events) in &history.events {
+        let broken = events.iter().zip(1_i64..).find(|(event, expected)| event.seq != *expected);
+        if let Some((event, expected)) = broken {
+            found.push(violation(
+                Invariant::CursorContiguous,
+                format!("{run}: event {} of {} has seq {} where {expected} was due", expected, events.len(), event.seq),
             ));
         }
     }

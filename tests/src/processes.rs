@@ -174,6 +174,18 @@ impl NexusProcess {
         self.child.wait().await.expect("reap nexus");
     }
 
+    /// Waits up to `limit` for the child to exit on its own (a node that stops itself), and
+    /// reaps it.
+    ///
+    /// # Panics
+    /// When it is still running at `limit`, with its log.
+    pub async fn exits_within(mut self, limit: Duration) -> ExitStatus {
+        match tokio::time::timeout(limit, self.child.wait()).await {
+            Ok(status) => status.expect("reap nexus"),
+            Err(_) => panic!("nexus did not stop by itself within {limit:?}; log:\n{}", self.log().join("\n")),
+        }
+    }
+
     /// SIGTERM (what systemd sends), and wait up to `limit` for the exit.
     ///
     /// # Panics

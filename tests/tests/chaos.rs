@@ -12,6 +12,7 @@
 //! | `nexus_sigkill_in_the_middle_of_each_join` | SIGKILL of `nexus` while a join waits under each policy (children parked on `ask`, some ended with their results unconsumed) and before a join exists; then again mid-join |
 //! | `duplicated_reordered_and_stale_frames_change_nothing` | duplicated claims and commits, reordered frames, stale, forged and foreign tokens |
 //! | `soak_20_runners_2000_tasks_under_random_faults` | 20 fast runners, 2,000 tasks, random cuts, drops, duplicate and stale commits |
+//! | `cluster::cluster_*` (PostgreSQL only) | three nodes on one database: SIGKILL of the serving node mid-round, SIGSTOP past its lease then SIGCONT, its database connection black-holed, a rolling SIGTERM restart |
 //!
 //! Scenarios run one at a time (a suite-wide lock) and print their seed at the start and the end;
 //! every assertion message carries it. Replay one with
@@ -54,6 +55,9 @@ use nexus_tests::processes::{
     NexusProcess, RunnerAgentProcess, StoreLocation, admin_agent, admin_runner, free_loopback_addr, sigkill,
 };
 use nexus_tests::{Direction, Minted, Reply, TcpProxy, TestDatabase, TestServer, test_store_backend, wait_until};
+
+#[path = "chaos/cluster.rs"]
+mod cluster;
 
 /// The bound on any one wait for the system to reach a state.
 const WAIT: Duration = Duration::from_secs(30);
@@ -434,6 +438,21 @@ fn the_checker_reports_every_broken_invariant() {
                 h.events.get_mut(&RUN.uuid()).expect("events").retain(|e| !(narrates(e, "r1t1") && e.seq > 3));
             },
             Invariant::DeadlineKept,
+        ),
+        (
+            "a gap in a run's event cursor",
+            |h| {
+                h.events.get_mut(&RUN.uuid()).expect("events").remove(4);
+            },
+            Invariant::CursorContiguous,
+        ),
+        (
+            "an event number written twice",
+            |h| {
+                let events = h.events.get_mut(&RUN.uuid()).expect("events");
+                events[5].seq = events[4].seq;
+            },
+            Invariant::CursorContiguous,
         ),
     ];
     for (case, breaks, invariant) in cases {

@@ -12,8 +12,8 @@ pub struct StoreConfig {
     /// The database. Default: unset, the embedded SQLite file `DATA_DIR/nexus.db`.
     /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?sslmode=...]` (or `postgresql://`)
     /// selects PostgreSQL: the database must exist, and nexus creates and migrates its tables.
-    /// One node serves a database at a time: a serving node holds an advisory lock on it and a
-    /// second one refuses to start (`store::lock`). The flag `--database-url` and
+    /// Several nodes may share one PostgreSQL database: one holds its serve lease and drives the
+    /// work, the others wait as standbys (`docs/cluster.md`). The flag `--database-url` and
     /// `NEXUS_DATABASE_URL` override it.
     pub database_url: Option<String>,
     /// Most open connections to the database, a count. Default: unset, which is 4 on SQLite (one

@@ -199,16 +199,14 @@ fn chain(error: &dyn std::error::Error) -> String {
     parts.join(": ")
 }
 
-/// The endpoint for `nexus_url`, with keepalive on (HTTP/2 PINGs only prove the next hop alive;
+/// The endpoint for `url` (one of `nexus_urls`), with keepalive on (HTTP/2 PINGs only prove the next hop alive;
 /// the application ping proves nexus), and TLS when the URL is `https://`: nexus is verified
 /// against `--tls-ca` only, and `--tls-cert`/`--tls-key` are presented for mutual TLS. The TLS
 /// files are read here, once.
-pub(super) fn endpoint(config: &AgentConfig) -> Result<Endpoint, ConfigError> {
-    let invalid_url = |error: tonic::transport::Error| ConfigError::InvalidUrl {
-        url: config.nexus_url.clone(),
-        reason: chain(&error),
-    };
-    let endpoint = Endpoint::from_shared(config.nexus_url.clone())
+pub(super) fn endpoint(config: &AgentConfig, url: &str) -> Result<Endpoint, ConfigError> {
+    let invalid_url =
+        |error: tonic::transport::Error| ConfigError::InvalidUrl { url: url.to_owned(), reason: chain(&error) };
+    let endpoint = Endpoint::from_shared(url.to_owned())
         .map_err(invalid_url)?
         .connect_timeout(config.connect_timeout)
         .http2_keep_alive_interval(Duration::from_secs(15))

@@ -17,9 +17,14 @@ use crate::claim::RequestError;
 use super::*;
 
 impl Agent {
-    /// Whether the URL asks for plaintext (`http://`).
+    /// Whether the URLs ask for plaintext (`http://`; they all share one scheme).
     pub(super) fn plaintext(&self) -> bool {
-        self.config.nexus_url.get(..7).is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
+        self.nexus_url().get(..7).is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"))
+    }
+
+    /// The URL of the node this agent is connected or connecting to.
+    pub(super) fn nexus_url(&self) -> &str {
+        &self.config.nexus_urls[self.node]
     }
 
     pub(super) fn hello(&self) -> Hello {
@@ -34,12 +39,23 @@ impl Agent {
 
     pub(super) fn open_after(&self, delay: Duration) -> Connecting {
         let bounds = (self.config.connect_timeout, self.config.handshake_timeout);
-        Box::pin(link::open(self.endpoint.clone(), self.hello(), bounds, delay))
+        Box::pin(link::open(self.endpoints[self.node].clone(), self.hello(), bounds, delay))
     }
 
+    /// Opens the next stream: with several URLs, to the next node of the list (the one just
+    /// lost or refused may be gone; `docs/cluster.md`, "Runners"). The nodes of a round are tried
+    /// one after another at once; after a whole round without a welcome the backoff's delay
+    /// comes before the next.
     pub(super) fn schedule_reconnect(&mut self) {
-        let delay = self.backoff.next_delay();
-        info!(delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "reconnecting");
+        let count = self.endpoints.len();
+        self.attempts += 1;
+        self.node = (self.node + 1) % count;
+        let delay = if self.attempts % count == 0 { self.backoff.next_delay() } else { Duration::ZERO };
+        info!(
+            nexus = self.nexus_url(),
+            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            "reconnecting"
+        );
         self.connecting = Some(self.open_after(delay));
     }
 
@@ -51,7 +67,9 @@ impl Agent {
         // A slow pinger must not look dead: allow three ping intervals of silence.
         let ping_bound = Duration::from_millis(welcome.ping_interval_ms.saturating_mul(3));
         let liveness = self.config.liveness_timeout.max(ping_bound);
+        self.attempts = 0;
         info!(
+            nexus = self.nexus_url(),
             credential_epoch = welcome.credential_epoch,
             liveness_ms = u64::try_from(liveness.as_millis()).unwrap_or(u64::MAX),
             "connected to nexus"
