@@ -178,6 +178,17 @@ impl RunningServer {
     }
 }
 
+impl RunningServer {
+    /// Stops at once, without a drain: for a node that lost its serve lease, whose every write
+    /// is refused and whose doors can answer nothing true. Runner streams and requests are cut,
+    /// so runners and clients move to the node that took over.
+    pub fn abandon(self) {
+        self.api.fabric.closing.send_replace(true);
+        self.api.root.stop();
+        self.transport.abort();
+    }
+}
+
 /// Opens the store, starts the actors, serves gRPC and HTTP on `listener` until
 /// [`RunningServer::shutdown`], and recovers live work beside the doors (see `recover`).
 ///
@@ -407,7 +418,7 @@ pub async fn serve(
             server.shutdown().await
         }
         Some(reason) => {
-            let _ = server.shutdown().await;
+            server.abandon();
             Err(ServeError::StoreLockLost(reason))
         }
     }

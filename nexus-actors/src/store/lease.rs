@@ -44,9 +44,14 @@ macro_rules! now_ms {
 }
 
 /// The fence check each group-committed transaction of the holder runs first: one row when
-/// the lease still names `$1` at generation `$2` and has not expired.
+/// the lease still names `$1` at generation `$2` and has not expired. In the same statement it
+/// bounds how long this transaction may sit idle on the database to `$3` milliseconds (the
+/// lease term): a node cut off from the database mid-transaction leaves its session open on the
+/// server, and the row locks it holds (this one above all) would keep every other node from
+/// taking over until TCP gave up, hours later. PostgreSQL ends such a session after the term.
 pub(super) const FENCE_SQL: &str = concat!(
-    "SELECT generation FROM cluster_lease WHERE name = 'serve' AND holder = $1 AND generation = $2 AND lease_until_ms > ",
+    "SELECT generation, set_config('idle_in_transaction_session_timeout', $3, true) FROM cluster_lease \
+     WHERE name = 'serve' AND holder = $1 AND generation = $2 AND lease_until_ms > ",
     now_ms!(),
     " FOR KEY SHARE"
 );
@@ -110,6 +115,9 @@ pub struct Fence {
     pub holder: String,
     /// The generation the lease was taken at.
     pub generation: i64,
+    /// The lease term in milliseconds, as text: how long a fenced transaction may sit idle on
+    /// the database ([`FENCE_SQL`]).
+    pub(super) idle_timeout_ms: String,
     /// Said once when a write finds the lease gone.
     pub(super) lost: watch::Sender<Option<String>>,
 }
@@ -323,7 +331,12 @@ impl Lease {
         // after this moment had passed on ours.
         let taken_at = Instant::now();
         let (lost_tx, lost_rx) = watch::channel(None);
-        let fence = Arc::new(Fence { holder: lessee.identity.node_id.clone(), generation, lost: lost_tx });
+        let fence = Arc::new(Fence {
+            holder: lessee.identity.node_id.clone(),
+            generation,
+            idle_timeout_ms: lessee.term.as_millis().to_string(),
+            lost: lost_tx,
+        });
         let (release_tx, release_rx) = oneshot::channel();
         let holder = lessee.identity.node_id.clone();
         let task = tokio::spawn(tracing::Instrument::instrument(

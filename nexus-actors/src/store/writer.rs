@@ -142,6 +142,7 @@ impl Opener {
             let held = sqlx::query(FENCE_SQL)
                 .bind(fence.holder.as_str())
                 .bind(fence.generation)
+                .bind(fence.idle_timeout_ms.as_str())
                 .fetch_optional(&mut *tx)
                 .await?;
             if held.is_none() {

@@ -332,10 +332,12 @@ async fn scenario(name: &'static str, fault: Fault) {
             cluster.proxy.as_ref().expect("proxy").black_hole(Direction::Both);
             let cut = Instant::now();
             let process = cluster.nodes[first].process.take().expect("running");
+            // It stops driving (and exits) once it has gone a whole term without renewing: at
+            // most a term after its last renewal, itself at most a quarter term before the cut.
             let exit = process.exits_within(2 * term + DETECTION_SLACK).await;
             let stopped = cut.elapsed();
             assert!(!exit.success(), "{tag} the cut-off node exited {exit}");
-            eprintln!("{tag} the cut-off node stopped driving after {stopped:?}");
+            eprintln!("{tag} the cut-off node stopped after {stopped:?}");
             let next = cluster.wait_for_holder(Some(first), generation, WAIT).await;
             outage = cut.elapsed();
             eprintln!("{tag} node {next} took over {outage:?} after the cut");
