@@ -7,7 +7,9 @@
 //!
 //! Knobs (environment):
 //! - `NEXUS_BENCH_POSTGRES_URL`: also measure throughput on PostgreSQL, in a fresh database made
-//!   on that server (e.g. `postgres://root@127.0.0.1:5432/postgres`) and dropped afterwards.
+//!   on that server (e.g. `postgres://root@127.0.0.1:5432/postgres`) and dropped afterwards; the
+//!   same with two `nexus serve` standbys beside the serving node; and fail-over between two
+//!   `nexus serve` processes (from a SIGKILL until the standby serves and a turn on it completes).
 //! - `NEXUS_BENCH_SECONDS`: the timed throughput window per backend (default 5).
 //! - `NEXUS_BENCH_RECOVERY_TASKS`: open tasks before the restart (default 100,000), spread over
 //!   runners with `NEXUS_BENCH_RECOVERY_PER_RUNNER` each (default 500, one execution per runner).
@@ -761,6 +763,87 @@ async fn recovery(open: usize, per_runner: usize) -> (Duration, Duration, bool) 
 
 // ---- the table ---------------------------------------------------------------------------------
 
+/// The serve lease's term in the fail-over row.
+const FAIL_OVER_LEASE_MS: u64 = 2_000;
+
+/// Starts two `nexus serve` standbys on the PostgreSQL database at `url`, beside a node that
+/// serves it: the three-node row's extra nodes (`docs/cluster.md`).
+async fn standbys(url: &str, dir: &std::path::Path) -> Vec<NexusProcess> {
+    let config = dir.join("standby.toml");
+    std::fs::write(&config, "").expect("config");
+    let mut nodes = Vec::new();
+    for index in 0..2 {
+        let data_dir = dir.join(format!("standby{index}"));
+        std::fs::create_dir_all(&data_dir).expect("data dir");
+        let at = StoreLocation { data_dir, database_url: Some(url.to_owned()) };
+        nodes.push(NexusProcess::standby(&at, free_loopback_addr(), &config).await);
+    }
+    nodes
+}
+
+/// Posts one input whose turn is a final answer and waits until it completes; `false` when
+/// it is refused or has not completed within `limit`.
+async fn one_turn(http: &Http, limit: Duration) -> bool {
+    let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "are you there"})).await;
+    let Some(run) = admitted.body["execution_public_id"].as_str().map(str::to_owned) else { return false };
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if http.get(&format!("/agent_api/v1/executions/{run}")).await.body["status"] == "completed" {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    false
+}
+
+/// Fail-over on PostgreSQL with two `nexus serve` processes and `[cluster] lease_ms` of
+/// [`FAIL_OVER_LEASE_MS`]: from the serving node's SIGKILL until the standby serves, and until
+/// a turn admitted on it has completed (work advances again). `None` when a step failed (said
+/// on stderr).
+async fn fail_over(admin_url: &str) -> Option<(Duration, Duration)> {
+    let (url, name) = create_database(admin_url).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let script = dir.path().join("final.json");
+    std::fs::write(&script, json!({"rounds": [{"final": "here"}]}).to_string()).expect("script");
+    let config = dir.path().join("cluster.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nlease_ms = {FAIL_OVER_LEASE_MS}\n\n[providers.scripted]\nkind = \"scripted\"\n\n\
+             [providers.scripted.models.final]\nscript = {script:?}\n"
+        ),
+    )
+    .expect("config");
+    let location = |node: &str| {
+        let data_dir = dir.path().join(node);
+        std::fs::create_dir_all(&data_dir).expect("data dir");
+        StoreLocation { data_dir, database_url: Some(url.clone()) }
+    };
+    let (first_at, second_at) = (location("first"), location("second"));
+    let first = NexusProcess::serve(&first_at, free_loopback_addr(), &config).await;
+    let agent = nexus_tests::processes::admin_agent(&first_at, "fail-over").await;
+    let declared = Http::new(&first.url(), Some(&agent.token))
+        .declare(&json!({"configuration": {"approval_mode": "bypass", "default_model": "scripted/final"}}))
+        .await;
+    let second = NexusProcess::standby(&second_at, free_loopback_addr(), &config).await;
+    let on_second = Http::new(&second.url(), Some(&agent.token));
+    let warm = one_turn(&Http::new(&first.url(), Some(&agent.token)), Duration::from_secs(30)).await;
+    let measured = if declared.status == 200 && warm {
+        let killed = Instant::now();
+        first.sigkill().await;
+        second.wait_for_log("the take-over", Duration::from_secs(30), |line| line.contains("nexus serving")).await;
+        let serving = killed.elapsed();
+        let advanced = one_turn(&on_second, Duration::from_secs(30)).await;
+        advanced.then(|| (serving, killed.elapsed()))
+    } else {
+        eprintln!("fail-over: the first node did not serve a turn (declare {})", declared.status);
+        None
+    };
+    let _ = second.sigterm(Duration::from_secs(20)).await;
+    drop_database(admin_url, &name).await;
+    measured
+}
+
 fn verdict(ok: bool) -> &'static str {
     if ok { "holds" } else { "MISSED" }
 }
@@ -811,6 +894,25 @@ async fn run() {
         }
         None => None,
     };
+    let cluster = match &postgres {
+        Some(admin_url) => {
+            eprintln!("throughput on PostgreSQL with three nodes ({seconds} s)...");
+            let (url, name) = create_database(admin_url).await;
+            let pg_url = url.clone();
+            let server = TestServer::start_with(&scripts(), move |c| c.store.database_url = Some(pg_url)).await;
+            let dir = tempfile::tempdir().expect("dir");
+            let nodes = standbys(&url, dir.path()).await;
+            let rate = throughput(&server, seconds, true).await;
+            for node in nodes {
+                let _ = node.sigterm(Duration::from_secs(20)).await;
+            }
+            server.shutdown().await;
+            drop_database(admin_url, &name).await;
+            eprintln!("fail-over on PostgreSQL (two nodes, lease {FAIL_OVER_LEASE_MS} ms)...");
+            Some((rate, fail_over(admin_url).await))
+        }
+        None => None,
+    };
 
     eprintln!("recovery with {open} open tasks...");
     let (start, until_claim, granted) = recovery(open, recovery_per_runner).await;
@@ -843,6 +945,25 @@ async fn run() {
             verdict(pg.rate >= 10_000.0)
         ),
         None => println!("| settled calls/s, PostgreSQL | not run (set NEXUS_BENCH_POSTGRES_URL) | >= 10000 | |"),
+    }
+    match &cluster {
+        Some((three, fail)) => {
+            println!(
+                "| settled calls/s, PostgreSQL, 3 nodes on the database (1 serving, 2 standbys), same load | {:.0} | | |",
+                three.rate
+            );
+            match fail {
+                Some((serving, advanced)) => println!(
+                    "| fail-over, SIGKILL of the serving node until the standby serves / until a turn on it completed (lease {FAIL_OVER_LEASE_MS} ms) | {:.2} s / {:.2} s | <= {:.1} s (2 x lease) | {} |",
+                    serving.as_secs_f64(),
+                    advanced.as_secs_f64(),
+                    2.0 * FAIL_OVER_LEASE_MS as f64 / 1000.0,
+                    verdict(*advanced <= Duration::from_millis(2 * FAIL_OVER_LEASE_MS))
+                ),
+                None => println!("| fail-over | NOT MEASURED (see stderr) | | MISSED |"),
+            }
+        }
+        None => println!("| 3 nodes, fail-over | not run (set NEXUS_BENCH_POSTGRES_URL) | | |"),
     }
     println!(
         "| store writes / reads per settled call, throughput run (SQLite, {FAN_OUT} calls per turn, all included) | {:.2} / {:.2} | <= 4 / 0 | {} |",

@@ -50,7 +50,7 @@ impl Agent {
         let count = self.endpoints.len();
         self.attempts += 1;
         self.node = (self.node + 1) % count;
-        let delay = if self.attempts % count == 0 { self.backoff.next_delay() } else { Duration::ZERO };
+        let delay = if self.attempts.is_multiple_of(count) { self.backoff.next_delay() } else { Duration::ZERO };
         info!(
             nexus = self.nexus_url(),
             delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
