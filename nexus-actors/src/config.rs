@@ -50,12 +50,27 @@ pub struct ClusterConfig {
     /// driving work. A node that dies is replaced within about this time plus a quarter of it.
     /// Default 5000; 500 to 60000.
     pub lease_ms: u64,
+    /// The address other machines reach this node's port at, `HOST:PORT` (at most 255 bytes),
+    /// as the cluster listing shows it. Default: unset, the address the node listens on (which
+    /// says little when that is `0.0.0.0`). Per node: set it with `--advertise-address` or
+    /// `NEXUS_ADVERTISE_ADDRESS` where one config file serves every node.
+    pub advertise_address: Option<String>,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        ClusterConfig { lease_ms: crate::store::lease::LEASE_MS_DEFAULT }
+        ClusterConfig { lease_ms: crate::store::lease::LEASE_MS_DEFAULT, advertise_address: None }
     }
+}
+
+/// Whether `address` is `HOST:PORT`: a non-empty host without whitespace, `/` or `@`, and a
+/// port from 1 to 65535; at most 255 bytes.
+fn is_host_and_port(address: &str) -> bool {
+    let Some((host, port)) = address.rsplit_once(':') else { return false };
+    address.len() <= 255
+        && !host.is_empty()
+        && !host.contains(|c: char| c.is_whitespace() || c.is_control() || c == '/' || c == '@')
+        && port.parse::<u16>().is_ok_and(|port| port > 0)
 }
 
 impl ClusterConfig {
@@ -557,6 +572,12 @@ impl ServerConfig {
         if !lease.contains(&self.cluster.lease_ms) {
             return invalid("cluster.lease_ms", "must be from 500 to 60000 milliseconds");
         }
+        if self.cluster.advertise_address.as_deref().is_some_and(|address| !is_host_and_port(address)) {
+            return invalid(
+                "cluster.advertise_address",
+                "must be HOST:PORT (e.g. 10.0.0.11:7740 or node1.internal:7740), at most 255 bytes",
+            );
+        }
         if self.doors.requests_per_minute == 0 || self.doors.burst == 0 {
             return invalid("doors", "requests_per_minute and burst must be positive");
         }
@@ -736,6 +757,32 @@ mod tests {
                 Err(other) => panic!("{text}: {other:?}"),
             }
         }
+        for (address, ok) in [
+            ("10.0.0.11:7740", true),
+            ("node1.internal:7740", true),
+            ("[fd00::11]:7740", true),
+            ("10.0.0.11", false),
+            ("10.0.0.11:0", false),
+            ("10.0.0.11:70000", false),
+            (":7740", false),
+            ("http://10.0.0.11:7740", false),
+            ("node one:7740", false),
+        ] {
+            let mut config = ServerConfig::default();
+            config.cluster.advertise_address = Some(address.to_owned());
+            match config.validate() {
+                Ok(()) => assert!(ok, "{address} was accepted"),
+                Err(ConfigError::Invalid { field, .. }) => {
+                    assert!(!ok, "{address} was refused");
+                    assert_eq!(field, "cluster.advertise_address");
+                }
+                Err(other) => panic!("{address}: {other}"),
+            }
+        }
+        let long = format!("{}:7740", "h".repeat(251));
+        let mut config = ServerConfig::default();
+        config.cluster.advertise_address = Some(long);
+        assert!(config.validate().is_err(), "an address over 255 bytes was accepted");
         assert_eq!(ServerConfig::default().cluster.lease_ms, 5_000);
         assert!(ServerConfig::from_toml("[cluster]\nlease = 5000\n").is_err(), "an unknown key was accepted");
     }

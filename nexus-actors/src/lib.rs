@@ -217,7 +217,8 @@ pub async fn start_with_models(
     // Before the store is opened: a refused node changes nothing, not even the schema.
     let mut lock = store::ServeLock::acquire(&config.data_dir, addr)?;
     let store = Store::connect(&config.data_dir, &config.store).await?.with_clock(clock.clone());
-    let node = store::lease::NodeIdentity::of(&config.data_dir, addr)?;
+    let advertised = config.cluster.advertise_address.clone().unwrap_or_else(|| addr.to_string());
+    let node = store::lease::NodeIdentity::of(&config.data_dir, advertised)?;
     if let Some(url) = &config.store.database_url {
         let lease = standby(&listener, url, &config, node.clone()).await?;
         tracing::info!(node = %lease.holder, generation = lease.generation, "holding the serve lease");

@@ -40,6 +40,10 @@ enum Command {
         /// The address to listen on.
         #[arg(long, env = "NEXUS_LISTEN", default_value = "127.0.0.1:7740")]
         listen: SocketAddr,
+        /// The address other machines reach this node at, HOST:PORT, as the cluster listing
+        /// shows it (overrides cluster.advertise_address; default: the listen address).
+        #[arg(long, env = "NEXUS_ADVERTISE_ADDRESS")]
+        advertise_address: Option<String>,
         /// Most connections open at once (overrides connections.max_connections; default: 3/4 of
         /// `ulimit -n`).
         #[arg(long, env = "NEXUS_MAX_CONNECTIONS")]
@@ -281,6 +285,7 @@ async fn run() -> anyhow::Result<()> {
             data_dir,
             database_url,
             listen,
+            advertise_address,
             max_connections,
             tls_cert,
             tls_key,
@@ -296,6 +301,9 @@ async fn run() -> anyhow::Result<()> {
             }
             if let Some(max) = max_connections {
                 config.connections.max_connections = Some(max);
+            }
+            if let Some(address) = advertise_address {
+                config.cluster.advertise_address = Some(address);
             }
             config.tls.cert = tls_cert.or(config.tls.cert);
             config.tls.key = tls_key.or(config.tls.key);

@@ -82,7 +82,7 @@ impl NodeIdentity {
     ///
     /// # Errors
     /// [`LockError::DataDir`] when the file can be neither read nor written.
-    pub fn of(data_dir: &Path, address: std::net::SocketAddr) -> Result<NodeIdentity, LockError> {
+    pub fn of(data_dir: &Path, address: String) -> Result<NodeIdentity, LockError> {
         let path = data_dir.join("node-id");
         let fail = |source| LockError::DataDir { path: path.clone(), source };
         let node_id = match std::fs::read_to_string(&path) {
@@ -93,7 +93,7 @@ impl NodeIdentity {
                 id
             }
         };
-        Ok(NodeIdentity { node_id, address: address.to_string(), host: host_name(), pid: std::process::id() })
+        Ok(NodeIdentity { node_id, address, host: host_name(), pid: std::process::id() })
     }
 }
 

@@ -536,7 +536,9 @@ async fn a_node_whose_lease_is_taken_over_commits_nothing_and_stops_serving() {
 
 #[tokio::test]
 async fn the_cluster_listing_names_this_node_and_is_served_to_loopback_only() {
-    let server = TestServer::start(&[]).await;
+    let server =
+        TestServer::start_with(&[], |config| config.cluster.advertise_address = Some("node1.internal:7740".into()))
+            .await;
     let agent = server.agent("agent").await;
     let anonymous = Http::new(&server.url(), None).get("/agent_api/v1/cluster").await;
     assert_eq!(anonymous.status, 401, "{:?}", anonymous.body);
@@ -549,6 +551,7 @@ async fn the_cluster_listing_names_this_node_and_is_served_to_loopback_only() {
     assert_eq!(nodes[0]["this_node"], true, "{body}");
     assert_eq!(nodes[0]["node_id"], body["this_node"], "{body}");
     assert_eq!(nodes[0]["pid"], i64::from(std::process::id()), "{body}");
+    assert_eq!(nodes[0]["address"], "node1.internal:7740", "the advertised address is listed: {body}");
     assert_eq!(nodes[0]["owns"]["runner_streams"], 0, "{body}");
     if test_store_backend() == StoreBackend::Postgres {
         assert_eq!(body["lease"]["holder"], body["this_node"], "{body}");
