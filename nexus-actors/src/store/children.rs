@@ -498,22 +498,53 @@ impl Store {
         }
     }
 
-    /// The newest execution of `conversation` (its latest turn's newest candidate), without its
-    /// transcript.
+    /// The newest execution of `conversation` (its latest turn's newest candidate): its id,
+    /// status, final text and error key, read in one narrow query (no transcript).
     ///
     /// # Errors
     /// [`StoreError`](super::StoreError) on a database failure.
-    pub async fn latest_execution_of(&self, conversation: ConversationId) -> StoreResult<Option<ExecutionRow>> {
+    pub async fn latest_execution_of(&self, conversation: ConversationId) -> StoreResult<Option<LatestExecution>> {
         let row = sqlx::query(
-            "SELECT e.public_id FROM executions e JOIN inputs i ON i.public_id = e.input_public_id \
+            "SELECT e.public_id, e.status, e.final_text, e.error_key FROM executions e \
+             JOIN inputs i ON i.public_id = e.input_public_id \
              WHERE e.conversation_public_id = $1 ORDER BY i.turn DESC, e.created_at DESC LIMIT 1",
         )
         .bind(conversation.to_string())
         .fetch_optional(self.reader())
         .await?;
-        match row {
-            Some(row) => self.execution(parse(&row.try_get::<String, _>("public_id")?)?).await,
-            None => Ok(None),
-        }
+        row.map(|row| {
+            Ok(LatestExecution {
+                public_id: parse(&row.try_get::<String, _>("public_id")?)?,
+                status: parse(&row.try_get::<String, _>("status")?)?,
+                final_text: row.try_get("final_text")?,
+                error_key: row.try_get("error_key")?,
+            })
+        })
+        .transpose()
     }
+
+    /// How many children `parent` has started, counted in the database.
+    ///
+    /// # Errors
+    /// [`StoreError`](super::StoreError) on a database failure.
+    pub async fn children_count(&self, parent: ExecutionId) -> StoreResult<usize> {
+        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM children WHERE parent_execution_public_id = $1")
+            .bind(parent.to_string())
+            .fetch_one(self.reader())
+            .await?;
+        Ok(usize::try_from(count).unwrap_or(usize::MAX))
+    }
+}
+
+/// What [`Store::latest_execution_of`] reads of a conversation's newest execution.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LatestExecution {
+    /// Its id.
+    pub public_id: ExecutionId,
+    /// Its status.
+    pub status: nexus_proto::RunStatus,
+    /// Its final answer, once it has one.
+    pub final_text: Option<String>,
+    /// Its error key, when it failed.
+    pub error_key: Option<String>,
 }

@@ -819,6 +819,7 @@ async fn a_mail_turn_of_a_budgeted_turn_keeps_a_budget() {
         (line.public_id != run && line.status.is_terminal()).then_some(line)
     })
     .await;
+    let mail = bed.server.store().execution(mail.public_id).await.expect("store").expect("the mail turn");
     let ledger = mail.budget.expect("the mail turn has a budget");
     let calls_allowed = ledger.limits.max_tool_calls.expect("a tool-call limit");
     assert!(calls_allowed > 0 && calls_allowed < 40, "a share of what the turn left: {ledger:?}");

@@ -68,7 +68,7 @@ pub(super) async fn within_bounds(
     store: &crate::store::Store,
     execution: &ExecutionRow,
 ) -> Result<Result<(), String>, kernel::KernelFailure> {
-    if store.children_of(execution.public_id).await?.len() >= CHILDREN_PER_EXECUTION {
+    if store.children_count(execution.public_id).await? >= CHILDREN_PER_EXECUTION {
         return Ok(Err(format!(
             "delegation bound: this run started {CHILDREN_PER_EXECUTION} children already, the most one run may; \
              join or wait for the ones it has"
