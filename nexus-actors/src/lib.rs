@@ -366,6 +366,16 @@ async fn standby(
         config.cluster.lease(),
         config.store.acquire_timeout(),
         move |holder| {
+            if holder.node_id == node {
+                tracing::warn!(
+                    %node,
+                    lapses_in_ms = holder.remaining_ms,
+                    "standby: the serve lease names this node's own id: either this node stopped without giving it \
+                     up (it lapses within a term) or another process serves with a copy of this data dir (its \
+                     node-id); give every node a data dir of its own"
+                );
+                return;
+            }
             tracing::info!(
                 %node,
                 holder = %holder.node_id,

@@ -142,6 +142,8 @@ pub(crate) struct Agent {
     /// Attempts to open a stream since the last welcome: the agent tries each node of the list
     /// in turn at once, and waits its backoff only after a whole round failed.
     attempts: usize,
+    /// The nodes (indexes in `endpoints`) that refused this runner since the last welcome.
+    refusals: HashSet<usize>,
     toolbox: Arc<Toolbox>,
     /// Held for the agent's life: no second runner-agent writes this journal or uses this
     /// runner's stream meanwhile.
@@ -289,6 +291,7 @@ impl Agent {
             endpoints,
             node: 0,
             attempts: 0,
+            refusals: HashSet::new(),
             _state_lock: state_lock,
             journal,
             after_durable: VecDeque::new(),
@@ -377,16 +380,33 @@ impl Agent {
                     match opened {
                         Ok(connected) => self.on_connected(connected),
                         Err(err) => {
+                            // With several nodes, one that refuses this runner (another
+                            // cluster's, say) is left for the others; only when every node of
+                            // the list refused does the agent stop.
+                            let several = self.endpoints.len() > 1;
                             if let Some(refusal) = err.fatal() {
-                                error!(code = %refusal.code, message = %refusal.message, "nexus refused this runner; not retrying");
+                                if several && self.refused_by(self.node) {
+                                    error!(nexus = self.nexus_url(), code = %refusal.code, message = %refusal.message, "this node refused this runner; trying the next");
+                                    self.schedule_reconnect();
+                                    continue;
+                                }
+                                error!(nexus = self.nexus_url(), code = %refusal.code, message = %refusal.message, "nexus refused this runner; not retrying");
                                 return Err(AgentError::Refused(refusal));
                             }
                             if let Some(reason) = err.tls_failure(&self.config.tls) {
-                                error!(%reason, "tls with nexus failed; not retrying");
+                                if several && self.refused_by(self.node) {
+                                    error!(nexus = self.nexus_url(), %reason, "tls with this node failed; trying the next");
+                                    self.schedule_reconnect();
+                                    continue;
+                                }
+                                error!(nexus = self.nexus_url(), %reason, "tls with nexus failed; not retrying");
                                 return Err(AgentError::Tls(reason));
                             }
                             self.fence.lost(false);
-                            if self.plaintext() && err.looks_like_a_tls_port() {
+                            if several {
+                                // A standby closes every connection at once.
+                                warn!(nexus = self.nexus_url(), error = %err, "could not open the stream to this node (a standby closes connections at once); trying the next");
+                            } else if self.plaintext() && err.looks_like_a_tls_port() {
                                 warn!(nexus = self.nexus_url(), error = %err, hint = link::PLAINTEXT_TO_TLS_HINT, "could not open the stream to nexus");
                             } else {
                                 warn!(nexus = self.nexus_url(), error = %err, "could not open the stream to nexus");

@@ -227,8 +227,15 @@ fn check_urls(urls: &[String], tls: &TlsOptions) -> Result<(), ConfigError> {
     let Some(first) = urls.first() else {
         return invalid("", "no nexus URL is given; pass --nexus http://HOST:PORT".to_owned());
     };
-    if urls.len() > NEXUS_URLS_MAX {
-        return invalid(first, format!("{} nexus URLs are given; at most {NEXUS_URLS_MAX} are taken", urls.len()));
+    if let Some(over) = urls.get(NEXUS_URLS_MAX) {
+        return invalid(
+            over,
+            format!(
+                "{} nexus URLs are given and this is number {}; at most {NEXUS_URLS_MAX} are taken",
+                urls.len(),
+                NEXUS_URLS_MAX + 1
+            ),
+        );
     }
     let scheme = |url: &str| url.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase());
     for (index, url) in urls.iter().enumerate() {
@@ -239,7 +246,8 @@ fn check_urls(urls: &[String], tls: &TlsOptions) -> Result<(), ConfigError> {
             );
         }
         check_url(url, tls)?;
-        if urls[..index].contains(url) {
+        let same = |other: &String| other.trim_end_matches('/') == url.trim_end_matches('/');
+        if urls[..index].iter().any(same) {
             return invalid(url, "this nexus URL is listed twice".to_owned());
         }
     }
@@ -422,13 +430,17 @@ mod tests {
         assert!(refusal(&[], &plain).1.contains("no nexus URL"));
         let (url, reason) = refusal(&["http://a:1", "http://b:1", "http://a:1"], &plain);
         assert_eq!((url.as_str(), reason.as_str()), ("http://a:1", "this nexus URL is listed twice"));
+        let (url, _) = refusal(&["http://a:1/", "http://a:1"], &plain);
+        assert_eq!(url, "http://a:1", "a trailing slash makes no other node");
         let (url, reason) = refusal(&["https://a:1", "http://b:1"], &with_ca);
         assert_eq!(url, "http://b:1");
         assert!(reason.contains("scheme of the first"), "{reason}");
         assert!(refusal(&["http://a:1", ""], &plain).1.contains("scheme is missing"));
         let many: Vec<String> = (0..=NEXUS_URLS_MAX).map(|port| format!("http://a:{port}")).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
-        assert!(refusal(&many, &plain).1.contains("at most 16"));
+        let (url, reason) = refusal(&many, &plain);
+        assert_eq!(url, "http://a:16", "the first URL over the bound is named");
+        assert!(reason.contains("at most 16"), "{reason}");
         assert!(check_urls(&urls(&many[..NEXUS_URLS_MAX]), &plain).is_ok());
     }
 

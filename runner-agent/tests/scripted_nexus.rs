@@ -340,6 +340,44 @@ async fn with_several_nodes_the_agent_skips_a_dead_one_and_moves_on_when_its_nod
     second_server.abort();
 }
 
+fn unauthorized() -> nexus_frame::Frame {
+    nexus_frame::Frame::Refusal(Refusal { code: "unauthorized".into(), message: "bad token".into(), http_status: 401 })
+}
+
+#[tokio::test]
+async fn with_several_nodes_one_that_refuses_the_runner_is_skipped_and_all_refusing_ends_run() {
+    let mut first = Harness::start().await;
+    let (second_address, mut second_streams, second_server) = serve().await;
+    let mut config = first.config.clone();
+    config.nexus_urls.push(format!("http://{second_address}"));
+    let (stop, agent) = spawn_agent(config.clone());
+
+    // The first node does not know this runner: the agent moves on to the second.
+    let mut refusing = first.accept().await;
+    let (request_id, _) = refusing.recv().await;
+    refusing.send(request_id, unauthorized());
+    let mut serving = tokio::time::timeout(PATIENCE, second_streams.recv()).await.expect("moved on").unwrap();
+    serving.welcome(15_000).await;
+    serving.announced().await;
+    assert!(!agent.is_finished(), "one node's refusal ended the agent");
+    stop.send(()).unwrap();
+    assert!(finished(agent).await.is_ok());
+
+    // Every node refuses: the agent stops with the refusal.
+    let (_stop, agent) = spawn_agent(config);
+    let mut refusing = first.accept().await;
+    let (request_id, _) = refusing.recv().await;
+    refusing.send(request_id, unauthorized());
+    let mut refusing_too = tokio::time::timeout(PATIENCE, second_streams.recv()).await.expect("moved on").unwrap();
+    let (request_id, _) = refusing_too.recv().await;
+    refusing_too.send(request_id, unauthorized());
+    match finished(agent).await {
+        Err(AgentError::Refused(refusal)) => assert_eq!(refusal.code, nexus_proto::ErrorCode::Unauthorized),
+        other => panic!("expected the unauthorized refusal, got {other:?}"),
+    }
+    second_server.abort();
+}
+
 #[tokio::test]
 async fn an_unauthorized_hello_ends_run_with_the_refusal() {
     let mut nexus = Harness::start().await;

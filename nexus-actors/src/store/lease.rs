@@ -85,11 +85,38 @@ impl NodeIdentity {
     pub fn of(data_dir: &Path, address: String) -> Result<NodeIdentity, LockError> {
         let path = data_dir.join("node-id");
         let fail = |source| LockError::DataDir { path: path.clone(), source };
-        let node_id = match std::fs::read_to_string(&path) {
-            Ok(text) if uuid::Uuid::parse_str(text.trim()).is_ok() => text.trim().to_owned(),
-            Ok(_) | Err(_) => {
+        // The file also records where it was made (the kernel's host name and the data dir's
+        // path): a data dir copied to another place or host, the holder's `node-id` with it,
+        // must not pass for the holder and take its lease.
+        let kernel_host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let here = data_dir.canonicalize().unwrap_or_else(|_| data_dir.to_owned());
+        let origin = format!("{}:{}", kernel_host.trim(), here.display());
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let mut lines = text.lines().map(str::trim);
+        let kept = lines.next().filter(|id| uuid::Uuid::parse_str(id).is_ok()).map(str::to_owned);
+        let node_id = match (kept, lines.next()) {
+            (Some(id), Some(made)) if made == origin => id,
+            (Some(id), None) => {
+                // Written before the origin was recorded: kept, and its origin added.
+                std::fs::write(&path, format!("{id}\n{origin}\n")).map_err(fail)?;
+                id
+            }
+            (kept, made) => {
+                match (&kept, made) {
+                    (Some(id), Some(made)) => tracing::warn!(
+                        node_id = %id,
+                        made_at = made,
+                        here = %origin,
+                        "this data dir's node-id was made elsewhere (a copied or moved data dir); this node takes an id of its own"
+                    ),
+                    _ if !text.trim().is_empty() => tracing::warn!(
+                        path = %path.display(),
+                        "the node-id file does not start with a UUID; this node takes a new id"
+                    ),
+                    _ => {}
+                }
                 let id = uuid::Uuid::new_v4().to_string();
-                std::fs::write(&path, format!("{id}\n")).map_err(fail)?;
+                std::fs::write(&path, format!("{id}\n{origin}\n")).map_err(fail)?;
                 id
             }
         };
@@ -213,7 +240,8 @@ impl Lessee {
     }
 
     /// One attempt: takes the lease when it is free, lapsed, or named for this node (whose
-    /// previous process is gone: the data dir's flock says so). `Ok(Err(holder))` when another
+    /// previous process is gone: the data dir's flock says so, and a copy of the data dir
+    /// elsewhere has a node id of its own, [`NodeIdentity::of`]). `Ok(Err(holder))` when another
     /// node holds it.
     async fn try_take(&self, connection: &mut PgConnection) -> Result<Result<i64, Holder>, sqlx::Error> {
         let mut tx = connection.begin().await?;
@@ -552,5 +580,46 @@ impl super::Store {
                 .fetch_one(self.reader())
                 .await?;
         Ok(count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ADDRESS: &str = "127.0.0.1:7740";
+
+    fn id_of(dir: &Path) -> String {
+        NodeIdentity::of(dir, ADDRESS.to_owned()).expect("identity").node_id
+    }
+
+    #[test]
+    fn a_node_keeps_its_id_and_a_copied_data_dir_takes_its_own() {
+        let root = tempfile::tempdir().expect("dir");
+        let (first, copy) = (root.path().join("first"), root.path().join("copy"));
+        std::fs::create_dir(&first).expect("dir");
+        std::fs::create_dir(&copy).expect("dir");
+        let id = id_of(&first);
+        assert!(uuid::Uuid::parse_str(&id).is_ok(), "{id}");
+        assert_eq!(id_of(&first), id, "a restart keeps the id");
+
+        // A copy of the data dir (its node-id file with it) is another node.
+        std::fs::copy(first.join("node-id"), copy.join("node-id")).expect("copy");
+        let copied = id_of(&copy);
+        assert_ne!(copied, id, "a copied data dir passed for the node it was copied from");
+        assert_eq!(id_of(&copy), copied, "the copy keeps its new id");
+        assert_eq!(id_of(&first), id, "the original keeps its id");
+
+        // A file written before the origin was recorded keeps its id and gains the origin.
+        let legacy = uuid::Uuid::new_v4().to_string();
+        std::fs::write(first.join("node-id"), format!("{legacy}\n")).expect("write");
+        assert_eq!(id_of(&first), legacy);
+        let text = std::fs::read_to_string(first.join("node-id")).expect("read");
+        assert_eq!(text.lines().count(), 2, "{text}");
+
+        // Garbage is replaced by a fresh id.
+        std::fs::write(first.join("node-id"), "garbage\n").expect("write");
+        let fresh = id_of(&first);
+        assert!(uuid::Uuid::parse_str(&fresh).is_ok() && fresh != legacy, "{fresh}");
     }
 }

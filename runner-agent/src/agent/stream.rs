@@ -16,6 +16,9 @@ use crate::claim::RequestError;
 
 use super::*;
 
+/// The longest wait between two rounds of a list of several nodes.
+const CLUSTER_ROUND_DELAY_MAX: Duration = Duration::from_secs(1);
+
 impl Agent {
     /// Whether the URLs ask for plaintext (`http://`; they all share one scheme).
     pub(super) fn plaintext(&self) -> bool {
@@ -42,6 +45,13 @@ impl Agent {
         Box::pin(link::open(self.endpoints[self.node].clone(), self.hello(), bounds, delay))
     }
 
+    /// Notes that node `index` refused this runner; whether another node of the list has not
+    /// (so the agent goes on trying).
+    pub(super) fn refused_by(&mut self, index: usize) -> bool {
+        self.refusals.insert(index);
+        self.refusals.len() < self.endpoints.len()
+    }
+
     /// Opens the next stream: with several URLs, to the next node of the list (the one just
     /// lost or refused may be gone; `docs/cluster.md`, "Runners"). The nodes of a round are tried
     /// one after another at once; after a whole round without a welcome the backoff's delay
@@ -50,7 +60,13 @@ impl Agent {
         let count = self.endpoints.len();
         self.attempts += 1;
         self.node = (self.node + 1) % count;
-        let delay = if self.attempts.is_multiple_of(count) { self.backoff.next_delay() } else { Duration::ZERO };
+        let delay = match (self.attempts.is_multiple_of(count), count) {
+            (false, _) => Duration::ZERO,
+            (true, 1) => self.backoff.next_delay(),
+            // Between rounds of several nodes the wait stays short: standbys refuse at once while
+            // a take-over is under way, which must not grow the backoff to its cap.
+            (true, _) => self.backoff.next_delay().min(CLUSTER_ROUND_DELAY_MAX),
+        };
         info!(
             nexus = self.nexus_url(),
             delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
@@ -68,6 +84,7 @@ impl Agent {
         let ping_bound = Duration::from_millis(welcome.ping_interval_ms.saturating_mul(3));
         let liveness = self.config.liveness_timeout.max(ping_bound);
         self.attempts = 0;
+        self.refusals.clear();
         info!(
             nexus = self.nexus_url(),
             credential_epoch = welcome.credential_epoch,

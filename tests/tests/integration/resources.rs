@@ -561,6 +561,6 @@ async fn the_cluster_listing_names_this_node_and_is_served_to_loopback_only() {
     }
     // The node id is kept in the data dir: the same id after a restart.
     let id = std::fs::read_to_string(server.config().data_dir.join("node-id")).expect("node-id");
-    assert_eq!(id.trim(), body["this_node"].as_str().expect("id"));
+    assert_eq!(id.lines().next(), body["this_node"].as_str(), "{id}");
     server.shutdown().await;
 }

@@ -42,6 +42,13 @@ impl Api {
             .iter()
             .map(|node| {
                 let holds = lease.is_none() || holder.as_deref() == Some(node.node_id.as_str());
+                let alive = node.heartbeat_age_ms <= term;
+                // A node silent for a term is neither serving nor waiting: it died or was stopped.
+                let role = match (holds, alive) {
+                    (true, _) => "active",
+                    (false, true) => "standby",
+                    (false, false) => "gone",
+                };
                 let owns = holds.then(|| {
                     let runner_streams = (node.node_id == me.node_id).then_some(streams);
                     json!({"executions": executions, "runner_streams": runner_streams})
@@ -51,10 +58,10 @@ impl Api {
                     "address": node.address,
                     "host": node.host,
                     "pid": node.pid,
-                    "role": if holds { "active" } else { "standby" },
+                    "role": role,
                     "started_at_ms": (node.started_at_ms > 0).then_some(node.started_at_ms),
                     "heartbeat_age_ms": node.heartbeat_age_ms,
-                    "alive": node.heartbeat_age_ms <= term,
+                    "alive": alive,
                     "this_node": node.node_id == me.node_id,
                     "owns": owns,
                 })
