@@ -27,7 +27,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, MissedTickBehavior};
 use tonic::Streaming;
-use tonic::transport::Endpoint;
 use tracing::{debug, error, info, warn};
 
 use self::link::{ConnectError, Connected};
@@ -135,8 +134,11 @@ struct Link {
 
 pub(crate) struct Agent {
     config: AgentConfig,
-    /// One endpoint per URL of `config.nexus_urls`, in its order.
-    endpoints: Vec<Endpoint>,
+    /// One target per URL of `config.nexus_urls`, in its order.
+    endpoints: Vec<link::Target>,
+    /// The address of the last stream, when its URL's name resolved to several: the next
+    /// attempt at that URL tries it last.
+    last_address: Option<std::net::SocketAddr>,
     /// The index in `endpoints` of the node this agent is connected to or connecting to.
     node: usize,
     /// Attempts to open a stream since the last welcome: the agent tries each node of the list
@@ -223,7 +225,7 @@ impl Agent {
     pub(crate) fn new(mut config: AgentConfig) -> Result<Agent, AgentError> {
         config.check()?;
         let endpoints =
-            config.nexus_urls.iter().map(|url| link::endpoint(&config, url)).collect::<Result<Vec<_>, _>>()?;
+            config.nexus_urls.iter().map(|url| link::target(&config, url)).collect::<Result<Vec<_>, _>>()?;
         let workdir_error = |reason: String| ConfigError::Workdir { path: config.workdir.clone(), reason };
         let workdir = config.workdir.canonicalize().map_err(|err| workdir_error(err.to_string()))?;
         if !workdir.is_dir() {
@@ -289,6 +291,7 @@ impl Agent {
             backoff: ReconnectBackoff::new(&config),
             config,
             endpoints,
+            last_address: None,
             node: 0,
             attempts: 0,
             refusals: HashSet::new(),
@@ -383,29 +386,27 @@ impl Agent {
                             // With several nodes, one that refuses this runner (another
                             // cluster's, say) is left for the others; only when every node of
                             // the list refused does the agent stop.
-                            let several = self.endpoints.len() > 1;
                             if let Some(refusal) = err.fatal() {
-                                if several && self.refused_by(self.node) {
-                                    error!(nexus = self.nexus_url(), code = %refusal.code, message = %refusal.message, "this node refused this runner; trying the next");
-                                    self.schedule_reconnect();
+                                let code = refusal.code;
+                                let why = format!("{code}: {}", refusal.message);
+                                if self.leave_refusing_node(&why) {
                                     continue;
                                 }
-                                error!(nexus = self.nexus_url(), code = %refusal.code, message = %refusal.message, "nexus refused this runner; not retrying");
+                                error!(nexus = self.nexus_url(), %code, message = %refusal.message, "nexus refused this runner; not retrying");
                                 return Err(AgentError::Refused(refusal));
                             }
                             if let Some(reason) = err.tls_failure(&self.config.tls) {
-                                if several && self.refused_by(self.node) {
-                                    error!(nexus = self.nexus_url(), %reason, "tls with this node failed; trying the next");
-                                    self.schedule_reconnect();
+                                if self.leave_refusing_node(&format!("tls failed: {reason}")) {
                                     continue;
                                 }
                                 error!(nexus = self.nexus_url(), %reason, "tls with nexus failed; not retrying");
                                 return Err(AgentError::Tls(reason));
                             }
                             self.fence.lost(false);
-                            if several {
-                                // A standby closes every connection at once.
-                                warn!(nexus = self.nexus_url(), error = %err, "could not open the stream to this node (a standby closes connections at once); trying the next");
+                            if self.endpoints.len() > 1 {
+                                // A standby refuses every stream at once, naming the node that
+                                // serves (an older nexus closed the connection instead).
+                                warn!(nexus = self.nexus_url(), error = %err, "could not open the stream to this node (a standby refuses at once); trying the next");
                             } else if self.plaintext() && err.looks_like_a_tls_port() {
                                 warn!(nexus = self.nexus_url(), error = %err, hint = link::PLAINTEXT_TO_TLS_HINT, "could not open the stream to nexus");
                             } else {

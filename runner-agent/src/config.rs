@@ -149,15 +149,28 @@ impl TlsOptions {
 }
 
 impl AgentConfig {
-    /// A configuration with every optional field at its default.
+    /// A configuration for one nexus node at `nexus_url`, with every optional field at its
+    /// default.
     pub fn new(
         nexus_url: impl Into<String>,
         runner_id: Uuid,
         credential: Credential,
         workdir: impl Into<PathBuf>,
     ) -> Self {
+        Self::with_urls(vec![nexus_url.into()], runner_id, credential, workdir)
+    }
+
+    /// A configuration for the nodes at `nexus_urls` (tried in this order; checked when
+    /// the agent starts: 1 to [`NEXUS_URLS_MAX`], each once, one scheme), with every
+    /// optional field at its default (`docs/cluster.md`, "Runners").
+    pub fn with_urls(
+        nexus_urls: Vec<String>,
+        runner_id: Uuid,
+        credential: Credential,
+        workdir: impl Into<PathBuf>,
+    ) -> Self {
         AgentConfig {
-            nexus_urls: vec![nexus_url.into()],
+            nexus_urls,
             runner_id,
             credential,
             workdir: workdir.into(),

@@ -186,8 +186,8 @@ async fn serve() -> anyhow::Result<()> {
         .init();
 
     let credential = Credential::from_file(&token_file)?;
-    let mut config = AgentConfig::new(String::new(), runner_id, credential, workdir);
-    config.nexus_urls = cli.nexus.iter().map(|url| url.trim().to_owned()).collect();
+    let urls = cli.nexus.iter().map(|url| url.trim().to_owned()).collect();
+    let mut config = AgentConfig::with_urls(urls, runner_id, credential, workdir);
     config.state_dir = cli.state_dir.unwrap_or_else(|| default_state_dir(runner_id));
     config.slots = cli.slots;
     config.tool_timeout_ms = cli.tool_timeout_ms;

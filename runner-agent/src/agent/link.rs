@@ -1,6 +1,7 @@
 //! Opening one stream: TCP/HTTP2 channel (plaintext, or TLS verified against `--tls-ca`),
 //! `Connect`, `hello`, and waiting for `welcome`.
 
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
@@ -32,6 +33,49 @@ pub(super) struct Connected {
     pub(super) welcome: Welcome,
     /// Frames that followed the welcome inside the same `NexusBatch`, for the loop.
     pub(super) after_welcome: Vec<NexusFrame>,
+    /// The address the stream went to, when the URL's name resolved to several and one of them
+    /// was picked ([`Target`]); `None` when the connector resolved the URL itself.
+    pub(super) address: Option<SocketAddr>,
+}
+
+/// How to reach one URL of `nexus_urls` (`docs/cluster.md`, "Runners"): its endpoint, and, when
+/// its host is a DNS name, how to reach each address that name resolves to. A name that resolves
+/// to several addresses (one per node) is tried address by address within one attempt, so a
+/// standby that closes the connection, or a dead node, never hides the node that serves: the
+/// connector alone would take the first address that accepts TCP, every time.
+#[derive(Clone, Debug)]
+pub(super) struct Target {
+    endpoint: Endpoint,
+    name: Option<NamedHost>,
+}
+
+/// A URL whose host is a name: what a connection to one of its addresses keeps of the URL.
+#[derive(Clone, Debug)]
+struct NamedHost {
+    /// `http` or `https`.
+    scheme: String,
+    host: String,
+    port: u16,
+    /// The URL itself, the `:authority` every request names.
+    origin: tonic::codegen::http::Uri,
+    /// TLS settings without a server name of their own: the URL's host is the one verified.
+    tls: Option<ClientTlsConfig>,
+    connect_timeout: Duration,
+}
+
+impl Target {
+    /// The endpoint that connects to `address`, one of what the URL's name resolves to, while
+    /// naming the URL's host in `:authority` and, over TLS, verifying nexus's certificate
+    /// against it (or against `--tls-server-name`).
+    fn pinned(&self, address: SocketAddr) -> Option<Endpoint> {
+        let name = self.name.as_ref()?;
+        let endpoint = Endpoint::from_shared(format!("{}://{address}", name.scheme)).ok()?.origin(name.origin.clone());
+        let endpoint = tune(endpoint, name.connect_timeout);
+        match &name.tls {
+            None => Some(endpoint),
+            Some(tls) => endpoint.tls_config(tls.clone()).ok(),
+        }
+    }
 }
 
 /// Why a stream could not be opened.
@@ -199,23 +243,35 @@ fn chain(error: &dyn std::error::Error) -> String {
     parts.join(": ")
 }
 
-/// The endpoint for `url` (one of `nexus_urls`), with keepalive on (HTTP/2 PINGs only prove the next hop alive;
-/// the application ping proves nexus), and TLS when the URL is `https://`: nexus is verified
-/// against `--tls-ca` only, and `--tls-cert`/`--tls-key` are presented for mutual TLS. The TLS
-/// files are read here, once.
-pub(super) fn endpoint(config: &AgentConfig, url: &str) -> Result<Endpoint, ConfigError> {
+/// The [`Target`] for `url` (one of `nexus_urls`): its endpoint ([`tune`]d), with TLS when the
+/// URL is `https://`: nexus is verified against `--tls-ca` only, and `--tls-cert`/`--tls-key`
+/// are presented for mutual TLS. The TLS files are read here, once.
+pub(super) fn target(config: &AgentConfig, url: &str) -> Result<Target, ConfigError> {
     let invalid_url =
         |error: tonic::transport::Error| ConfigError::InvalidUrl { url: url.to_owned(), reason: chain(&error) };
-    let endpoint = Endpoint::from_shared(url.to_owned())
-        .map_err(invalid_url)?
-        .connect_timeout(config.connect_timeout)
-        .http2_keep_alive_interval(Duration::from_secs(15))
-        .keep_alive_timeout(Duration::from_secs(10))
-        .keep_alive_while_idle(true)
-        .tcp_nodelay(true);
-    let Some(tls) = client_tls(config)? else { return Ok(endpoint) };
+    let endpoint = tune(Endpoint::from_shared(url.to_owned()).map_err(invalid_url)?, config.connect_timeout);
+    let tls = client_tls(config)?;
+    let origin = endpoint.uri().clone();
+    let name = match (origin.scheme_str(), origin.host(), origin.port_u16()) {
+        (Some(scheme), Some(host), port) if !is_ip_literal(host) => {
+            let https = scheme.eq_ignore_ascii_case("https");
+            Some(NamedHost {
+                scheme: scheme.to_ascii_lowercase(),
+                host: host.to_owned(),
+                port: port.unwrap_or(if https { 443 } else { 80 }),
+                origin: origin.clone(),
+                tls: tls.clone().map(|tls| match &config.tls.server_name {
+                    Some(_) => tls,
+                    None => tls.domain_name(host.to_owned()),
+                }),
+                connect_timeout: config.connect_timeout,
+            })
+        }
+        _ => None,
+    };
+    let Some(tls) = tls else { return Ok(Target { endpoint, name }) };
     // The files parsed, so what rustls can still refuse is the pair (a key of another certificate).
-    endpoint.tls_config(tls).map_err(|error| {
+    let endpoint = endpoint.tls_config(tls).map_err(|error| {
         let reason = match (&config.tls.cert, &config.tls.key) {
             (Some(cert), Some(key)) => {
                 format!("cannot use --tls-cert {} with --tls-key {}: {}", cert.display(), key.display(), chain(&error))
@@ -223,7 +279,39 @@ pub(super) fn endpoint(config: &AgentConfig, url: &str) -> Result<Endpoint, Conf
             _ => chain(&error),
         };
         ConfigError::Tls { reason }
-    })
+    })?;
+    Ok(Target { endpoint, name })
+}
+
+/// The endpoint options every connection shares: keepalive on (HTTP/2 PINGs only prove the next
+/// hop alive; the application ping proves nexus), the connect bound, no Nagle.
+fn tune(endpoint: Endpoint, connect_timeout: Duration) -> Endpoint {
+    endpoint
+        .connect_timeout(connect_timeout)
+        .http2_keep_alive_interval(Duration::from_secs(15))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true)
+        .tcp_nodelay(true)
+}
+
+/// Whether a URI host is an IP address (`127.0.0.1`, `[::1]`) rather than a name to resolve.
+fn is_ip_literal(host: &str) -> bool {
+    host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().is_ok()
+}
+
+/// The addresses `host` resolves to at `port`, each once, in the resolver's order.
+async fn resolve(host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+    #[cfg(test)]
+    if let Some(addresses) = tests::resolved(host, port) {
+        return Ok(addresses);
+    }
+    let mut addresses: Vec<SocketAddr> = Vec::new();
+    for address in tokio::net::lookup_host((host, port)).await? {
+        if !addresses.contains(&address) {
+            addresses.push(address);
+        }
+    }
+    Ok(addresses)
 }
 
 /// The client TLS settings, or `None` for a plaintext URL. Each file is checked here so that a
@@ -286,13 +374,56 @@ fn read_certificates(what: &'static str, path: &Path) -> Result<Vec<CertificateD
 /// Every step is bounded: the connection (TCP and the HTTP/2 handshake) by `connect_timeout`,
 /// everything from the stream's request to `welcome` by `handshake_timeout`, so an attempt always
 /// ends, and the caller logs it and tries again.
+///
+/// When the target's host is a name that resolves to several addresses, each is tried in turn
+/// within this attempt, starting after `after` (the address of the stream just lost, so it comes
+/// last), until one welcomes this runner. What it returns then: the first error that no other
+/// address can mend (a refusal or a TLS failure, `is_final`) only when every address gave one;
+/// else the last other error, so the caller retries.
 pub(super) async fn open(
+    target: Target,
+    hello: Hello,
+    bounds: (Duration, Duration),
+    delay: Duration,
+    after: Option<SocketAddr>,
+    is_final: impl Fn(&ConnectError) -> bool,
+) -> Result<Connected, ConnectError> {
+    tokio::time::sleep(delay).await;
+    let addresses = match &target.name {
+        Some(name) => resolve(&name.host, name.port).await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    if addresses.len() < 2 {
+        // One address, or none (the connector resolves again and says why it failed).
+        return open_one(target.endpoint, hello, bounds, None).await;
+    }
+    let start = after.and_then(|lost| addresses.iter().position(|address| *address == lost)).map_or(0, |at| at + 1);
+    let mut final_error = None;
+    let mut other_error = None;
+    for address in addresses.iter().cycle().skip(start).take(addresses.len()) {
+        let Some(endpoint) = target.pinned(*address) else { continue };
+        match open_one(endpoint, hello.clone(), bounds, Some(*address)).await {
+            Ok(connected) => return Ok(connected),
+            Err(error) => {
+                tracing::info!(%address, %error, "this address of the name did not welcome the runner; trying the next");
+                if is_final(&error) {
+                    final_error.get_or_insert(error);
+                } else {
+                    other_error = Some(error);
+                }
+            }
+        }
+    }
+    Err(other_error.or(final_error).unwrap_or(ConnectError::Closed))
+}
+
+/// One connection attempt to `endpoint` (at `address`, when picked from a name's addresses).
+async fn open_one(
     endpoint: Endpoint,
     hello: Hello,
     (connect_timeout, handshake_timeout): (Duration, Duration),
-    delay: Duration,
+    address: Option<SocketAddr>,
 ) -> Result<Connected, ConnectError> {
-    tokio::time::sleep(delay).await;
     // tonic's connect_timeout bounds the TCP connect alone.
     let channel = tokio::time::timeout(connect_timeout, endpoint.connect())
         .await
@@ -333,7 +464,7 @@ pub(super) async fn open(
                     outbound.try_send(pong).map_err(|_| ConnectError::Closed)?;
                 }
                 Some(nexus_frame::Frame::Welcome(welcome)) if frame.request_id == HELLO_REQUEST_ID => {
-                    return Ok(Connected { outbound, inbound, welcome, after_welcome: frames.collect() });
+                    return Ok(Connected { outbound, inbound, welcome, after_welcome: frames.collect(), address });
                 }
                 Some(nexus_frame::Frame::Refusal(refusal)) if frame.request_id == HELLO_REQUEST_ID => {
                     let http_status = u16::try_from(refusal.http_status).unwrap_or(500);
@@ -353,9 +484,122 @@ pub(super) async fn open(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
     use std::io;
+    use std::sync::Mutex;
+
+    use nexus_proto::runner::v1::runner_service_server::{RunnerService, RunnerServiceServer};
+    use tokio_stream::wrappers::TcpListenerStream;
 
     use super::*;
+
+    /// Names the tests make resolve to addresses of their choosing (no test touches DNS).
+    static NAMES: Mutex<Option<HashMap<String, Vec<IpAddr>>>> = Mutex::new(None);
+
+    /// What `host` resolves to in a test that registered it.
+    pub(super) fn resolved(host: &str, port: u16) -> Option<Vec<SocketAddr>> {
+        let names = NAMES.lock().unwrap();
+        let addresses = names.as_ref()?.get(host)?;
+        Some(addresses.iter().map(|ip| SocketAddr::new(*ip, port)).collect())
+    }
+
+    fn register(host: &str, addresses: &[IpAddr]) {
+        NAMES.lock().unwrap().get_or_insert_with(HashMap::new).insert(host.to_owned(), addresses.to_vec());
+    }
+
+    /// A nexus that welcomes every hello, and reports each stream it takes.
+    struct Welcoming(mpsc::UnboundedSender<()>);
+
+    #[tonic::async_trait]
+    impl RunnerService for Welcoming {
+        type ConnectStream = ReceiverStream<Result<NexusFrame, tonic::Status>>;
+
+        async fn connect(
+            &self,
+            request: tonic::Request<Streaming<RunnerFrame>>,
+        ) -> Result<tonic::Response<Self::ConnectStream>, tonic::Status> {
+            let _ = self.0.send(());
+            let mut inbound = request.into_inner();
+            let (frames, stream) = mpsc::channel(4);
+            tokio::spawn(async move {
+                if let Ok(Some(_hello)) = inbound.message().await {
+                    let welcome = Welcome { ping_interval_ms: 15_000, ..Welcome::default() };
+                    let frame =
+                        NexusFrame { request_id: HELLO_REQUEST_ID, frame: Some(nexus_frame::Frame::Welcome(welcome)) };
+                    let _ = frames.send(Ok(frame)).await;
+                }
+                // Held open until the runner goes.
+                while let Ok(Some(_)) = inbound.message().await {}
+            });
+            Ok(tonic::Response::new(ReceiverStream::new(stream)))
+        }
+    }
+
+    /// A name that resolves to three nodes: one that takes each connection and closes it (a
+    /// standby of an older nexus), one where nothing listens (a dead node), and one that serves.
+    /// One attempt reaches the node that serves, whichever address it starts from, with one
+    /// stream there.
+    #[tokio::test]
+    async fn a_name_of_several_addresses_is_tried_address_by_address() {
+        let ips: Vec<IpAddr> = ["127.0.0.2", "127.0.0.3", "127.0.0.4"].iter().map(|ip| ip.parse().unwrap()).collect();
+        // One port on all three: a port free on the first and the third (the second stays empty).
+        let (closer, serving) = loop {
+            let closer = tokio::net::TcpListener::bind((ips[0], 0)).await.unwrap();
+            let port = closer.local_addr().unwrap().port();
+            if let Ok(serving) = tokio::net::TcpListener::bind((ips[2], port)).await {
+                break (closer, serving);
+            }
+        };
+        let port = closer.local_addr().unwrap().port();
+        let closing = tokio::spawn(async move {
+            while let Ok((socket, _)) = closer.accept().await {
+                drop(socket);
+            }
+        });
+        let (streams, mut seen) = mpsc::unbounded_channel();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RunnerServiceServer::new(Welcoming(streams)))
+                .serve_with_incoming(TcpListenerStream::new(serving)),
+        );
+        let host = "three-nodes.nexus.test";
+        register(host, &ips);
+        let config =
+            AgentConfig::new(format!("http://{host}:{port}"), uuid::Uuid::nil(), crate::Credential::new("t"), "/");
+        let named = target(&config, &config.nexus_urls[0]).unwrap();
+        let bounds = (Duration::from_secs(5), Duration::from_secs(5));
+        let serving_address = SocketAddr::new(ips[2], port);
+        for after in [None, Some(SocketAddr::new(ips[0], port)), Some(serving_address)] {
+            let connected = open(named.clone(), Hello::default(), bounds, Duration::ZERO, after, |_| false)
+                .await
+                .unwrap_or_else(|error| panic!("starting after {after:?}: {error}"));
+            assert_eq!(connected.address, Some(serving_address), "starting after {after:?}");
+            seen.recv().await.unwrap();
+            assert!(seen.try_recv().is_err(), "one stream per attempt, starting after {after:?}");
+        }
+
+        // An IP literal is never resolved: the connector takes it as it is.
+        let literal =
+            AgentConfig::new(format!("http://{serving_address}"), uuid::Uuid::nil(), crate::Credential::new("t"), "/");
+        let connected = open(
+            target(&literal, &literal.nexus_urls[0]).unwrap(),
+            Hello::default(),
+            bounds,
+            Duration::ZERO,
+            None,
+            |_| false,
+        )
+        .await
+        .unwrap();
+        assert_eq!(connected.address, None);
+
+        // No address serves any more: the attempt ends with an error (the agent retries later).
+        server.abort();
+        let _ = server.await;
+        let attempt = open(named, Hello::default(), bounds, Duration::ZERO, None, |_| false).await;
+        assert!(attempt.is_err(), "no node serves any more");
+        closing.abort();
+    }
 
     fn io_error(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> io::Error {
         io::Error::new(io::ErrorKind::InvalidData, error)
@@ -400,7 +644,7 @@ mod tests {
         });
         let endpoint = Endpoint::from_shared(format!("http://{silent}")).unwrap();
         let bounds = (Duration::from_millis(300), Duration::from_millis(300));
-        let Err(error) = open(endpoint, Hello::default(), bounds, Duration::ZERO).await else {
+        let Err(error) = open_one(endpoint, Hello::default(), bounds, None).await else {
             panic!("a silent peer welcomed the runner");
         };
         assert!(
@@ -428,13 +672,9 @@ mod tests {
         });
         let endpoint = Endpoint::from_shared(format!("http://{tls_port}")).unwrap();
         for _ in 0..3 {
-            let Err(error) = open(
-                endpoint.clone(),
-                Hello::default(),
-                (Duration::from_secs(5), Duration::from_secs(5)),
-                Duration::ZERO,
-            )
-            .await
+            let Err(error) =
+                open_one(endpoint.clone(), Hello::default(), (Duration::from_secs(5), Duration::from_secs(5)), None)
+                    .await
             else {
                 panic!("a TLS port welcomed plaintext");
             };
@@ -445,7 +685,7 @@ mod tests {
         let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
         let endpoint = Endpoint::from_shared(format!("http://{closed}")).unwrap();
         let Err(refused) =
-            open(endpoint, Hello::default(), (Duration::from_secs(5), Duration::from_secs(5)), Duration::ZERO).await
+            open_one(endpoint, Hello::default(), (Duration::from_secs(5), Duration::from_secs(5)), None).await
         else {
             panic!("nothing listens there");
         };

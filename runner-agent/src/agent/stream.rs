@@ -9,9 +9,9 @@ use nexus_proto::runner::v1::runner_frame::Frame as Request;
 use nexus_proto::runner::v1::{Announce, Hello, RunnerFrame};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
-use super::link::{Connected, HELLO_REQUEST_ID};
+use super::link::{ConnectError, Connected, HELLO_REQUEST_ID};
 use crate::claim::RequestError;
 
 use super::*;
@@ -42,7 +42,10 @@ impl Agent {
 
     pub(super) fn open_after(&self, delay: Duration) -> Connecting {
         let bounds = (self.config.connect_timeout, self.config.handshake_timeout);
-        Box::pin(link::open(self.endpoints[self.node].clone(), self.hello(), bounds, delay))
+        let tls = self.config.tls.clone();
+        let is_final = move |error: &ConnectError| error.fatal().is_some() || error.tls_failure(&tls).is_some();
+        let target = self.endpoints[self.node].clone();
+        Box::pin(link::open(target, self.hello(), bounds, delay, self.last_address, is_final))
     }
 
     /// Notes that node `index` refused this runner; whether another node of the list has not
@@ -50,6 +53,18 @@ impl Agent {
     pub(super) fn refused_by(&mut self, index: usize) -> bool {
         self.refusals.insert(index);
         self.refusals.len() < self.endpoints.len()
+    }
+
+    /// The node this agent tried refused it for good (`why`: a refusal word, or TLS). With
+    /// several nodes, while one of the list has not refused, it is left for the next one
+    /// (another cluster's node, say) and this returns `true`; `false` means the agent stops.
+    pub(super) fn leave_refusing_node(&mut self, why: &str) -> bool {
+        if self.endpoints.len() < 2 || !self.refused_by(self.node) {
+            return false;
+        }
+        error!(nexus = self.nexus_url(), reason = why, "this node refused this runner; trying the next");
+        self.schedule_reconnect();
+        true
     }
 
     /// Opens the next stream: with several URLs, to the next node of the list (the one just
@@ -76,7 +91,8 @@ impl Agent {
     }
 
     pub(super) fn on_connected(&mut self, connected: Connected) {
-        let Connected { outbound, inbound, welcome, after_welcome } = connected;
+        let Connected { outbound, inbound, welcome, after_welcome, address } = connected;
+        self.last_address = address;
         if welcome.protocol_version != RUNNER_PROTOCOL_VERSION {
             warn!(theirs = welcome.protocol_version, ours = RUNNER_PROTOCOL_VERSION, "protocol versions differ");
         }
@@ -87,6 +103,7 @@ impl Agent {
         self.refusals.clear();
         info!(
             nexus = self.nexus_url(),
+            address = address.map(|address| address.to_string()),
             credential_epoch = welcome.credential_epoch,
             liveness_ms = u64::try_from(liveness.as_millis()).unwrap_or(u64::MAX),
             "connected to nexus"
