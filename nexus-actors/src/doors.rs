@@ -8,4 +8,5 @@ pub mod body;
 pub mod grpc;
 pub mod http;
 pub mod sockets;
+pub mod standby;
 pub mod tls;

@@ -214,13 +214,15 @@ pub async fn start_with_models(
     // Bad TLS files fail before the store is touched.
     let acceptor = Acceptor::from_config(&config.tls)?;
     let addr = listener.local_addr()?;
+    let listener = Arc::new(listener);
     // Before the store is opened: a refused node changes nothing, not even the schema.
     let mut lock = store::ServeLock::acquire(&config.data_dir, addr)?;
     let store = Store::connect(&config.data_dir, &config.store).await?.with_clock(clock.clone());
     let advertised = config.cluster.advertise_address.clone().unwrap_or_else(|| addr.to_string());
-    let node = store::lease::NodeIdentity::of(&config.data_dir, advertised)?;
+    let node = store::lease::NodeIdentity::of(&config.data_dir, advertised)?
+        .with_settings(config.cluster.lease_ms, &config.providers);
     if let Some(url) = &config.store.database_url {
-        let lease = standby(&listener, url, &config, node.clone()).await?;
+        let lease = standby(&listener, acceptor.clone(), url, &config, node.clone()).await?;
         tracing::info!(node = %lease.holder, generation = lease.generation, "holding the serve lease");
         store.fence_with(lease.fence());
         lock.hold(lease);
@@ -351,21 +353,32 @@ pub async fn start_with_models(
 }
 
 /// Waits as a standby until this node holds the serve lease of the PostgreSQL store at `url`
-/// (`store::lease`). Meanwhile the port accepts and closes each connection at once, so a
-/// runner-agent given several nodes moves on to the node that serves.
+/// (`store::lease`). Meanwhile the port answers every request with `unavailable`, naming the node
+/// that serves (`doors::standby`), so a runner-agent given several nodes moves on to it and a
+/// person or a load balancer is told where it is. Once the lease is held, those doors stop
+/// accepting and finish what they were answering (at most [`STANDBY_DOORS_DRAIN`]) before the
+/// serving doors take the port.
 async fn standby(
-    listener: &TcpListener,
+    listener: &Arc<TcpListener>,
+    acceptor: Option<Acceptor>,
     url: &str,
     config: &ServerConfig,
     identity: store::lease::NodeIdentity,
 ) -> Result<store::lease::Lease, ServeError> {
     let node = identity.node_id.clone();
+    let this_node = identity.node_id.clone();
+    let (holder_tx, holder_rx) = tokio::sync::watch::channel(None);
     let acquire = store::lease::Lease::acquire(
         url,
         identity,
         config.cluster.lease(),
         config.store.acquire_timeout(),
         move |holder| {
+            // Before the log line: whoever waits for it finds the doors naming the holder.
+            holder_tx.send_replace(Some(doors::standby::Holder {
+                node_id: holder.node_id.clone(),
+                address: holder.address.clone(),
+            }));
             if holder.node_id == node {
                 tracing::warn!(
                     %node,
@@ -385,18 +398,42 @@ async fn standby(
             );
         },
     );
-    let refuse = async {
-        loop {
-            if let Ok((socket, _)) = listener.accept().await {
-                drop(socket);
+    let routes = doors::standby::routes(this_node, holder_rx).await;
+    let sockets = doors::sockets::Sockets::from_config(&config.connections);
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let stopped = async {
+        let _ = stop_rx.await;
+    };
+    let router = tonic::transport::Server::builder().accept_http1(true).add_routes(routes);
+    let doors = async {
+        let served = match acceptor {
+            Some(acceptor) => {
+                router.serve_with_incoming_shutdown(acceptor.incoming(listener.clone(), sockets), stopped).await
             }
+            None => {
+                router.serve_with_incoming_shutdown(doors::accept::plaintext(listener.clone(), sockets), stopped).await
+            }
+        };
+        if let Err(error) = served {
+            tracing::warn!(%error, "the standby's doors stopped");
         }
     };
-    tokio::select! {
-        lease = acquire => Ok(lease?),
-        never = refuse => never,
+    let mut doors = std::pin::pin!(doors);
+    let lease = tokio::select! {
+        lease = acquire => lease?,
+        () = &mut doors => std::future::pending().await,
+    };
+    // Taken: the standby's doors stop accepting at once and close their connections as they
+    // finish (a client kept alive there is told to go, and comes back to the serving doors).
+    let _ = stop_tx.send(());
+    if tokio::time::timeout(STANDBY_DOORS_DRAIN, doors).await.is_err() {
+        tracing::debug!("the standby's doors had connections open at the take-over; they are cut");
     }
+    Ok(lease)
 }
+
+/// The longest the standby's doors may take to finish after this node took the lease.
+const STANDBY_DOORS_DRAIN: Duration = Duration::from_millis(500);
 
 /// Serves until `shutdown` resolves, then stops in order: stop accepting, drain, stop actors,
 /// release the store's locks. Also stops, with [`ServeError::StoreLockLost`], when the database

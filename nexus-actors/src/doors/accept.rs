@@ -130,9 +130,10 @@ pub(crate) async fn next_admitted(
     }
 }
 
-/// The plaintext door's connections: [`next_admitted`] forever, as a stream tonic can serve.
+/// The plaintext door's connections: [`next_admitted`] forever, as a stream tonic can serve. The
+/// listener is shared: a standby's doors take it first, the serving doors after them.
 pub(crate) fn plaintext(
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     sockets: Arc<Sockets>,
 ) -> impl Stream<Item = io::Result<Guarded<TcpStream>>> {
     futures::stream::unfold((listener, Pressure::default(), sockets), |(listener, mut pressure, sockets)| async move {

@@ -152,7 +152,7 @@ impl Acceptor {
     /// handshakes are logged and skipped.
     pub(crate) fn incoming(
         self,
-        listener: TcpListener,
+        listener: Arc<TcpListener>,
         sockets: Arc<Sockets>,
     ) -> impl Stream<Item = io::Result<TlsStream<Guarded<TcpStream>>>> {
         let handshakes: JoinSet<Option<TlsStream<Guarded<TcpStream>>>> = JoinSet::new();
@@ -295,7 +295,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let sockets = Sockets::from_config(&crate::config::ConnectionsConfig::default());
-        let mut incoming = Box::pin(acceptor.incoming(listener, sockets));
+        let mut incoming = Box::pin(acceptor.incoming(Arc::new(listener), sockets));
 
         let mut roots = RootCertStore::empty();
         roots.add(certified.cert.der().clone()).expect("root");
