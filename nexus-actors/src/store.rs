@@ -448,6 +448,9 @@ mod tests {
         let StoreError::OpenDatabase { url, .. } = &error else { panic!("{error}") };
         assert_eq!(url, "postgres://nexus:***@127.0.0.1:1/nexus");
         assert!(!error.to_string().contains("s3cret"), "{error}");
+        // The cause, not the pool's "timed out".
+        assert!(!error.to_string().contains("pool timed out"), "{error}");
+        assert!(error.to_string().to_lowercase().contains("refused"), "{error}");
     }
 
     #[test]

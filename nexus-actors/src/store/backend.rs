@@ -133,7 +133,21 @@ pub(super) async fn open_postgres(
     acquire_timeout: Duration,
 ) -> Result<AnyPool, sqlx::Error> {
     sqlx::any::install_default_drivers();
-    AnyPoolOptions::new().max_connections(max_connections).acquire_timeout(acquire_timeout).connect(url).await
+    let opened =
+        AnyPoolOptions::new().max_connections(max_connections).acquire_timeout(acquire_timeout).connect(url).await;
+    match opened {
+        // The pool retries a failing connection until its bound and then says only that it timed
+        // out: one more connection, bounded the same way, says why (refused, no such host, bad
+        // password), which is what the operator needs.
+        Err(sqlx::Error::PoolTimedOut) => {
+            use sqlx::Connection;
+            match tokio::time::timeout(acquire_timeout, sqlx::AnyConnection::connect(url)).await {
+                Ok(Err(cause)) => Err(cause),
+                Ok(Ok(_)) | Err(_) => Err(sqlx::Error::PoolTimedOut),
+            }
+        }
+        other => other,
+    }
 }
 
 #[cfg(test)]

@@ -70,10 +70,15 @@ pub struct NodeIdentity {
     pub node_id: String,
     /// The address its doors listen on.
     pub address: String,
-    /// The host it runs on (`HOSTNAME`, else `uname -n`).
+    /// The host it runs on: the kernel's host name (`uname -n`).
     pub host: String,
     /// Its process id.
     pub pid: u32,
+    /// Its `[cluster] lease_ms` (0 until [`NodeIdentity::with_settings`]).
+    pub lease_ms: i64,
+    /// The first 16 hex digits of the SHA-256 of its `[providers]` table as JSON (empty until
+    /// [`NodeIdentity::with_settings`]).
+    pub providers_digest: String,
 }
 
 impl NodeIdentity {
@@ -88,9 +93,9 @@ impl NodeIdentity {
         // The file also records where it was made (the kernel's host name and the data dir's
         // path): a data dir copied to another place or host, the holder's `node-id` with it,
         // must not pass for the holder and take its lease.
-        let kernel_host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let host = kernel_host_name();
         let here = data_dir.canonicalize().unwrap_or_else(|_| data_dir.to_owned());
-        let origin = format!("{}:{}", kernel_host.trim(), here.display());
+        let origin = format!("{host}:{}", here.display());
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         let mut lines = text.lines().map(str::trim);
         let kept = lines.next().filter(|id| uuid::Uuid::parse_str(id).is_ok()).map(str::to_owned);
@@ -120,19 +125,37 @@ impl NodeIdentity {
                 id
             }
         };
-        Ok(NodeIdentity { node_id, address, host: host_name(), pid: std::process::id() })
+        Ok(NodeIdentity {
+            node_id,
+            address,
+            host,
+            pid: std::process::id(),
+            lease_ms: 0,
+            providers_digest: String::new(),
+        })
+    }
+
+    /// This identity with the settings every node of a database should share, which its row
+    /// records so that the nodes that differ are told (`docs/cluster.md`, "Settings every node
+    /// shares"): `lease_ms`, and the digest of `providers`.
+    #[must_use]
+    pub fn with_settings(mut self, lease_ms: u64, providers: &crate::model::ProviderTable) -> Self {
+        use sha2::Digest;
+        self.lease_ms = i64::try_from(lease_ms).unwrap_or(i64::MAX);
+        let table = serde_json::to_vec(providers).unwrap_or_default();
+        self.providers_digest = hex::encode(&sha2::Sha256::digest(&table)[..8]);
+        self
     }
 }
 
-fn host_name() -> String {
-    if let Ok(name) = std::env::var("HOSTNAME")
-        && !name.is_empty()
-    {
-        return name;
-    }
+/// The kernel's host name (`uname -n`), or `unknown`. Not `$HOSTNAME`: a shell variable that
+/// the environment may set or not, where the node-id's origin must be stable.
+fn kernel_host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|name| name.trim().to_owned())
-        .unwrap_or_else(|_| "unknown".to_owned())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
 }
 
 /// The fence a store's writer checks before each transaction (set once the lease is held).
@@ -195,6 +218,14 @@ pub struct Holder {
     pub remaining_ms: i64,
 }
 
+/// A take-over: the new generation, and who held the lease before (`None`: nobody ever did,
+/// or it was given up with SIGTERM; `remaining_ms` of a lapsed holder is how long ago, negated,
+/// its term ran out).
+struct Taken {
+    generation: i64,
+    previous: Option<Holder>,
+}
+
 struct Lessee {
     url: String,
     identity: NodeIdentity,
@@ -219,13 +250,14 @@ impl Lessee {
     /// Writes this node's row (`role`, heartbeat now).
     async fn heartbeat(&self, connection: &mut PgConnection, role: &str) -> Result<(), sqlx::Error> {
         const SQL: &str = concat!(
-            "INSERT INTO cluster_nodes (node_id, address, host, pid, role, started_at_ms, heartbeat_at_ms) ",
-            "VALUES ($1, $2, $3, $4, $5, ",
+            "INSERT INTO cluster_nodes (node_id, address, host, pid, role, lease_ms, providers_digest, started_at_ms, ",
+            "heartbeat_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, ",
             now_ms!(),
             ", ",
             now_ms!(),
             ") ON CONFLICT (node_id) DO UPDATE SET address = excluded.address, host = excluded.host, pid = excluded.pid, ",
-            "role = excluded.role, heartbeat_at_ms = excluded.heartbeat_at_ms, started_at_ms = CASE ",
+            "role = excluded.role, lease_ms = excluded.lease_ms, providers_digest = excluded.providers_digest, ",
+            "heartbeat_at_ms = excluded.heartbeat_at_ms, started_at_ms = CASE ",
             "WHEN cluster_nodes.pid = excluded.pid THEN cluster_nodes.started_at_ms ELSE excluded.started_at_ms END"
         );
         sqlx::query(SQL)
@@ -234,16 +266,59 @@ impl Lessee {
             .bind(&self.identity.host)
             .bind(i64::from(self.identity.pid))
             .bind(role)
+            .bind(self.identity.lease_ms)
+            .bind(&self.identity.providers_digest)
             .execute(connection)
             .await
             .map(|_| ())
+    }
+
+    /// Warns of each other live node (heartbeat within two terms) whose recorded settings differ
+    /// from this node's: its `lease_ms`, or its `[providers]` table. Rows of an older nexus,
+    /// which record neither, are skipped.
+    async fn warn_of_differing_settings(&self, connection: &mut PgConnection) -> Result<(), sqlx::Error> {
+        let rows = sqlx::query(concat!(
+            "SELECT node_id, address, lease_ms, providers_digest FROM cluster_nodes WHERE node_id <> $1 ",
+            "AND providers_digest <> '' AND heartbeat_at_ms > ",
+            now_ms!(),
+            " - 2 * $2 ORDER BY node_id"
+        ))
+        .bind(&self.identity.node_id)
+        .bind(self.term_ms())
+        .fetch_all(connection)
+        .await?;
+        for row in rows {
+            let node_id: String = row.try_get("node_id")?;
+            let address: String = row.try_get("address")?;
+            let lease_ms: i64 = row.try_get("lease_ms")?;
+            let providers_digest: String = row.try_get("providers_digest")?;
+            if lease_ms != self.identity.lease_ms {
+                tracing::warn!(
+                    node = %node_id,
+                    %address,
+                    theirs = lease_ms,
+                    ours = self.identity.lease_ms,
+                    "another node of this database runs with another [cluster] lease_ms: take-overs and the                      runners' liveness bound follow each node's own; give every node the same nexus.toml"
+                );
+            }
+            if providers_digest != self.identity.providers_digest {
+                tracing::warn!(
+                    node = %node_id,
+                    %address,
+                    theirs = %providers_digest,
+                    ours = %self.identity.providers_digest,
+                    "another node of this database has another [providers] table: after a fail-over onto a                      node that lacks an execution's model, it halts with provider_model_unavailable; give every                      node the same [providers] table"
+                );
+            }
+        }
+        Ok(())
     }
 
     /// One attempt: takes the lease when it is free, lapsed, or named for this node (whose
     /// previous process is gone: the data dir's flock says so, and a copy of the data dir
     /// elsewhere has a node id of its own, [`NodeIdentity::of`]). `Ok(Err(holder))` when another
     /// node holds it.
-    async fn try_take(&self, connection: &mut PgConnection) -> Result<Result<i64, Holder>, sqlx::Error> {
+    async fn try_take(&self, connection: &mut PgConnection) -> Result<Result<Taken, Holder>, sqlx::Error> {
         let mut tx = connection.begin().await?;
         let row = sqlx::query(concat!(
             "SELECT l.holder, l.generation, l.lease_until_ms - ",
@@ -256,10 +331,11 @@ impl Lessee {
         let holder: Option<String> = row.try_get("holder")?;
         let remaining: i64 = row.try_get("remaining")?;
         let address: Option<String> = row.try_get("address")?;
-        if let Some(holder) = holder.filter(|holder| *holder != self.identity.node_id && remaining > 0) {
+        if let Some(holder) = holder.clone().filter(|holder| *holder != self.identity.node_id && remaining > 0) {
             tx.commit().await?;
             return Ok(Err(Holder { node_id: holder, address, remaining_ms: remaining }));
         }
+        let previous = holder.map(|node_id| Holder { node_id, address, remaining_ms: remaining });
         let generation: i64 = sqlx::query_scalar(concat!(
             "UPDATE cluster_lease SET holder = $1, generation = generation + 1, acquired_at_ms = ",
             now_ms!(),
@@ -272,7 +348,7 @@ impl Lessee {
         .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(Ok(generation))
+        Ok(Ok(Taken { generation, previous }))
     }
 
     fn term_ms(&self) -> i64 {
@@ -320,6 +396,9 @@ impl Lease {
     ) -> Result<Lease, LockError> {
         let lessee = Lessee { url: url.to_owned(), identity, term, connect_timeout };
         let mut connection = lessee.connect().await?;
+        if let Err(error) = lessee.warn_of_differing_settings(&mut connection).await {
+            tracing::debug!(%error, "could not compare this node's settings with the others'");
+        }
         let mut last_holder: Option<String> = None;
         let mut failing_since: Option<Instant> = None;
         let generation = loop {
@@ -329,7 +408,22 @@ impl Lease {
             };
             let outcome = tokio::time::timeout(term, attempt).await;
             match outcome {
-                Ok(Ok(Ok(generation))) => break generation,
+                Ok(Ok(Ok(Taken { generation, previous }))) => {
+                    match previous {
+                        Some(previous) if previous.node_id == lessee.identity.node_id => {
+                            tracing::info!(generation, "took the serve lease back from this node's previous process")
+                        }
+                        Some(previous) => tracing::info!(
+                            generation,
+                            from = %previous.node_id,
+                            from_address = previous.address.as_deref().unwrap_or("unknown"),
+                            lapsed_ms_ago = previous.remaining_ms.saturating_neg(),
+                            "took the serve lease over from a node whose term ran out"
+                        ),
+                        None => tracing::info!(generation, "took the serve lease (nobody held it)"),
+                    }
+                    break generation;
+                }
                 Ok(Ok(Err(holder))) => {
                     failing_since = None;
                     if last_holder.as_deref() != Some(holder.node_id.as_str()) {
@@ -510,6 +604,11 @@ pub struct NodeRow {
     pub pid: i64,
     /// `active` (it held the lease at its last heartbeat) or `standby`.
     pub role: String,
+    /// Its `[cluster] lease_ms` (0: written by an older nexus).
+    pub lease_ms: i64,
+    /// Its `[providers]` table's digest ([`NodeIdentity::with_settings`]; empty: written by an
+    /// older nexus).
+    pub providers_digest: String,
     /// When this process started serving or waiting, Unix milliseconds (database clock).
     pub started_at_ms: i64,
     /// Milliseconds since its last heartbeat (database clock).
@@ -547,7 +646,7 @@ impl super::Store {
         })
         .transpose()?;
         let nodes = sqlx::query(concat!(
-            "SELECT node_id, address, host, pid, role, started_at_ms, ",
+            "SELECT node_id, address, host, pid, role, lease_ms, providers_digest, started_at_ms, ",
             now_ms!(),
             " - heartbeat_at_ms AS heartbeat_age_ms FROM cluster_nodes ORDER BY started_at_ms, node_id"
         ))
@@ -561,6 +660,8 @@ impl super::Store {
                 host: row.try_get("host")?,
                 pid: row.try_get("pid")?,
                 role: row.try_get("role")?,
+                lease_ms: row.try_get("lease_ms")?,
+                providers_digest: row.try_get("providers_digest")?,
                 started_at_ms: row.try_get("started_at_ms")?,
                 heartbeat_age_ms: row.try_get("heartbeat_age_ms")?,
             })

@@ -426,13 +426,40 @@ async fn a_second_node_is_refused_on_sqlite_and_waits_as_a_standby_on_postgres()
     // PostgreSQL: a second node with its own data dir, as on another host, waits as a standby.
     let data_dir = dir.path().join("second");
     std::fs::create_dir(&data_dir).expect("data dir");
-    let second_at = StoreLocation { data_dir, database_url: Some(url) };
-    let second = NexusProcess::standby(&second_at, free_loopback_addr(), &config).await;
-    // The standby closes every connection at once, so a runner given several nodes moves on.
-    let mut probe = TcpStream::connect(second.addr).await.expect("the standby's port accepts");
-    let mut buf = [0_u8; 1];
-    let read = tokio::time::timeout(WAIT, probe.read(&mut buf)).await.expect("the standby closes at once");
-    assert!(matches!(read, Ok(0) | Err(_)), "the standby answered: {read:?}");
+    let second_at = StoreLocation { data_dir: data_dir.clone(), database_url: Some(url) };
+    // Its provider table differs from the first node's (one provider more, its own script
+    // path): it starts, and warns that a fail-over onto it could halt executions.
+    let second_config = config_file(
+        &data_dir,
+        &format!("[cluster]\nlease_ms = {LEASE_MS}\n\n[providers.other]\nkind = \"scripted\"\n"),
+    );
+    let second = NexusProcess::standby(&second_at, free_loopback_addr(), &second_config).await;
+    let warned = second
+        .log()
+        .iter()
+        .any(|line| line.contains("another [providers] table") && line.contains(&first.addr.to_string()));
+    assert!(warned, "the standby did not warn of the other provider table:\n{}", second.log().join("\n"));
+    // The standby refuses every request with `unavailable`, naming the node that serves and its
+    // address: a person is told where to go, a runner given several nodes moves on, and a
+    // load balancer's gRPC health probe reads NOT_SERVING.
+    let serving_at = first.addr.to_string();
+    let asked = Http::new(&second.url(), Some(&agent.token)).get("/agent_api/v1/cluster").await;
+    assert_eq!((asked.status, asked.code()), (503, Some("unavailable")), "{:?}", asked.body);
+    assert_eq!(asked.retry_after.as_deref(), Some("1"), "{:?}", asked.body);
+    assert!(asked.message().contains(&serving_at), "the refusal names the serving node: {}", asked.message());
+    let channel = Endpoint::from_shared(second.url()).expect("url").connect().await.expect("the standby speaks gRPC");
+    let health = tonic_health::pb::health_client::HealthClient::new(channel.clone())
+        .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+        .await
+        .expect("the health service answers")
+        .into_inner();
+    assert_eq!(health.status(), tonic_health::pb::health_check_response::ServingStatus::NotServing);
+    let refused = AgentServiceClient::new(channel)
+        .get_profile(GetProfileRequest::default())
+        .await
+        .expect_err("a standby serves no door");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains(&serving_at), "{refused:?}");
 
     // The listing, asked on the active node, names both: one active, one standby.
     let listing = wait_until("the listing to show both nodes", WAIT, || {
@@ -455,6 +482,12 @@ async fn a_second_node_is_refused_on_sqlite_and_waits_as_a_standby_on_postgres()
     assert_eq!(standby.len(), 1, "{listing}");
     assert!(standby[0]["owns"].is_null(), "{listing}");
     assert_eq!(standby[0]["alive"], true, "{listing}");
+    assert_eq!(
+        (active[0]["settings_match"].as_bool(), standby[0]["settings_match"].as_bool()),
+        (Some(true), Some(false))
+    );
+    assert_eq!(standby[0]["lease_ms"], active[0]["lease_ms"], "{listing}");
+    assert_ne!(standby[0]["providers_digest"], active[0]["providers_digest"], "{listing}");
 
     let workdir = tempfile::tempdir().expect("workdir");
     let runner_agent = runner_spec(dir.path(), first.url(), &runner, workdir.path()).spawn();

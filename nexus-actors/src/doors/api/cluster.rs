@@ -11,7 +11,8 @@ use super::{Api, internal};
 
 impl Api {
     /// The cluster listing: `{store, lease_ms, this_node, lease, nodes: [{node_id, address,
-    /// host, pid, role, started_at_ms, heartbeat_age_ms, alive, this_node, owns}]}`. `owns` is
+    /// host, pid, role, started_at_ms, heartbeat_age_ms, alive, this_node, owns, lease_ms,
+    /// providers_digest, settings_match}]}`. `owns` is
     /// `{executions, runner_streams}` for the lease holder (live executions in the store; runner
     /// streams when the holder is this node, else null) and null for a standby. On SQLite the
     /// one node is listed as `active` and `lease` is null.
@@ -33,6 +34,8 @@ impl Api {
                 host: me.host.clone(),
                 pid: i64::from(me.pid),
                 role: "active".to_owned(),
+                lease_ms: me.lease_ms,
+                providers_digest: me.providers_digest.clone(),
                 started_at_ms: 0,
                 heartbeat_age_ms: 0,
             }];
@@ -64,6 +67,13 @@ impl Api {
                     "alive": alive,
                     "this_node": node.node_id == me.node_id,
                     "owns": owns,
+                    "lease_ms": (node.lease_ms > 0).then_some(node.lease_ms),
+                    "providers_digest": (!node.providers_digest.is_empty()).then_some(&node.providers_digest),
+                    // Whether it runs with this node's lease_ms and provider table (null: an
+                    // older nexus wrote its row, without them).
+                    "settings_match": (!node.providers_digest.is_empty()).then(|| {
+                        node.lease_ms == me.lease_ms && node.providers_digest == me.providers_digest
+                    }),
                 })
             })
             .collect();
