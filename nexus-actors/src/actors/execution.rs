@@ -296,6 +296,9 @@ pub struct ExecutionArgs {
     pub root: RootHandle,
     /// The execution.
     pub public_id: ExecutionId,
+    /// Its row as the loader just read it (the loader checks that the execution exists), so
+    /// that starting reads it once.
+    pub row: ExecutionRow,
 }
 
 /// The ExecutionActor's state.
@@ -361,8 +364,7 @@ impl Actor for ExecutionActor {
         args: ExecutionArgs,
     ) -> Result<ExecutionState, ActorProcessingErr> {
         let store = &args.fabric.store;
-        let row = store.execution(args.public_id).await?.ok_or_else(|| format!("no execution {}", args.public_id))?;
-        let mut row = row;
+        let mut row = args.row;
         let transcript: Vec<ChatMessage> = serde_json::from_value(std::mem::take(&mut row.transcript))?;
         let row_transcript_stored = row.transcript_stored;
         let declaration: Option<FrozenDeclaration> = row.declaration.take().map(serde_json::from_value).transpose()?;
@@ -371,14 +373,18 @@ impl Actor for ExecutionActor {
         // Calls whose results the model has not read yet: the current round's tasks that are not
         // in the transcript.
         let answered = crate::model::answered_calls(&transcript);
+        // An execution with no event yet has had no save: only saves write its tasks and events
+        // (its first save carries `input_materialized`, or the first events of a regeneration),
+        // so there is nothing to read back, and a turn's start spares those two reads.
+        let fresh = row.event_seq == 0;
         // Hook tasks are rebuilt apart: their settlement is narrated once judged ([`hooks`]).
-        let (hook_tasks, tasks) = hooks::split(store.tasks_of(args.public_id).await?);
+        let (hook_tasks, tasks) = hooks::split(if fresh { Vec::new() } else { store.tasks_of(args.public_id).await? });
         // So are compaction's summary tasks ([`compaction`]): the model never reads them.
         let (summary_tasks, tasks) = compaction::split(tasks);
         // A task settles in its executor first and is narrated here after; a crash between the
         // two leaves a settled task with no `task_status` event. Recovery writes what is missing,
         // so every settlement reaches the feed exactly once.
-        let history = store.events_after(args.public_id, 0, i64::MAX).await?;
+        let history = if fresh { Vec::new() } else { store.events_after(args.public_id, 0, i64::MAX).await? };
         let narrated: HashSet<TaskKey> = history
             .iter()
             .filter_map(|e| e.event.as_task_status())
@@ -856,13 +862,13 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
     }
     if let Some(frozen) = state.declaration.take() {
         let input = state.fabric.store.input(state.row.input_public_id).await?;
-        return adopt(state, &input.ok_or("the execution's input is missing")?, frozen).await;
+        return adopt(state, &input.ok_or("the execution's input is missing")?, frozen, None).await;
     }
     // A turn that waited for its turn starts no work for an Agent suspended meanwhile
     // (`docs/executions.md`, "People in the loop"): the doors refuse new work to a suspended
     // member, and the line does too.
     let agent = state.fabric.store.member(state.row.member_public_id).await?;
-    if agent.is_some_and(|member| member.status != nexus_proto::MemberStatus::Active) {
+    if agent.as_ref().is_some_and(|member| member.status != nexus_proto::MemberStatus::Active) {
         let refusal = Refusal::new(
             ErrorCode::NotAuthorized,
             "the Agent was suspended before this turn started; an operator reinstates it with \
@@ -878,10 +884,10 @@ async fn materialize(state: &mut ExecutionState) -> Result<bool, ActorProcessing
         Err(refusal) => return end_refused(state, &refusal).await,
     };
     let frozen = state.fabric.declarations.intern(frozen);
-    adopt(state, &input, frozen).await
+    adopt(state, &input, frozen, agent.as_ref()).await
 }
 
-/// Freezes `frozen` onto the execution: the first transcript (the input's text: the documents
+/// Freezes `frozen` onto the execution (`agent`: the Agent's row, when read already): the first transcript (the input's text: the documents
 /// and the history are assembled into each request, [`context`]), `input_materialized` (with the
 /// macros' values) and `turn_status running`, written by the next save (normally the first
 /// round's, so that materializing and starting a round take one write). Returns `true`.
@@ -889,10 +895,12 @@ async fn adopt(
     state: &mut ExecutionState,
     input: &crate::store::InputRow,
     frozen: Arc<FrozenDeclaration>,
+    agent: Option<&crate::store::MemberRow>,
 ) -> Result<bool, ActorProcessingErr> {
-    // The macros' values (one member read, two when a Human posted) and the earlier turns (none
-    // read for a first turn) are taken here, once (`docs/prompt.md`, "History").
-    let macros = context::taken_now(&state.fabric, &frozen, input).await?;
+    // The macros' values (one member read unless `agent` is the Agent's row already, one more
+    // when a Human posted) and the earlier turns (none read for a first turn) are taken here,
+    // once (`docs/prompt.md`, "History").
+    let macros = context::taken_knowing(&state.fabric, &frozen, input, agent).await?;
     let history = context::history_of(&state.fabric, &frozen, input).await?;
     state.context = context::ContextState::adopted(macros.clone(), history, input);
     // The budget is frozen with the declaration (`docs/executions.md`, "Budgets").

@@ -344,19 +344,20 @@ async fn load_executor(
         .map_err(|e| spawn_failed("executor", runner, e))
 }
 
-/// Starts the ExecutionActor of `execution` (its `pre_start` rebuilds it from the store).
+/// Starts the ExecutionActor of `execution` (its `pre_start` rebuilds it from the store, starting
+/// from the row read here).
 async fn load_execution(
     fabric: Arc<Fabric>,
     root: RootHandle,
     execution: ExecutionId,
 ) -> Result<ActorRef<ExecutionMsg>, Refusal> {
-    match fabric.store.execution(execution).await {
-        Ok(Some(_)) => {}
+    let row = match fabric.store.execution(execution).await {
+        Ok(Some(row)) => row,
         Ok(None) => return Err(Refusal::new(ErrorCode::NotFound, format!("no execution {execution}"))),
         Err(e) => return Err(spawn_failed("execution", execution, e)),
-    }
+    };
     let cell = root.cell();
-    let args = ExecutionArgs { fabric, root, public_id: execution };
+    let args = ExecutionArgs { fabric, root, public_id: execution, row };
     Actor::spawn_linked(None, ExecutionActor, args, cell)
         .await
         .map(|(actor, _)| actor)

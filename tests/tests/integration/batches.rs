@@ -156,3 +156,61 @@ async fn a_batch_is_answered_as_if_each_frame_came_alone() {
     assert!(refused.iter().all(|r| r.code() == Some("protocol_violation")), "{:?}", refused[0]);
     assert!(raw.claim(&work[2].run_public_id, &work[2].task_key).await.granted().is_some(), "still claimable");
 }
+
+/// What one turn of a new conversation reads (issue 10: reads per settled call), a call to one
+/// runner and a final answer, counted by the store from admission to `completed`, the test's
+/// own polls left out. Each read is one of: the door's credential and member (2); the profile
+/// at admission and at resolution (2); the execution's row when its actor loads (1; a fresh
+/// execution reads back no tasks and no events); the Agent's member row (1; the macros use it
+/// too); the input (1); the runner's row for eligibility (1); the passive mail of delegation
+/// (1); the conversation's line and waiting steers at the start and at the hand-off (4).
+#[tokio::test]
+async fn a_turn_of_one_call_reads_the_store_thirteen_times_at_most() {
+    let script = json!({"rounds": [{"tool_calls": [{"id": "c0", "name": "probe"}]}, {"final": "done {{tool:c0}}"}]});
+    let server = TestServer::start_with(&[("one", script)], |c| {
+        c.runner.ping_interval_ms = 600_000;
+        c.runner.liveness_timeout_ms = 1_800_000;
+    })
+    .await;
+    let agent = server.agent("agent").await;
+    let runner = server.runner("runner").await;
+    let (mut raw, _) = RawRunner::connect_with(&server.url(), runner.id, &runner.token, true).await;
+    assert!(raw.announce(&json!({"tools": [tool()]})).await.code().is_none());
+    let caller = server.caller(&agent).await;
+    let body = json!({"configuration": {"runner_executor_public_ids": [runner.id], "approval_mode": "bypass",
+                                         "default_model": "scripted/one"}});
+    server.server.api.declare(&caller, body).await.expect("declared");
+    // The first turn is not counted: it runs beside the start's recovery, which reads too.
+    for turn in 0..3 {
+        let before = server.store().io_stats();
+        let run = admit(&server, &agent).await;
+        let work = offers(&mut raw, 1).await;
+        let grants = raw.batch(vec![claim(&work[0])]).await;
+        let (token, _) = grants[0].granted().unwrap_or_else(|| panic!("{grants:?}"));
+        assert_eq!(
+            raw.batch(vec![commit(&work[0], &token, "out")]).await[0].committed(),
+            Some((false, "completed".to_owned()))
+        );
+        let mut polls = 0;
+        let row = wait_until("completed", WAIT, || {
+            polls += 1;
+            async {
+                let row = server.store().execution(run).await.expect("read").expect("row");
+                (row.status == RunStatus::Completed).then_some(row)
+            }
+        })
+        .await;
+        // The hand-off to the conversation's next turn reads after the ending save: the turn is
+        // over when its actor has stopped (the census reads nothing).
+        wait_until("the execution's actor stopped", WAIT, || async {
+            let census = server.server.api.root.census().await.ok()?;
+            (census.executions == 0).then_some(())
+        })
+        .await;
+        assert_eq!(row.final_text.as_deref(), Some("done out"));
+        let reads = server.store().io_stats().reads - before.reads - polls;
+        if turn > 0 {
+            assert!(reads <= 13, "turn {turn} read the store {reads} times");
+        }
+    }
+}

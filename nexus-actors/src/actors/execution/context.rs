@@ -21,7 +21,7 @@ use crate::actors::fabric::Fabric;
 use crate::declaration::FrozenDeclaration;
 use crate::model::prompt::{self, Assembled, Document, HistoryTurn, Macros, Mechanism, PromptRole};
 use crate::model::{ChatMessage, config::DEFAULT_CONTEXT_WINDOW_TOKENS};
-use crate::store::{Event, EventRow, InputRow, StoreResult};
+use crate::store::{Event, EventRow, InputRow, MemberRow, StoreResult};
 
 use super::control::ESTIMATE_BYTES_PER_TOKEN;
 
@@ -71,7 +71,15 @@ async fn handle_of(fabric: &Fabric, member: MemberId) -> StoreResult<String> {
 /// # Errors
 /// A store failure reading the members.
 pub async fn macros_now(fabric: &Fabric, input: &InputRow) -> StoreResult<Macros> {
-    let agent = handle_of(fabric, input.member_public_id).await?;
+    macros_knowing(fabric, input, None).await
+}
+
+/// [`macros_now`], with the Agent's row when the caller read it already (one read fewer).
+async fn macros_knowing(fabric: &Fabric, input: &InputRow, agent: Option<&MemberRow>) -> StoreResult<Macros> {
+    let agent = match agent.filter(|row| row.public_id == input.member_public_id) {
+        Some(row) => row.handle.clone(),
+        None => handle_of(fabric, input.member_public_id).await?,
+    };
     let user = match input.poster() {
         poster if poster == input.member_public_id => agent.clone(),
         poster => handle_of(fabric, poster).await?,
@@ -92,7 +100,20 @@ pub async fn macros_now(fabric: &Fabric, input: &InputRow) -> StoreResult<Macros
 /// # Errors
 /// A store failure reading the members or the memory listing.
 pub async fn taken_now(fabric: &Fabric, declaration: &FrozenDeclaration, input: &InputRow) -> StoreResult<Macros> {
-    let mut macros = macros_now(fabric, input).await?;
+    taken_knowing(fabric, declaration, input, None).await
+}
+
+/// [`taken_now`], with the Agent's row when the caller read it already (one read fewer).
+///
+/// # Errors
+/// As [`taken_now`].
+pub async fn taken_knowing(
+    fabric: &Fabric,
+    declaration: &FrozenDeclaration,
+    input: &InputRow,
+    agent: Option<&MemberRow>,
+) -> StoreResult<Macros> {
+    let mut macros = macros_knowing(fabric, input, agent).await?;
     macros.memory = memory_block(fabric, declaration).await?;
     Ok(macros)
 }
