@@ -29,7 +29,6 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, Row};
 use tokio::sync::{oneshot, watch};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::backend::redact;
@@ -188,7 +187,7 @@ impl Fence {
 /// The shared slot of a store's fence: empty on SQLite and until the lease is held.
 pub(super) type FenceSlot = Arc<OnceLock<Arc<Fence>>>;
 
-/// The held serve lease: renewed by a task of its own until [`Lease::release`] or drop.
+/// The held serve lease: renewed on a thread of its own until [`Lease::release`] or drop.
 #[derive(Debug)]
 pub struct Lease {
     /// This node's id.
@@ -198,12 +197,15 @@ pub struct Lease {
     fence: Arc<Fence>,
     lost: watch::Receiver<Option<String>>,
     release: Option<oneshot::Sender<oneshot::Sender<()>>>,
-    task: JoinHandle<()>,
+    /// Stops the renewals without giving the lease up (dropped with the lease).
+    abort: Option<oneshot::Sender<()>>,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(abort) = self.abort.take() {
+            let _ = abort.send(());
+        }
     }
 }
 
@@ -218,12 +220,13 @@ pub struct Holder {
     pub remaining_ms: i64,
 }
 
-/// A take-over: the new generation, and who held the lease before (`None`: nobody ever did,
-/// or it was given up with SIGTERM; `remaining_ms` of a lapsed holder is how long ago, negated,
-/// its term ran out).
+/// A take-over: the new generation, who held the lease before (`None`: nobody ever did;
+/// `remaining_ms` of a lapsed holder is how long ago, negated, its term ran out), and whether
+/// that holder gave it up (stopped with SIGTERM) rather than let it lapse.
 struct Taken {
     generation: i64,
     previous: Option<Holder>,
+    given_up: bool,
 }
 
 struct Lessee {
@@ -298,7 +301,7 @@ impl Lessee {
                     %address,
                     theirs = lease_ms,
                     ours = self.identity.lease_ms,
-                    "another node of this database runs with another [cluster] lease_ms: take-overs and the                      runners' liveness bound follow each node's own; give every node the same nexus.toml"
+                    "another node of this database runs with another [cluster] lease_ms: take-overs and the runners' liveness bound follow each node's own; give every node the same nexus.toml"
                 );
             }
             if providers_digest != self.identity.providers_digest {
@@ -307,7 +310,7 @@ impl Lessee {
                     %address,
                     theirs = %providers_digest,
                     ours = %self.identity.providers_digest,
-                    "another node of this database has another [providers] table: after a fail-over onto a                      node that lacks an execution's model, it halts with provider_model_unavailable; give every                      node the same [providers] table"
+                    "another node of this database has another [providers] table: after a fail-over onto a node that lacks an execution's model, it halts with provider_model_unavailable; give every node the same [providers] table"
                 );
             }
         }
@@ -321,7 +324,7 @@ impl Lessee {
     async fn try_take(&self, connection: &mut PgConnection) -> Result<Result<Taken, Holder>, sqlx::Error> {
         let mut tx = connection.begin().await?;
         let row = sqlx::query(concat!(
-            "SELECT l.holder, l.generation, l.lease_until_ms - ",
+            "SELECT l.holder, l.generation, l.lease_until_ms, l.lease_until_ms - ",
             now_ms!(),
             " AS remaining, n.address FROM cluster_lease l LEFT JOIN cluster_nodes n ON n.node_id = l.holder ",
             "WHERE l.name = 'serve' FOR UPDATE OF l"
@@ -330,6 +333,8 @@ impl Lessee {
         .await?;
         let holder: Option<String> = row.try_get("holder")?;
         let remaining: i64 = row.try_get("remaining")?;
+        // A holder stopped with SIGTERM ends its term at 0 ([`hold`]).
+        let given_up = row.try_get::<i64, _>("lease_until_ms")? == 0;
         let address: Option<String> = row.try_get("address")?;
         if let Some(holder) = holder.clone().filter(|holder| *holder != self.identity.node_id && remaining > 0) {
             tx.commit().await?;
@@ -348,7 +353,7 @@ impl Lessee {
         .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(Ok(Taken { generation, previous }))
+        Ok(Ok(Taken { generation, previous, given_up }))
     }
 
     fn term_ms(&self) -> i64 {
@@ -408,11 +413,17 @@ impl Lease {
             };
             let outcome = tokio::time::timeout(term, attempt).await;
             match outcome {
-                Ok(Ok(Ok(Taken { generation, previous }))) => {
+                Ok(Ok(Ok(Taken { generation, previous, given_up }))) => {
                     match previous {
                         Some(previous) if previous.node_id == lessee.identity.node_id => {
                             tracing::info!(generation, "took the serve lease back from this node's previous process")
                         }
+                        Some(previous) if given_up => tracing::info!(
+                            generation,
+                            from = %previous.node_id,
+                            from_address = previous.address.as_deref().unwrap_or("unknown"),
+                            "took the serve lease over from a node that gave it up (it was stopped)"
+                        ),
                         Some(previous) => tracing::info!(
                             generation,
                             from = %previous.node_id,
@@ -460,12 +471,39 @@ impl Lease {
             lost: lost_tx,
         });
         let (release_tx, release_rx) = oneshot::channel();
+        let (abort_tx, abort_rx) = oneshot::channel::<()>();
         let holder = lessee.identity.node_id.clone();
-        let task = tokio::spawn(tracing::Instrument::instrument(
-            hold(lessee, connection, generation, taken_at, fence.clone(), release_rx),
-            tracing::info_span!("serve_lease", generation),
-        ));
-        Ok(Lease { holder, generation, fence, lost: lost_rx, release: Some(release_tx), task })
+        // The renewals run on a thread and a runtime of their own, with a connection of their
+        // own: a node whose async workers are busy for a while (a huge model answer parsed, a
+        // test's single-threaded runtime) still renews on time, and only a node that is stopped,
+        // cut off or frozen lets its lease lapse.
+        drop(connection);
+        let url = redact(&lessee.url);
+        let keeper_fence = fence.clone();
+        let span = tracing::info_span!("serve_lease", generation);
+        std::thread::Builder::new()
+            .name("nexus-serve-lease".to_owned())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(runtime) => runtime,
+                    Err(error) => {
+                        keeper_fence.lose(format!("cannot start the serve lease's renewals: {error}"));
+                        return;
+                    }
+                };
+                let keep = async move {
+                    tokio::select! {
+                        () = hold(lessee, None, generation, taken_at, keeper_fence, release_rx) => {}
+                        _ = abort_rx => {}
+                    }
+                };
+                runtime.block_on(tracing::Instrument::instrument(keep, span));
+            })
+            .map_err(|error| LockError::Database {
+                url,
+                reason: format!("cannot start the serve lease's renewals: {error}"),
+            })?;
+        Ok(Lease { holder, generation, fence, lost: lost_rx, release: Some(release_tx), abort: Some(abort_tx) })
     }
 
     /// The fence the store's writer checks ([`super::Store::fence_with`]).
@@ -492,13 +530,12 @@ impl Lease {
 /// holder, or no renewal succeeded for a whole term.
 async fn hold(
     lessee: Lessee,
-    connection: PgConnection,
+    mut connection: Option<PgConnection>,
     generation: i64,
     taken_at: Instant,
     fence: Arc<Fence>,
     mut release: oneshot::Receiver<oneshot::Sender<()>>,
 ) {
-    let mut connection = Some(connection);
     // The lease runs out a term after the last renewal sent that then succeeded.
     let mut valid_until = taken_at + lessee.term;
     let mut ticks = tokio::time::interval(period(lessee.term));
@@ -509,13 +546,15 @@ async fn hold(
             asked = &mut release => {
                 if let Some(connection) = connection.as_mut() {
                     let give_up = async {
-                        sqlx::query("UPDATE cluster_lease SET holder = NULL, lease_until_ms = 0 \
+                        // The holder stays named, its term ended: the next holder takes over
+                        // at once and can say from whom; the node is listed as stopped.
+                        sqlx::query("UPDATE cluster_lease SET lease_until_ms = 0 \
                                      WHERE name = 'serve' AND holder = $1 AND generation = $2")
                             .bind(&lessee.identity.node_id)
                             .bind(generation)
                             .execute(&mut *connection)
                             .await?;
-                        sqlx::query("DELETE FROM cluster_nodes WHERE node_id = $1")
+                        sqlx::query("UPDATE cluster_nodes SET role = 'stopped' WHERE node_id = $1")
                             .bind(&lessee.identity.node_id)
                             .execute(&mut *connection)
                             .await
