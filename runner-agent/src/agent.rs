@@ -405,8 +405,9 @@ impl Agent {
                             self.fence.lost(false);
                             if self.endpoints.len() > 1 {
                                 // A standby refuses every stream at once, naming the node that
-                                // serves (an older nexus closed the connection instead).
-                                warn!(nexus = self.nexus_url(), error = %err, "could not open the stream to this node (a standby refuses at once); trying the next");
+                                // serves (an older nexus closed the connection instead); a
+                                // stopped node refuses the connection.
+                                warn!(nexus = self.nexus_url(), error = %err, "could not open the stream to this node; trying the next");
                             } else if self.plaintext() && err.looks_like_a_tls_port() {
                                 warn!(nexus = self.nexus_url(), error = %err, hint = link::PLAINTEXT_TO_TLS_HINT, "could not open the stream to nexus");
                             } else {

@@ -79,7 +79,15 @@ async fn refuse(State(standby): State<Standby>, request: Request) -> Response {
     if grpc {
         return refusal.to_status().into_http::<axum::body::Body>();
     }
-    HttpRefusal(refusal).into_response()
+    let http1 = request.version() <= axum::http::Version::HTTP_11;
+    let mut response = HttpRefusal(refusal).into_response();
+    // An HTTP/1.1 connection kept alive here would race the take-over: a request sent as the
+    // standby's doors close it gets no answer at all. Each one is closed after its answer
+    // instead (HTTP/2 has GOAWAY, which tells the client which streams to send again).
+    if http1 {
+        response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    }
+    response
 }
 
 #[cfg(test)]

@@ -357,6 +357,11 @@ async fn scenario(name: &'static str, fault: Fault) {
                 // A node that gives its lease up is followed at the next poll, well within a term;
                 // its doors' drain comes after.
                 assert!(took < term + DETECTION_SLACK, "{tag} the hand-over took {took:?}");
+                // The new holder says from whom it took the lease, and that it was given up.
+                let taker = cluster.nodes[next].process.as_ref().expect("the holder runs");
+                taker
+                    .wait_for_log("the hand-over's origin", WAIT, |line| line.contains("from a node that gave it up"))
+                    .await;
                 outage = outage.max(took);
                 let process = cluster.nodes[holder].process.take().expect("running");
                 let exit = process.exits_within(Duration::from_secs(30)).await;

@@ -446,6 +446,13 @@ async fn a_second_node_is_refused_on_sqlite_and_waits_as_a_standby_on_postgres()
     let asked = Http::new(&second.url(), Some(&agent.token)).get("/agent_api/v1/cluster").await;
     assert_eq!((asked.status, asked.code()), (503, Some("unavailable")), "{:?}", asked.body);
     assert_eq!(asked.retry_after.as_deref(), Some("1"), "{:?}", asked.body);
+    // Over HTTP/1.1 each answer closes its connection, so none is kept alive across a take-over.
+    let mut probe = TcpStream::connect(second.addr).await.expect("the standby's port accepts");
+    probe.write_all(b"GET /agent_api/v1/profile HTTP/1.1\r\nhost: nexus\r\n\r\n").await.expect("sent");
+    let answer = read_response(&mut probe).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.to_lowercase().contains("connection: close"), "{answer}");
+    closed_by_server(&mut probe, WAIT).await;
     assert!(asked.message().contains(&serving_at), "the refusal names the serving node: {}", asked.message());
     let channel = Endpoint::from_shared(second.url()).expect("url").connect().await.expect("the standby speaks gRPC");
     let health = tonic_health::pb::health_client::HealthClient::new(channel.clone())
@@ -507,6 +514,13 @@ async fn a_second_node_is_refused_on_sqlite_and_waits_as_a_standby_on_postgres()
         .await;
     let took = killed.elapsed();
     eprintln!("fail-over took {took:?}");
+    // The take-over names the node whose term ran out.
+    let first_id = listing["lease"]["holder"].as_str().expect("the first node's id").to_owned();
+    second
+        .wait_for_log("the take-over's origin", WAIT, |line| {
+            line.contains("whose term ran out") && line.contains(&first_id)
+        })
+        .await;
     assert!(took < Duration::from_millis(2 * LEASE_MS), "fail-over took {took:?}, over two terms");
     let listing = Http::new(&second.url(), Some(&agent.token)).get("/agent_api/v1/cluster").await.body;
     assert_eq!(listing["lease"]["holder"], listing["this_node"], "{listing}");

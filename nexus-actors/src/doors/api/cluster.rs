@@ -45,7 +45,8 @@ impl Api {
             .iter()
             .map(|node| {
                 let holds = lease.is_none() || holder.as_deref() == Some(node.node_id.as_str());
-                let alive = node.heartbeat_age_ms <= term;
+                // A holder stopped with SIGTERM marks its row `stopped` as it gives the lease up.
+                let alive = node.heartbeat_age_ms <= term && node.role != "stopped";
                 // A node silent for a term is neither serving nor waiting: it died or was stopped.
                 let role = match (holds, alive) {
                     (true, _) => "active",
