@@ -333,14 +333,7 @@ pub async fn start_with_models(
     // serve_with_incoming ignores the builder's TCP_NODELAY: both accept paths set it on every
     // accepted socket, the TLS one before its handshake.
     let tls = acceptor.is_some();
-    let transport = match acceptor {
-        Some(acceptor) => tokio::spawn(
-            router.serve_with_incoming_shutdown(acceptor.incoming(listener, sockets.clone()), stop_accepting),
-        ),
-        None => tokio::spawn(
-            router.serve_with_incoming_shutdown(doors::accept::plaintext(listener, sockets.clone()), stop_accepting),
-        ),
-    };
+    let transport = tokio::spawn(serve_on(router, listener, acceptor, sockets.clone(), stop_accepting));
     tracing::info!(
         %addr,
         tls,
@@ -406,15 +399,7 @@ async fn standby(
     };
     let router = tonic::transport::Server::builder().accept_http1(true).add_routes(routes);
     let doors = async {
-        let served = match acceptor {
-            Some(acceptor) => {
-                router.serve_with_incoming_shutdown(acceptor.incoming(listener.clone(), sockets), stopped).await
-            }
-            None => {
-                router.serve_with_incoming_shutdown(doors::accept::plaintext(listener.clone(), sockets), stopped).await
-            }
-        };
-        if let Err(error) = served {
+        if let Err(error) = serve_on(router, listener.clone(), acceptor, sockets, stopped).await {
             tracing::warn!(%error, "the standby's doors stopped");
         }
     };
@@ -430,6 +415,22 @@ async fn standby(
         tracing::debug!("the standby's doors had connections open at the take-over; they are cut");
     }
     Ok(lease)
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves: over TLS when `acceptor` is set,
+/// plaintext otherwise, each socket under `sockets`' rules (`doors::accept`). The serving doors
+/// and a standby's doors both start here.
+async fn serve_on(
+    router: tonic::transport::server::Router,
+    listener: Arc<TcpListener>,
+    acceptor: Option<Acceptor>,
+    sockets: Arc<doors::sockets::Sockets>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    match acceptor {
+        Some(acceptor) => router.serve_with_incoming_shutdown(acceptor.incoming(listener, sockets), shutdown).await,
+        None => router.serve_with_incoming_shutdown(doors::accept::plaintext(listener, sockets), shutdown).await,
+    }
 }
 
 /// The longest the standby's doors may take to finish after this node took the lease.
