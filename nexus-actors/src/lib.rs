@@ -221,10 +221,15 @@ pub async fn start_with_models(
     let advertised = config.cluster.advertise_address.clone().unwrap_or_else(|| addr.to_string());
     let node = store::lease::NodeIdentity::of(&config.data_dir, advertised)?
         .with_settings(config.cluster.lease_ms, &config.providers);
+    let mut forward_key = doors::forward::ForwardKey::default();
     if let Some(url) = &config.store.database_url {
         let lease = standby(&listener, acceptor.clone(), url, &config, node.clone()).await?;
         tracing::info!(node = %lease.holder, generation = lease.generation, "holding the serve lease");
         store.fence_with(lease.fence());
+        // Over TLS nothing is forwarded (`doors::forward`), so no forwarded request is taken.
+        if acceptor.is_none() {
+            forward_key = doors::forward::ForwardKey(Some(lease.forward_key.as_str().into()));
+        }
         lock.hold(lease);
     }
     let models = match models {
@@ -303,9 +308,13 @@ pub async fn start_with_models(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
     // Outermost, so that every door (gRPC, HTTP, health, reflection, the fallback) counts its
-    // requests on their connection.
+    // requests on their connection; inside it, a request a standby forwarded takes the address
+    // of the client that sent it (`doors::forward::admit`).
     let routes = Routes::from(
-        routes.into_axum_router().layer(axum::middleware::from_fn_with_state(sockets.clone(), doors::sockets::track)),
+        routes
+            .into_axum_router()
+            .layer(axum::middleware::from_fn_with_state(forward_key, doors::forward::admit))
+            .layer(axum::middleware::from_fn_with_state(sockets.clone(), doors::sockets::track)),
     );
 
     let runner = &fabric.config.runner;
@@ -346,9 +355,9 @@ pub async fn start_with_models(
 }
 
 /// Waits as a standby until this node holds the serve lease of the PostgreSQL store at `url`
-/// (`store::lease`). Meanwhile the port answers every request with `unavailable`, naming the node
-/// that serves (`doors::standby`), so a runner-agent given several nodes moves on to it and a
-/// person or a load balancer is told where it is. Once the lease is held, those doors stop
+/// (`store::lease`). Meanwhile the port passes every request on to the node that serves, or
+/// refuses it with `unavailable` naming that node when it cannot (`doors::standby`), so a
+/// runner-agent or a client may be given any node's address. Once the lease is held, those doors stop
 /// accepting and finish what they were answering (at most [`STANDBY_DOORS_DRAIN`]) before the
 /// serving doors take the port.
 async fn standby(
@@ -371,6 +380,7 @@ async fn standby(
             holder_tx.send_replace(Some(doors::standby::Holder {
                 node_id: holder.node_id.clone(),
                 address: holder.address.clone(),
+                forward_key: holder.forward_key.clone(),
             }));
             if holder.node_id == node {
                 tracing::warn!(
@@ -391,13 +401,34 @@ async fn standby(
             );
         },
     );
-    let routes = doors::standby::routes(this_node, holder_rx).await;
+    let runner = &config.runner;
+    let keepalive_interval = Duration::from_millis(runner.http2_keepalive_interval_ms);
+    let keepalive_timeout = Duration::from_millis(runner.http2_keepalive_timeout_ms);
+    // Over TLS a standby refuses instead (`doors::forward`).
+    let forwarder = acceptor.is_none().then(|| {
+        doors::forward::Forwarder::new(
+            this_node.clone(),
+            keepalive_interval,
+            keepalive_timeout,
+            config.connections.idle_timeout() / 2,
+        )
+    });
+    let routes = doors::standby::routes(this_node, holder_rx, forwarder).await;
     let sockets = doors::sockets::Sockets::from_config(&config.connections);
+    // A forwarded runner stream or event stream is in flight for its whole life: counted, its
+    // connection is not cut as idle.
+    let routes = Routes::from(
+        routes.into_axum_router().layer(axum::middleware::from_fn_with_state(sockets.clone(), doors::sockets::track)),
+    );
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let stopped = async {
         let _ = stop_rx.await;
     };
-    let router = tonic::transport::Server::builder().accept_http1(true).add_routes(routes);
+    let router = tonic::transport::Server::builder()
+        .accept_http1(true)
+        .http2_keepalive_interval(Some(keepalive_interval))
+        .http2_keepalive_timeout(Some(keepalive_timeout))
+        .add_routes(routes);
     let doors = async {
         if let Err(error) = serve_on(router, listener.clone(), acceptor, sockets, stopped).await {
             tracing::warn!(%error, "the standby's doors stopped");

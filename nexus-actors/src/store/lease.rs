@@ -194,6 +194,9 @@ pub struct Lease {
     pub holder: String,
     /// The generation it holds.
     pub generation: i64,
+    /// The forwarding secret drawn for this generation: a request that carries it came through
+    /// a standby of this database (`doors::forward`).
+    pub forward_key: String,
     fence: Arc<Fence>,
     lost: watch::Receiver<Option<String>>,
     release: Option<oneshot::Sender<oneshot::Sender<()>>>,
@@ -218,6 +221,11 @@ pub struct Holder {
     pub address: Option<String>,
     /// Milliseconds until it lapses unless renewed.
     pub remaining_ms: i64,
+    /// The lease's generation.
+    pub generation: i64,
+    /// The holder's forwarding secret for this generation (empty: a holder of an older nexus,
+    /// to which nothing is forwarded).
+    pub forward_key: String,
 }
 
 /// A take-over: the new generation, who held the lease before (`None`: nobody ever did;
@@ -227,6 +235,12 @@ struct Taken {
     generation: i64,
     previous: Option<Holder>,
     given_up: bool,
+    forward_key: String,
+}
+
+/// A fresh forwarding secret: 32 random bytes as 64 hex digits.
+fn new_forward_key() -> String {
+    hex::encode(rand::random::<[u8; 32]>())
 }
 
 struct Lessee {
@@ -326,7 +340,7 @@ impl Lessee {
         let row = sqlx::query(concat!(
             "SELECT l.holder, l.generation, l.lease_until_ms, l.lease_until_ms - ",
             now_ms!(),
-            " AS remaining, n.address FROM cluster_lease l LEFT JOIN cluster_nodes n ON n.node_id = l.holder ",
+            " AS remaining, l.forward_key, n.address FROM cluster_lease l LEFT JOIN cluster_nodes n ON n.node_id = l.holder ",
             "WHERE l.name = 'serve' FOR UPDATE OF l"
         ))
         .fetch_one(&mut *tx)
@@ -336,13 +350,28 @@ impl Lessee {
         // A holder stopped with SIGTERM ends its term at 0 ([`hold`]).
         let given_up = row.try_get::<i64, _>("lease_until_ms")? == 0;
         let address: Option<String> = row.try_get("address")?;
+        let held_at: i64 = row.try_get("generation")?;
+        let forward_key: String = row.try_get("forward_key")?;
         if let Some(holder) = holder.clone().filter(|holder| *holder != self.identity.node_id && remaining > 0) {
             tx.commit().await?;
-            return Ok(Err(Holder { node_id: holder, address, remaining_ms: remaining }));
+            return Ok(Err(Holder {
+                node_id: holder,
+                address,
+                remaining_ms: remaining,
+                generation: held_at,
+                forward_key,
+            }));
         }
-        let previous = holder.map(|node_id| Holder { node_id, address, remaining_ms: remaining });
+        let previous = holder.map(|node_id| Holder {
+            node_id,
+            address,
+            remaining_ms: remaining,
+            generation: held_at,
+            forward_key: String::new(),
+        });
+        let forward_key = new_forward_key();
         let generation: i64 = sqlx::query_scalar(concat!(
-            "UPDATE cluster_lease SET holder = $1, generation = generation + 1, acquired_at_ms = ",
+            "UPDATE cluster_lease SET holder = $1, generation = generation + 1, forward_key = $3, acquired_at_ms = ",
             now_ms!(),
             ", lease_until_ms = ",
             now_ms!(),
@@ -350,10 +379,11 @@ impl Lessee {
         ))
         .bind(&self.identity.node_id)
         .bind(self.term_ms())
+        .bind(&forward_key)
         .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(Ok(Taken { generation, previous, given_up }))
+        Ok(Ok(Taken { generation, previous, given_up, forward_key }))
     }
 
     fn term_ms(&self) -> i64 {
@@ -404,16 +434,16 @@ impl Lease {
         if let Err(error) = lessee.warn_of_differing_settings(&mut connection).await {
             tracing::debug!(%error, "could not compare this node's settings with the others'");
         }
-        let mut last_holder: Option<String> = None;
+        let mut last_holder: Option<(String, i64)> = None;
         let mut failing_since: Option<Instant> = None;
-        let generation = loop {
+        let (generation, forward_key) = loop {
             let attempt = async {
                 lessee.heartbeat(&mut connection, "standby").await?;
                 lessee.try_take(&mut connection).await
             };
             let outcome = tokio::time::timeout(term, attempt).await;
             match outcome {
-                Ok(Ok(Ok(Taken { generation, previous, given_up }))) => {
+                Ok(Ok(Ok(Taken { generation, previous, given_up, forward_key }))) => {
                     match previous {
                         Some(previous) if previous.node_id == lessee.identity.node_id => {
                             tracing::info!(generation, "took the serve lease back from this node's previous process")
@@ -433,13 +463,14 @@ impl Lease {
                         ),
                         None => tracing::info!(generation, "took the serve lease (nobody held it)"),
                     }
-                    break generation;
+                    break (generation, forward_key);
                 }
                 Ok(Ok(Err(holder))) => {
                     failing_since = None;
-                    if last_holder.as_deref() != Some(holder.node_id.as_str()) {
+                    let seen = (holder.node_id.clone(), holder.generation);
+                    if last_holder.as_ref() != Some(&seen) {
                         waiting(&holder);
-                        last_holder = Some(holder.node_id.clone());
+                        last_holder = Some(seen);
                     }
                 }
                 failed => {
@@ -503,7 +534,15 @@ impl Lease {
                 url,
                 reason: format!("cannot start the serve lease's renewals: {error}"),
             })?;
-        Ok(Lease { holder, generation, fence, lost: lost_rx, release: Some(release_tx), abort: Some(abort_tx) })
+        Ok(Lease {
+            holder,
+            generation,
+            forward_key,
+            fence,
+            lost: lost_rx,
+            release: Some(release_tx),
+            abort: Some(abort_tx),
+        })
     }
 
     /// The fence the store's writer checks ([`super::Store::fence_with`]).

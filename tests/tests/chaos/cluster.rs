@@ -1,6 +1,6 @@
 //! Several nodes on one PostgreSQL (`docs/cluster.md`): three `nexus serve` processes on one
-//! database, two real runner-agents given every node's URL, executions admitted on whichever
-//! node serves as the scenario goes. Each scenario breaks the serving node one way: SIGKILL in
+//! database, two real runner-agents given every node's URL, each list starting at a standby (its
+//! stream is forwarded to the node that serves), executions admitted on all three nodes in turn. Each scenario breaks the serving node one way: SIGKILL in
 //! mid-round, SIGSTOP past its lease then SIGCONT, its database connection black-holed through
 //! a TCP proxy, and a rolling SIGTERM restart of all three. Afterwards every execution has
 //! completed, each tool ran once (the side-effect log), the runners' journals are empty, and the
@@ -117,8 +117,10 @@ impl Cluster {
             proxy,
             _database: database,
         };
-        let urls: Vec<String> = cluster.nodes.iter().map(|node| format!("http://{}", node.addr)).collect();
+        let mut urls: Vec<String> = cluster.nodes.iter().map(|node| format!("http://{}", node.addr)).collect();
         for index in 0..2 {
+            // Runner 0 starts at node 1, runner 1 at node 2: both first reach a standby.
+            urls.rotate_left(1);
             let runner = admin_runner(&direct, &format!("worker{index}")).await;
             let (workdir, state) = (tempfile::tempdir().expect("workdir"), tempfile::tempdir().expect("state"));
             let spec = RunnerAgentProcess {
@@ -183,18 +185,33 @@ impl Cluster {
         self.nodes[index].process.as_ref().expect("the holder runs").url()
     }
 
-    /// Admits `count` executions on the node that serves, alternating the runners.
+    /// Admits `count` executions, alternating the runners and the live nodes: a standby passes
+    /// its admission on to the node that serves. A node that has not yet read who serves (just
+    /// restarted, or a take-over under way) refuses with `unavailable` before anything is
+    /// admitted, and the admission is sent again after the second its refusal asks for.
     async fn admit(&mut self, count: usize) {
-        let url = self.serving_url().await;
-        let mut client = agent_client(&url).await;
+        self.serving_url().await;
         for _ in 0..count {
+            let live: Vec<String> = self.nodes.iter().filter_map(|node| node.process.as_ref()).map(NexusProcess::url).collect();
+            let url = &live[self.runs.len() % live.len()];
             let runner = self.runs.len() % self.runners.len();
             let request = CreateInputRequest {
                 text: format!("cluster turn {}", self.runs.len()),
                 runner_executor_public_id: self.runners[runner].0.id.to_string(),
                 ..CreateInputRequest::default()
             };
-            let answer = client.create_input(authed(request, &self.agent)).await.expect("create input").into_inner();
+            let deadline = Instant::now() + WAIT;
+            let answer = loop {
+                let mut client = agent_client(url).await;
+                match client.create_input(authed(request.clone(), &self.agent)).await {
+                    Ok(answer) => break answer.into_inner(),
+                    Err(status) if status.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
+                        eprintln!("{} admission on {url} refused for now: {}", self.tag, status.message());
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Err(status) => panic!("{} create input on {url}: {status:?}", self.tag),
+                }
+            };
             self.runs.push((answer.execution_public_id.parse().expect("uuid"), runner));
         }
     }

@@ -241,7 +241,9 @@ async fn run_one_execution(url: &str, agent: &Minted, runner: &Minted, workdir: 
     .await;
     assert_eq!(done.status, "completed", "{done:?}");
     assert_eq!(done.final_text, "done");
+    // The call ran once (the log is taken, so the next execution on this workdir starts empty).
     let side = std::fs::read_to_string(workdir.join("side.log")).expect("the bash call ran on the runner");
+    std::fs::remove_file(workdir.join("side.log")).expect("the side-effect log is removed");
     assert_eq!(side, "ran\n");
 }
 
@@ -439,34 +441,56 @@ async fn a_second_node_is_refused_on_sqlite_and_waits_as_a_standby_on_postgres()
         .iter()
         .any(|line| line.contains("another [providers] table") && line.contains(&first.addr.to_string()));
     assert!(warned, "the standby did not warn of the other provider table:\n{}", second.log().join("\n"));
-    // The standby refuses every request with `unavailable`, naming the node that serves and its
-    // address: a person is told where to go, a runner given several nodes moves on, and a
-    // load balancer's gRPC health probe reads NOT_SERVING.
-    let serving_at = first.addr.to_string();
-    let asked = Http::new(&second.url(), Some(&agent.token)).get("/agent_api/v1/cluster").await;
-    assert_eq!((asked.status, asked.code()), (503, Some("unavailable")), "{:?}", asked.body);
-    assert_eq!(asked.retry_after.as_deref(), Some("1"), "{:?}", asked.body);
-    // Over HTTP/1.1 each answer closes its connection, so none is kept alive across a take-over.
+    // The standby passes every request on to the node that serves: a person, a client or a
+    // load balancer may use either address. The cluster listing, asked of the standby from
+    // loopback, is the serving node's (forwarded with the client's own address, so the loopback
+    // rule holds), and the gRPC health service answers SERVING for it.
+    let first_id = wait_until("the standby to forward to the serving node", WAIT, || {
+        let (url, token) = (second.url(), agent.token.clone());
+        async move {
+            let answer = Http::new(&url, Some(&token)).get("/agent_api/v1/cluster").await;
+            (answer.status == 200).then_some(answer.body)
+        }
+    })
+    .await;
+    assert_eq!(first_id["lease"]["holder"], first_id["this_node"], "{first_id}");
+    let first_id = first_id["this_node"].as_str().expect("the serving node's id").to_owned();
+    // Over HTTP/1.1 each answer closes its connection, so none is kept alive across a take-over;
+    // without a credential the serving node's own refusal comes back.
     let mut probe = TcpStream::connect(second.addr).await.expect("the standby's port accepts");
     probe.write_all(b"GET /agent_api/v1/profile HTTP/1.1\r\nhost: nexus\r\n\r\n").await.expect("sent");
     let answer = read_response(&mut probe).await;
-    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
     assert!(answer.to_lowercase().contains("connection: close"), "{answer}");
     closed_by_server(&mut probe, WAIT).await;
-    assert!(asked.message().contains(&serving_at), "the refusal names the serving node: {}", asked.message());
     let channel = Endpoint::from_shared(second.url()).expect("url").connect().await.expect("the standby speaks gRPC");
     let health = tonic_health::pb::health_client::HealthClient::new(channel.clone())
         .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
         .await
         .expect("the health service answers")
         .into_inner();
-    assert_eq!(health.status(), tonic_health::pb::health_check_response::ServingStatus::NotServing);
+    assert_eq!(health.status(), tonic_health::pb::health_check_response::ServingStatus::Serving);
+    let profile = AgentServiceClient::new(channel.clone())
+        .get_profile(authed(GetProfileRequest::default(), &agent))
+        .await
+        .expect("the serving node answers through the standby");
+    assert!(profile.into_inner().profile_json.contains("agent"), "the profile names its agent");
     let refused = AgentServiceClient::new(channel)
         .get_profile(GetProfileRequest::default())
         .await
-        .expect_err("a standby serves no door");
-    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
-    assert!(refused.message().contains(&serving_at), "{refused:?}");
+        .expect_err("no credential");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    // Only a standby may say it forwarded a request: one that claims it without the serving
+    // node's key of this term is refused, and a client cannot borrow loopback that way.
+    let spoofed = reqwest::Client::new()
+        .get(format!("{}/agent_api/v1/cluster", first.url()))
+        .bearer_auth(&agent.token)
+        .header("nexus-forwarded", format!("key={};for=127.0.0.1;by=intruder", "0".repeat(64)))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(spoofed.status().as_u16(), 503);
+    assert_eq!(spoofed.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
 
     // The listing, asked on the active node, names both: one active, one standby.
     let listing = wait_until("the listing to show both nodes", WAIT, || {
@@ -496,10 +520,12 @@ async fn a_second_node_is_refused_on_sqlite_and_waits_as_a_standby_on_postgres()
     assert_eq!(standby[0]["lease_ms"], active[0]["lease_ms"], "{listing}");
     assert_ne!(standby[0]["providers_digest"], active[0]["providers_digest"], "{listing}");
 
+    // A runner-agent given only the standby's address: its stream is forwarded to the serving
+    // node, and an execution admitted through the standby runs on it.
     let workdir = tempfile::tempdir().expect("workdir");
-    let runner_agent = runner_spec(dir.path(), first.url(), &runner, workdir.path()).spawn();
+    let _runner_agent = runner_spec(dir.path(), second.url(), &runner, workdir.path()).spawn();
     announced(&at, &runner).await;
-    run_one_execution(&first.url(), &agent, &runner, workdir.path()).await;
+    run_one_execution(&second.url(), &agent, &runner, workdir.path()).await;
     assert!(
         !second.log().iter().any(|line| line.contains("nexus serving")),
         "the standby served beside the active node"
@@ -515,7 +541,7 @@ async fn a_second_node_is_refused_on_sqlite_and_waits_as_a_standby_on_postgres()
     let took = killed.elapsed();
     eprintln!("fail-over took {took:?}");
     // The take-over names the node whose term ran out.
-    let first_id = listing["lease"]["holder"].as_str().expect("the first node's id").to_owned();
+    assert_eq!(listing["lease"]["holder"], first_id.as_str(), "{listing}");
     second
         .wait_for_log("the take-over's origin", WAIT, |line| {
             line.contains("whose term ran out") && line.contains(&first_id)
@@ -526,9 +552,7 @@ async fn a_second_node_is_refused_on_sqlite_and_waits_as_a_standby_on_postgres()
     assert_eq!(listing["lease"]["holder"], listing["this_node"], "{listing}");
     assert_eq!(listing["lease"]["generation"], generation + 1, "{listing}");
 
-    drop(runner_agent);
-    let workdir = tempfile::tempdir().expect("workdir");
-    let _runner_agent = runner_spec(dir.path(), second.url(), &runner, workdir.path()).spawn();
+    // The same runner-agent reconnects to the node it was given, which serves now.
     run_one_execution(&second.url(), &agent, &runner, workdir.path()).await;
     let exit = second.sigterm(Duration::from_secs(20)).await;
     assert!(exit.success(), "the second node exited {exit}");
