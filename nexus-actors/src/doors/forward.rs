@@ -108,7 +108,12 @@ impl Forwarder {
     /// after `idle` without a request: give half the doors' idle bound
     /// (`[connections] idle_timeout_ms`), so the standby closes an idle connection first and
     /// never sends a request down one the holder is closing.
-    pub fn new(this_node: String, keepalive_interval: Duration, keepalive_timeout: Duration, idle: Duration) -> Forwarder {
+    pub fn new(
+        this_node: String,
+        keepalive_interval: Duration,
+        keepalive_timeout: Duration,
+        idle: Duration,
+    ) -> Forwarder {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));

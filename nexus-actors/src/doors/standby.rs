@@ -18,8 +18,8 @@ use std::net::SocketAddr;
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::header::{self, HeaderValue};
 use axum::http::Version;
+use axum::http::header::{self, HeaderValue};
 use axum::response::Response;
 use tokio::sync::watch;
 use tonic::codegen::Service;
@@ -98,7 +98,11 @@ struct Standby {
 /// (`None`: never), and otherwise the gRPC health service, `NOT_SERVING` for every service, and
 /// a refusal ([`refusal`]), as gRPC (trailers only) for a gRPC request and as the doors' JSON
 /// error otherwise.
-pub async fn routes(this_node: String, holder: watch::Receiver<Option<Holder>>, forwarder: Option<Forwarder>) -> Routes {
+pub async fn routes(
+    this_node: String,
+    holder: watch::Receiver<Option<Holder>>,
+    forwarder: Option<Forwarder>,
+) -> Routes {
     let (reporter, health) = tonic_health::server::health_reporter();
     for service in ["", "nexus.runner.v1.RunnerService", "nexus.agent.v1.AgentService"] {
         reporter.set_service_status(service, ServingStatus::NotServing).await;
@@ -113,7 +117,8 @@ pub async fn routes(this_node: String, holder: watch::Receiver<Option<Holder>>, 
 
 async fn answer(State(mut standby): State<Standby>, request: Request) -> Response {
     // Never to itself: a lease that names this node's own id is one its previous process held.
-    let target = standby.holder.borrow().as_ref().filter(|holder| holder.node_id != standby.this_node).and_then(Holder::target);
+    let target =
+        standby.holder.borrow().as_ref().filter(|holder| holder.node_id != standby.this_node).and_then(Holder::target);
     let once = !request.headers().contains_key(FORWARDED);
     if let (Some(forwarder), Some(target), true) = (&standby.forwarder, target, once) {
         let client = request.extensions().get::<TcpConnectInfo>().and_then(|info| info.remote_addr).map(|a| a.ip());

@@ -340,8 +340,7 @@ impl Lessee {
         let row = sqlx::query(concat!(
             "SELECT l.holder, l.generation, l.lease_until_ms, l.lease_until_ms - ",
             now_ms!(),
-            " AS remaining, l.forward_key, n.address FROM cluster_lease l LEFT JOIN cluster_nodes n ON n.node_id = l.holder ",
-            "WHERE l.name = 'serve' FOR UPDATE OF l"
+            " AS remaining, l.forward_key FROM cluster_lease l WHERE l.name = 'serve' FOR UPDATE"
         ))
         .fetch_one(&mut *tx)
         .await?;
@@ -349,7 +348,18 @@ impl Lessee {
         let remaining: i64 = row.try_get("remaining")?;
         // A holder stopped with SIGTERM ends its term at 0 ([`hold`]).
         let given_up = row.try_get::<i64, _>("lease_until_ms")? == 0;
-        let address: Option<String> = row.try_get("address")?;
+        // Read after the lock, not joined to it: a row locked after waiting on another node's
+        // take-over is re-read at its new holder, and an outer join is then re-checked against
+        // the old holder's node row and comes back empty (PostgreSQL's EvalPlanQual), which
+        // left a standby forwarding nowhere for the whole term.
+        let address: Option<String> = match &holder {
+            Some(holder) => sqlx::query_scalar("SELECT address FROM cluster_nodes WHERE node_id = $1")
+                .bind(holder)
+                .fetch_optional(&mut *tx)
+                .await?
+                .flatten(),
+            None => None,
+        };
         let held_at: i64 = row.try_get("generation")?;
         let forward_key: String = row.try_get("forward_key")?;
         if let Some(holder) = holder.clone().filter(|holder| *holder != self.identity.node_id && remaining > 0) {
@@ -434,7 +444,7 @@ impl Lease {
         if let Err(error) = lessee.warn_of_differing_settings(&mut connection).await {
             tracing::debug!(%error, "could not compare this node's settings with the others'");
         }
-        let mut last_holder: Option<(String, i64)> = None;
+        let mut last_holder: Option<(String, i64, Option<String>)> = None;
         let mut failing_since: Option<Instant> = None;
         let (generation, forward_key) = loop {
             let attempt = async {
@@ -467,7 +477,7 @@ impl Lease {
                 }
                 Ok(Ok(Err(holder))) => {
                     failing_since = None;
-                    let seen = (holder.node_id.clone(), holder.generation);
+                    let seen = (holder.node_id.clone(), holder.generation, holder.address.clone());
                     if last_holder.as_ref() != Some(&seen) {
                         waiting(&holder);
                         last_holder = Some(seen);

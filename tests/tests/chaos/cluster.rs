@@ -192,7 +192,8 @@ impl Cluster {
     async fn admit(&mut self, count: usize) {
         self.serving_url().await;
         for _ in 0..count {
-            let live: Vec<String> = self.nodes.iter().filter_map(|node| node.process.as_ref()).map(NexusProcess::url).collect();
+            let live: Vec<String> =
+                self.nodes.iter().filter_map(|node| node.process.as_ref()).map(NexusProcess::url).collect();
             let url = &live[self.runs.len() % live.len()];
             let runner = self.runs.len() % self.runners.len();
             let request = CreateInputRequest {

@@ -208,7 +208,8 @@ fn config_file(dir: &Path, extra: &str) -> std::path::PathBuf {
 
 /// Runs one execution through the nexus at `url` on `runner` (whose runner-agent works in
 /// `workdir`): its bash call runs there and it completes.
-async fn run_one_execution(url: &str, agent: &Minted, runner: &Minted, workdir: &Path) {
+/// Runs one execution admitted at `url` to completion; returns its public id.
+async fn run_one_execution(url: &str, agent: &Minted, runner: &Minted, workdir: &Path) -> String {
     let mut client = grpc(url).await;
     let body = json!({"configuration": {
         "runner_executor_public_ids": [runner.id], "approval_mode": "bypass", "default_model": "scripted/work",
@@ -245,6 +246,7 @@ async fn run_one_execution(url: &str, agent: &Minted, runner: &Minted, workdir: 
     let side = std::fs::read_to_string(workdir.join("side.log")).expect("the bash call ran on the runner");
     std::fs::remove_file(workdir.join("side.log")).expect("the side-effect log is removed");
     assert_eq!(side, "ran\n");
+    id
 }
 
 /// Waits until a runner's announcement is stored (it connected and said Hello).
@@ -394,7 +396,7 @@ async fn serve_refused(at: &StoreLocation, config: &Path) -> (std::process::Exit
 const LEASE_MS: u64 = 2_000;
 
 #[tokio::test]
-async fn a_second_node_is_refused_on_sqlite_and_waits_as_a_standby_on_postgres() {
+async fn a_second_node_is_refused_on_sqlite_and_forwards_to_the_serving_node_on_postgres() {
     let dir = tempfile::tempdir().expect("dir");
     let (at, _database) = store_location(dir.path(), "data").await;
     let config = config_file(dir.path(), &format!("[cluster]\nlease_ms = {LEASE_MS}\n"));
@@ -475,10 +477,8 @@ async fn a_second_node_is_refused_on_sqlite_and_waits_as_a_standby_on_postgres()
         .await
         .expect("the serving node answers through the standby");
     assert!(profile.into_inner().profile_json.contains("agent"), "the profile names its agent");
-    let refused = AgentServiceClient::new(channel)
-        .get_profile(GetProfileRequest::default())
-        .await
-        .expect_err("no credential");
+    let refused =
+        AgentServiceClient::new(channel).get_profile(GetProfileRequest::default()).await.expect_err("no credential");
     assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
     // Only a standby may say it forwarded a request: one that claims it without the serving
     // node's key of this term is refused, and a client cannot borrow loopback that way.
@@ -525,7 +525,26 @@ async fn a_second_node_is_refused_on_sqlite_and_waits_as_a_standby_on_postgres()
     let workdir = tempfile::tempdir().expect("workdir");
     let _runner_agent = runner_spec(dir.path(), second.url(), &runner, workdir.path()).spawn();
     announced(&at, &runner).await;
-    run_one_execution(&second.url(), &agent, &runner, workdir.path()).await;
+    let run = run_one_execution(&second.url(), &agent, &runner, workdir.path()).await;
+    // Its event stream, followed through the standby over HTTP/1.1, is the serving node's: every
+    // frame, in order, ending at the completion; resumed from a cursor, only what came after.
+    let stream = format!("{}/agent_api/v1/executions/{run}/events/stream", second.url());
+    let follow = |last: Option<String>| {
+        let mut request = reqwest::Client::new().get(&stream).bearer_auth(&agent.token);
+        if let Some(last) = last {
+            request = request.header("last-event-id", last);
+        }
+        async move {
+            let answer = tokio::time::timeout(WAIT, request.send()).await.expect("in time").expect("followed");
+            assert_eq!(answer.status().as_u16(), 200);
+            let body = tokio::time::timeout(WAIT, answer.text()).await.expect("the stream ends").expect("body");
+            body.lines().filter_map(|line| line.strip_prefix("id:").map(|id| id.trim().to_owned())).collect::<Vec<_>>()
+        }
+    };
+    let ids = follow(None).await;
+    assert!(ids.len() >= 3, "the followed stream carried its events: {ids:?}");
+    let resumed = follow(Some(ids[1].clone())).await;
+    assert_eq!(resumed, ids[2..], "resumed after the second cursor");
     assert!(
         !second.log().iter().any(|line| line.contains("nexus serving")),
         "the standby served beside the active node"
