@@ -219,6 +219,16 @@ pub async fn start_with_models(
     let mut lock = store::ServeLock::acquire(&config.data_dir, addr)?;
     let store = Store::connect(&config.data_dir, &config.store).await?.with_clock(clock.clone());
     let advertised = config.cluster.advertise_address.clone().unwrap_or_else(|| addr.to_string());
+    if config.store.database_url.is_some()
+        && advertised.parse::<std::net::SocketAddr>().is_ok_and(|advertised| advertised.ip().is_unspecified())
+    {
+        tracing::warn!(
+            %advertised,
+            "this node advertises an address with no host: the other nodes cannot forward requests to it while it \
+             serves (docs/cluster.md, \"Any node answers\"); set [cluster] advertise_address (--advertise-address) \
+             to the address they reach it at"
+        );
+    }
     let node = store::lease::NodeIdentity::of(&config.data_dir, advertised)?
         .with_settings(config.cluster.lease_ms, &config.providers);
     let mut forward_key = doors::forward::ForwardKey::default();
@@ -406,14 +416,10 @@ async fn standby(
     let keepalive_timeout = Duration::from_millis(runner.http2_keepalive_timeout_ms);
     // Over TLS a standby refuses instead (`doors::forward`).
     let forwarder = acceptor.is_none().then(|| {
-        doors::forward::Forwarder::new(
-            this_node.clone(),
-            keepalive_interval,
-            keepalive_timeout,
-            config.connections.idle_timeout() / 2,
-        )
+        doors::forward::Forwarder::new(this_node.clone(), config.cluster.lease(), config.connections.idle_timeout() / 2)
     });
-    let routes = doors::standby::routes(this_node, holder_rx, forwarder).await;
+    let (closing_tx, closing_rx) = tokio::sync::watch::channel(false);
+    let routes = doors::standby::routes(this_node, holder_rx, forwarder, closing_rx).await;
     let sockets = doors::sockets::Sockets::from_config(&config.connections);
     // A forwarded runner stream or event stream is in flight for its whole life: counted, its
     // connection is not cut as idle.
@@ -439,8 +445,11 @@ async fn standby(
         lease = acquire => lease?,
         () = &mut doors => std::future::pending().await,
     };
-    // Taken: the standby's doors stop accepting at once and close their connections as they
-    // finish (a client kept alive there is told to go, and comes back to the serving doors).
+    // Taken: the standby's doors stop accepting at once, cut every request they forwarded, and
+    // close their connections as they finish (a client kept alive there is told to go, and
+    // comes back to the serving doors). Dropping the doors after their drain ends no connection
+    // task, so the cut is what ends a forwarded runner stream or event stream.
+    closing_tx.send_replace(true);
     let _ = stop_tx.send(());
     if tokio::time::timeout(STANDBY_DOORS_DRAIN, doors).await.is_err() {
         tracing::debug!("the standby's doors had connections open at the take-over; they are cut");

@@ -404,9 +404,10 @@ impl Agent {
                             }
                             self.fence.lost(false);
                             if self.endpoints.len() > 1 {
-                                // A standby refuses every stream at once, naming the node that
-                                // serves (an older nexus closed the connection instead); a
-                                // stopped node refuses the connection.
+                                // A standby that cannot pass the stream on to the node that
+                                // serves refuses it at once, naming that node (an older nexus
+                                // closed the connection instead); a stopped node refuses the
+                                // connection.
                                 warn!(nexus = self.nexus_url(), error = %err, "could not open the stream to this node; trying the next");
                             } else if self.plaintext() && err.looks_like_a_tls_port() {
                                 warn!(nexus = self.nexus_url(), error = %err, hint = link::PLAINTEXT_TO_TLS_HINT, "could not open the stream to nexus");

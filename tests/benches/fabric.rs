@@ -8,7 +8,8 @@
 //! Knobs (environment):
 //! - `NEXUS_BENCH_POSTGRES_URL`: also measure throughput on PostgreSQL, in a fresh database made
 //!   on that server (e.g. `postgres://root@127.0.0.1:5432/postgres`) and dropped afterwards; the
-//!   same with two `nexus serve` standbys beside the serving node; and fail-over between two
+//!   same with two `nexus serve` standbys beside the serving node, with the runners on the serving
+//!   node and spread over all three (a standby forwards their streams); and fail-over between two
 //!   `nexus serve` processes (from a SIGKILL until the standby serves and a turn on it completes).
 //! - `NEXUS_BENCH_SECONDS`: the timed throughput window per backend (default 5).
 //! - `NEXUS_BENCH_RECOVERY_TASKS`: open tasks before the restart (default 100,000), spread over
@@ -457,12 +458,24 @@ fn per_call(before: IoStats, after: IoStats, settled: u64) -> (f64, f64) {
 /// Settled calls per second with [`RUNNERS`] runners of [`SLOTS`] slots (batching runners, or
 /// one frame per request), refusals seen, and the store's traffic per call.
 async fn throughput(server: &TestServer, seconds: u64, batches: bool) -> Throughput {
-    let url = server.url();
-    let tag = if batches { "tp" } else { "tp1" };
+    throughput_through(server, seconds, batches, &[]).await
+}
+
+/// [`throughput`] with runner `i` connected to `nodes[i % nodes.len()]` (a standby passes its
+/// stream on to `server`, `docs/cluster.md`, "Any node answers"); `server` itself when empty.
+async fn throughput_through(server: &TestServer, seconds: u64, batches: bool, nodes: &[String]) -> Throughput {
+    let own = [server.url()];
+    let urls = if nodes.is_empty() { &own[..] } else { nodes };
+    let tag = match (batches, nodes.is_empty()) {
+        (true, true) => "tp",
+        (false, true) => "tp1",
+        (_, false) => "tpn",
+    };
     let mut runners = Vec::with_capacity(RUNNERS);
     for i in 0..RUNNERS {
         let runner = server.runner(&format!("{tag}-{i}")).await;
-        let fast = FastRunner::connect_with(&url, &runner, &noop_tool(60_000), SLOTS, false, batches).await;
+        let url = &urls[i % urls.len()];
+        let fast = FastRunner::connect_with(url, &runner, &noop_tool(60_000), SLOTS, false, batches).await;
         let caller = agent_for(server, &format!("{tag}-{i}"), runner.id, "fan").await;
         runners.push((fast, caller));
     }
@@ -903,13 +916,18 @@ async fn run() {
             let dir = tempfile::tempdir().expect("dir");
             let nodes = standbys(&url, dir.path()).await;
             let rate = throughput(&server, seconds, true).await;
+            // The same load with the runners spread over the three nodes: two thirds of the
+            // streams pass through a standby.
+            let mut urls = vec![server.url()];
+            urls.extend(nodes.iter().map(NexusProcess::url));
+            let spread = throughput_through(&server, seconds, true, &urls).await;
             for node in nodes {
                 let _ = node.sigterm(Duration::from_secs(20)).await;
             }
             server.shutdown().await;
             drop_database(admin_url, &name).await;
             eprintln!("fail-over on PostgreSQL (two nodes, lease {FAIL_OVER_LEASE_MS} ms)...");
-            Some((rate, fail_over(admin_url).await))
+            Some((rate, spread, fail_over(admin_url).await))
         }
         None => None,
     };
@@ -947,10 +965,14 @@ async fn run() {
         None => println!("| settled calls/s, PostgreSQL | not run (set NEXUS_BENCH_POSTGRES_URL) | >= 10000 | |"),
     }
     match &cluster {
-        Some((three, fail)) => {
+        Some((three, spread, fail)) => {
             println!(
                 "| settled calls/s, PostgreSQL, 3 nodes on the database (1 serving, 2 standbys), same load | {:.0} | | |",
                 three.rate
+            );
+            println!(
+                "| settled calls/s, PostgreSQL, 3 nodes, runners spread over the nodes (2/3 forwarded by a standby) | {:.0} | | |",
+                spread.rate
             );
             match fail {
                 Some((serving, advanced)) => println!(

@@ -5,9 +5,11 @@
 //!
 //! Both halves live here. [`Forwarder`] is the standby's: one HTTP/2 connection (cleartext, prior
 //! knowledge) to the holder, multiplexing every forwarded request, runner streams and followed
-//! event streams included; a request whose client goes away resets its stream on the holder,
-//! and keep-alive pings end a stream whose holder stopped answering (paused, partitioned), so
-//! the runner behind it reconnects and moves on. [`admit`] is the holder's: a request that says
+//! event streams included; a request whose client goes away resets its stream on the holder;
+//! keep-alive pings paced by the lease end a stream whose holder stopped answering (paused,
+//! partitioned); and every forwarded request is cut once the standby reads another holder or
+//! takes the lease itself ([`Forwarder::forward`]'s `cut`), so the runner or client behind it
+//! reconnects to the node that serves now. [`admit`] is the holder's: a request that says
 //! it was forwarded ([`FORWARDED`]) must carry the holder's secret of this term (the lease's
 //! `forward_key`), and then the holder takes the client address the standby reports as the
 //! request's own, so the loopback rule and the failed-credential throttle key on the real caller,
@@ -18,11 +20,14 @@
 //! before): a forwarded request would have to be sent on over a second TLS session, with the
 //! client's certificate lost on the way.
 
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Request, State};
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::http::{Uri, Version};
@@ -33,6 +38,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
+use nexus_proto::runner::v1::{NexusFrame, nexus_frame};
 use nexus_proto::{ErrorCode, Refusal};
 
 use crate::doors::http::HttpRefusal;
@@ -43,6 +49,18 @@ pub const FORWARDED: HeaderName = HeaderName::from_static("nexus-forwarded");
 
 /// How long a standby waits for a TCP connection to the holder before it refuses the request.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The response header by which the holder tells a standby that the request it forwarded carried
+/// a member credential the holder verified; the standby then counts its client's connection as
+/// authenticated (`doors::sockets`), and drops the header.
+pub const AUTHENTICATED: HeaderName = HeaderName::from_static("nexus-authenticated");
+
+/// The runner stream's path: its connection counts as authenticated on a standby once the holder
+/// welcomes the runner (the first message of the answer is a Welcome).
+const RUNNER_STREAM: &str = "/nexus.runner.v1.RunnerService/Connect";
+
+/// What ends a forwarded request early: the standby read another holder, or took the lease.
+pub type Cut = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// A forwarded stream's flow-control window, in bytes: a runner stream's frames are small, and
 /// one slow reader must not hold a large buffer on the standby.
@@ -102,18 +120,16 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    /// A forwarder for the node `this_node`, whose keep-alive pings to the holder go every
-    /// `keepalive_interval` and give up after `keepalive_timeout` (the runner stream's own
-    /// settings, `[runner] http2_keepalive_*`), and which closes its connection to the holder
-    /// after `idle` without a request: give half the doors' idle bound
+    /// A forwarder for the node `this_node` of a cluster whose lease term is `lease`: its
+    /// keep-alive pings to the holder go every half term (at most every 20 s) and give up after
+    /// a term (at most 10 s), so a request to a holder that froze or went silent is refused
+    /// within about a term and a half, when the holder has lost its lease anyway. It closes its
+    /// connection to the holder after `idle` without a request: give half the doors' idle bound
     /// (`[connections] idle_timeout_ms`), so the standby closes an idle connection first and
     /// never sends a request down one the holder is closing.
-    pub fn new(
-        this_node: String,
-        keepalive_interval: Duration,
-        keepalive_timeout: Duration,
-        idle: Duration,
-    ) -> Forwarder {
+    pub fn new(this_node: String, lease: Duration, idle: Duration) -> Forwarder {
+        let keepalive_interval = (lease / 2).min(Duration::from_secs(20));
+        let keepalive_timeout = lease.min(Duration::from_secs(10));
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
@@ -132,12 +148,20 @@ impl Forwarder {
     }
 
     /// Sends `request`, received from `client`, on to `target` and answers with what it
-    /// answers, its body streamed. When the holder cannot be reached the answer is a refusal
-    /// (`unavailable`, retry in a second) that names it.
-    pub async fn forward(&self, request: Request, client: Option<IpAddr>, target: &Target) -> Response {
+    /// answers, its body streamed, until `cut` resolves: then a request still waiting for its
+    /// answer is refused, and an answer still streaming ends with an error (its HTTP/2 stream is
+    /// reset, its HTTP/1.1 connection closed). When the holder cannot be reached the answer is a
+    /// refusal (`unavailable`, retry in a second) that names it and says why.
+    pub async fn forward(&self, request: Request, client: Option<IpAddr>, target: &Target, mut cut: Cut) -> Response {
         let grpc = is_grpc(request.headers());
         let (mut parts, body) = request.into_parts();
-        let path = parts.uri.path_and_query().map_or("/", |path| path.as_str());
+        let Some(path) = parts.uri.path_and_query().map(|path| path.as_str()).filter(|path| path.starts_with('/'))
+        else {
+            // `OPTIONS *` and the like: no door answers them.
+            let refusal = Refusal::new(ErrorCode::NotFound, "no door answers this request target: ask a path");
+            return refusal_response(refusal, grpc, parts.version);
+        };
+        let runner_stream = path == RUNNER_STREAM;
         let uri = match format!("http://{}{path}", target.address).parse::<Uri>() {
             Ok(uri) => uri,
             Err(error) => return self.unreachable(target, &error.to_string(), grpc),
@@ -156,21 +180,30 @@ impl Forwarder {
             None => return self.unreachable(target, "the node id is not a header value", grpc),
         };
         let request = Request::from_parts(parts, body);
-        match self.client.request(request).await {
+        let answered = tokio::select! {
+            answered = self.client.request(request) => answered,
+            () = &mut cut => {
+                let why = "the serving node changed while this request waited for its answer";
+                return self.unreachable(target, why, grpc);
+            }
+        };
+        match answered {
             Ok(response) => {
                 let (mut parts, body) = response.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                // A standby connection counts as authenticated once the holder accepted a
-                // request on it, so the standby's cap sheds strangers' connections first.
-                let trailers_only = parts.headers.contains_key("grpc-status");
-                if parts.status.is_success() && !trailers_only {
+                // The client's connection counts as authenticated once the holder verified a
+                // credential on it (its word, or its Welcome to a runner), so the standby's cap
+                // sheds strangers' connections first.
+                if parts.headers.remove(AUTHENTICATED).is_some() {
                     crate::doors::sockets::authenticated();
                 }
-                Response::from_parts(parts, Body::new(body))
+                let welcome = runner_stream.then(crate::doors::sockets::current).flatten();
+                Response::from_parts(parts, Body::new(Forwarding { body: Body::new(body), cut, welcome }))
             }
             Err(error) => {
+                let error = causes(&error);
                 tracing::debug!(holder = %target.node_id, address = %target.address, %error, "could not forward a request");
-                self.unreachable(target, &error.to_string(), grpc)
+                self.unreachable(target, &error, grpc)
             }
         }
     }
@@ -186,6 +219,72 @@ impl Forwarder {
         };
         refusal_response(refusal, grpc, Version::HTTP_2)
     }
+}
+
+/// An error and its causes, outermost first (`client error (Connect): tcp connect error:
+/// Connection refused (os error 111)`).
+fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut said = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        said.push_str(": ");
+        said.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    said
+}
+
+/// A forwarded answer's body: ends with an error once `cut` resolves, and, for a runner stream,
+/// counts the client's connection as authenticated when the first message is a Welcome.
+struct Forwarding {
+    body: Body,
+    cut: Cut,
+    /// The client's connection, until the runner stream's first message has been read.
+    welcome: Option<crate::doors::sockets::Socket>,
+}
+
+impl HttpBody for Forwarding {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        if self.cut.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(axum::Error::new("the serving node changed: this forwarded stream is cut"))));
+        }
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+            && let Some(socket) = self.welcome.take()
+            && is_welcome(data)
+        {
+            socket.authenticated();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Whether `data` opens with a whole uncompressed gRPC message (1 byte of flags, 4 of length,
+/// then the message) that is a runner stream's Welcome.
+fn is_welcome(data: &[u8]) -> bool {
+    use prost::Message;
+    let Some(([0], rest)) = data.split_first_chunk::<1>() else { return false };
+    let Some((length, message)) = rest.split_first_chunk::<4>() else { return false };
+    let length = u32::from_be_bytes(*length) as usize;
+    message
+        .get(..length)
+        .and_then(|message| NexusFrame::decode(message).ok())
+        .is_some_and(|frame| matches!(frame.frame, Some(nexus_frame::Frame::Welcome(_))))
 }
 
 /// Whether a request is gRPC (by its content type).
@@ -268,7 +367,11 @@ pub async fn admit(State(key): State<ForwardKey>, mut request: Request, next: Ne
         .or_else(|| extensions.get::<TlsConnectInfo<TcpConnectInfo>>().and_then(|info| info.get_ref().local_addr));
     extensions.remove::<TlsConnectInfo<TcpConnectInfo>>();
     extensions.insert(TcpConnectInfo { local_addr, remote_addr: Some(SocketAddr::new(forwarded.client, 0)) });
-    next.run(request).await
+    let (mut response, verified) = crate::doors::sockets::verifying(next.run(request)).await;
+    if verified {
+        response.headers_mut().insert(AUTHENTICATED, HeaderValue::from_static("1"));
+    }
+    response
 }
 
 /// Compares two secrets in time that depends on their lengths only.
@@ -290,6 +393,44 @@ mod tests {
         for bad in ["", "key=k;for=10.0.0.1", "key=k;for=nowhere;by=n", "key=k;for=10.0.0.1;by=n;x=1", "garbage"] {
             assert_eq!(Forwarded::parse(&HeaderValue::from_static(bad)), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn only_a_whole_welcome_message_counts_as_one() {
+        use prost::Message;
+        let framed = |frame: nexus_frame::Frame| {
+            let message = NexusFrame { request_id: 1, frame: Some(frame) }.encode_to_vec();
+            let mut data = vec![0];
+            data.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+            data.extend_from_slice(&message);
+            data
+        };
+        let welcome = framed(nexus_frame::Frame::Welcome(Default::default()));
+        assert!(is_welcome(&welcome));
+        assert!(!is_welcome(&welcome[..welcome.len() - 1]), "a partial message is not read");
+        let mut compressed = welcome.clone();
+        compressed[0] = 1;
+        assert!(!is_welcome(&compressed));
+        assert!(!is_welcome(&framed(nexus_frame::Frame::Refusal(Default::default()))));
+        assert!(!is_welcome(b""));
+    }
+
+    #[tokio::test]
+    async fn a_forwarded_answer_streams_until_it_is_cut_and_then_ends_with_an_error() {
+        use futures::StreamExt;
+        let (chunks_tx, chunks) = tokio::sync::mpsc::unbounded_channel::<Result<Bytes, std::io::Error>>();
+        let body = Body::from_stream(tokio_stream::wrappers::UnboundedReceiverStream::new(chunks));
+        let (cut_tx, cut_rx) = tokio::sync::oneshot::channel::<()>();
+        let cut: Cut = Box::pin(async move {
+            let _ = cut_rx.await;
+        });
+        let mut answer = Body::new(Forwarding { body, cut, welcome: None }).into_data_stream();
+        chunks_tx.send(Ok(Bytes::from_static(b"event one"))).expect("sent");
+        assert_eq!(answer.next().await.expect("a chunk").expect("data"), Bytes::from_static(b"event one"));
+        cut_tx.send(()).expect("cut");
+        chunks_tx.send(Ok(Bytes::from_static(b"event two"))).expect("sent");
+        let ended = answer.next().await.expect("an end");
+        assert!(ended.is_err(), "the cut ends the answer with an error, whatever else is ready: {ended:?}");
     }
 
     #[test]

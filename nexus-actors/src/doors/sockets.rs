@@ -46,6 +46,8 @@ use crate::doors::accept::WARN_EVERY;
 tokio::task_local! {
     /// The socket of the request being served, for [`authenticated`] and [`current`].
     static CURRENT: Socket;
+    /// Set by [`authenticated`] while [`verifying`] runs: whether the request verified a credential.
+    static VERIFIED: Arc<AtomicBool>;
 }
 
 /// The deadlines of one connection, from [`ConnectionsConfig`].
@@ -103,6 +105,16 @@ impl Socket {
 /// [`Socket::authenticated`]); does nothing outside a request (a test calling the API directly).
 pub fn authenticated() {
     let _ = CURRENT.try_with(Socket::authenticated);
+    let _ = VERIFIED.try_with(|verified| verified.store(true, Ordering::Release));
+}
+
+/// Runs `request`, and says whether it verified a credential ([`authenticated`]) on the way: the
+/// holder tells a standby so of a request it forwarded (`doors::forward`), since the connection
+/// it came on is the standby's, not its client's.
+pub(crate) async fn verifying<F: Future>(request: F) -> (F::Output, bool) {
+    let verified = Arc::new(AtomicBool::new(false));
+    let output = VERIFIED.scope(verified.clone(), request).await;
+    (output, verified.load(Ordering::Acquire))
 }
 
 /// The connection of the request being served, for work that authenticates later elsewhere (a

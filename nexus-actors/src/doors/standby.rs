@@ -89,25 +89,28 @@ struct Standby {
     holder: watch::Receiver<Option<Holder>>,
     /// `None`: these doors do not forward (TLS).
     forwarder: Option<Forwarder>,
+    /// Turns `true` when this node took the lease: every forwarded request is cut.
+    closing: watch::Receiver<bool>,
     /// What answers a request that is not forwarded: the health service, `NOT_SERVING`, and a
     /// refusal for everything else.
     local: Router,
 }
 
 /// The standby's routes: every request forwarded to the holder by `forwarder` when it can be
-/// (`None`: never), and otherwise the gRPC health service, `NOT_SERVING` for every service, and
-/// a refusal ([`refusal`]), as gRPC (trailers only) for a gRPC request and as the doors' JSON
-/// error otherwise.
+/// (`None`: never), each cut when `holder` changes or `closing` turns `true`, and otherwise the
+/// gRPC health service, `NOT_SERVING` for every service, and a refusal ([`refusal`]), as gRPC
+/// (trailers only) for a gRPC request and as the doors' JSON error otherwise.
 pub async fn routes(
     this_node: String,
     holder: watch::Receiver<Option<Holder>>,
     forwarder: Option<Forwarder>,
+    closing: watch::Receiver<bool>,
 ) -> Routes {
     let (reporter, health) = tonic_health::server::health_reporter();
     for service in ["", "nexus.runner.v1.RunnerService", "nexus.agent.v1.AgentService"] {
         reporter.set_service_status(service, ServingStatus::NotServing).await;
     }
-    let refusing = Standby { this_node, holder, forwarder, local: Router::new() };
+    let refusing = Standby { this_node, holder, forwarder, closing, local: Router::new() };
     let local = Routes::from(Router::new().fallback(refuse).with_state(refusing.clone()))
         .add_service(health)
         .into_axum_router();
@@ -123,7 +126,18 @@ async fn answer(State(mut standby): State<Standby>, request: Request) -> Respons
     if let (Some(forwarder), Some(target), true) = (&standby.forwarder, target, once) {
         let client = request.extensions().get::<TcpConnectInfo>().and_then(|info| info.remote_addr).map(|a| a.ip());
         let http1 = request.version() <= Version::HTTP_11;
-        let mut response = forwarder.forward(request, client, &target).await;
+        // Cut when the holder this request went to is no longer the one this node reads (the
+        // old one froze, died or stopped), or when this node takes the lease: the client
+        // reconnects, and reaches the node that serves now.
+        let (mut holder, mut closing) = (standby.holder.clone(), standby.closing.clone());
+        let seen = holder.borrow_and_update().clone();
+        let cut = Box::pin(async move {
+            tokio::select! {
+                _ = holder.wait_for(|now| *now != seen) => {}
+                _ = closing.wait_for(|closed| *closed) => {}
+            }
+        });
+        let mut response = forwarder.forward(request, client, &target, cut).await;
         // As for a refusal ([`refuse`]): no HTTP/1.1 connection is kept alive on a standby.
         if http1 {
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));

@@ -95,12 +95,14 @@ impl OfferWindow {
         sent
     }
 
-    /// Offers outstanding now.
+    /// Offers outstanding now (the debug build's invariant checks and the tests read it).
+    #[cfg(any(test, debug_assertions))]
     pub(super) fn outstanding(&self) -> usize {
         self.offered.len()
     }
 
-    /// Tasks waiting for room.
+    /// Tasks waiting for room (as [`OfferWindow::outstanding`]).
+    #[cfg(any(test, debug_assertions))]
     pub(super) fn waiting(&self) -> usize {
         self.waiting.len()
     }
