@@ -120,8 +120,9 @@ pub async fn routes(
 
 async fn answer(State(mut standby): State<Standby>, request: Request) -> Response {
     // Never to itself: a lease that names this node's own id is one its previous process held.
-    let target =
-        standby.holder.borrow().as_ref().filter(|holder| holder.node_id != standby.this_node).and_then(Holder::target);
+    // The target and what the cut compares with come from one read of the holder.
+    let seen = standby.holder.borrow_and_update().clone();
+    let target = seen.as_ref().filter(|holder| holder.node_id != standby.this_node).and_then(Holder::target);
     let once = !request.headers().contains_key(FORWARDED);
     if let (Some(forwarder), Some(target), true) = (&standby.forwarder, target, once) {
         let client = request.extensions().get::<TcpConnectInfo>().and_then(|info| info.remote_addr).map(|a| a.ip());
@@ -130,7 +131,6 @@ async fn answer(State(mut standby): State<Standby>, request: Request) -> Respons
         // old one froze, died or stopped), or when this node takes the lease: the client
         // reconnects, and reaches the node that serves now.
         let (mut holder, mut closing) = (standby.holder.clone(), standby.closing.clone());
-        let seen = holder.borrow_and_update().clone();
         let cut = Box::pin(async move {
             tokio::select! {
                 _ = holder.wait_for(|now| *now != seen) => {}

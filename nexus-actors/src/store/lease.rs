@@ -489,7 +489,10 @@ impl Lease {
                         _ => format!("no answer within {} ms", term.as_millis()),
                     };
                     let since = *failing_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= term.max(lessee.connect_timeout) {
+                    // A node that never read the lease gives up (a wrong URL, a database that is
+                    // not there); a standby that has read it holds nothing, so it waits out a
+                    // database that is slow, restarting or blocked by a lock, and keeps its doors.
+                    if last_holder.is_none() && since.elapsed() >= term.max(lessee.connect_timeout) {
                         return Err(lessee.fail(reason));
                     }
                     tracing::warn!(reason, "cannot read the serve lease; trying again");
