@@ -219,9 +219,7 @@ pub async fn start_with_models(
     let mut lock = store::ServeLock::acquire(&config.data_dir, addr)?;
     let store = Store::connect(&config.data_dir, &config.store).await?.with_clock(clock.clone());
     let advertised = config.cluster.advertise_address.clone().unwrap_or_else(|| addr.to_string());
-    if config.store.database_url.is_some()
-        && advertised.parse::<std::net::SocketAddr>().is_ok_and(|advertised| advertised.ip().is_unspecified())
-    {
+    if config.store.database_url.is_some() && doors::forward::names_no_host(&advertised) {
         tracing::warn!(
             %advertised,
             "this node advertises an address with no host: the other nodes cannot forward requests to it while it \
@@ -411,9 +409,10 @@ async fn standby(
             );
         },
     );
-    let runner = &config.runner;
-    let keepalive_interval = Duration::from_millis(runner.http2_keepalive_interval_ms);
-    let keepalive_timeout = Duration::from_millis(runner.http2_keepalive_timeout_ms);
+    // The same HTTP/2 keep-alive as the serving doors: a runner whose stream a standby carries
+    // is found gone as soon.
+    let keepalive_interval = Duration::from_millis(config.runner.http2_keepalive_interval_ms);
+    let keepalive_timeout = Duration::from_millis(config.runner.http2_keepalive_timeout_ms);
     // Over TLS a standby refuses instead (`doors::forward`).
     let forwarder = acceptor.is_none().then(|| {
         doors::forward::Forwarder::new(this_node.clone(), config.cluster.lease(), config.connections.idle_timeout() / 2)

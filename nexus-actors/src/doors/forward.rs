@@ -101,6 +101,12 @@ impl Forwarded {
     }
 }
 
+/// Whether `address` (`host:port`) is an IP address with no host (`0.0.0.0:7740`, `[::]:7740`):
+/// nothing can be sent to it, so no standby forwards there.
+pub fn names_no_host(address: &str) -> bool {
+    address.parse::<SocketAddr>().is_ok_and(|address| address.ip().is_unspecified())
+}
+
 /// Where a standby forwards to: the holder's node id, its address and its key of this term.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
@@ -159,7 +165,7 @@ impl Forwarder {
         else {
             // `OPTIONS *` and the like: no door answers them.
             let refusal = Refusal::new(ErrorCode::NotFound, "no door answers this request target: ask a path");
-            return refusal_response(refusal, grpc, parts.version);
+            return refusal_response(refusal, grpc);
         };
         let runner_stream = path == RUNNER_STREAM;
         let uri = match format!("http://{}{path}", target.address).parse::<Uri>() {
@@ -217,7 +223,7 @@ impl Forwarder {
             ),
             retry_after: Some(crate::doors::standby::STANDBY_RETRY_AFTER_SECONDS),
         };
-        refusal_response(refusal, grpc, Version::HTTP_2)
+        refusal_response(refusal, grpc)
     }
 }
 
@@ -295,17 +301,12 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|value| value.starts_with("application/grpc"))
 }
 
-/// A refusal as gRPC (trailers only) or as the doors' JSON error; an HTTP/1.1 one closes its
-/// connection after the answer.
-pub(crate) fn refusal_response(refusal: Refusal, grpc: bool, version: Version) -> Response {
+/// A refusal as gRPC (trailers only) or as the doors' JSON error.
+pub(crate) fn refusal_response(refusal: Refusal, grpc: bool) -> Response {
     if grpc {
         return refusal.to_status().into_http::<Body>();
     }
-    let mut response = HttpRefusal(refusal).into_response();
-    if version <= Version::HTTP_11 {
-        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    response
+    HttpRefusal(refusal).into_response()
 }
 
 /// Removes the headers that describe one connection, not the request (RFC 9110, section 7.6.1),
@@ -358,7 +359,7 @@ pub async fn admit(State(key): State<ForwardKey>, mut request: Request, next: Ne
                 .to_owned(),
             retry_after: Some(crate::doors::standby::STANDBY_RETRY_AFTER_SECONDS),
         };
-        return refusal_response(refusal, grpc, request.version());
+        return refusal_response(refusal, grpc);
     };
     let extensions = request.extensions_mut();
     let local_addr = extensions

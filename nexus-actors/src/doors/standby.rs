@@ -14,8 +14,6 @@
 //! Nothing here reads the store or a credential: a standby drives no work; the holder checks
 //! every credential of a forwarded request.
 
-use std::net::SocketAddr;
-
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::Version;
@@ -29,7 +27,7 @@ use tonic_health::ServingStatus;
 
 use nexus_proto::{ErrorCode, Refusal};
 
-use crate::doors::forward::{FORWARDED, Forwarder, Target, is_grpc, refusal_response};
+use crate::doors::forward::{FORWARDED, Forwarder, Target, is_grpc, names_no_host, refusal_response};
 
 /// How long a client is told to wait before it asks again (`Retry-After`), in seconds.
 pub const STANDBY_RETRY_AFTER_SECONDS: u64 = 1;
@@ -50,8 +48,7 @@ impl Holder {
     /// Where to forward to: `None` when the row has no address, or one with no host, or no key.
     pub fn target(&self) -> Option<Target> {
         let address = self.address.as_ref()?;
-        let unspecified = address.parse::<SocketAddr>().is_ok_and(|address| address.ip().is_unspecified());
-        (!unspecified && !self.forward_key.is_empty()).then(|| Target {
+        (!names_no_host(address) && !self.forward_key.is_empty()).then(|| Target {
             node_id: self.node_id.clone(),
             address: address.clone(),
             key: self.forward_key.clone(),
@@ -63,9 +60,7 @@ impl Holder {
 /// the lease now, a take-over is under way) and it does not forward the request.
 pub fn refusal(this_node: &str, holder: Option<&Holder>) -> Refusal {
     let message = match holder {
-        Some(Holder { node_id, address: Some(address), .. })
-            if address.parse::<SocketAddr>().is_ok_and(|address| address.ip().is_unspecified()) =>
-        {
+        Some(Holder { node_id, address: Some(address), .. }) if names_no_host(address) => {
             format!(
                 "this nexus node ({this_node}) is a standby; node {node_id} serves this cluster but advertises {address}, which names no host: set [cluster] advertise_address on it to an address the other nodes and the clients reach"
             )
@@ -83,10 +78,16 @@ pub fn refusal(this_node: &str, holder: Option<&Holder>) -> Refusal {
     Refusal { code: ErrorCode::Unavailable, message, retry_after: Some(STANDBY_RETRY_AFTER_SECONDS) }
 }
 
+/// What [`refuse`] reads: this node and the holder it last read.
 #[derive(Clone)]
-struct Standby {
+struct Refusing {
     this_node: String,
     holder: watch::Receiver<Option<Holder>>,
+}
+
+#[derive(Clone)]
+struct Standby {
+    refusing: Refusing,
     /// `None`: these doors do not forward (TLS).
     forwarder: Option<Forwarder>,
     /// Turns `true` when this node took the lease: every forwarded request is cut.
@@ -110,52 +111,52 @@ pub async fn routes(
     for service in ["", "nexus.runner.v1.RunnerService", "nexus.agent.v1.AgentService"] {
         reporter.set_service_status(service, ServingStatus::NotServing).await;
     }
-    let refusing = Standby { this_node, holder, forwarder, closing, local: Router::new() };
+    let refusing = Refusing { this_node, holder };
     let local = Routes::from(Router::new().fallback(refuse).with_state(refusing.clone()))
         .add_service(health)
         .into_axum_router();
-    let standby = Standby { local, ..refusing };
-    Routes::from(Router::new().fallback(answer).with_state(standby))
+    Routes::from(Router::new().fallback(answer).with_state(Standby { refusing, forwarder, closing, local }))
 }
 
 async fn answer(State(mut standby): State<Standby>, request: Request) -> Response {
-    // Never to itself: a lease that names this node's own id is one its previous process held.
-    // The target and what the cut compares with come from one read of the holder.
-    let seen = standby.holder.borrow_and_update().clone();
-    let target = seen.as_ref().filter(|holder| holder.node_id != standby.this_node).and_then(Holder::target);
-    let once = !request.headers().contains_key(FORWARDED);
-    if let (Some(forwarder), Some(target), true) = (&standby.forwarder, target, once) {
-        let client = request.extensions().get::<TcpConnectInfo>().and_then(|info| info.remote_addr).map(|a| a.ip());
-        let http1 = request.version() <= Version::HTTP_11;
-        // Cut when the holder this request went to is no longer the one this node reads (the
-        // old one froze, died or stopped), or when this node takes the lease: the client
-        // reconnects, and reaches the node that serves now.
-        let (mut holder, mut closing) = (standby.holder.clone(), standby.closing.clone());
-        let cut = Box::pin(async move {
-            tokio::select! {
-                _ = holder.wait_for(|now| *now != seen) => {}
-                _ = closing.wait_for(|closed| *closed) => {}
-            }
-        });
-        let mut response = forwarder.forward(request, client, &target, cut).await;
-        // As for a refusal ([`refuse`]): no HTTP/1.1 connection is kept alive on a standby.
-        if http1 {
-            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
-        return response;
-    }
-    match standby.local.call(request).await {
-        Ok(response) => response,
-        Err(never) => match never {},
-    }
-}
-
-async fn refuse(State(standby): State<Standby>, request: Request) -> Response {
-    let refusal = refusal(&standby.this_node, standby.holder.borrow().as_ref());
     // An HTTP/1.1 connection kept alive here would race the take-over: a request sent as the
     // standby's doors close it gets no answer at all. Each one is closed after its answer
     // instead (HTTP/2 has GOAWAY, which tells the client which streams to send again).
-    refusal_response(refusal, is_grpc(request.headers()), request.version())
+    let http1 = request.version() <= Version::HTTP_11;
+    // Never to itself: a lease that names this node's own id is one its previous process held.
+    // The target and what the cut compares with come from one read of the holder.
+    let seen = standby.refusing.holder.borrow_and_update().clone();
+    let target = seen.as_ref().filter(|holder| holder.node_id != standby.refusing.this_node).and_then(Holder::target);
+    let once = !request.headers().contains_key(FORWARDED);
+    let mut response = match (&standby.forwarder, target, once) {
+        (Some(forwarder), Some(target), true) => {
+            let client = request.extensions().get::<TcpConnectInfo>().and_then(|info| info.remote_addr).map(|a| a.ip());
+            // Cut when the holder this request went to is no longer the one this node reads
+            // (the old one froze, died or stopped), or when this node takes the lease: the
+            // client reconnects, and reaches the node that serves now.
+            let (mut holder, mut closing) = (standby.refusing.holder.clone(), standby.closing.clone());
+            let cut = Box::pin(async move {
+                tokio::select! {
+                    _ = holder.wait_for(|now| *now != seen) => {}
+                    _ = closing.wait_for(|closed| *closed) => {}
+                }
+            });
+            forwarder.forward(request, client, &target, cut).await
+        }
+        _ => match standby.local.call(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        },
+    };
+    if http1 {
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+async fn refuse(State(refusing): State<Refusing>, request: Request) -> Response {
+    let refusal = refusal(&refusing.this_node, refusing.holder.borrow().as_ref());
+    refusal_response(refusal, is_grpc(request.headers()))
 }
 
 #[cfg(test)]

@@ -377,7 +377,7 @@ impl Lessee {
             address,
             remaining_ms: remaining,
             generation: held_at,
-            forward_key: String::new(),
+            forward_key,
         });
         let forward_key = new_forward_key();
         let generation: i64 = sqlx::query_scalar(concat!(
