@@ -885,8 +885,9 @@ impl Api {
 
     /// The durable events after `after` (a cursor, or empty for the beginning). With `follow`, the
     /// stream waits for new events and ends once the execution is quiescent (completed, canceled
-    /// or needs_attention) and every event has been sent, or once the server is closing (the
-    /// watcher resumes from its last cursor on the next server).
+    /// or needs_attention) and every event has been sent, or, once the server is closing, with a
+    /// last item 503 `unavailable` naming the cursor to follow again from (on another node, or on
+    /// this one once it is back).
     ///
     /// # Errors
     /// 404 `not_found`; 403 `not_authorized` for a Human without a grant ([`standing`]); 400
@@ -998,6 +999,17 @@ fn preview(text: &str, bytes: usize) -> String {
     format!("{}…", &text[..end])
 }
 
+/// The last item of a follow cut short because this node is stopping: 503 `unavailable`, with
+/// the cursor to follow again from.
+fn stopping(cursor: i64) -> Refusal {
+    Refusal::new(
+        ErrorCode::Unavailable,
+        format!(
+            "this node is stopping: follow again after cursor {CURSOR_PREFIX}{cursor}, on another node or on this one once it is back"
+        ),
+    )
+}
+
 struct Follower {
     fabric: Arc<Fabric>,
     id: ExecutionId,
@@ -1023,8 +1035,14 @@ impl Follower {
                 };
                 return Some((Ok(event), self));
             }
-            if self.done || (self.follow && *self.closing.borrow()) {
+            if self.done {
                 return None;
+            }
+            if self.follow && *self.closing.borrow() {
+                // Said in the stream, so a follower can tell a node going away from an
+                // execution that ended: it follows again from its cursor.
+                self.done = true;
+                return Some((Err(stopping(self.cursor)), self));
             }
             let store = &self.fabric.store;
             match store.events_after(self.id, self.cursor, EVENT_PAGE).await {
@@ -1057,8 +1075,9 @@ impl Follower {
             let closing = self.closing.wait_for(|closing| *closing);
             match &mut self.wake {
                 Some(wake) => tokio::select! {
-                    // Ends the follower (or, should the fabric be gone, stops it all the same).
-                    _ = closing => self.done = true,
+                    // Ends the follower at the top of the loop (or, should the fabric be gone,
+                    // stops it all the same).
+                    closed = closing => self.done = closed.is_err(),
                     woke = tokio::time::timeout(FOLLOW_POLL, wake.changed()) => {
                         if let Ok(Err(_)) = woke {
                             // The feed closed (the execution went quiet or its actor stopped): poll.
@@ -1067,7 +1086,7 @@ impl Follower {
                     }
                 },
                 None => tokio::select! {
-                    _ = closing => self.done = true,
+                    closed = closing => self.done = closed.is_err(),
                     () = tokio::time::sleep(Duration::from_millis(200)) => {}
                 },
             }

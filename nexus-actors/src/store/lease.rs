@@ -392,6 +392,8 @@ impl Lessee {
         .bind(&forward_key)
         .fetch_one(&mut *tx)
         .await?;
+        // Delivered at commit: the other standbys read the new holder at once.
+        notify(&mut tx, &self.identity.node_id).await?;
         tx.commit().await?;
         Ok(Ok(Taken { generation, previous, given_up, forward_key }))
     }
@@ -426,6 +428,90 @@ fn period(term: Duration) -> Duration {
     (term / 4).max(Duration::from_millis(50))
 }
 
+/// The PostgreSQL notification channel a node notifies (payload: its node id) when the serve
+/// lease changes hands: when it gives the lease up at SIGTERM, and when it takes it over. A
+/// standby that hears it polls at once instead of at its next quarter term. A hint only: the
+/// lease row stays the truth, and a notification missed costs at most one poll period.
+pub const LEASE_CHANNEL: &str = "nexus_serve_lease";
+
+/// Notifies [`LEASE_CHANNEL`] as `node_id` (inside a transaction, at its commit).
+async fn notify(connection: &mut PgConnection, node_id: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_notify($1, $2)").bind(LEASE_CHANNEL).bind(node_id).execute(connection).await.map(drop)
+}
+
+/// A standby's wake-ups: a task that listens on [`LEASE_CHANNEL`] on a connection of its own and
+/// counts what it hears; it is ended when this is dropped.
+struct Wakeups {
+    heard: watch::Receiver<u64>,
+    listener: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Wakeups {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+impl Wakeups {
+    /// Starts listening. A connection that cannot be made or is lost is made again a poll period
+    /// later; meanwhile the standby polls as it would without it.
+    fn start(lessee: &Lessee) -> Wakeups {
+        let (heard_tx, heard) = watch::channel(0);
+        let (url, timeout, pause) = (lessee.url.clone(), lessee.connect_timeout, period(lessee.term));
+        let name = format!("nexus node {} pid {} lease", &lessee.identity.node_id[..8], lessee.identity.pid);
+        let listener = tokio::spawn(async move {
+            loop {
+                let listening = async {
+                    let options = PgConnectOptions::from_str(&url)?.application_name(&name);
+                    let pool = sqlx::postgres::PgPoolOptions::new()
+                        .max_connections(1)
+                        .max_lifetime(None)
+                        .idle_timeout(None)
+                        .acquire_timeout(timeout)
+                        .connect_lazy_with(options);
+                    let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+                    listener.ignore_pool_close_event(true);
+                    listener.listen(LEASE_CHANNEL).await?;
+                    Ok::<_, sqlx::Error>(listener)
+                };
+                match tokio::time::timeout(timeout, listening).await {
+                    Ok(Ok(mut listener)) => {
+                        tracing::info!(channel = LEASE_CHANNEL, "listening for the serve lease to change hands");
+                        // A lost connection is made again inside `recv`; an error ends this one.
+                        loop {
+                            match listener.recv().await {
+                                Ok(_) => heard_tx.send_modify(|heard| *heard += 1),
+                                Err(error) => {
+                                    tracing::debug!(%error, "stopped hearing the serve lease's notifications");
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Ok(Err(error)) => tracing::debug!(%error, "cannot listen for the serve lease's notifications"),
+                    Err(_) => tracing::debug!("no connection to listen for the serve lease's notifications"),
+                }
+                tokio::time::sleep(pause).await;
+            }
+        });
+        Wakeups { heard, listener }
+    }
+
+    /// Waits a poll period, or less when a notification comes first: `true` then.
+    async fn pause(&mut self, term: Duration) -> bool {
+        tokio::select! {
+            () = tokio::time::sleep(period(term)) => false,
+            heard = self.heard.changed() => {
+                if heard.is_err() {
+                    // The listener is gone (it never ends by itself): plain polls.
+                    tokio::time::sleep(period(term)).await;
+                }
+                heard.is_ok()
+            }
+        }
+    }
+}
+
 impl Lease {
     /// Waits until this node holds the serve lease of the database at `url`, as a standby
     /// while another node holds it (`waiting` hears each new holder once), then keeps it renewed.
@@ -446,6 +532,7 @@ impl Lease {
         }
         let mut last_holder: Option<(String, i64, Option<String>)> = None;
         let mut failing_since: Option<Instant> = None;
+        let mut wakeups = Wakeups::start(&lessee);
         let (generation, forward_key) = loop {
             let attempt = async {
                 lessee.heartbeat(&mut connection, "standby").await?;
@@ -502,8 +589,11 @@ impl Lease {
                     }
                 }
             }
-            tokio::time::sleep(period(term)).await;
+            if wakeups.pause(term).await {
+                tracing::info!("heard that the serve lease changed hands; reading it now");
+            }
         };
+        drop(wakeups);
         // Renewal deadlines count from now: the take-over set the term on the database's clock
         // after this moment had passed on ours.
         let taken_at = Instant::now();
@@ -568,7 +658,8 @@ impl Lease {
         self.lost.clone()
     }
 
-    /// Gives the lease up (a standby takes it at its next poll) and deletes this node's row.
+    /// Gives the lease up (a standby hears it on [`LEASE_CHANNEL`] and takes it at once, or at its
+    /// next poll) and marks this node's row `stopped`.
     pub async fn release(&mut self) {
         let Some(release) = self.release.take() else { return };
         let (done_tx, done_rx) = oneshot::channel();
@@ -606,6 +697,7 @@ async fn hold(
                             .bind(generation)
                             .execute(&mut *connection)
                             .await?;
+                        notify(&mut *connection, &lessee.identity.node_id).await?;
                         sqlx::query("UPDATE cluster_nodes SET role = 'stopped' WHERE node_id = $1")
                             .bind(&lessee.identity.node_id)
                             .execute(&mut *connection)

@@ -378,7 +378,7 @@ async fn an_events_cursor_ahead_of_the_log_is_refused_on_every_event_door() {
 }
 
 #[tokio::test]
-async fn shutdown_ends_open_event_watches_promptly_and_cleanly() {
+async fn shutdown_ends_open_event_watches_promptly_saying_where_to_follow_again() {
     let server = TestServer::start(&[parked_script()]).await;
     let agent = server.agent("agent").await;
     let http = Http::new(&server.url(), Some(&agent.token));
@@ -404,19 +404,29 @@ async fn shutdown_ends_open_event_watches_promptly_and_cleanly() {
     let stopped = tokio::time::timeout(Duration::from_secs(5), running.shutdown()).await;
     assert!(matches!(stopped, Ok(Ok(()))), "shutdown completes promptly with a watcher open: {stopped:?}");
 
-    // Each stream ends cleanly, after the events it was sent.
+    // Each stream ends after the events it was sent, with a last item that says the node is
+    // stopping and where to follow again from: a follower can tell it from an execution's end.
     let body =
         tokio::time::timeout(Duration::from_secs(5), watch.text()).await.expect("the watch ends").expect("a clean end");
+    let last = body.split("\n\n").filter(|block| block.contains("event:")).last().expect("frames");
     assert!(body.contains("event: approval_required"), "{body}");
+    assert!(last.contains("event: error") && last.contains("\"code\":\"unavailable\""), "{last}");
+    let cursor =
+        body.lines().filter_map(|line| line.strip_prefix("id: ").or_else(|| line.strip_prefix("id:"))).next_back();
+    let cursor = cursor.expect("the durable events carry ids");
+    assert!(last.contains(&format!("after cursor {cursor}")), "the last cursor sent, {cursor}: {last}");
     let mut received = Vec::new();
-    loop {
+    let ended = loop {
         match tokio::time::timeout(Duration::from_secs(5), follower.message()).await.expect("the follower ends") {
-            Ok(Some(event)) => received.push(event.r#type),
-            Ok(None) => break,
-            Err(status) => panic!("the gRPC stream ended with an error: {status:?}"),
+            Ok(Some(event)) => received.push(event.cursor),
+            Ok(None) => panic!("the gRPC stream ended without saying why: {received:?}"),
+            Err(status) => break status,
         }
-    }
-    assert!(received.iter().any(|t| t == "approval_required"), "{received:?}");
+    };
+    assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+    let last_cursor = received.last().expect("events before the end");
+    assert!(ended.message().contains(&format!("after cursor {last_cursor}")), "{ended:?}");
+    assert_eq!(last_cursor, cursor, "both followers read every event");
 }
 
 #[tokio::test]

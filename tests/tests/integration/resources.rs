@@ -578,6 +578,39 @@ async fn a_second_node_is_refused_on_sqlite_and_forwards_to_the_serving_node_on_
 }
 
 #[tokio::test]
+async fn a_standby_hears_a_stopped_node_give_the_lease_up_and_takes_over_at_once() {
+    if test_store_backend() != StoreBackend::Postgres {
+        return;
+    }
+    // The longest term: a standby polls only every 15 s, so a take-over within a few seconds of
+    // the holder's exit comes from the notification, as the standby's log says.
+    let dir = tempfile::tempdir().expect("dir");
+    let (at, _database) = store_location(dir.path(), "data").await;
+    let config = config_file(dir.path(), "[cluster]\nlease_ms = 60000\n");
+    let first = NexusProcess::serve(&at, free_loopback_addr(), &config).await;
+    let data_dir = dir.path().join("second");
+    std::fs::create_dir(&data_dir).expect("data dir");
+    let second_at = StoreLocation { data_dir, database_url: at.database_url.clone() };
+    let second = NexusProcess::standby(&second_at, free_loopback_addr(), &config).await;
+    second
+        .wait_for_log("the standby to listen", WAIT, |line| {
+            line.contains("listening for the serve lease to change hands")
+        })
+        .await;
+    let exit = first.sigterm(Duration::from_secs(20)).await;
+    assert!(exit.success(), "the first node exited {exit}");
+    let stopped = Instant::now();
+    second.wait_for_log("the take-over", WAIT, |line| line.contains("nexus serving")).await;
+    let took = stopped.elapsed();
+    let log = second.log().join("\n");
+    assert!(log.contains("heard that the serve lease changed hands"), "no notification was heard:\n{log}");
+    assert!(log.contains("gave it up"), "{log}");
+    assert!(took < Duration::from_secs(10), "the take-over took {took:?}, as long as a poll period");
+    let exit = second.sigterm(Duration::from_secs(20)).await;
+    assert!(exit.success(), "the second node exited {exit}");
+}
+
+#[tokio::test]
 async fn a_node_whose_lease_is_taken_over_commits_nothing_and_stops_serving() {
     if test_store_backend() != StoreBackend::Postgres {
         // SQLite has no lease: its file lock is held until the process ends.
