@@ -24,6 +24,7 @@ pub mod json;
 #[cfg(test)]
 mod layers;
 pub mod memory;
+pub mod metrics;
 pub mod model;
 pub mod schedule;
 pub mod store;
@@ -254,6 +255,7 @@ pub async fn start_with_models(
         closing: tokio::sync::watch::channel(false).0,
         declarations: FrozenDeclarations::default(),
         node,
+        metrics: metrics::Metrics::default(),
     });
     let registry = Arc::new(actors::root::Registry::default());
     let (root_ref, _) =
@@ -321,6 +323,7 @@ pub async fn start_with_models(
     let routes = Routes::from(
         routes
             .into_axum_router()
+            .layer(axum::middleware::from_fn_with_state(fabric.metrics.clone(), doors::http::count_answers))
             .layer(axum::middleware::from_fn_with_state(forward_key, doors::forward::admit))
             .layer(axum::middleware::from_fn_with_state(sockets.clone(), doors::sockets::track)),
     );

@@ -26,6 +26,7 @@ pub mod queue;
 mod rows;
 mod save_bytes;
 mod sessions;
+mod tally;
 mod tasks;
 mod writer;
 
@@ -59,7 +60,8 @@ pub use rows::{
 };
 pub use save_bytes::{RECENT_ROUNDS as SAVE_BYTES_RECENT_ROUNDS, SaveBytes};
 pub use sessions::{Reachable, SESSION_TEXT_CUT, TurnCursor, TurnText};
-pub use writer::{GroupCommitStats, MAX_BATCH as GROUP_COMMIT_MAX_BATCH};
+pub use tally::{RunnerTally, Tally};
+pub use writer::{CommitMetrics, GroupCommitStats, MAX_BATCH as GROUP_COMMIT_MAX_BATCH};
 
 use save_bytes::SaveLedger;
 use writer::Writer;
@@ -304,6 +306,11 @@ impl Store {
     /// The clock the store stamps rows with.
     pub fn clock(&self) -> &Clock {
         &self.clock
+    }
+
+    /// The group commit's histograms (`/metrics`, `docs/metrics.md`).
+    pub fn commit_metrics(&self) -> CommitMetrics {
+        self.writer.metrics()
     }
 
     /// Reads and writes since the store opened ([`IoStats`]).

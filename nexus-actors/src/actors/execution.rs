@@ -663,6 +663,7 @@ fn emit(state: &mut ExecutionState, event: Event) {
 
 /// Queues the `task_status` of `task` as it now stands.
 fn narrate(state: &mut ExecutionState, task: &TaskRow) {
+    state.fabric.metrics.task_settled(task);
     emit(state, Event::TaskStatus(Box::new(narration(task))));
 }
 
@@ -1027,9 +1028,13 @@ async fn start_round(myself: &ActorRef<ExecutionMsg>, state: &mut ExecutionState
     let actor = myself.clone();
     let reference = model.reference.clone();
     let span = tracing::info_span!("model_call", %execution_id, round, model = %reference);
+    let metrics = state.fabric.metrics.clone();
     state.model_call = Some(tokio::spawn(tracing::Instrument::instrument(
         async move {
+            let began = tokio::time::Instant::now();
             let result = call_with_retries(model.client, request, &policy).await;
+            let usage = result.as_ref().ok().and_then(|response| response.usage);
+            metrics.model_called(&reference, result.is_ok(), began.elapsed().as_secs_f64(), usage);
             let _ = actor.cast(ExecutionMsg::ModelDone { round, model: reference, result });
         },
         span,

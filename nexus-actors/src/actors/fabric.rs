@@ -36,6 +36,8 @@ pub struct Fabric {
     pub declarations: FrozenDeclarations,
     /// This node: its id from the data dir and where it listens (`GET /agent_api/v1/cluster`).
     pub node: crate::store::lease::NodeIdentity,
+    /// What `/metrics` counts as it happens (`docs/metrics.md`).
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Frozen declarations shared by the executions that froze the same bytes: the digest is SHA-256

@@ -55,8 +55,27 @@ impl IntoResponse for HttpRefusal {
         {
             response.headers_mut().insert(header::RETRY_AFTER, value);
         }
+        // For `/metrics`' count of answers by code ([`count_answers`]).
+        response.extensions_mut().insert(self.0.code);
         response
     }
+}
+
+/// Counts every answer of the HTTP and gRPC doors by its code (`nexus_door_requests_total`,
+/// `docs/metrics.md`).
+pub(crate) async fn count_answers(
+    State(metrics): State<crate::metrics::Metrics>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let grpc = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    let response = next.run(request).await;
+    metrics.door_answered(grpc, crate::metrics::answer_code(&response));
+    response
 }
 
 type HttpResult = Result<axum::Json<Value>, HttpRefusal>;
@@ -75,6 +94,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/agent_api/v1/tools", get(get_tools))
         .route("/agent_api/v1/executors", get(get_executors))
         .route("/agent_api/v1/cluster", get(get_cluster))
+        .route("/metrics", get(get_metrics))
         .route("/agent_api/v1/executors/{id}", get(get_executor))
         .route("/agent_api/v1/tools/assembly", post(post_assembly))
         .merge(executions::routes())
@@ -361,20 +381,50 @@ async fn get_executors(
 /// drives (`docs/cluster.md`). It takes a member credential, like every door, and is served to
 /// loopback callers only, like a local admin command: it names hosts, pids and addresses.
 async fn get_cluster(State(api): State<Arc<Api>>, request: Request) -> HttpResult {
-    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
     let extensions = request.extensions();
     caller(&api, request.headers(), peer_source(extensions)).await?;
-    let peer = extensions
-        .get::<TcpConnectInfo>()
-        .and_then(TcpConnectInfo::remote_addr)
-        .or_else(|| extensions.get::<TlsConnectInfo<TcpConnectInfo>>().and_then(|info| info.get_ref().remote_addr()));
-    if !peer.is_some_and(|peer| peer.ip().to_canonical().is_loopback()) {
+    if !from_loopback(extensions) {
         return Err(HttpRefusal(Refusal::new(
             ErrorCode::NotAuthorized,
             "the cluster listing is served to loopback callers only: ask it on the node's own host (curl http://127.0.0.1:PORT/agent_api/v1/cluster)",
         )));
     }
     Ok(axum::Json(api.cluster().await?))
+}
+
+/// Whether the request came from this host: its connection's peer (or, forwarded by a standby,
+/// the client's own address) is a loopback address.
+fn from_loopback(extensions: &axum::http::Extensions) -> bool {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let peer = extensions
+        .get::<TcpConnectInfo>()
+        .and_then(TcpConnectInfo::remote_addr)
+        .or_else(|| extensions.get::<TlsConnectInfo<TcpConnectInfo>>().and_then(|info| info.get_ref().remote_addr()));
+    peer.is_some_and(|peer| peer.ip().to_canonical().is_loopback())
+}
+
+/// `GET /metrics`: the Prometheus series in the OpenMetrics text format (`docs/metrics.md`).
+/// A caller on this host needs no credential (a Prometheus beside the node scrapes as it is);
+/// from elsewhere it takes a Human member's credential. A credential presented is checked
+/// either way.
+///
+/// # Errors
+/// 401 `unauthorized` for a missing or bad credential from another host; 403
+/// `not_authorized` for an Agent's from another host; 500 `internal` when the store fails.
+async fn get_metrics(State(api): State<Arc<Api>>, request: Request) -> Result<Response, HttpRefusal> {
+    let extensions = request.extensions();
+    let loopback = from_loopback(extensions);
+    if !loopback || request.headers().contains_key(header::AUTHORIZATION) {
+        let caller = caller(&api, request.headers(), peer_source(extensions)).await?;
+        if !loopback && caller.member.kind != nexus_proto::MemberKind::Human {
+            return Err(HttpRefusal(Refusal::new(
+                ErrorCode::NotAuthorized,
+                "the metrics are served to callers on the node's own host, or with a Human member's credential",
+            )));
+        }
+    }
+    let text = api.metrics().await?;
+    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response())
 }
 
 async fn get_executor(

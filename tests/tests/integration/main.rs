@@ -23,6 +23,7 @@ mod http_executions;
 mod listing;
 mod mcp_hub;
 mod memory;
+mod metrics;
 mod models;
 mod people;
 mod pressure;

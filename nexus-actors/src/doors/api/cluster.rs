@@ -10,6 +10,15 @@ use nexus_proto::Refusal;
 use super::{Api, internal};
 
 impl Api {
+    /// The Prometheus series of `GET /metrics` in the OpenMetrics text format
+    /// ([`crate::metrics::render`], `docs/metrics.md`).
+    ///
+    /// # Errors
+    /// `internal` when the store's census cannot be read.
+    pub async fn metrics(&self) -> Result<String, Refusal> {
+        crate::metrics::render(&self.fabric).await.map_err(internal)
+    }
+
     /// The cluster listing: `{store, lease_ms, this_node, lease, nodes: [{node_id, address,
     /// host, pid, role, started_at_ms, heartbeat_age_ms, alive, this_node, owns, lease_ms,
     /// providers_digest, settings_match}]}`. `owns` is
