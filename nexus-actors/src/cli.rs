@@ -2,4 +2,6 @@
 //! store, and [`quickstart`] runs the main job on one machine.
 
 pub mod admin;
+pub mod client;
+pub mod people;
 pub mod quickstart;

@@ -83,6 +83,8 @@ enum Command {
         #[arg(long, default_value_t = 600)]
         timeout_secs: u64,
     },
+    #[command(flatten)]
+    People(nexus_actors::cli::people::PeopleCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -403,6 +405,13 @@ async fn run() -> anyhow::Result<()> {
                 timeout: Duration::from_secs(timeout_secs),
             };
             quickstart(options).await?;
+        }
+        Command::People(command) => {
+            init_tracing(cli.log.as_deref().unwrap_or("warn"));
+            let code = nexus_actors::cli::people::run(command).await;
+            if code != 0 {
+                std::process::exit(code);
+            }
         }
     }
     Ok(())

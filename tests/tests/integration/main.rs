@@ -9,6 +9,7 @@ mod assignment;
 mod batches;
 mod bounds;
 mod budgets;
+mod command_line;
 mod compaction;
 mod conformance;
 mod conformance_props;
