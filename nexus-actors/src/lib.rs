@@ -111,6 +111,10 @@ pub enum ServeError {
         "lost the serve lease ({0}); stopped serving so that no two nodes drive the same work: start nexus again (it waits as a standby while another node serves)"
     )]
     StoreLockLost(String),
+    /// The node was stopped while it waited as a standby ([`serve`]'s shutdown): it served
+    /// nothing.
+    #[error("stopped while a standby")]
+    StoppedAsStandby,
 }
 
 /// A server running in this process.
@@ -211,6 +215,19 @@ pub async fn start_with_models(
     models: Option<ModelRegistry>,
     clock: Clock,
 ) -> Result<RunningServer, ServeError> {
+    start_stoppable(listener, config, models, clock, None).await
+}
+
+/// [`start_with_models`], stopped while it waits as a standby once `stop` turns `true`: the
+/// standby's doors cut what they forward (each client told why) and drain, and the answer is
+/// [`ServeError::StoppedAsStandby`].
+async fn start_stoppable(
+    listener: TcpListener,
+    config: ServerConfig,
+    models: Option<ModelRegistry>,
+    clock: Clock,
+    stop: Option<tokio::sync::watch::Receiver<bool>>,
+) -> Result<RunningServer, ServeError> {
     install_crypto_provider();
     // Bad TLS files fail before the store is touched.
     let acceptor = Acceptor::from_config(&config.tls)?;
@@ -232,7 +249,7 @@ pub async fn start_with_models(
         .with_settings(config.cluster.lease_ms, &config.providers);
     let mut forward_key = doors::forward::ForwardKey::default();
     if let Some(url) = &config.store.database_url {
-        let lease = standby(&listener, acceptor.clone(), url, &config, node.clone()).await?;
+        let lease = standby(&listener, acceptor.clone(), url, &config, node.clone(), stop).await?;
         tracing::info!(node = %lease.holder, generation = lease.generation, "holding the serve lease");
         store.fence_with(lease.fence());
         // Over TLS nothing is forwarded (`doors::forward`), so no forwarded request is taken.
@@ -377,6 +394,7 @@ async fn standby(
     url: &str,
     config: &ServerConfig,
     identity: store::lease::NodeIdentity,
+    mut stop: Option<tokio::sync::watch::Receiver<bool>>,
 ) -> Result<store::lease::Lease, ServeError> {
     let node = identity.node_id.clone();
     let this_node = identity.node_id.clone();
@@ -420,8 +438,8 @@ async fn standby(
     let forwarder = acceptor.is_none().then(|| {
         doors::forward::Forwarder::new(this_node.clone(), config.cluster.lease(), config.connections.idle_timeout() / 2)
     });
-    let (closing_tx, closing_rx) = tokio::sync::watch::channel(false);
-    let routes = doors::standby::routes(this_node, holder_rx, forwarder, closing_rx).await;
+    let (closing_tx, closing_rx) = tokio::sync::watch::channel(None);
+    let routes = doors::standby::routes(this_node.clone(), holder_rx, forwarder, closing_rx).await;
     let sockets = doors::sockets::Sockets::from_config(&config.connections);
     // A forwarded runner stream or event stream is in flight for its whole life: counted, its
     // connection is not cut as idle.
@@ -443,15 +461,38 @@ async fn standby(
         }
     };
     let mut doors = std::pin::pin!(doors);
+    let stopped = async {
+        let asked = match stop.as_mut() {
+            Some(stop) => stop.wait_for(|stop| *stop).await.is_ok(),
+            None => false,
+        };
+        if !asked {
+            std::future::pending::<()>().await;
+        }
+    };
     let lease = tokio::select! {
         lease = acquire => lease?,
         () = &mut doors => std::future::pending().await,
+        () = stopped => {
+            // Stopped as a standby: what it forwards is cut with a last word (an event stream's
+            // `error` event, a gRPC status), so its clients follow again elsewhere.
+            closing_tx.send_replace(Some(format!(
+                "this node ({this_node}) is stopping: ask again on another node (a follow: from the last cursor you received)"
+            )));
+            let _ = stop_tx.send(());
+            if tokio::time::timeout(STANDBY_DOORS_DRAIN, doors).await.is_err() {
+                tracing::debug!("the standby's doors had connections open as it stopped; they are cut");
+            }
+            return Err(ServeError::StoppedAsStandby);
+        }
     };
     // Taken: the standby's doors stop accepting at once, cut every request they forwarded, and
     // close their connections as they finish (a client kept alive there is told to go, and
     // comes back to the serving doors). Dropping the doors after their drain ends no connection
     // task, so the cut is what ends a forwarded runner stream or event stream.
-    closing_tx.send_replace(true);
+    closing_tx.send_replace(Some(format!(
+        "this node ({this_node}) took the serving over: ask again (a follow: from the last cursor you received)"
+    )));
     let _ = stop_tx.send(());
     if tokio::time::timeout(STANDBY_DOORS_DRAIN, doors).await.is_err() {
         tracing::debug!("the standby's doors had connections open at the take-over; they are cut");
@@ -478,6 +519,10 @@ async fn serve_on(
 /// The longest the standby's doors may take to finish after this node took the lease.
 const STANDBY_DOORS_DRAIN: Duration = Duration::from_millis(500);
 
+/// How long a node stopped before it serves may take to close (a standby's doors drain within
+/// [`STANDBY_DOORS_DRAIN`]; a node past its standby wait finishes starting first).
+const STANDBY_STOP_BOUND: Duration = Duration::from_secs(10);
+
 /// Serves until `shutdown` resolves, then stops in order: stop accepting, drain, stop actors,
 /// release the store's locks. Also stops, with [`ServeError::StoreLockLost`], when the database
 /// lock's connection is lost.
@@ -491,12 +536,27 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let mut shutdown = std::pin::pin!(shutdown);
-    // A standby waits inside `start`: a shutdown then ends it, having served nothing.
+    // A standby waits inside `start`: a shutdown closes its doors (cutting what they forward with
+    // a last word to each client) and ends it, having served nothing.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let starting = start_stoppable(listener, config, None, Clock::system(), Some(stop_rx));
+    let mut starting = std::pin::pin!(starting);
     let server = tokio::select! {
-        server = start(listener, config) => server?,
+        server = &mut starting => server?,
         () = &mut shutdown => {
-            tracing::info!("shut down while a standby");
-            return Ok(());
+            stop_tx.send_replace(true);
+            match tokio::time::timeout(STANDBY_STOP_BOUND, starting).await {
+                Ok(Err(ServeError::StoppedAsStandby)) | Err(_) => {
+                    tracing::info!("shut down while a standby");
+                    return Ok(());
+                }
+                // It was past waiting (opening the store, recovering): stop it in order.
+                Ok(Ok(server)) => {
+                    tracing::info!("shutting down");
+                    return server.shutdown().await;
+                }
+                Ok(Err(error)) => return Err(error),
+            }
         }
     };
     let lost = tokio::select! {

@@ -126,7 +126,7 @@ impl Metrics {
 
     /// A door answered: on `grpc` or `http`, with `code`, which is `ok` for a success, the
     /// refusal's word (`not_found`, `unavailable`, ...) when it carried one, else the HTTP status
-    /// (`404` for a path no door serves) or the gRPC status number (`grpc_12`).
+    /// (for an answer without a word) or the gRPC status number (`grpc_12`).
     pub fn door_answered(&self, grpc: bool, code: String) {
         let door = if grpc { "grpc" } else { "http" };
         self.door_answers.get_or_create(&DoorAnswer { door, code }).inc();

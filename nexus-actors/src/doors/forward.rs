@@ -59,8 +59,9 @@ pub const AUTHENTICATED: HeaderName = HeaderName::from_static("nexus-authenticat
 /// welcomes the runner (the first message of the answer is a Welcome).
 const RUNNER_STREAM: &str = "/nexus.runner.v1.RunnerService/Connect";
 
-/// What ends a forwarded request early: the standby read another holder, or took the lease.
-pub type Cut = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// What ends a forwarded request early: the standby read another holder, took the lease, or is
+/// stopping. It resolves to why, as the client is told (`docs/cluster.md`, "Any node answers").
+pub type Cut = Pin<Box<dyn Future<Output = String> + Send>>;
 
 /// A forwarded stream's flow-control window, in bytes: a runner stream's frames are small, and
 /// one slow reader must not hold a large buffer on the standby.
@@ -188,9 +189,8 @@ impl Forwarder {
         let request = Request::from_parts(parts, body);
         let answered = tokio::select! {
             answered = self.client.request(request) => answered,
-            () = &mut cut => {
-                let why = "the serving node changed while this request waited for its answer";
-                return self.unreachable(target, why, grpc);
+            why = &mut cut => {
+                return self.unreachable(target, &format!("{why}, while this request waited for its answer"), grpc);
             }
         };
         match answered {
@@ -204,7 +204,8 @@ impl Forwarder {
                     crate::doors::sockets::authenticated();
                 }
                 let welcome = runner_stream.then(crate::doors::sockets::current).flatten();
-                Response::from_parts(parts, Body::new(Forwarding { body: Body::new(body), cut, welcome }))
+                let ending = Ending::of(&parts.headers);
+                Response::from_parts(parts, Body::new(Forwarding { body: Body::new(body), cut, welcome, ending }))
             }
             Err(error) => {
                 let error = causes(&error);
@@ -240,13 +241,75 @@ fn causes(error: &(dyn std::error::Error + 'static)) -> String {
     said
 }
 
-/// A forwarded answer's body: ends with an error once `cut` resolves, and, for a runner stream,
-/// counts the client's connection as authenticated when the first message is a Welcome.
+/// A forwarded answer's body: ends once `cut` resolves, and, for a runner stream, counts the
+/// client's connection as authenticated when the first message is a Welcome.
 struct Forwarding {
     body: Body,
     cut: Cut,
     /// The client's connection, until the runner stream's first message has been read.
     welcome: Option<crate::doors::sockets::Socket>,
+    ending: Ending,
+}
+
+/// How a forwarded answer ends when it is cut, so that its client can tell a cut from an end:
+/// an event stream with a last `error` event `{code: "unavailable", message}`, as the holder's
+/// own follows end when it stops; a gRPC answer with trailers `grpc-status` 14 (`UNAVAILABLE`)
+/// and `nexus-error-code: unavailable`; anything else, or an event stream cut inside an event,
+/// with an error (its HTTP/2 stream is reset, its HTTP/1.1 connection closed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ending {
+    /// `text/event-stream`: whether what was sent so far ends at an event's end.
+    Events {
+        at_boundary: bool,
+    },
+    Grpc,
+    Broken,
+    /// Cut and ended: nothing more is sent.
+    Ended,
+}
+
+impl Ending {
+    fn of(headers: &HeaderMap) -> Ending {
+        let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        if content_type.starts_with("text/event-stream") {
+            Ending::Events { at_boundary: true }
+        } else if is_grpc(headers) {
+            Ending::Grpc
+        } else {
+            Ending::Broken
+        }
+    }
+
+    /// The last frame of an answer cut because of `why`.
+    fn last_frame(self, why: &str) -> Result<http_body::Frame<Bytes>, axum::Error> {
+        match self {
+            Ending::Events { at_boundary: true } => {
+                let data = serde_json::json!({"code": ErrorCode::Unavailable, "message": why});
+                Ok(http_body::Frame::data(Bytes::from(format!("event: error\ndata: {data}\n\n"))))
+            }
+            Ending::Grpc => {
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", HeaderValue::from_static("14"));
+                trailers.insert("nexus-error-code", HeaderValue::from_static("unavailable"));
+                // grpc-message is percent-encoded; the reasons are plain ASCII, spaces encoded.
+                let message: String = why
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || ".,:;()-_".contains(c) {
+                            c.to_string()
+                        } else {
+                            format!("%{:02X}", c as u32 & 0xff)
+                        }
+                    })
+                    .collect();
+                if let Ok(value) = HeaderValue::from_str(&message) {
+                    trailers.insert("grpc-message", value);
+                }
+                Ok(http_body::Frame::trailers(trailers))
+            }
+            _ => Err(axum::Error::new(format!("{why}: this forwarded answer is cut"))),
+        }
+    }
 }
 
 impl HttpBody for Forwarding {
@@ -257,10 +320,21 @@ impl HttpBody for Forwarding {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        if self.cut.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Some(Err(axum::Error::new("the serving node changed: this forwarded stream is cut"))));
+        if self.ending == Ending::Ended {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(why) = self.cut.as_mut().poll(cx) {
+            let last = self.ending.last_frame(&why);
+            self.ending = Ending::Ended;
+            return Poll::Ready(Some(last));
         }
         let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let (Poll::Ready(Some(Ok(frame))), Ending::Events { at_boundary }) = (&polled, &mut self.ending)
+            && let Some(data) = frame.data_ref()
+            && !data.is_empty()
+        {
+            *at_boundary = data.ends_with(b"\n\n");
+        }
         if let Poll::Ready(Some(Ok(frame))) = &polled
             && let Some(data) = frame.data_ref()
             && let Some(socket) = self.welcome.take()
@@ -272,7 +346,7 @@ impl HttpBody for Forwarding {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.ending == Ending::Ended || self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
@@ -424,14 +498,70 @@ mod tests {
         let (cut_tx, cut_rx) = tokio::sync::oneshot::channel::<()>();
         let cut: Cut = Box::pin(async move {
             let _ = cut_rx.await;
+            "the serving node changed".to_owned()
         });
-        let mut answer = Body::new(Forwarding { body, cut, welcome: None }).into_data_stream();
+        let forwarding = Forwarding { body, cut, welcome: None, ending: Ending::Broken };
+        let mut answer = Body::new(forwarding).into_data_stream();
         chunks_tx.send(Ok(Bytes::from_static(b"event one"))).expect("sent");
         assert_eq!(answer.next().await.expect("a chunk").expect("data"), Bytes::from_static(b"event one"));
         cut_tx.send(()).expect("cut");
         chunks_tx.send(Ok(Bytes::from_static(b"event two"))).expect("sent");
         let ended = answer.next().await.expect("an end");
         assert!(ended.is_err(), "the cut ends the answer with an error, whatever else is ready: {ended:?}");
+    }
+
+    async fn next_frame(body: &mut Body) -> Option<Result<http_body::Frame<Bytes>, axum::Error>> {
+        std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
+    }
+
+    /// A forwarded body over `chunks`, cut when `cut` is sent, ending as `ending` says.
+    fn cut_body(ending: Ending) -> (tokio::sync::mpsc::UnboundedSender<Bytes>, tokio::sync::oneshot::Sender<()>, Body) {
+        let (chunks_tx, chunks) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
+        let stream = futures::StreamExt::map(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(chunks),
+            Ok::<_, std::io::Error>,
+        );
+        let (cut_tx, cut_rx) = tokio::sync::oneshot::channel::<()>();
+        let cut: Cut = Box::pin(async move {
+            let _ = cut_rx.await;
+            "this node (n-2) is stopping".to_owned()
+        });
+        (chunks_tx, cut_tx, Body::new(Forwarding { body: Body::from_stream(stream), cut, welcome: None, ending }))
+    }
+
+    #[tokio::test]
+    async fn a_cut_event_stream_ends_with_an_unavailable_event_and_a_cut_grpc_answer_with_its_status() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+        let (chunks, cut, mut body) = cut_body(Ending::of(&headers));
+        chunks.send(Bytes::from_static(b"id: cvei_1\nevent: round_started\ndata: {}\n\n")).expect("sent");
+        assert!(next_frame(&mut body).await.expect("a frame").expect("data").is_data());
+        cut.send(()).expect("cut");
+        let last = next_frame(&mut body).await.expect("a last frame").expect("data").into_data().expect("data");
+        let last = String::from_utf8(last.to_vec()).expect("text");
+        assert!(last.starts_with("event: error\ndata: {") && last.ends_with("\n\n"), "{last}");
+        assert!(last.contains("\"code\":\"unavailable\"") && last.contains("is stopping"), "{last}");
+        assert!(next_frame(&mut body).await.is_none(), "then the stream ends cleanly");
+
+        // Cut inside an event: an error, not a second event glued to half of one.
+        let (chunks, cut, mut body) = cut_body(Ending::of(&headers));
+        chunks.send(Bytes::from_static(b"id: cvei_1\ndata: {\"half")).expect("sent");
+        assert!(next_frame(&mut body).await.expect("a frame").is_ok());
+        cut.send(()).expect("cut");
+        assert!(next_frame(&mut body).await.expect("an end").is_err());
+
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        let (_chunks, cut, mut body) = cut_body(Ending::of(&headers));
+        cut.send(()).expect("cut");
+        let trailers =
+            next_frame(&mut body).await.expect("trailers").expect("a frame").into_trailers().expect("trailers");
+        assert_eq!(trailers.get("grpc-status").map(|v| v.to_str().ok()), Some(Some("14")));
+        assert_eq!(trailers.get("nexus-error-code").map(|v| v.to_str().ok()), Some(Some("unavailable")));
+        assert_eq!(
+            trailers.get("grpc-message").map(|v| v.to_str().ok()),
+            Some(Some("this%20node%20(n-2)%20is%20stopping"))
+        );
+        assert!(next_frame(&mut body).await.is_none());
     }
 
     #[test]

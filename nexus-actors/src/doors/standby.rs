@@ -90,22 +90,23 @@ struct Standby {
     refusing: Refusing,
     /// `None`: these doors do not forward (TLS).
     forwarder: Option<Forwarder>,
-    /// Turns `true` when this node took the lease: every forwarded request is cut.
-    closing: watch::Receiver<bool>,
+    /// Says why once this node took the lease or is stopping: every forwarded request is cut,
+    /// its client told that.
+    closing: watch::Receiver<Option<String>>,
     /// What answers a request that is not forwarded: the health service, `NOT_SERVING`, and a
     /// refusal for everything else.
     local: Router,
 }
 
 /// The standby's routes: every request forwarded to the holder by `forwarder` when it can be
-/// (`None`: never), each cut when `holder` changes or `closing` turns `true`, and otherwise the
+/// (`None`: never), each cut when `holder` changes or `closing` says why, and otherwise the
 /// gRPC health service, `NOT_SERVING` for every service, and a refusal ([`refusal`]), as gRPC
 /// (trailers only) for a gRPC request and as the doors' JSON error otherwise.
 pub async fn routes(
     this_node: String,
     holder: watch::Receiver<Option<Holder>>,
     forwarder: Option<Forwarder>,
-    closing: watch::Receiver<bool>,
+    closing: watch::Receiver<Option<String>>,
 ) -> Routes {
     let (reporter, health) = tonic_health::server::health_reporter();
     for service in ["", "nexus.runner.v1.RunnerService", "nexus.agent.v1.AgentService"] {
@@ -136,9 +137,21 @@ async fn answer(State(mut standby): State<Standby>, request: Request) -> Respons
             // client reconnects, and reaches the node that serves now.
             let (mut holder, mut closing) = (standby.refusing.holder.clone(), standby.closing.clone());
             let cut = Box::pin(async move {
+                let changed = async {
+                    // Gone (the lease was taken, or this node stops): `closing` says which.
+                    if holder.wait_for(|now| *now != seen).await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                };
                 tokio::select! {
-                    _ = holder.wait_for(|now| *now != seen) => {}
-                    _ = closing.wait_for(|closed| *closed) => {}
+                    () = changed => {
+                        "the node that serves this cluster changed: ask again (a follow: from the last cursor you received)"
+                            .to_owned()
+                    }
+                    why = closing.wait_for(Option::is_some) => match why {
+                        Ok(why) => why.clone().unwrap_or_default(),
+                        Err(_) => "this node's doors closed: ask again".to_owned(),
+                    },
                 }
             });
             forwarder.forward(request, client, &target, cut).await

@@ -258,10 +258,19 @@ impl Lessee {
     async fn connect(&self) -> Result<PgConnection, LockError> {
         let name = format!("nexus node {} pid {}", &self.identity.node_id[..8], self.identity.pid);
         let options = PgConnectOptions::from_str(&self.url).map_err(|e| self.fail(e))?.application_name(&name);
-        tokio::time::timeout(self.connect_timeout, options.connect())
+        let mut connection = tokio::time::timeout(self.connect_timeout, options.connect())
             .await
             .map_err(|_| self.fail(format!("no connection within {} ms", self.connect_timeout.as_millis())))?
-            .map_err(|e| self.fail(e))
+            .map_err(|e| self.fail(e))?;
+        // A node frozen inside its take-over transaction (SIGSTOP, a paused VM) would keep the
+        // lease row locked, and every other node's take-over waiting, for as long as it stays
+        // frozen: the database ends such a session after a term.
+        sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, false)")
+            .bind(self.term_ms().to_string())
+            .execute(&mut connection)
+            .await
+            .map_err(|e| self.fail(e))?;
+        Ok(connection)
     }
 
     /// Writes this node's row (`role`, heartbeat now).
@@ -336,6 +345,28 @@ impl Lessee {
     /// elsewhere has a node id of its own, [`NodeIdentity::of`]). `Ok(Err(holder))` when another
     /// node holds it.
     async fn try_take(&self, connection: &mut PgConnection) -> Result<Result<Taken, Holder>, sqlx::Error> {
+        // A live lease of another node is read without a lock. A standby's `FOR UPDATE` would
+        // conflict with the holder's renewals and with the `FOR KEY SHARE` of its fenced writes,
+        // so a standby frozen between its lock and its commit would stall the node that serves
+        // until it lost its own lease. Only a lease that looks lapsed is locked and taken.
+        let glance = sqlx::query(concat!(
+            "SELECT holder, generation, lease_until_ms - ",
+            now_ms!(),
+            " AS remaining, forward_key FROM cluster_lease WHERE name = 'serve'"
+        ))
+        .fetch_one(&mut *connection)
+        .await?;
+        let holder: Option<String> = glance.try_get("holder")?;
+        let remaining: i64 = glance.try_get("remaining")?;
+        if let Some(holder) = holder.filter(|holder| *holder != self.identity.node_id && remaining > 0) {
+            return Ok(Err(Holder {
+                address: address_of(&mut *connection, &holder).await?,
+                node_id: holder,
+                remaining_ms: remaining,
+                generation: glance.try_get("generation")?,
+                forward_key: glance.try_get("forward_key")?,
+            }));
+        }
         let mut tx = connection.begin().await?;
         let row = sqlx::query(concat!(
             "SELECT l.holder, l.generation, l.lease_until_ms, l.lease_until_ms - ",
@@ -352,12 +383,8 @@ impl Lessee {
         // take-over is re-read at its new holder, and an outer join is then re-checked against
         // the old holder's node row and comes back empty (PostgreSQL's EvalPlanQual), which
         // left a standby forwarding nowhere for the whole term.
-        let address: Option<String> = match &holder {
-            Some(holder) => sqlx::query_scalar("SELECT address FROM cluster_nodes WHERE node_id = $1")
-                .bind(holder)
-                .fetch_optional(&mut *tx)
-                .await?
-                .flatten(),
+        let address = match &holder {
+            Some(holder) => address_of(&mut tx, holder).await?,
             None => None,
         };
         let held_at: i64 = row.try_get("generation")?;
@@ -421,6 +448,15 @@ impl Lessee {
         }
         Ok(renewed)
     }
+}
+
+/// The address `node_id` advertises, from its row in `cluster_nodes`.
+async fn address_of(connection: &mut PgConnection, node_id: &str) -> Result<Option<String>, sqlx::Error> {
+    let address = sqlx::query_scalar("SELECT address FROM cluster_nodes WHERE node_id = $1")
+        .bind(node_id)
+        .fetch_optional(connection)
+        .await?;
+    Ok(address.flatten())
 }
 
 /// The period of renewals and of a standby's polls: a quarter of the term.

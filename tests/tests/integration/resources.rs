@@ -578,6 +578,133 @@ async fn a_second_node_is_refused_on_sqlite_and_forwards_to_the_serving_node_on_
 }
 
 #[tokio::test]
+async fn a_stopped_standby_ends_the_follows_it_forwards_with_a_last_word() {
+    if test_store_backend() != StoreBackend::Postgres {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let (at, _database) = store_location(dir.path(), "data").await;
+    // A model that asks the person a question: the execution waits, live, with nothing to run.
+    let script = dir.path().join("ask.json");
+    let rounds =
+        json!({"rounds": [{"tool_calls": [{"id": "q", "name": "ask", "arguments": {"prompt": "Still there?"}}]}]});
+    std::fs::write(&script, rounds.to_string()).expect("script");
+    let config = dir.path().join("ask.toml");
+    let text = format!(
+        "[cluster]\nlease_ms = {LEASE_MS}\n\n[providers.scripted]\nkind = \"scripted\"\n\n[providers.scripted.models.ask]\nscript = {:?}\n",
+        script.display().to_string()
+    );
+    std::fs::write(&config, text).expect("config");
+    let first = NexusProcess::serve(&at, free_loopback_addr(), &config).await;
+    let agent = admin_agent(&at, "agent").await;
+    let data_dir = dir.path().join("second");
+    std::fs::create_dir(&data_dir).expect("data dir");
+    let second_at = StoreLocation { data_dir, database_url: at.database_url.clone() };
+    let second = NexusProcess::standby(&second_at, free_loopback_addr(), &config).await;
+    let http = Http::new(&first.url(), Some(&agent.token));
+    let body = json!({"configuration": {"approval_mode": "bypass", "default_model": "scripted/ask",
+                                        "kernel_tools": ["nexus.human.ask"]}});
+    assert_eq!(http.declare(&body).await.status, 200);
+    let admitted = http.post("/agent_api/v1/inputs", &json!({"text": "wait for me"})).await;
+    assert_eq!(admitted.status, 201, "{admitted:?}");
+    let run = admitted.body["execution_public_id"].as_str().expect("execution").to_owned();
+
+    // Followed through the standby, on HTTP and on gRPC, up to the question.
+    let stream = format!("{}/agent_api/v1/executions/{run}/events/stream", second.url());
+    let mut followed = reqwest::Client::new().get(&stream).bearer_auth(&agent.token).send().await.expect("followed");
+    assert_eq!(followed.status().as_u16(), 200);
+    let mut sse = String::new();
+    while !sse.contains("event: input_required") {
+        let chunk = tokio::time::timeout(WAIT, followed.chunk()).await.expect("in time").expect("read");
+        sse.push_str(&String::from_utf8_lossy(&chunk.expect("the question comes")));
+    }
+    let mut client = grpc(&second.url()).await;
+    let request = nexus_proto::agent::v1::StreamEventsRequest {
+        execution_public_id: run.clone(),
+        after: String::new(),
+        follow: true,
+        transcript: false,
+        progress: false,
+    };
+    let mut events = client.stream_events(authed(request, &agent)).await.expect("follow").into_inner();
+    loop {
+        let event = tokio::time::timeout(WAIT, events.message()).await.expect("in time").expect("an event");
+        if event.expect("open").r#type == "input_required" {
+            break;
+        }
+    }
+
+    // The standby stops: each follow it carries ends with a last word, not a broken stream.
+    let exit = second.sigterm(Duration::from_secs(20)).await;
+    assert!(exit.success(), "the standby exited {exit}");
+    loop {
+        match tokio::time::timeout(WAIT, followed.chunk()).await.expect("in time") {
+            Ok(Some(chunk)) => sse.push_str(&String::from_utf8_lossy(&chunk)),
+            Ok(None) => break,
+            Err(error) => panic!("the follow broke instead of ending: {error}; read:\n{sse}"),
+        }
+    }
+    let last = sse.split("\n\n").filter(|block| block.contains("event:")).last().expect("events");
+    assert!(last.contains("event: error") && last.contains("\"code\":\"unavailable\""), "{last}");
+    assert!(last.contains("is stopping"), "{last}");
+    let ended = loop {
+        match tokio::time::timeout(WAIT, events.message()).await.expect("in time") {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the gRPC follow ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+    assert_eq!(nexus_proto::Refusal::from_status(&ended).code, nexus_proto::ErrorCode::Unavailable);
+    assert!(ended.message().contains("is stopping"), "{ended:?}");
+    let exit = first.sigterm(Duration::from_secs(20)).await;
+    assert!(exit.success(), "the serving node exited {exit}");
+}
+
+#[tokio::test]
+async fn a_standby_polls_a_live_lease_without_locking_it() {
+    if test_store_backend() != StoreBackend::Postgres {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let (at, _database) = store_location(dir.path(), "data").await;
+    let config = config_file(dir.path(), &format!("[cluster]\nlease_ms = {LEASE_MS}\n"));
+    let first = NexusProcess::serve(&at, free_loopback_addr(), &config).await;
+    let url = at.database_url.clone().expect("postgres");
+    // A write of the serving node in flight holds the lease row FOR KEY SHARE (its fence). A
+    // standby's poll of a live lease takes no lock that conflicts with it: it reads the holder
+    // at once, and so never holds a lock the serving node's writes would wait on (a standby
+    // frozen mid-poll used to stall them until the holder lost its lease).
+    let mut writer = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.expect("connect");
+    sqlx::query("BEGIN").execute(&mut writer).await.expect("begin");
+    sqlx::query("SELECT generation FROM cluster_lease WHERE name = 'serve' FOR KEY SHARE")
+        .execute(&mut writer)
+        .await
+        .expect("the fence's lock");
+    let data_dir = dir.path().join("second");
+    std::fs::create_dir(&data_dir).expect("data dir");
+    let second_at = StoreLocation { data_dir, database_url: Some(url) };
+    let second = NexusProcess::standby(&second_at, free_loopback_addr(), &config).await;
+    // It has read the holder while the lock is held (its first poll would have waited on the
+    // lock otherwise), and no node waits on the row now.
+    let locked: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name LIKE 'nexus node%' AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(&mut writer)
+    .await
+    .expect("activity");
+    assert_eq!(locked, 0, "a node waits on the lease row's lock");
+    sqlx::query("COMMIT").execute(&mut writer).await.expect("commit");
+    assert!(!second.log().iter().any(|line| line.contains("nexus serving")), "the standby took a live lease");
+    assert!(!first.log().iter().any(|line| line.contains("lost the serve lease")), "{}", first.log().join("\n"));
+    let _ = sqlx::Connection::close(writer).await;
+    let exit = second.sigterm(Duration::from_secs(20)).await;
+    assert!(exit.success(), "the standby exited {exit}");
+    let exit = first.sigterm(Duration::from_secs(20)).await;
+    assert!(exit.success(), "the serving node exited {exit}");
+}
+
+#[tokio::test]
 async fn a_standby_hears_a_stopped_node_give_the_lease_up_and_takes_over_at_once() {
     if test_store_backend() != StoreBackend::Postgres {
         return;
