@@ -20,18 +20,32 @@ pub const DEFAULT_URL: &str = "http://127.0.0.1:7740";
 /// lasts as long as the execution).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long an event stream may stay silent before it is taken as broken and followed again:
+/// the server sends a keep-alive comment every 15 s.
+pub const STREAM_SILENCE: Duration = Duration::from_secs(45);
+
 /// What a command failed with: a refusal of the doors (its word and message), or no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The server refused: `{code, message}` as its doors answer.
-    #[error("{0}")]
+    #[error("{}", said(.0))]
     Refused(Refusal),
-    /// The server could not be reached, or answered something that is not a door's answer.
+    /// The server could not be reached, or its answer broke off.
     #[error("{0}")]
     Transport(String),
+    /// What answered is not a nexus door (a wrong URL, a proxy's error page).
+    #[error("{0}")]
+    NotNexus(String),
     /// The command cannot run as asked (no token, a file that cannot be read, ...).
     #[error("{0}")]
     Usage(String),
+}
+
+/// A refusal as a person reads it: its word, then its message (once, when the message already
+/// starts with the word).
+fn said(refusal: &Refusal) -> String {
+    let word = refusal.code.as_str();
+    if refusal.message.starts_with(word) { refusal.message.clone() } else { format!("{word}: {}", refusal.message) }
 }
 
 impl ClientError {
@@ -40,7 +54,7 @@ impl ClientError {
     pub fn code(&self) -> ErrorCode {
         match self {
             ClientError::Refused(refusal) => refusal.code,
-            ClientError::Transport(_) => ErrorCode::Unavailable,
+            ClientError::Transport(_) | ClientError::NotNexus(_) => ErrorCode::Unavailable,
             ClientError::Usage(_) => ErrorCode::ParameterInvalid,
         }
     }
@@ -98,6 +112,8 @@ pub fn save_credentials(credentials: &Credentials) -> Result<PathBuf, ClientErro
     let text = serde_json::to_string_pretty(credentials).map_err(|e| ClientError::Usage(e.to_string()))?;
     let mut file =
         std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&path).map_err(cannot)?;
+    // `mode` applies only to a file it creates: one that was there is made private too.
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).map_err(cannot)?;
     file.write_all(text.as_bytes()).map_err(cannot)?;
     file.write_all(b"\n").map_err(cannot)?;
     Ok(path)
@@ -129,17 +145,35 @@ impl Client {
     }
 
     /// A client from the flags, the environment or the saved login ([`Client`] module docs).
+    /// The saved login is read only for what the flags and the environment leave out, and its
+    /// token goes only to its own server: with another `--url`, a token must be given too.
     ///
     /// # Errors
-    /// [`ClientError::Usage`] when no token is found anywhere.
+    /// [`ClientError::Usage`] when no token is found, or the saved one is for another server.
     pub fn resolve(url: Option<String>, token: Option<String>) -> Result<Client, ClientError> {
+        if let (Some(url), Some(token)) = (&url, &token) {
+            return Client::new(url, token);
+        }
         let saved = saved_credentials()?;
+        let same =
+            |saved: &str| url.as_deref().is_none_or(|url| url.trim_end_matches('/') == saved.trim_end_matches('/'));
+        let token = match (token, saved.token, saved.url.as_deref()) {
+            (Some(token), _, _) => token,
+            (None, Some(token), Some(saved_url)) if same(saved_url) => token,
+            (None, Some(_), Some(saved_url)) => {
+                return Err(ClientError::Usage(format!(
+                    "the saved login is for {saved_url}, not {}: pass --token (or NEXUS_TOKEN) for that server, or `nexus login --url` it",
+                    url.as_deref().unwrap_or_default()
+                )));
+            }
+            _ => {
+                return Err(ClientError::Usage(
+                    "no token: pass --token, set NEXUS_TOKEN, or run `nexus login --url URL --token TOKEN` once"
+                        .to_owned(),
+                ));
+            }
+        };
         let url = url.or(saved.url).unwrap_or_else(|| DEFAULT_URL.to_owned());
-        let token = token.or(saved.token).ok_or_else(|| {
-            ClientError::Usage(
-                "no token: pass --token, set NEXUS_TOKEN, or run `nexus login --url URL --token TOKEN` once".to_owned(),
-            )
-        })?;
         Client::new(&url, &token)
     }
 
@@ -164,12 +198,14 @@ impl Client {
         self.send(self.http.post(format!("{}{path}", self.url)).json(body)).await
     }
 
-    /// `PUT path` with `body` as JSON.
+    /// `PUT path` with `body`, JSON text sent as it is.
     ///
     /// # Errors
     /// As [`Client::get`].
-    pub async fn put(&self, path: &str, body: &Value) -> Result<Value, ClientError> {
-        self.send(self.http.put(format!("{}{path}", self.url)).json(body)).await
+    pub async fn put_raw(&self, path: &str, body: String) -> Result<Value, ClientError> {
+        let request =
+            self.http.put(format!("{}{path}", self.url)).header(reqwest::header::CONTENT_TYPE, "application/json");
+        self.send(request.body(body)).await
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<Value, ClientError> {
@@ -177,18 +213,17 @@ impl Client {
             request.bearer_auth(&self.token).timeout(REQUEST_TIMEOUT).send().await.map_err(|e| self.unreachable(&e))?;
         let status = answer.status();
         let body = answer.bytes().await.map_err(|e| self.unreachable(&e))?;
-        let value: Value = serde_json::from_slice(&body).map_err(|_| {
-            ClientError::Transport(format!(
-                "{} answered {status} with a body that is not JSON: is it a nexus server?",
-                self.url
-            ))
-        })?;
+        let value: Value = serde_json::from_slice(&body).map_err(|_| self.not_nexus(status))?;
         if status.is_success() {
             return Ok(value);
         }
-        Err(refusal_of(&value).map_or_else(
-            || ClientError::Transport(format!("{} answered {status}: {value}", self.url)),
-            ClientError::Refused,
+        Err(refusal_of(&value).map_or_else(|| self.not_nexus(status), ClientError::Refused))
+    }
+
+    fn not_nexus(&self, status: reqwest::StatusCode) -> ClientError {
+        ClientError::NotNexus(format!(
+            "{} answered {status} with something that is not a nexus door's answer: is it a nexus server?",
+            self.url
         ))
     }
 
@@ -203,24 +238,33 @@ impl Client {
     }
 
     /// Opens the live event stream of `execution` after `after` (a cursor, or empty), with the
-    /// transcript deltas when `transcript` is set.
+    /// transcript deltas and the runners' progress when `live` is set.
     ///
     /// # Errors
-    /// The door's refusal, or [`ClientError::Transport`].
-    pub async fn follow(&self, execution: &str, after: &str, transcript: bool) -> Result<EventStream, ClientError> {
+    /// The door's refusal, [`ClientError::NotNexus`], or [`ClientError::Transport`] (no answer
+    /// within [`REQUEST_TIMEOUT`] included).
+    pub async fn follow(&self, execution: &str, after: &str, live: bool) -> Result<EventStream, ClientError> {
         let mut path =
-            format!("{}/agent_api/v1/executions/{execution}/events/stream?transcript={transcript}", self.url);
+            format!("{}/agent_api/v1/executions/{execution}/events/stream?transcript={live}&progress={live}", self.url);
         if !after.is_empty() {
             path.push_str(&format!("&after={after}"));
         }
-        let answer = self.http.get(path).bearer_auth(&self.token).send().await.map_err(|e| self.unreachable(&e))?;
+        let request = self.http.get(path).bearer_auth(&self.token).send();
+        let answer = tokio::time::timeout(REQUEST_TIMEOUT, request)
+            .await
+            .map_err(|_| {
+                ClientError::Transport(format!("no answer from {} within {} s", self.url, REQUEST_TIMEOUT.as_secs()))
+            })?
+            .map_err(|e| self.unreachable(&e))?;
         if !answer.status().is_success() {
             let status = answer.status();
             let value: Value = answer.json().await.unwrap_or(Value::Null);
-            return Err(refusal_of(&value).map_or_else(
-                || ClientError::Transport(format!("{} answered {status}", self.url)),
-                ClientError::Refused,
-            ));
+            return Err(match refusal_of(&value) {
+                Some(refusal) => ClientError::Refused(refusal),
+                // A 5xx without a word (a proxy between, a node restarting): followed again.
+                None if status.is_server_error() => ClientError::Transport(format!("{} answered {status}", self.url)),
+                None => self.not_nexus(status),
+            });
         }
         Ok(EventStream { answer, buffer: Vec::new() })
     }
@@ -266,10 +310,16 @@ impl EventStream {
                 }
                 continue;
             }
-            match self.answer.chunk().await {
-                Ok(Some(chunk)) => self.buffer.extend_from_slice(&chunk),
-                Ok(None) => return Ok(None),
-                Err(error) => return Err(ClientError::Transport(format!("the event stream broke: {error}"))),
+            match tokio::time::timeout(STREAM_SILENCE, self.answer.chunk()).await {
+                Ok(Ok(Some(chunk))) => self.buffer.extend_from_slice(&chunk),
+                Ok(Ok(None)) => return Ok(None),
+                Ok(Err(_)) => return Err(ClientError::Transport("the event stream broke off".to_owned())),
+                Err(_) => {
+                    return Err(ClientError::Transport(format!(
+                        "no word from nexus for {} s on the event stream",
+                        STREAM_SILENCE.as_secs()
+                    )));
+                }
             }
         }
     }

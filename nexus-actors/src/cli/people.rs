@@ -11,12 +11,12 @@
 //! missed or shown twice.
 
 use std::io::{IsTerminal, Write};
-use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use super::client::{Client, ClientError, Credentials, EventStream, StreamEvent, save_credentials};
+use super::client::{Client, ClientError, Credentials, save_credentials};
+use super::follow::Follower;
 
 /// Where the command's server and token come from (flags, then `NEXUS_URL`/`NEXUS_TOKEN`, then
 /// the saved login), and how it prints.
@@ -239,7 +239,7 @@ pub async fn run(command: PeopleCommand) -> i32 {
         Ok(code) => code,
         Err(error) => {
             if json {
-                println!("{}", json!({"code": error.code(), "message": error.to_string()}));
+                say(&json!({"code": error.code(), "message": error.to_string()}).to_string());
             } else {
                 eprintln!("nexus: {error}");
             }
@@ -280,13 +280,44 @@ fn connect(args: &ClientArgs) -> Result<Client, ClientError> {
     Client::resolve(args.url.clone(), args.token.clone())
 }
 
-/// Prints `value` as one JSON line (`--json`), else `human`'s text.
+/// Prints `value` as one JSON line (`--json`), else `human`'s text, its control characters
+/// made visible ([`clean`]).
 fn print(json: bool, value: &Value, human: impl FnOnce(&Value) -> String) {
     if json {
-        println!("{value}");
+        say(&value.to_string());
     } else {
-        println!("{}", human(value));
+        say(&clean(&human(value)));
     }
+}
+
+/// Writes `text` and a newline to standard output. A reader that went away (`| head -1`) ends
+/// the command quietly; any other failure to write (a full disk) ends it with exit code 2.
+pub(super) fn say(text: &str) {
+    say_inline(&format!("{text}\n"));
+}
+
+/// [`say`] without the newline, flushed.
+pub(super) fn say_inline(text: &str) {
+    let mut out = std::io::stdout().lock();
+    if let Err(error) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        if error.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("nexus: cannot write the output: {error}");
+        std::process::exit(2);
+    }
+}
+
+/// `text` for a terminal: control characters other than newline and tab (an escape sequence in
+/// a tool's output or a model's answer could recolour, retitle or clear the screen, or draw a
+/// fake prompt) shown as `\u{1b}` instead of acted on.
+pub(super) fn clean(text: &str) -> String {
+    if !text.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| if c.is_control() && c != '\n' && c != '\t' { c.escape_unicode().to_string() } else { c.to_string() })
+        .collect()
 }
 
 /// `id` checked as a UUID before it goes into a path.
@@ -330,7 +361,7 @@ async fn dispatch(command: PeopleCommand) -> Result<i32, ClientError> {
                 return Ok(0);
             }
             if client.json {
-                println!("{admitted}");
+                say(&admitted.to_string());
             } else {
                 eprintln!("· execution {execution} in conversation {}", text_of(&admitted["conversation_public_id"]));
             }
@@ -380,9 +411,11 @@ async fn dispatch(command: PeopleCommand) -> Result<i32, ClientError> {
             let http = connect(&client)?;
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| ClientError::Usage(format!("cannot read {}: {e}", file.display())))?;
-            let body: Value = serde_json::from_str(&text)
+            // Checked here for a clear message, then sent as written: the door judges it (a key
+            // given twice is refused there, not silently collapsed here).
+            serde_json::from_str::<Value>(&text)
                 .map_err(|e| ClientError::Usage(format!("{} is not JSON: {e}", file.display())))?;
-            let profile = http.put("/agent_api/v1/profile/configuration", &body).await?;
+            let profile = http.put_raw("/agent_api/v1/profile/configuration", text).await?;
             print(client.json, &profile, pretty);
             Ok(0)
         }
@@ -407,7 +440,7 @@ async fn login(url: &str, token: Option<String>) -> Result<i32, ClientError> {
     // Any readable listing proves the URL and the token, for an Agent and a Human alike.
     client.get("/agent_api/v1/conversations?limit=1").await?;
     let path = save_credentials(&Credentials { url: Some(client.url().to_owned()), token: Some(token) })?;
-    println!("logged in to {}; saved in {}", client.url(), path.display());
+    say(&format!("logged in to {}; saved in {}", client.url(), path.display()));
     Ok(0)
 }
 
@@ -490,7 +523,7 @@ async fn conversations(command: ConversationsCommand) -> Result<i32, ClientError
 }
 
 /// A JSON value as text: a string as it is, null as `-`, anything else as JSON.
-fn text_of(value: &Value) -> String {
+pub(super) fn text_of(value: &Value) -> String {
     match value {
         Value::String(text) => text.clone(),
         Value::Null => "-".to_owned(),
@@ -503,7 +536,7 @@ fn pretty(value: &Value) -> String {
 }
 
 /// `text` cut to `chars` characters on one line, with `…` when cut.
-fn preview(text: &str, chars: usize) -> String {
+pub(super) fn preview(text: &str, chars: usize) -> String {
     let line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
     match line.char_indices().nth(chars) {
         Some((end, _)) => format!("{}…", &line[..end]),
@@ -655,7 +688,7 @@ fn conversation_text(c: &Value) -> String {
 }
 
 /// One line of standard input, or `None` at its end.
-async fn read_line() -> Option<String> {
+pub(super) async fn read_line() -> Option<String> {
     tokio::task::spawn_blocking(|| {
         let mut line = String::new();
         match std::io::stdin().read_line(&mut line) {
@@ -668,395 +701,9 @@ async fn read_line() -> Option<String> {
     .flatten()
 }
 
-/// How long a follow tries to reach the server again after its stream broke.
-const RECONNECT_FOR: Duration = Duration::from_secs(60);
-
-/// Follows one execution's events to its end ([`PeopleCommand::Run`] with `--follow`,
-/// [`ExecutionsCommand::Watch`]).
-struct Follower<'a> {
-    client: &'a Client,
-    execution: String,
-    /// The last durable cursor seen: a new stream starts after it.
-    cursor: String,
-    json: bool,
-    /// Whether the person can be asked: standard input and output are a terminal, and not
-    /// `--json`.
-    interactive: bool,
-    /// The round whose text was printed from its deltas (so its `round_result` is not printed
-    /// again).
-    streamed: Option<i64>,
-    /// Whether the last thing printed to stdout left the line open.
-    open_line: bool,
-    /// The last round whose `round_started` was shown.
-    round: i64,
-    /// Deltas of a later round than [`Follower::round`]: the feed may send a round's deltas
-    /// before the durable events saved ahead of them (the settlements of the round before, its
-    /// `round_started`), so they wait for their round to be shown.
-    early: Vec<(i64, String)>,
-}
-
-impl<'a> Follower<'a> {
-    fn new(client: &'a Client, execution: &str, json: bool) -> Follower<'a> {
-        let interactive = !json && std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
-        Follower {
-            client,
-            execution: execution.to_owned(),
-            cursor: String::new(),
-            json,
-            interactive,
-            streamed: None,
-            open_line: false,
-            round: 0,
-            early: Vec::new(),
-        }
-    }
-
-    /// Follows to the end: 0 when the execution completed, 1 when it ended otherwise.
-    async fn follow(mut self) -> Result<i32, ClientError> {
-        let mut broken_since: Option<tokio::time::Instant> = None;
-        loop {
-            match self.client.follow(&self.execution, &self.cursor, !self.json).await {
-                Ok(stream) => {
-                    broken_since = None;
-                    if let Some(code) = self.read(stream).await? {
-                        return Ok(code);
-                    }
-                }
-                // Refusals other than `unavailable` are final (not found, not authorized, ...).
-                Err(ClientError::Refused(refusal)) if refusal.code != nexus_proto::ErrorCode::Unavailable => {
-                    return Err(ClientError::Refused(refusal));
-                }
-                Err(error) => {
-                    let since = *broken_since.get_or_insert_with(tokio::time::Instant::now);
-                    if since.elapsed() > RECONNECT_FOR {
-                        return Err(error);
-                    }
-                    self.end_line();
-                    eprintln!("· {error}; trying again");
-                }
-            }
-            // The stream ended: the execution may be over, or the node went away.
-            let shown = self.client.get(&format!("/agent_api/v1/executions/{}", self.execution)).await;
-            if let Ok(shown) = &shown
-                && let Some(code) = self.finished(shown)
-            {
-                return Ok(code);
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
-
-    /// Reads one stream to its end: `Some(exit code)` once the execution is over, `None` when
-    /// the stream was cut before.
-    async fn read(&mut self, mut stream: EventStream) -> Result<Option<i32>, ClientError> {
-        loop {
-            let event = match stream.next().await {
-                Ok(Some(event)) => event,
-                Ok(None) => return Ok(None),
-                Err(error) => {
-                    self.end_line();
-                    eprintln!("· {error}; following again from {}", self.shown_cursor());
-                    return Ok(None);
-                }
-            };
-            if !event.id.is_empty() {
-                self.cursor.clone_from(&event.id);
-            }
-            if event.event == "error" {
-                self.end_line();
-                let code = event.data["code"].as_str().unwrap_or_default();
-                eprintln!("· {}", text_of(&event.data["message"]));
-                if code == "unavailable" {
-                    return Ok(None);
-                }
-                return Err(ClientError::Transport(format!("the event stream ended: {}", event.data)));
-            }
-            if self.json {
-                println!("{}", json!({"id": event.id, "event": event.event, "data": event.data}));
-            } else {
-                self.show(&event);
-            }
-            match event.event.as_str() {
-                "approval_required" => self.decide(&event.data["data"]).await?,
-                "input_required" => self.answer(&event.data["data"]).await?,
-                _ => {}
-            }
-        }
-    }
-
-    fn shown_cursor(&self) -> &str {
-        if self.cursor.is_empty() { "the start" } else { &self.cursor }
-    }
-
-    /// The exit code once `shown` (the execution's view) is quiet, else `None`.
-    fn finished(&mut self, shown: &Value) -> Option<i32> {
-        let status = shown["status"].as_str()?;
-        let code = match status {
-            "completed" => 0,
-            "canceled" | "needs_attention" => 1,
-            _ => return None,
-        };
-        self.end_line();
-        if !self.json && status != "completed" {
-            eprintln!(
-                "· execution {}: {status}{}",
-                self.execution,
-                shown["error_key"].as_str().map(|key| format!(" ({key})")).unwrap_or_default()
-            );
-        }
-        Some(code)
-    }
-
-    fn print_delta(&mut self, round: Option<i64>, text: &str) {
-        print!("{text}");
-        let _ = std::io::stdout().flush();
-        self.open_line = true;
-        self.streamed = round;
-    }
-
-    fn end_line(&mut self) {
-        if self.open_line {
-            println!();
-            self.open_line = false;
-        }
-    }
-
-    /// Prints one event for a person.
-    fn show(&mut self, event: &StreamEvent) {
-        let data = &event.data["data"];
-        match event.event.as_str() {
-            "text_delta" => {
-                let text = data["text"].as_str().unwrap_or_default().to_owned();
-                match data["round"].as_i64() {
-                    Some(round) if round > self.round => self.early.push((round, text)),
-                    round => self.print_delta(round, &text),
-                }
-            }
-            "round_started" => {
-                self.end_line();
-                eprintln!("· round {} ({})", text_of(&data["round"]), text_of(&data["model"]));
-                self.round = data["round"].as_i64().unwrap_or(self.round);
-                let (now, later): (Vec<_>, Vec<_>) =
-                    std::mem::take(&mut self.early).into_iter().partition(|(round, _)| *round <= self.round);
-                self.early = later;
-                for (round, text) in now {
-                    self.print_delta(Some(round), &text);
-                }
-            }
-            "round_result" => {
-                let calls = data["tool_calls"].as_array().is_some_and(|calls| !calls.is_empty());
-                let text = data["text"].as_str().unwrap_or_default();
-                if self.streamed != data["round"].as_i64() && !text.is_empty() {
-                    self.end_line();
-                    println!("{text}");
-                } else if !calls {
-                    self.end_line();
-                }
-                self.end_line();
-            }
-            "task_status" => {
-                self.end_line();
-                let tool = text_of(&data["tool_name"]);
-                let key = text_of(&data["task_key"]);
-                let runner = match &data["runner_executor_public_id"] {
-                    Value::Null => "in nexus".to_owned(),
-                    runner => format!("on runner {}", text_of(runner)),
-                };
-                match data["status"].as_str().unwrap_or_default() {
-                    "dispatched" | "running" => println!("→ {tool} [{key}] {runner}"),
-                    "needs_approval" | "awaiting_input" | "waiting" => {}
-                    status => {
-                        let content = data["content"].as_str().map(|c| format!(": {}", preview(c, 200)));
-                        println!("← {tool} [{key}] {status}{}", content.unwrap_or_default());
-                    }
-                }
-            }
-            "approval_required" => {
-                self.end_line();
-                println!(
-                    "? {} [{}] on runner {} waits for approval; input {}",
-                    text_of(&data["tool_name"]),
-                    text_of(&data["task_key"]),
-                    text_of(&data["runner_executor_public_id"]),
-                    preview(&data["tool_input"].to_string(), 300)
-                );
-            }
-            "input_required" => {
-                self.end_line();
-                println!("? {}", text_of(&data["prompt"]));
-                for (n, option) in data["options"].as_array().into_iter().flatten().enumerate() {
-                    println!("  {}. {}", n + 1, text_of(option));
-                }
-            }
-            "attention_required" => {
-                self.end_line();
-                println!("! needs attention: {}", text_of(&data["message"]));
-            }
-            "model_change" => {
-                self.end_line();
-                eprintln!(
-                    "· model {} → {} ({})",
-                    text_of(&data["from"]),
-                    text_of(&data["to"]),
-                    text_of(&data["reason"])
-                );
-            }
-            "turn_status" => {
-                let status = data["status"].as_str().unwrap_or_default();
-                if matches!(status, "paused" | "canceling" | "canceled" | "failed" | "needs_attention") {
-                    self.end_line();
-                    eprintln!(
-                        "· {status}{}",
-                        data["error_key"].as_str().map(|k| format!(" ({k})")).unwrap_or_default()
-                    );
-                }
-            }
-            "stream_reset" => {
-                self.end_line();
-                eprintln!("· the model's answer started again ({})", text_of(&data["reason"]));
-            }
-            _ => {}
-        }
-    }
-
-    /// Whether task `key` is still in `status` (as far as the execution's first page of tasks
-    /// shows; a task past it is taken to be).
-    async fn still(&self, key: &str, status: &str) -> bool {
-        let Ok(shown) = self.client.get(&format!("/agent_api/v1/executions/{}", self.execution)).await else {
-            return true;
-        };
-        let tasks = shown["tasks"].as_array().cloned().unwrap_or_default();
-        tasks.iter().find(|task| task["task_key"] == key).is_none_or(|task| task["status"] == status)
-    }
-
-    /// Asks the person to approve or deny a parked call; without a terminal, says how to.
-    async fn decide(&mut self, data: &Value) -> Result<(), ClientError> {
-        let key = text_of(&data["task_key"]);
-        let base = format!("/agent_api/v1/executions/{}/tasks/{key}", self.execution);
-        if !self.interactive {
-            if !self.json {
-                println!(
-                    "  decide with: nexus approve {0} {key}   or: nexus deny {0} {key} --reason TEXT",
-                    self.execution
-                );
-            }
-            return Ok(());
-        }
-        // A watch replays past events: ask only for a call that still waits.
-        if !self.still(&key, "needs_approval").await {
-            return Ok(());
-        }
-        loop {
-            print!("  approve? [y/n] ");
-            let _ = std::io::stdout().flush();
-            let Some(line) = read_line().await else {
-                println!("\n  left waiting; decide with: nexus approve {} {key}", self.execution);
-                return Ok(());
-            };
-            let (door, body) = match line.trim().to_ascii_lowercase().as_str() {
-                "y" | "yes" => ("approve", json!({})),
-                "n" | "no" => ("deny", json!({"reason": "denied at the terminal"})),
-                _ => continue,
-            };
-            return match self.client.post(&format!("{base}/{door}"), &body).await {
-                Ok(_) => {
-                    println!("  {}", if door == "approve" { "approved" } else { "denied" });
-                    Ok(())
-                }
-                // Decided elsewhere meanwhile, or the hold ran out: the events tell what happened.
-                Err(ClientError::Refused(refusal)) => {
-                    println!("  not {door}d: {}", refusal.message);
-                    Ok(())
-                }
-                Err(error) => Err(error),
-            };
-        }
-    }
-
-    /// Asks the person to answer a question of `ask`; without a terminal, says how to.
-    async fn answer(&mut self, data: &Value) -> Result<(), ClientError> {
-        let key = text_of(&data["task_key"]);
-        if !self.interactive {
-            if !self.json {
-                println!("  answer with: nexus answer {} {key} TEXT", self.execution);
-            }
-            return Ok(());
-        }
-        if !self.still(&key, "awaiting_input").await {
-            return Ok(());
-        }
-        let options: Vec<String> = data["options"].as_array().into_iter().flatten().map(text_of).collect();
-        let multi = data["multi"].as_bool().unwrap_or(false);
-        for _ in 0..5 {
-            print!(
-                "  {} ",
-                if options.is_empty() {
-                    "answer:"
-                } else if multi {
-                    "choose (1,2,...):"
-                } else {
-                    "choose:"
-                }
-            );
-            let _ = std::io::stdout().flush();
-            let Some(line) = read_line().await else {
-                println!("\n  left waiting; answer with: nexus answer {} {key} TEXT", self.execution);
-                return Ok(());
-            };
-            let answer = answer_of(line.trim(), &options, multi);
-            let path = format!("/agent_api/v1/executions/{}/tasks/{key}/answer", self.execution);
-            match self.client.post(&path, &json!({"answer": answer})).await {
-                Ok(_) => {
-                    println!("  answered");
-                    return Ok(());
-                }
-                Err(ClientError::Refused(refusal)) if refusal.code == nexus_proto::ErrorCode::ValidationFailed => {
-                    println!("  {}", refusal.message);
-                }
-                Err(ClientError::Refused(refusal)) => {
-                    println!("  not answered: {}", refusal.message);
-                    return Ok(());
-                }
-                Err(error) => return Err(error),
-            }
-        }
-        println!("  left waiting; answer with: nexus answer {} {key} TEXT", self.execution);
-        Ok(())
-    }
-}
-
-/// What a typed line answers: an option by its number or its text; several, comma-separated,
-/// for a multiple choice; any text without options.
-fn answer_of(line: &str, options: &[String], multi: bool) -> Value {
-    let pick = |part: &str| -> String {
-        part.parse::<usize>()
-            .ok()
-            .and_then(|n| n.checked_sub(1))
-            .and_then(|i| options.get(i).cloned())
-            .unwrap_or_else(|| part.to_owned())
-    };
-    if options.is_empty() {
-        return json!(line);
-    }
-    if multi {
-        return json!(line.split(',').map(str::trim).filter(|p| !p.is_empty()).map(pick).collect::<Vec<_>>());
-    }
-    json!(pick(line))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn typed_answers_pick_options_by_number_or_text() {
-        let options = vec!["red".to_owned(), "blue".to_owned()];
-        assert_eq!(answer_of("2", &options, false), json!("blue"));
-        assert_eq!(answer_of("red", &options, false), json!("red"));
-        assert_eq!(answer_of("1, blue", &options, true), json!(["red", "blue"]));
-        assert_eq!(answer_of("3", &options, false), json!("3"), "out of range stays as typed; the door judges it");
-        assert_eq!(answer_of("anything at all", &[], false), json!("anything at all"));
-    }
 
     #[test]
     fn tables_align_and_previews_cut() {
@@ -1065,6 +712,8 @@ mod tests {
         assert_eq!(preview("a\nb   c", 10), "a b c");
         assert_eq!(preview("abcdef", 3), "abc…");
         assert_eq!(text_of(&Value::Null), "-");
+        assert_eq!(clean("red \u{1b}[31mRED\u{7} ok\n"), "red \\u{1b}[31mRED\\u{7} ok\n");
+        assert_eq!(clean("plain\ttext"), "plain\ttext");
     }
 
     #[test]

@@ -159,7 +159,7 @@ async fn nexus_run_follows_two_turns_asking_at_the_terminal_and_never_without_on
 
     // Turn one: asked at the terminal, approved; the call runs on the runner and the answer shows.
     let mut first = Cli::spawn(&server, &agent, &["run", "how is the weather?", "--follow"], true, home.path());
-    first.wait_for("approve? [y/n]").await;
+    first.wait_for("approve r1t0? [y/n]").await;
     assert!(first.output().contains("? probe [r1t0] on runner"), "{}", first.output());
     first.type_line("y");
     let (code, output) = first.finish().await;
@@ -183,10 +183,10 @@ async fn nexus_run_follows_two_turns_asking_at_the_terminal_and_never_without_on
     let conversation_arg = conversation.to_string();
     let args = ["run", "and tomorrow?", "--conversation", conversation_arg.as_str(), "--follow"];
     let mut second = Cli::spawn(&server, &agent, &args, true, home.path());
-    second.wait_for("approve? [y/n]").await;
+    second.wait_for("approve r1t0? [y/n]").await;
     // An answer that is neither yes nor no is asked again.
     second.type_line("maybe");
-    second.wait_for_times("approve? [y/n]", 2).await;
+    second.wait_for_times("approve r1t0? [y/n]", 2).await;
     second.type_line("n");
     let (code, output) = second.finish().await;
     assert_eq!(code, 0, "{output}");
@@ -212,9 +212,22 @@ async fn nexus_run_follows_two_turns_asking_at_the_terminal_and_never_without_on
     assert_eq!(code, 0, "{approved}");
     let (code, output) = third.finish().await;
     assert_eq!(code, 0, "{output}");
-    assert!(!output.contains("approve? [y/n]"), "asked without a terminal:\n{output}");
+    assert!(!output.contains("approve r1t0? [y/n]"), "asked without a terminal:\n{output}");
     assert!(output.contains("probe said sunny"), "{output}");
     assert_eq!(store.execution(turn_three).await.expect("read").expect("execution").status, RunStatus::Completed);
+
+    // At a terminal, a call decided elsewhere takes the question back: the follow goes on to
+    // the end without anything typed.
+    let args = ["run", "one more?", "--conversation", conversation_arg.as_str(), "--follow"];
+    let fourth = Cli::spawn(&server, &agent, &args, true, home.path());
+    fourth.wait_for("approve r1t0? [y/n]").await;
+    let (turn_four, _) = ids_of(&fourth.output());
+    let approve = Cli::spawn(&server, &agent, &["approve", &turn_four.to_string(), "r1t0"], false, home.path());
+    assert_eq!(approve.finish().await.0, 0);
+    let (code, output) = fourth.finish().await;
+    assert_eq!(code, 0, "{output}");
+    assert!(output.contains("decided meanwhile: r1t0 is dispatched"), "{output}");
+    assert!(output.contains("probe said sunny"), "{output}");
 
     // A refusal has its word and a non-zero exit; `--json` prints it as the doors do.
     let unknown = uuid::Uuid::new_v4().to_string();
