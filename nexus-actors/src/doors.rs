@@ -6,6 +6,7 @@
 pub(crate) mod accept;
 pub mod api;
 pub mod body;
+pub mod console;
 pub mod forward;
 pub mod grpc;
 pub mod http;

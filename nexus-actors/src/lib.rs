@@ -314,7 +314,7 @@ async fn start_stoppable(
     let runner_service = RunnerServiceServer::new(doors::grpc::RunnerGrpc::new(api.clone()))
         .max_decoding_message_size(max_frame)
         .max_encoding_message_size(max_frame);
-    let routes = Routes::from(doors::http::router(api.clone()));
+    let routes = Routes::from(doors::http::router(api.clone()).merge(doors::console::router()));
     let routes = if acceptor.as_ref().is_some_and(|acceptor| acceptor.gate_runner_stream) {
         routes.add_service(InterceptedService::new(runner_service, doors::tls::require_client_certificate))
     } else {

@@ -13,6 +13,7 @@ mod command_line;
 mod compaction;
 mod conformance;
 mod conformance_props;
+mod console;
 mod control;
 mod conversations;
 mod delegation;
