@@ -65,9 +65,9 @@ const api = {
       body: body === undefined ? undefined : JSON.stringify(body),
     });
     const answer = await response.json().catch(() => ({}));
-    if (response.status === 401) {
+    if (response.status === 401 && api.token()) {
       sessionStorage.removeItem(TOKEN);
-      location.hash = '#/signin';
+      route();
     }
     if (!response.ok) throw Object.assign(new Error(answer.message || response.statusText), {code: answer.code || response.status});
     return answer;
@@ -87,6 +87,13 @@ const api = {
         const query = cursor ? `?after=${encodeURIComponent(cursor)}` : '';
         const response = await fetch(`/agent_api/v1/executions/${id}/events/stream${query}`,
           {headers: {authorization: `Bearer ${api.token()}`}, signal});
+        if (response.status === 401) { sessionStorage.removeItem(TOKEN); route(); return; }
+        // A refusal that waiting does not mend (not found, not authorized): stop following.
+        if (response.status >= 400 && response.status < 500 && response.status !== 429) {
+          const refused = await response.json().catch(() => ({}));
+          onEvent({id: '', event: 'refused', data: refused});
+          return;
+        }
         if (!response.ok) throw new Error(`the event stream answered ${response.status}`);
         const reader = response.body.getReader();
         const decoder = new TextDecoder();
@@ -160,14 +167,17 @@ function signin() {
   const said = h('div', {class: 'error', id: 'signin-error'});
   const form = h('form', {class: 'signin', onsubmit: async (event) => {
     event.preventDefault();
-    sessionStorage.setItem(TOKEN, token.value.trim());
-    try {
-      await api.get('/agent_api/v1/conversations?limit=1');
-      location.hash = '#/executions';
-    } catch (error) {
-      sessionStorage.removeItem(TOKEN);
-      said.textContent = `${error.code}: ${error.message}`;
+    const typed = token.value.trim();
+    const response = await fetch('/agent_api/v1/conversations?limit=1', {headers: {authorization: `Bearer ${typed}`}}).catch(() => null);
+    if (!response || !response.ok) {
+      const refused = response ? await response.json().catch(() => ({})) : {code: 'unavailable', message: 'nexus cannot be reached'};
+      said.textContent = `${refused.code || response.status}: ${refused.message || ''}`;
+      return;
     }
+    sessionStorage.setItem(TOKEN, typed);
+    // Where the person was going, or the executions.
+    const target = location.hash && location.hash !== '#/signin' ? location.hash : '#/executions';
+    if (location.hash === target) route(); else location.hash = target;
   }},
   h('h1', {}, 'Sign in'),
   h('p', {class: 'muted'}, 'Paste a member token (an Agent\'s or a Human\'s). It is kept in this tab only.'),
@@ -186,7 +196,13 @@ function executions() {
   const load = async () => {
     let path = '/agent_api/v1/executions?limit=100';
     if (filter.value) path += `&status=${filter.value}`;
-    if (/^[0-9a-f-]{36}$/i.test(conversation.value.trim())) path += `&conversation=${conversation.value.trim()}`;
+    const wanted = conversation.value.trim().toLowerCase();
+    if (wanted && !/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/.test(wanted)) {
+      said.replaceChildren(failure({code: 'parameter_invalid', message: 'the conversation filter takes a conversation id (a UUID)'}));
+      body.replaceChildren();
+      return;
+    }
+    if (wanted) path += `&conversation=${wanted}`;
     try {
       const listed = await api.get(path);
       said.replaceChildren();
@@ -197,7 +213,7 @@ function executions() {
         h('td', {}, e.turn), h('td', {}, e.round),
         h('td', {}, e.error_key || e.attention_reason || ''),
         h('td', {}, age(e.created_at)))));
-    } catch (error) { said.replaceChildren(failure(error)); }
+    } catch (error) { said.replaceChildren(failure(error)); body.replaceChildren(); }
   };
   filter.addEventListener('change', load);
   conversation.addEventListener('change', load);
@@ -258,6 +274,23 @@ function timeline(tasks) {
   return chart;
 }
 
+/** An execution's view with every page of its tasks (`tasks_next`, at most 50 pages). */
+async function allTasks(id) {
+  const view = await api.get(`/agent_api/v1/executions/${id}`);
+  for (let page = 0; view.tasks_next && page < 50; page++) {
+    const more = await api.get(`/agent_api/v1/executions/${id}?tasks_after=${encodeURIComponent(view.tasks_next)}`);
+    view.tasks = view.tasks.concat(more.tasks || []);
+    view.tasks_next = more.tasks_next;
+  }
+  return view;
+}
+
+/** A time as a person reads it: the time of day today, else the date too. */
+function when(ms) {
+  const at = new Date(ms);
+  return at.toDateString() === new Date().toDateString() ? at.toLocaleTimeString() : at.toLocaleString();
+}
+
 function execution(id) {
   const facts = h('dl', {class: 'facts', id: 'facts'});
   const controls = h('div', {class: 'controls', id: 'controls'});
@@ -269,11 +302,18 @@ function execution(id) {
   const tasks = {};
   // Each call's input, from the events that carry it (`round_result`, `approval_required`).
   const inputs = {};
+  // What is being typed into an answer field, kept across the table's refreshes.
+  const typing = {};
   let view = null;
 
   const act = (label, door, body, allowed) => h('button', {type: 'button', 'data-action': door, disabled: !allowed, onclick: async (event) => {
     event.target.disabled = true;
-    try { said.replaceChildren(); await api.post(`/agent_api/v1/executions/${id}/${door}`, body); } catch (error) { said.replaceChildren(failure(error)); }
+    try {
+      said.replaceChildren();
+      const answered = await api.post(`/agent_api/v1/executions/${id}/${door}`, body);
+      // A regeneration is a new execution: show it.
+      if (door === 'regenerate' && answered.execution_public_id) { location.hash = `#/executions/${answered.execution_public_id}`; return; }
+    } catch (error) { said.replaceChildren(failure(error)); }
     refresh();
   }}, label);
 
@@ -298,11 +338,21 @@ function execution(id) {
       const base = `/agent_api/v1/executions/${id}/tasks/${t.task_key}`;
       if (t.status === 'needs_approval') {
         decide.push(h('button', {type: 'button', 'data-approve': t.task_key, disabled: s !== 'running', onclick: () => decideTask(`${base}/approve`, {})}, 'Approve'),
-          ' ', h('button', {type: 'button', class: 'secondary', 'data-deny': t.task_key, disabled: s !== 'running', onclick: () => decideTask(`${base}/deny`, {reason: 'denied in the console'})}, 'Deny'));
+          ' ', h('button', {type: 'button', class: 'secondary', 'data-deny': t.task_key, disabled: s !== 'running', onclick: () => {
+            const reason = window.prompt('Why deny it? The model reads this (optional).', '');
+            if (reason !== null) decideTask(`${base}/deny`, reason ? {reason} : {});
+          }}, 'Deny'));
       }
       if (t.status === 'awaiting_input') {
-        const text = h('input', {placeholder: 'answer', 'data-answer-input': t.task_key});
-        decide.push(text, ' ', h('button', {type: 'button', 'data-answer': t.task_key, onclick: () => decideTask(`${base}/answer`, {answer: text.value})}, 'Answer'));
+        const asked = inputs[t.task_key] || {};
+        const options = Array.isArray(asked.options) ? asked.options : [];
+        const field = options.length
+          ? h('select', {'data-answer-input': t.task_key, multiple: !!asked.multi}, options.map((o) => h('option', {value: o}, o)))
+          : h('input', {placeholder: 'answer', 'data-answer-input': t.task_key});
+        if (typing[t.task_key] !== undefined && !options.length) field.value = typing[t.task_key];
+        field.addEventListener('input', () => { typing[t.task_key] = field.value; });
+        const value = () => asked.multi ? [...field.selectedOptions].map((o) => o.value) : field.value;
+        decide.push(field, ' ', h('button', {type: 'button', 'data-answer': t.task_key, onclick: () => { delete typing[t.task_key]; decideTask(`${base}/answer`, {answer: value()}); }}, 'Answer'));
       }
       const result = t.result && (t.result.content !== undefined ? t.result.content : t.result);
       return h('tr', {'data-task': t.task_key},
@@ -326,7 +376,7 @@ function execution(id) {
   const refresh = () => {
     clearTimeout(pending);
     pending = setTimeout(async () => {
-      try { view = await api.get(`/agent_api/v1/executions/${id}`); render(); } catch (error) { said.replaceChildren(failure(error)); }
+      try { view = await allTasks(id); render(); } catch (error) { said.replaceChildren(failure(error)); }
     }, 150);
   };
 
@@ -344,7 +394,8 @@ function execution(id) {
     }
     if (event.event === 'round_result') for (const call of d.tool_calls || []) inputs[call.task_key] = call.input;
     if (event.event === 'approval_required') inputs[d.task_key] = d.tool_input;
-    if (event.event === 'input_required') inputs[d.task_key] = {prompt: d.prompt, options: d.options};
+    if (event.event === 'input_required') inputs[d.task_key] = {prompt: d.prompt, options: d.options, multi: d.multi};
+    if (event.event === 'refused') { said.replaceChildren(failure({code: event.data.code, message: event.data.message})); return; }
     if (event.id) {
       log.prepend(h('div', {'data-cursor': event.id}, `${new Date(at).toLocaleTimeString()}  ${event.event}  ${preview(d, 160)}`));
       refresh();
@@ -369,8 +420,10 @@ function waiting() {
   const load = async () => {
     try {
       const rows = [];
+      // One read per live execution (at most 25 of each state), every 10 s: the doors have no
+      // listing of parked calls across executions yet.
       for (const state of ['running', 'paused']) {
-        const listed = await api.get(`/agent_api/v1/executions?status=${state}&limit=50`);
+        const listed = await api.get(`/agent_api/v1/executions?status=${state}&limit=25`);
         for (const e of listed.executions) {
           const shown = await api.get(`/agent_api/v1/executions/${e.execution_public_id}`);
           const open = (shown.tasks || []).filter((t) => t.status === 'needs_approval' || t.status === 'awaiting_input');
@@ -388,7 +441,7 @@ function waiting() {
               h('td', {}, t.status === 'needs_approval' ? 'approval' : 'question'),
               h('td', {class: 'mono'}, t.task_key), h('td', {}, t.tool_name),
               h('td', {}, h('pre', {}, preview(asked[t.task_key] === undefined ? '' : asked[t.task_key], 300))),
-              h('td', {}, t.deadline_at ? `until ${new Date(t.deadline_at).toLocaleTimeString()}` : '-')));
+              h('td', {}, t.deadline_at ? `until ${when(t.deadline_at)}` : '-')));
           }
         }
       }
@@ -396,9 +449,9 @@ function waiting() {
       body.replaceChildren(...(rows.length ? rows : [h('tr', {}, h('td', {colspan: 6, class: 'muted'}, 'Nothing waits for a person.'))]));
     } catch (error) { said.replaceChildren(failure(error)); }
   };
-  page('Waiting for a person', said,
+  page('Waiting for you', said,
     h('table', {}, h('thead', {}, h('tr', {}, ['Execution', 'Kind', 'Task', 'Tool', 'Input', 'Hold'].map((t) => h('th', {}, t)))), body));
-  every(3000, load);
+  every(10000, load);
 }
 
 function conversations() {

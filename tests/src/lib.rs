@@ -14,6 +14,7 @@ pub mod client;
 pub mod fake_provider;
 pub mod http;
 pub mod invariants;
+pub mod probe;
 pub mod processes;
 pub mod proxy;
 pub mod raw_runner;

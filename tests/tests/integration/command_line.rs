@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use nexus_proto::runner::v1::nexus_frame;
 use nexus_proto::{ConversationId, ExecutionId, RunStatus, TaskStatus};
-use nexus_tests::{Minted, RawRunner, Reply, TestServer, key, nexus_binary};
+use nexus_tests::probe::Probe;
+use nexus_tests::{Minted, TestServer, key, nexus_binary};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -134,26 +134,9 @@ async fn nexus_run_follows_two_turns_asking_at_the_terminal_and_never_without_on
         {"final": "probe said {{tool:c1}}"}
     ]});
     let server = TestServer::start(&[("probe", script)]).await;
-    let agent = server.agent("agent").await;
-    let runner = server.runner("worker").await;
-    let (mut raw, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
-    assert!(matches!(hello, Reply::Frame(nexus_frame::Frame::Welcome(_))), "{hello:?}");
-    let tool = json!({"name": "probe", "description": "Probe.", "input_schema": {"type": "object"},
-        "effect_profile": {"kind": "read_only", "destructive": false, "effect_scope": "closed",
-                           "idempotency": "intrinsic", "reconciliation": "none"}, "timeout_ms": 600_000});
-    assert!(matches!(raw.announce(&json!({"tools": [tool]})).await, Reply::Frame(_)));
-    let caller = server.caller(&agent).await;
-    let body = json!({"configuration": {"runner_executor_public_ids": [runner.id], "approval_mode": "ask",
-                                        "default_model": "scripted/probe"}});
-    server.server.api.declare(&caller, body).await.expect("declared");
+    let Probe { agent, runner, raw } = Probe::start(&server, "ask", "scripted/probe").await;
     // The runner runs every call it is offered.
-    let worker = tokio::spawn(async move {
-        while let Some(work) = raw.next_work(Duration::from_secs(600)).await {
-            if let Some((token, _)) = raw.claim(&work.run_public_id, &work.task_key).await.granted() {
-                raw.commit(&work.run_public_id, &work.task_key, &token, &json!({"content": "sunny"})).await;
-            }
-        }
-    });
+    let worker = Probe::serve(raw, |_| "sunny".to_owned());
     let home = tempfile::tempdir().expect("home");
     let store = server.store();
 

@@ -12,10 +12,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use nexus_actors::doors::api::CreateInput;
-use nexus_proto::runner::v1::nexus_frame;
 use nexus_proto::{RunStatus, TaskStatus};
+use nexus_tests::probe::Probe;
 use nexus_tests::processes::free_loopback_addr;
-use nexus_tests::{RawRunner, Reply, TestServer, key};
+use nexus_tests::{TestServer, key};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -131,6 +131,11 @@ impl Browser {
         self.command(reqwest::Method::POST, &format!("/element/{element}/click"), Some(json!({}))).await;
     }
 
+    async fn clear(&self, css: &str) {
+        let element = self.element(css).await;
+        self.command(reqwest::Method::POST, &format!("/element/{element}/clear"), Some(json!({}))).await;
+    }
+
     async fn type_into(&self, css: &str, text: &str) {
         let element = self.element(css).await;
         self.command(reqwest::Method::POST, &format!("/element/{element}/value"), Some(json!({"text": text}))).await;
@@ -158,32 +163,21 @@ async fn a_person_signs_in_watches_the_timeline_approves_and_sees_the_execution_
         {"final": "probe said {{tool:c1}} and {{tool:c2}}"}
     ]});
     let server = TestServer::start(&[("probe", script)]).await;
-    let agent = server.agent("agent").await;
-    let runner = server.runner("worker").await;
-    let (mut raw, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
-    assert!(matches!(hello, Reply::Frame(nexus_frame::Frame::Welcome(_))), "{hello:?}");
-    let tool = json!({"name": "probe", "description": "Probe.", "input_schema": {"type": "object"},
-        "effect_profile": {"kind": "read_only", "destructive": false, "effect_scope": "closed",
-                           "idempotency": "intrinsic", "reconciliation": "none"}, "timeout_ms": 600_000});
-    assert!(matches!(raw.announce(&json!({"tools": [tool]})).await, Reply::Frame(_)));
+    let Probe { agent, runner, raw } = Probe::start(&server, "ask", "scripted/probe").await;
+    let worker = Probe::serve(raw, |task_key| format!("depth seen on {task_key}"));
     let caller = server.caller(&agent).await;
-    let body = json!({"configuration": {"runner_executor_public_ids": [runner.id], "approval_mode": "ask",
-                                        "default_model": "scripted/probe"}});
-    server.server.api.declare(&caller, body).await.expect("declared");
-    let worker = tokio::spawn(async move {
-        while let Some(work) = raw.next_work(Duration::from_secs(600)).await {
-            if let Some((token, _)) = raw.claim(&work.run_public_id, &work.task_key).await.granted() {
-                let answer = format!("depth seen on {}", work.task_key);
-                raw.commit(&work.run_public_id, &work.task_key, &token, &json!({"content": answer})).await;
-            }
-        }
-    });
     let input = CreateInput { text: "probe twice".to_owned(), ..CreateInput::default() };
     let run = server.server.api.create_input(&caller, input).await.expect("admitted").execution_public_id;
 
-    // Sign in: the token goes into the tab's session storage, nowhere else.
-    browser.goto(&format!("{}/console", server.url())).await;
+    // Sign in, from a link to the executions: a wrong token is refused with its word, the right
+    // one goes into the tab's session storage (nowhere else) and on to the page the link named.
+    browser.goto(&format!("{}/console#/executions", server.url())).await;
     browser.wait_for("the sign-in form", "return document.querySelector('#token') !== null").await;
+    browser.type_into("#token", "not-a-token").await;
+    browser.click("#sign-in").await;
+    let refused = browser.wait_for("the refusal", "return document.querySelector('#signin-error')?.textContent").await;
+    assert!(refused.as_str().expect("text").starts_with("unauthorized"), "{refused}");
+    browser.clear("#token").await;
     browser.type_into("#token", &agent.token).await;
     browser.click("#sign-in").await;
     let row = format!("#executions tr[data-execution='{run}'] a");

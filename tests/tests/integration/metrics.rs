@@ -9,9 +9,9 @@ use uuid::Uuid;
 use nexus_actors::doors::api::CreateInput;
 use nexus_actors::store::EventType;
 use nexus_proto::agent::v1::GetExecutionRequest;
-use nexus_proto::runner::v1::nexus_frame;
 use nexus_proto::{ExecutionId, RunStatus, TaskStatus};
-use nexus_tests::{Http, Minted, RawRunner, Reply, TestServer, agent_client, authed, wait_until};
+use nexus_tests::probe::Probe;
+use nexus_tests::{Http, Minted, TestServer, agent_client, authed, wait_until};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -44,18 +44,7 @@ async fn a_scrape_after_a_workload_matches_the_store() {
         {"final": "probe said {{tool:c1}}"}
     ]});
     let server = TestServer::start(&[("probe", script)]).await;
-    let agent = server.agent("agent").await;
-    let runner = server.runner("runner-a").await;
-    let (mut raw, hello) = RawRunner::connect(&server.url(), runner.id, &runner.token).await;
-    assert!(matches!(hello, Reply::Frame(nexus_frame::Frame::Welcome(_))), "{hello:?}");
-    let tool = json!({"name": "probe", "description": "Probe.", "input_schema": {"type": "object"},
-        "effect_profile": {"kind": "read_only", "destructive": false, "effect_scope": "closed",
-                           "idempotency": "intrinsic", "reconciliation": "none"}, "timeout_ms": 600_000});
-    assert!(matches!(raw.announce(&json!({"tools": [tool]})).await, Reply::Frame(_)));
-    let caller = server.caller(&agent).await;
-    let body = json!({"configuration": {"runner_executor_public_ids": [runner.id], "approval_mode": "bypass",
-                                        "default_model": "scripted/probe"}});
-    server.server.api.declare(&caller, body).await.expect("declared");
+    let Probe { agent, runner, mut raw } = Probe::start(&server, "bypass", "scripted/probe").await;
 
     // One execution's call is claimed and committed, and it completes; a second one's call
     // waits in the runner's inbox, never claimed.
