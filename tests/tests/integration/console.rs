@@ -19,9 +19,10 @@ use nexus_tests::{TestServer, key};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// A Chromium session, and the chromedriver that drives it.
+/// A Chromium session, and the chromedriver that drives it. Dropped, both are killed: the driver
+/// leads a process group of its own, and the Chromium it started is in it.
 struct Browser {
-    _driver: tokio::process::Child,
+    driver: tokio::process::Child,
     http: reqwest::Client,
     session: String,
     _profile: tempfile::TempDir,
@@ -47,6 +48,7 @@ impl Browser {
             .arg(format!("--port={port}"))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .expect("chromedriver runs");
@@ -81,7 +83,12 @@ impl Browser {
             .await
             .expect("JSON");
         let session = created["value"]["sessionId"].as_str().unwrap_or_else(|| panic!("no session: {created}"));
-        Some(Browser { _driver: driver, http, session: format!("{base}/session/{session}"), _profile: profile })
+        Some(Browser { driver, http, session: format!("{base}/session/{session}"), _profile: profile })
+    }
+
+    /// Ends the session: Chromium quits.
+    async fn quit(&self) {
+        self.command(reqwest::Method::DELETE, "", None).await;
     }
 
     async fn command(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
@@ -145,6 +152,14 @@ impl Browser {
         use base64::Engine;
         let encoded = self.command(reqwest::Method::GET, "/screenshot", None).await;
         base64::engine::general_purpose::STANDARD.decode(encoded.as_str().expect("base64")).expect("a PNG")
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if let Some(pid) = self.driver.id().and_then(|pid| i32::try_from(pid).ok()) {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
     }
 }
 
@@ -249,6 +264,7 @@ async fn a_person_signs_in_watches_the_timeline_approves_and_sees_the_execution_
     let kept = target_dir().join("console-execution.png");
     std::fs::write(&kept, &png).expect("the screenshot is kept");
     eprintln!("screenshot: {}", kept.display());
+    browser.quit().await;
     worker.abort();
     server.shutdown().await;
 }
