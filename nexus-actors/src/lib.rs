@@ -340,7 +340,7 @@ async fn start_stoppable(
     let routes = Routes::from(
         routes
             .into_axum_router()
-            .layer(axum::middleware::from_fn_with_state(fabric.metrics.clone(), doors::http::count_answers))
+            .layer(axum::middleware::from_fn_with_state(fabric.metrics.clone(), metrics::count_answers))
             .layer(axum::middleware::from_fn_with_state(forward_key, doors::forward::admit))
             .layer(axum::middleware::from_fn_with_state(sockets.clone(), doors::sockets::track)),
     );

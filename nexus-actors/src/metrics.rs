@@ -151,6 +151,33 @@ pub fn answer_code(response: &axum::response::Response) -> String {
     }
 }
 
+/// One gauge per word of `all`: its count in `counted`, zero when absent.
+fn by_status<T: Copy + PartialEq>(
+    all: &[T],
+    counted: &[(T, i64)],
+    word: fn(T) -> &'static str,
+) -> Family<StatusLabel, Gauge> {
+    let family = Family::<StatusLabel, Gauge>::default();
+    for status in all {
+        let count = counted.iter().find(|(s, _)| s == status).map_or(0, |(_, n)| *n);
+        family.get_or_create(&StatusLabel { status: word(*status) }).set(count);
+    }
+    family
+}
+
+/// The door layer that counts every answer of the HTTP and gRPC doors by its code
+/// (`nexus_door_requests_total`, [`answer_code`]).
+pub async fn count_answers(
+    axum::extract::State(metrics): axum::extract::State<Metrics>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let grpc = crate::doors::forward::is_grpc(request.headers());
+    let response = next.run(request).await;
+    metrics.door_answered(grpc, answer_code(&response));
+    response
+}
+
 /// The whole scrape: the store's census read now, this process's series, and the group commit's.
 ///
 /// # Errors
@@ -159,21 +186,13 @@ pub async fn render(fabric: &Fabric) -> StoreResult<String> {
     let tally = fabric.store.tally().await?;
     let mut registry = Registry::with_prefix(PREFIX);
 
-    let tasks = Family::<StatusLabel, Gauge>::default();
-    for status in TaskStatus::ALL {
-        let count = tally.tasks.iter().find(|(s, _)| s == status).map_or(0, |(_, n)| *n);
-        tasks.get_or_create(&StatusLabel { status: status.as_str() }).set(count);
-    }
+    let tasks = by_status(TaskStatus::ALL, &tally.tasks, TaskStatus::as_str);
     registry.register(
         "tasks",
         "Tasks in the store by status (needs_approval: parked approvals; awaiting_input: questions; uncertain: outcomes nobody knows)",
         tasks,
     );
-    let executions = Family::<StatusLabel, Gauge>::default();
-    for status in RunStatus::ALL {
-        let count = tally.executions.iter().find(|(s, _)| s == status).map_or(0, |(_, n)| *n);
-        executions.get_or_create(&StatusLabel { status: status.as_str() }).set(count);
-    }
+    let executions = by_status(RunStatus::ALL, &tally.executions, RunStatus::as_str);
     registry.register("executions", "Executions in the store by status", executions);
     let open = Family::<RunnerLabel, Gauge>::default();
     let unclaimed = Family::<RunnerLabel, Gauge>::default();

@@ -55,27 +55,10 @@ impl IntoResponse for HttpRefusal {
         {
             response.headers_mut().insert(header::RETRY_AFTER, value);
         }
-        // For `/metrics`' count of answers by code ([`count_answers`]).
+        // For `/metrics`' count of answers by code ([`crate::metrics::count_answers`]).
         response.extensions_mut().insert(self.0.code);
         response
     }
-}
-
-/// Counts every answer of the HTTP and gRPC doors by its code (`nexus_door_requests_total`,
-/// `docs/metrics.md`).
-pub(crate) async fn count_answers(
-    State(metrics): State<crate::metrics::Metrics>,
-    request: Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let grpc = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"));
-    let response = next.run(request).await;
-    metrics.door_answered(grpc, crate::metrics::answer_code(&response));
-    response
 }
 
 type HttpResult = Result<axum::Json<Value>, HttpRefusal>;
